@@ -1,0 +1,19 @@
+// The one table that says what a cache file is, from its name.
+#pragma once
+
+#include <string_view>
+
+#include "kcache/core/types.hpp"
+
+namespace kcache::core {
+
+// binary: .cubin .fatbin .hsaco .vmfb .so .o .bin ...; signature: .json kernel_sig ...;
+// ir: .ptx .mlir .ll .llir .ttir .ttgir .source ...; other: anything else.
+Role role_of(std::string_view file_name);
+// A guess from one file name of the entry, unknown when the name says nothing.
+Producer producer_of(std::string_view file_name);
+
+std::string_view role_name(Role r);
+std::string_view producer_name(Producer p);
+
+}  // namespace kcache::core

@@ -1,0 +1,54 @@
+// Staged writes: a file's new content is built in memory and published atomically.
+//
+// A writer (the FUSE daemon for an open file, or any tool) stages content, writes at
+// offsets, truncates, reads its own writes, and then publishes in one write
+// transaction. Until then readers see the previous content. While staged, the file's
+// entry holds a write lease and is never evicted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kcache/core/store.hpp"
+
+namespace kcache::core {
+
+class StagedFile {
+public:
+    // Takes a write lease on `file` (a regular file) and starts from its current
+    // content, or from empty content when `truncate` (O_TRUNC).
+    static Result<StagedFile> begin(Store& store, Ino file, bool truncate);
+
+    StagedFile(StagedFile&& other) noexcept;
+    StagedFile& operator=(StagedFile&& other) noexcept;
+    StagedFile(const StagedFile&) = delete;
+    StagedFile& operator=(const StagedFile&) = delete;
+    ~StagedFile();  // abandons (releases the lease) if not published
+
+    Ino ino() const { return m_ino; }
+    // Writes at `offset`, filling a gap with zeros. EFBIG past `max_size` if set.
+    Status write(std::uint64_t offset, std::string_view data);
+    void truncate(std::uint64_t size);
+    std::string_view content() const { return m_content; }
+    bool dirty() const { return m_dirty; }
+    void set_max_size(std::uint64_t max_size) { m_max_size = max_size; }
+
+    // Publishes the content and releases the lease in one transaction of its own, or
+    // inside `txn` (committed by the caller, e.g. a batch of many files).
+    Status publish(const Origin& origin);
+    Status publish(WriteTxn& txn, const Origin& origin);
+    // Releases the lease without publishing.
+    Status abandon();
+
+private:
+    StagedFile(Store* store, Ino ino, std::string content);
+    Store* m_store = nullptr;
+    Ino m_ino = 0;
+    std::string m_content;
+    bool m_dirty = false;
+    bool m_open = false;  // holds a lease
+    std::uint64_t m_max_size = 0;
+};
+
+}  // namespace kcache::core

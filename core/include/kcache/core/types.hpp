@@ -1,0 +1,136 @@
+// Plain data types shared by the store's API, the daemon, the CLI and the GUI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kcache::core {
+
+using Ino = std::uint64_t;                     // inode number; never reused within a db
+inline constexpr Ino kRootIno = 1;             // the cache's top directory
+inline constexpr std::size_t kMaxNameLength = 255;  // bytes in one path component
+inline constexpr std::size_t kMaxPathLength = 4095;  // bytes in a path below the root
+
+// 128-bit content digest (XXH3-128) of a file's raw bytes. All zero for empty content.
+struct Digest {
+    std::uint64_t high = 0;
+    std::uint64_t low = 0;
+    bool empty() const { return high == 0 && low == 0; }
+    std::string hex() const;  // 32 lower-case hex digits
+    friend bool operator==(const Digest&, const Digest&) = default;
+};
+Digest digest_of(std::string_view bytes);
+
+enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3 };
+
+// Attributes of one node, as stat(2) would report them.
+struct Attr {
+    Ino ino = 0;
+    std::uint32_t mode = 0;  // full st_mode: S_IFREG/S_IFDIR/S_IFLNK | permission bits
+    std::uint32_t uid = 0;
+    std::uint32_t gid = 0;
+    std::uint32_t nlink = 1;
+    std::uint64_t size = 0;  // logical bytes (symlink: target length)
+    std::int64_t atime_ns = 0;
+    std::int64_t mtime_ns = 0;
+    std::int64_t ctime_ns = 0;
+    Ino parent = 0;          // directory holding it (root: itself)
+    Ino entry = 0;           // the entry it belongs to; 0 above the entry depth
+    std::uint16_t depth = 0; // root is 0, its children 1, ...
+    Digest digest;           // regular files: digest of the content
+
+    FileType type() const;
+    bool is_dir() const { return type() == FileType::directory; }
+    bool is_regular() const { return type() == FileType::regular; }
+    bool is_symlink() const { return type() == FileType::symlink; }
+};
+
+struct DirEntry {
+    std::string_view name;  // valid for the duration of the callback only
+    Ino ino = 0;
+    FileType type = FileType::regular;
+};
+
+// What a file is to a loader or a person, derived from its name (see roles.hpp).
+enum class Role : std::uint8_t { other = 0, binary = 1, signature = 2, ir = 3 };
+
+// Which compiler most likely wrote an entry, guessed from the names of its files.
+enum class Producer : std::uint8_t {
+    unknown = 0, triton = 1, wave = 2, inductor = 3, jax = 4, ccache = 5, cutedsl = 6,
+    helion = 7, kcache = 8,
+};
+
+// One cache entry: the node at the configured entry depth (a kernel-hash directory
+// or a flat file) and everything below it.
+struct EntryInfo {
+    Ino ino = 0;
+    std::string name;               // path from the root, e.g. "4fd1...a9" or "ab/cdef"
+    std::uint64_t bytes = 0;        // logical bytes of its regular files
+    std::uint64_t stored_bytes = 0; // bytes its blobs take (compressed, before sharing)
+    std::uint64_t files = 0;        // regular files
+    std::int64_t created_ns = 0;
+    std::int64_t last_access_ns = 0;  // last publish or hit; the LRU order
+    std::int64_t last_hit_ns = 0;
+    std::uint64_t hits = 0;
+    bool pinned = false;
+    bool populated = false;         // has had a published file since it was last empty
+    std::uint32_t populated_by_pid = 0;
+    std::string populated_by_name;  // process name (comm) of the populating process
+    Producer producer = Producer::unknown;
+};
+
+// Statistic ids are stable integers stored in the db: never renumber or reuse one.
+// Ids below 100 are event counters (reset by `kcache stats --reset`); ids from 100
+// are gauges that describe what the cache holds now (never reset).
+enum class Counter : std::uint32_t {
+    hits = 1,              // first open for reading of an entry by a non-populating process
+    misses = 2,            // an entry went from absent/empty to its first published file
+    stores = 3,            // files published (content committed)
+    negative_lookups = 4,  // lookups of names that do not exist
+    opens = 5,             // opens of regular files
+    bytes_read = 6,
+    bytes_written = 7,     // bytes of content published
+    evicted_entries = 8,
+    evicted_bytes = 9,     // logical bytes of evicted entries
+    dedup_hits = 10,       // published content already stored under another file
+    errors_nospc = 11,
+    errors_io = 12,
+    errors_other = 13,
+    imported_entries = 14,
+    // gauges
+    entries = 100,
+    bytes = 101,           // logical bytes of all regular files
+    stored_bytes = 102,    // bytes of all unique blobs as stored (after dedup, compression)
+    blobs = 103,           // unique blobs
+    files = 104,           // regular files
+    blob_raw_bytes = 105,  // raw bytes of all unique blobs (after dedup, before compression)
+};
+inline constexpr bool is_gauge(Counter c) { return static_cast<std::uint32_t>(c) >= 100; }
+std::string_view counter_name(Counter c);  // "hits", "stored_bytes", ...
+
+enum class EventKind : std::uint8_t {
+    populate = 1,  // an entry's first file was published (a miss)
+    hit = 2,
+    evict = 3,
+    pin = 4,
+    unpin = 5,
+    remove = 6,    // an entry's node was unlinked or replaced by a client
+    rename = 7,    // an entry's node was renamed (name: the old name)
+    import = 8,
+    reset = 9,     // statistics were reset
+};
+std::string_view event_kind_name(EventKind k);
+
+// One record of the events log. The daemon's invalidator follows it to tell the
+// kernel what changed behind the mount (parent + name identify the dentry).
+struct Event {
+    std::uint64_t seq = 0;
+    std::int64_t time_ns = 0;
+    EventKind kind = EventKind::hit;
+    Ino entry = 0;
+    Ino parent = 0;
+    std::string name;  // the entry's node name in `parent`
+};
+
+}  // namespace kcache::core
