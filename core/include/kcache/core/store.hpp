@@ -198,8 +198,9 @@ public:
     // or the new content, never a mix. Identical content is stored once.
     Result<Attr> write(Ino file, std::string_view content, const Origin& origin);
 
-    // Write leases mark an entry as having a write in flight (eviction skips it).
-    // Leases are counted per (entry, process) and ignored once their process is dead.
+    // Write leases mark a file, and so its entry, as having a write in flight
+    // (eviction skips it). Leases are counted per (file, process), ignored once their
+    // process is dead, and dropped with the file.
     Status begin_write(Ino file);
     Status end_write(Ino file);
 
@@ -270,7 +271,7 @@ public:
 
 private:
     Store() = default;
-    std::unique_ptr<Impl> m_impl;
+    std::shared_ptr<Impl> m_impl;  // shared by every Store on this db in this process
     std::string m_path;
     bool m_read_only = false;
     Clock m_clock;

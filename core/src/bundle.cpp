@@ -1,0 +1,520 @@
+// The bundle: entries exported to one file, imported only after all of it checks out.
+//
+// Layout (all integers little-endian):
+//   header   "KCBUNDL1" u32 format (1)
+//   records  'E' str16 entry-path                       an entry starts
+//            'N' str16 path u8 type u32 mode i64 mtime  a node of the current entry:
+//                file:    u64 raw-size u64 digest-high u64 digest-low u8 codec str32 bytes
+//                symlink: str16 target
+//   trailer  'Z' u64 entries u64 nodes, then 16 bytes: XXH3-128 of everything before them
+// Paths are relative to the cache root; an entry's nodes are its node first, then the
+// nodes below it in depth-first order, each path under the entry's path.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "kcache/core/bundle.hpp"
+#include "store_impl.hpp"
+
+namespace kcache::core {
+using records::Codec;
+
+namespace {
+
+constexpr std::string_view kMagic = "KCBUNDL1";
+constexpr std::uint32_t kFormat = 1;
+
+struct HashState {
+    XXH3_state_t* state = XXH3_createState();
+    HashState() { XXH3_128bits_reset(state); }
+    ~HashState() { XXH3_freeState(state); }
+    void update(const void* p, std::size_t n) { XXH3_128bits_update(state, p, n); }
+    Digest digest() const {
+        const XXH128_hash_t h = XXH3_128bits_digest(state);
+        return {h.high64, h.low64};
+    }
+};
+
+struct FileCloser {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+// ---- writing ----------------------------------------------------------------------
+
+class BundleWriter {
+public:
+    BundleWriter(std::FILE* out, std::string path) : m_out(out), m_path(std::move(path)) {}
+    Status put(std::string_view bytes) {
+        m_hash.update(bytes.data(), bytes.size());
+        if (std::fwrite(bytes.data(), 1, bytes.size(), m_out) != bytes.size()) {
+            return fail(errno ? errno : EIO, fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
+        }
+        m_written += bytes.size();
+        return {};
+    }
+    Status finish(std::uint64_t entries, std::uint64_t nodes) {
+        std::string trailer;
+        records::Writer w(trailer);
+        w.u8('Z');
+        w.u64(entries);
+        w.u64(nodes);
+        if (auto s = put(trailer); !s) return s;
+        const Digest d = m_hash.digest();
+        std::string sum;
+        records::Writer(sum).u64(d.high);
+        records::Writer(sum).u64(d.low);
+        if (std::fwrite(sum.data(), 1, sum.size(), m_out) != sum.size()) {
+            return fail(errno ? errno : EIO, fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
+        }
+        m_written += sum.size();
+        return {};
+    }
+    std::uint64_t written() const { return m_written; }
+
+private:
+    std::FILE* m_out;
+    std::string m_path;
+    HashState m_hash;
+    std::uint64_t m_written = 0;
+};
+
+// Writes one node record and, for a directory, pushes its children.
+Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& path,
+                   ExportReport& report) {
+    auto node = tx.inode(ino);
+    if (!node) return tl::unexpected(node.error());
+    std::string rec;
+    records::Writer w(rec);
+    w.u8('N');
+    w.str16(path);
+    const Attr attr = node->attr();
+    w.u8(static_cast<std::uint8_t>(attr.type()));
+    w.u32(node->mode);
+    w.i64(node->mtime_ns);
+    if (attr.is_regular()) {
+        std::string_view stored;
+        records::BlobRef ref;
+        if (!node->digest.empty()) {
+            auto r = tx.blob_ref(node->digest);
+            if (!r) return tl::unexpected(r.error());
+            auto data = tx.get(tx.db.blob_data, records::digest_key(node->digest));
+            if (!data) return tl::unexpected(data.error());
+            if (!*r || !*data) return fail(EIO, fmt::format("blob of '{}' is missing", path));
+            ref = **r;
+            stored = **data;
+        }
+        w.u64(node->size);
+        w.u64(node->digest.high);
+        w.u64(node->digest.low);
+        w.u8(static_cast<std::uint8_t>(ref.codec));
+        w.u32(static_cast<std::uint32_t>(stored.size()));
+        if (auto s = out.put(rec); !s) return s;
+        if (auto s = out.put(stored); !s) return s;  // no copy of the content
+        ++report.files;
+        report.bytes += node->size;
+        return {};
+    }
+    if (attr.is_symlink()) w.str16(node->target);
+    return out.put(rec);
+}
+
+Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, ExportReport& report,
+                    std::uint64_t& nodes) {
+    std::string rec;
+    records::Writer w(rec);
+    w.u8('E');
+    w.str16(entry.name);
+    if (auto s = out.put(rec); !s) return s;
+    std::vector<std::pair<Ino, std::string>> work{{entry.ino, entry.name}};
+    while (!work.empty()) {
+        auto [ino, path] = std::move(work.back());
+        work.pop_back();
+        if (auto s = export_node(tx, out, ino, path, report); !s) return s;
+        ++nodes;
+        std::vector<std::pair<Ino, std::string>> children;
+        const std::string prefix = records::u64_key(ino);
+        Status result;
+        auto s = tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view key, std::string_view v) {
+            auto d = records::decode_dirent(v);
+            if (!d) {
+                result = tl::unexpected(d.error());
+                return false;
+            }
+            children.emplace_back(d->child, path + "/" + std::string(key.substr(8)));
+            return true;
+        });
+        if (!s) return s;
+        if (!result) return result;
+        work.insert(work.end(), children.rbegin(), children.rend());
+    }
+    return {};
+}
+
+// ---- reading ----------------------------------------------------------------------
+
+// Streams a bundle, hashing what it reads; every length is checked against what is
+// left in the file before anything is allocated for it.
+class BundleReader {
+public:
+    static Result<BundleReader> open(const std::string& path) {
+        BundleReader r;
+        r.m_path = path;
+        r.m_file.reset(std::fopen(path.c_str(), "rb"));
+        if (!r.m_file) return fail(errno, fmt::format("{}: {}", path, std::strerror(errno)));
+        struct stat st{};
+        if (fstat(fileno(r.m_file.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
+            return fail(EINVAL, fmt::format("{}: not a regular file", path));
+        }
+        r.m_size = static_cast<std::uint64_t>(st.st_size);
+        return r;
+    }
+    Status read(void* p, std::size_t n, bool hashed = true) {
+        if (n > m_size - m_pos || std::fread(p, 1, n, m_file.get()) != n) {
+            return truncated();
+        }
+        if (hashed) m_hash->update(p, n);
+        m_pos += n;
+        return {};
+    }
+    Result<std::uint64_t> le(int n) {
+        unsigned char b[8] = {};
+        if (auto s = read(b, static_cast<std::size_t>(n)); !s) return tl::unexpected(s.error());
+        std::uint64_t v = 0;
+        for (int i = n - 1; i >= 0; --i) v = (v << 8) | b[i];
+        return v;
+    }
+    Result<std::string> bytes(std::uint64_t n) {
+        if (n > m_size - m_pos) return truncated();
+        std::string out(n, '\0');
+        if (auto s = read(out.data(), n); !s) return tl::unexpected(s.error());
+        return out;
+    }
+    tl::unexpected<Error> truncated() const {
+        return fail(EINVAL, fmt::format("{}: truncated or damaged at byte {}", m_path, m_pos));
+    }
+    tl::unexpected<Error> bad(std::string_view why) const {
+        return fail(EINVAL, fmt::format("{}: invalid bundle at byte {}: {}", m_path, m_pos, why));
+    }
+    Digest digest() const { return m_hash->digest(); }
+    std::uint64_t pos() const { return m_pos; }
+    std::uint64_t size() const { return m_size; }
+
+private:
+    BundleReader() = default;
+    std::string m_path;
+    File m_file;
+    std::unique_ptr<HashState> m_hash = std::make_unique<HashState>();
+    std::uint64_t m_size = 0;
+    std::uint64_t m_pos = 0;
+};
+
+struct BundleNode {
+    std::string path;
+    FileType type = FileType::regular;
+    std::uint32_t mode = 0;
+    std::int64_t mtime_ns = 0;
+    std::string content;  // raw (decompressed and digest-checked) for files
+    std::string target;   // symlinks
+};
+
+// Refuses any path that could leave the cache or is not a plain relative path.
+Status check_path(std::string_view path) {
+    if (path.empty() || path.size() > kMaxPathLength || path.front() == '/') {
+        return fail(EINVAL, fmt::format("refused path '{}': empty, absolute or too long", path));
+    }
+    for (std::size_t at = 0; at <= path.size();) {
+        const std::size_t slash = std::min(path.find('/', at), path.size());
+        if (auto s = ops::validate_name(path.substr(at, slash - at)); !s) {
+            return fail(EINVAL, fmt::format("refused path '{}': {}", path, s.error().message));
+        }
+        at = slash + 1;
+    }
+    return {};
+}
+
+std::size_t depth_of(std::string_view path) {
+    return static_cast<std::size_t>(std::count(path.begin(), path.end(), '/')) + 1;
+}
+
+// Parses the whole bundle, calling on_entry / on_node for each record; fails on the
+// first malformed record, wrong digest or a bad checksum.
+Status parse_bundle(const std::string& path, std::uint32_t entry_depth,
+                    const std::function<Status(const std::string&)>& on_entry,
+                    const std::function<Status(const BundleNode&)>& on_node,
+                    const ProgressFn& progress) {
+    auto opened = BundleReader::open(path);
+    if (!opened) return tl::unexpected(opened.error());
+    BundleReader& in = *opened;
+    auto magic = in.bytes(kMagic.size());
+    if (!magic || *magic != kMagic) return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
+    auto format = in.le(4);
+    if (!format) return tl::unexpected(format.error());
+    if (*format != kFormat) return in.bad(fmt::format("unsupported format {}", *format));
+
+    std::string entry;  // current entry path
+    std::uint64_t entries = 0, nodes = 0;
+    std::unordered_map<std::string, FileType> seen;  // paths of this entry
+    for (;;) {
+        auto tag = in.le(1);
+        if (!tag) return tl::unexpected(tag.error());
+        if (*tag == 'Z') break;
+        if (*tag == 'E') {
+            auto len = in.le(2);
+            if (!len) return tl::unexpected(len.error());
+            auto name = in.bytes(*len);
+            if (!name) return tl::unexpected(name.error());
+            if (auto s = check_path(*name); !s) return in.bad(s.error().message);
+            if (depth_of(*name) != entry_depth) {
+                return in.bad(fmt::format("entry '{}' is not at the db's entry depth {}", *name, entry_depth));
+            }
+            entry = std::move(*name);
+            seen.clear();
+            ++entries;
+            if (auto s = on_entry(entry); !s) return s;
+            continue;
+        }
+        if (*tag != 'N' || entry.empty()) return in.bad("unexpected record");
+        BundleNode node;
+        auto len = in.le(2);
+        if (!len) return tl::unexpected(len.error());
+        auto p = in.bytes(*len);
+        if (!p) return tl::unexpected(p.error());
+        node.path = std::move(*p);
+        auto type = in.le(1);
+        auto mode = in.le(4);
+        auto mtime = in.le(8);
+        if (!type || !mode || !mtime) return in.truncated();
+        if (*type < 1 || *type > 3) return in.bad("unknown node type");
+        node.type = static_cast<FileType>(*type);
+        node.mode = static_cast<std::uint32_t>(*mode);
+        node.mtime_ns = static_cast<std::int64_t>(*mtime);
+        if (auto s = check_path(node.path); !s) return in.bad(s.error().message);
+        // The entry's node first, then nodes whose parent came before in this entry.
+        if (seen.empty() ? node.path != entry : false) return in.bad("entry must start with its own node");
+        if (!seen.empty()) {
+            const std::string parent = node.path.substr(0, node.path.rfind('/'));
+            auto it = seen.find(parent);
+            if (node.path.substr(0, entry.size() + 1) != entry + "/" || it == seen.end() ||
+                it->second != FileType::directory || seen.count(node.path)) {
+                return in.bad(fmt::format("node '{}' is not under a directory of entry '{}'", node.path, entry));
+            }
+        }
+        seen.emplace(node.path, node.type);
+        if (node.type == FileType::regular) {
+            auto raw_size = in.le(8);
+            auto high = in.le(8);
+            auto low = in.le(8);
+            auto codec = in.le(1);
+            auto stored_len = in.le(4);
+            if (!raw_size || !high || !low || !codec || !stored_len) return in.truncated();
+            auto stored = in.bytes(*stored_len);
+            if (!stored) return tl::unexpected(stored.error());
+            if (*codec == static_cast<std::uint8_t>(Codec::zstd)) {
+                if (*raw_size > in.size() * 1024 + (1u << 20)) return in.bad("implausible file size");
+                node.content.assign(*raw_size, '\0');
+                const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
+                                                      stored->data(), stored->size());
+                if (ZSTD_isError(n) || n != *raw_size) return in.bad(fmt::format("'{}' does not decompress", node.path));
+            } else if (*codec == static_cast<std::uint8_t>(Codec::raw)) {
+                node.content = std::move(*stored);
+            } else {
+                return in.bad("unknown codec");
+            }
+            if (node.content.size() != *raw_size || !(digest_of(node.content) == Digest{*high, *low})) {
+                return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
+            }
+        } else if (node.type == FileType::symlink) {
+            auto tlen = in.le(2);
+            if (!tlen) return tl::unexpected(tlen.error());
+            auto target = in.bytes(*tlen);
+            if (!target) return tl::unexpected(target.error());
+            if (target->empty()) return in.bad("empty symlink target");
+            node.target = std::move(*target);
+        }
+        ++nodes;
+        if (auto s = on_node(node); !s) return s;
+        if (progress) progress(in.pos(), in.size());
+    }
+    auto count_entries = in.le(8);
+    auto count_nodes = in.le(8);
+    if (!count_entries || !count_nodes) return in.truncated();
+    const Digest computed = in.digest();
+    unsigned char sum[16];
+    if (auto s = in.read(sum, sizeof sum, false); !s) return s;
+    records::Reader r(std::string_view(reinterpret_cast<const char*>(sum), sizeof sum));
+    const Digest stored{r.u64(), r.u64()};
+    if (!(stored == computed)) return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
+    if (*count_entries != entries || *count_nodes != nodes) return in.bad("record counts do not match");
+    if (in.pos() != in.size()) return in.bad("trailing bytes after the checksum");
+    return {};
+}
+
+// Creates the directories above an entry (entry depth > 1), like mkdir -p.
+Result<Ino> ensure_parent_dirs(WriteTxn& txn, std::string_view entry_path) {
+    Ino at = kRootIno;
+    std::size_t from = 0;
+    for (std::size_t slash; (slash = entry_path.find('/', from)) != std::string_view::npos; from = slash + 1) {
+        const std::string_view part = entry_path.substr(from, slash - from);
+        auto existing = txn.lookup(at, part);
+        if (existing) {
+            if (!existing->is_dir()) return fail(ENOTDIR, fmt::format("'{}' is not a directory", part));
+            at = existing->ino;
+            continue;
+        }
+        if (existing.error().code != ENOENT) return tl::unexpected(existing.error());
+        auto made = txn.mkdir(at, part, 0755, getuid(), getgid());
+        if (!made) return tl::unexpected(made.error());
+        at = made->ino;
+    }
+    return at;
+}
+
+}  // namespace
+
+Result<ExportReport> export_bundle(const Store& store, const std::vector<std::string>& names,
+                                   const std::string& out_path, const ProgressFn& progress) {
+    auto txn = store.read();
+    if (!txn) return tl::unexpected(txn.error());
+    std::vector<EntryInfo> selected;
+    if (names.empty()) {
+        auto s = txn->for_each_entry([&](const EntryInfo& e) {
+            selected.push_back(e);
+            return true;
+        });
+        if (!s) return tl::unexpected(s.error());
+    } else {
+        for (const auto& name : names) {
+            auto e = txn->find_entry(name);
+            if (!e) return tl::unexpected(with_context(e.error(), "export"));
+            selected.push_back(std::move(*e));
+        }
+    }
+    const std::string tmp = fmt::format("{}.tmp.{}", out_path, getpid());
+    File out(std::fopen(tmp.c_str(), "wb"));
+    if (!out) return fail(errno, fmt::format("{}: {}", out_path, std::strerror(errno)));
+    auto cleanup = [&](Error e) {
+        out.reset();
+        std::remove(tmp.c_str());
+        return tl::unexpected(std::move(e));
+    };
+    BundleWriter writer(out.get(), out_path);
+    std::string header(kMagic);
+    records::Writer(header).u32(kFormat);
+    if (auto s = writer.put(header); !s) return cleanup(s.error());
+    ExportReport report;
+    std::uint64_t nodes = 0;
+    Tx tx = TxnAccess::tx(*txn);
+    for (const auto& entry : selected) {
+        if (auto s = export_entry(tx, writer, entry, report, nodes); !s) return cleanup(s.error());
+        ++report.entries;
+        if (progress) progress(report.entries, selected.size());
+    }
+    if (auto s = writer.finish(report.entries, nodes); !s) return cleanup(s.error());
+    if (std::fflush(out.get()) != 0 || fsync(fileno(out.get())) != 0) {
+        return cleanup({errno, fmt::format("{}: {}", out_path, std::strerror(errno))});
+    }
+    out.reset();
+    if (std::rename(tmp.c_str(), out_path.c_str()) != 0) {
+        return cleanup({errno, fmt::format("{}: {}", out_path, std::strerror(errno))});
+    }
+    report.bundle_bytes = writer.written();
+    return report;
+}
+
+Result<ImportReport> import_bundle(Store& store, const std::string& path, bool replace,
+                                   const ProgressFn& progress) {
+    std::uint32_t entry_depth = 1;
+    {
+        auto txn = store.read();
+        if (!txn) return tl::unexpected(txn.error());
+        entry_depth = txn->config().entry_depth;
+    }
+    // Pass 1: validate everything; nothing is written.
+    auto noop_entry = [](const std::string&) -> Status { return {}; };
+    auto noop_node = [](const BundleNode&) -> Status { return {}; };
+    if (auto s = parse_bundle(path, entry_depth, noop_entry, noop_node, progress); !s) {
+        return tl::unexpected(s.error());
+    }
+    // Pass 2: write all of it in one transaction (aborted as a whole on any error).
+    auto txn = store.write();
+    if (!txn) return tl::unexpected(txn.error());
+    ImportReport report;
+    const Origin origin = Origin::current();
+    bool skipping = false;
+    std::unordered_map<std::string, Ino> made;  // path -> ino within the current entry
+    auto on_entry = [&](const std::string& entry) -> Status {
+        made.clear();
+        skipping = false;
+        auto existing = txn->find_entry(entry);
+        if (existing) {
+            if (!replace) {
+                skipping = true;
+                ++report.entries_skipped;
+                return {};
+            }
+            if (auto s = txn->evict_entry(existing->ino, true); !s) return s;
+            ++report.entries_replaced;
+        } else if (existing.error().code != ENOENT) {
+            return tl::unexpected(existing.error());
+        } else {
+            // A node of that name that is not an entry (e.g. a plain file) is in the way.
+            auto ino = txn->resolve(entry);
+            if (ino) return fail(EEXIST, fmt::format("'{}' exists and is not an entry", entry));
+            ++report.entries_added;
+        }
+        if (auto s = txn->add(Counter::imported_entries, 1); !s) return s;
+        return {};
+    };
+    auto on_node = [&](const BundleNode& node) -> Status {
+        if (skipping) return {};
+        const std::size_t slash = node.path.rfind('/');
+        Ino parent;
+        if (made.empty()) {
+            auto p = ensure_parent_dirs(*txn, node.path);
+            if (!p) return tl::unexpected(p.error());
+            parent = *p;
+        } else {
+            parent = made.at(node.path.substr(0, slash));
+        }
+        const std::string_view name = slash == std::string::npos ? std::string_view(node.path)
+                                                                 : std::string_view(node.path).substr(slash + 1);
+        Result<Attr> attr = fail(EINVAL, "unknown node type");
+        switch (node.type) {
+            case FileType::directory: attr = txn->mkdir(parent, name, node.mode, getuid(), getgid()); break;
+            case FileType::symlink: attr = txn->symlink(parent, name, node.target, getuid(), getgid()); break;
+            case FileType::regular:
+                attr = txn->create(parent, name, node.mode, getuid(), getgid(), true);
+                if (attr) attr = txn->write(attr->ino, node.content, origin);
+                ++report.files;
+                report.bytes += node.content.size();
+                break;
+        }
+        if (!attr) return tl::unexpected(with_context(attr.error(), node.path));
+        SetAttr times;
+        times.mtime_ns = node.mtime_ns;
+        if (auto a = txn->setattr(attr->ino, times); !a) return tl::unexpected(a.error());
+        if (made.empty()) {  // the entry's own node: the daemon learns of it from the log
+            Tx tx = TxnAccess::tx(*txn);
+            if (auto l = tx.log(EventKind::import, attr->ino, parent, name); !l) return l;
+        }
+        made[node.path] = attr->ino;
+        return {};
+    };
+    if (auto s = parse_bundle(path, entry_depth, on_entry, on_node, {}); !s) return tl::unexpected(s.error());
+    if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
+    return report;
+}
+
+}  // namespace kcache::core

@@ -1,0 +1,301 @@
+// File content: content-addressed blobs with reference counts, compression, zero-copy
+// reads, atomic publication, and staged writes.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <zstd.h>
+
+#include "kcache/core/roles.hpp"
+#include "kcache/core/staged.hpp"
+#include "store_impl.hpp"
+
+namespace kcache::core {
+using records::BlobRef;
+using records::Codec;
+using records::Inode;
+
+namespace {
+
+// Below this size compression cannot pay for its frame; above it, zstd is kept only
+// when it saves at least an eighth.
+constexpr std::size_t kMinCompressSize = 128;
+constexpr int kZstdLevel = 3;
+
+struct ZstdContexts {
+    ZSTD_CCtx* compress = ZSTD_createCCtx();
+    ZSTD_DCtx* decompress = ZSTD_createDCtx();
+    ~ZstdContexts() {
+        ZSTD_freeCCtx(compress);
+        ZSTD_freeDCtx(decompress);
+    }
+};
+ZstdContexts& zstd() {
+    thread_local ZstdContexts contexts;
+    return contexts;
+}
+
+// The compressed form of `content` if it saves space, else empty.
+std::string compress(std::string_view content) {
+    if (content.size() < kMinCompressSize) return {};
+    std::string out(ZSTD_compressBound(content.size()), '\0');
+    const std::size_t n = ZSTD_compressCCtx(zstd().compress, out.data(), out.size(),
+                                            content.data(), content.size(), kZstdLevel);
+    if (ZSTD_isError(n) || n > content.size() - content.size() / 8) return {};
+    out.resize(n);
+    return out;
+}
+
+}  // namespace
+
+namespace ops {
+
+Result<BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view content) {
+    if (digest.empty()) return BlobRef{};
+    auto existing = tx.blob_ref(digest);
+    if (!existing) return tl::unexpected(existing.error());
+    const std::string key = records::digest_key(digest);
+    if (*existing) {
+        BlobRef ref = **existing;
+        ++ref.refcount;
+        if (auto s = tx.put(tx.db.blob_refs, key, records::encode(ref)); !s) return tl::unexpected(s.error());
+        if (auto s = tx.add(Counter::dedup_hits, 1); !s) return tl::unexpected(s.error());
+        return ref;
+    }
+    const std::string compressed = compress(content);
+    const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
+    BlobRef ref{1, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
+    auto place = tx.reserve(tx.db.blob_data, key, stored.size());
+    if (!place) return tl::unexpected(place.error());
+    std::memcpy(*place, stored.data(), stored.size());
+    if (auto s = tx.put(tx.db.blob_refs, key, records::encode(ref)); !s) return tl::unexpected(s.error());
+    Status s = tx.add(Counter::blobs, 1);
+    if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(ref.stored_size));
+    if (s) s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(ref.raw_size));
+    if (!s) return tl::unexpected(s.error());
+    return ref;
+}
+
+Status release_blob(Tx& tx, const Digest& digest) {
+    if (digest.empty()) return {};
+    auto existing = tx.blob_ref(digest);
+    if (!existing) return tl::unexpected(existing.error());
+    if (!*existing) {
+        // A reference to a blob that is gone: the db was damaged before. Dropping the
+        // reference is the repair; `kcache verify` reports such damage.
+        return tx.add(Counter::errors_io, 1);
+    }
+    BlobRef ref = **existing;
+    const std::string key = records::digest_key(digest);
+    if (ref.refcount > 1) {
+        --ref.refcount;
+        return tx.put(tx.db.blob_refs, key, records::encode(ref));
+    }
+    Status s = tx.del(tx.db.blob_refs, key);
+    if (s) s = tx.del(tx.db.blob_data, key);
+    if (s) s = tx.add(Counter::blobs, -1);
+    if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(ref.stored_size));
+    if (s) s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(ref.raw_size));
+    return s;
+}
+
+Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
+    if (digest.empty()) return Content::view({});
+    auto ref = tx.blob_ref(digest);
+    if (!ref) return tl::unexpected(ref.error());
+    auto data = tx.get(tx.db.blob_data, records::digest_key(digest));
+    if (!data) return tl::unexpected(data.error());
+    if (!*ref || !*data) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
+    const BlobRef& r = **ref;
+    const std::string_view stored = **data;
+    if (r.raw_size != size || stored.size() != r.stored_size) {
+        return fail(EIO, fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
+    }
+    if (r.codec == Codec::raw) return Content::view(stored);
+    std::string raw(r.raw_size, '\0');
+    const std::size_t n = ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(),
+                                              stored.data(), stored.size());
+    if (ZSTD_isError(n) || n != r.raw_size) {
+        return fail(EIO, fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
+    }
+    return Content::owned(std::move(raw));
+}
+
+Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
+    auto entry = tx.entry(entry_ino);
+    if (!entry) return tl::unexpected(entry.error());
+    std::uint64_t stored = 0;
+    if (!file.digest.empty()) {
+        auto ref = tx.blob_ref(file.digest);
+        if (!ref) return tl::unexpected(ref.error());
+        if (*ref) stored = (*ref)->stored_size;
+    }
+    auto apply = [sign](std::uint64_t& value, std::uint64_t delta) {
+        value = sign > 0 ? value + delta : (value > delta ? value - delta : 0);
+    };
+    apply(entry->files, 1);
+    apply(entry->bytes, file.size);
+    apply(entry->stored_bytes, stored);
+    if (entry->files == 0) entry->populated = false;  // empty again: the next store is a miss
+    if (sign > 0 && entry->producer == Producer::unknown) entry->producer = producer_of(file.name);
+    return tx.put_entry(*entry);
+}
+
+}  // namespace ops
+
+Result<Content> Txn::read(Ino file) const {
+    Tx tx = TxnAccess::tx(*this);
+    auto node = tx.inode(file);
+    if (!node) return tl::unexpected(node.error());
+    if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    return ops::read_blob(tx, node->digest, node->size);
+}
+
+Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
+    Tx tx = TxnAccess::tx(*this);
+    auto node = tx.inode(file);
+    if (!node) return tl::unexpected(node.error());
+    if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+
+    const Digest digest = digest_of(content);
+    auto fail_with = [](const Error& e) { return tl::unexpected(e); };
+    // Take the new reference before dropping the old one: rewriting the same content
+    // must not free the blob in between.
+    if (node->entry) {
+        if (auto s = ops::add_file_to_entry(tx, node->entry, *node, -1); !s) return fail_with(s.error());
+    }
+    auto ref = ops::acquire_blob(tx, digest, content);
+    if (!ref) return tl::unexpected(ref.error());
+    if (auto s = ops::release_blob(tx, node->digest); !s) return fail_with(s.error());
+    const auto old_size = static_cast<std::int64_t>(node->size);
+    node->digest = digest;
+    node->size = content.size();
+    node->mtime_ns = node->ctime_ns = tx.now();
+    if (auto s = tx.put_inode(*node); !s) return fail_with(s.error());
+
+    Status s = tx.add(Counter::bytes, static_cast<std::int64_t>(content.size()) - old_size);
+    if (s) s = tx.add(Counter::stores, 1);
+    if (s) s = tx.add(Counter::bytes_written, static_cast<std::int64_t>(content.size()));
+    if (!s) return fail_with(s.error());
+    if (!node->entry) return node->attr();
+
+    if (auto a = ops::add_file_to_entry(tx, node->entry, *node, +1); !a) return fail_with(a.error());
+    auto entry = tx.entry(node->entry);
+    if (!entry) return tl::unexpected(entry.error());
+    if (!entry->populated) {  // absent or empty until now: this store is the miss
+        entry->populated = true;
+        entry->populated_by_pid = origin.pid;
+        entry->populated_by_name = origin.name.substr(0, 64);
+        if (auto a = tx.add(Counter::misses, 1); !a) return fail_with(a.error());
+        auto node_of_entry = tx.inode(entry->ino);
+        if (!node_of_entry) return tl::unexpected(node_of_entry.error());
+        if (auto a = tx.log(EventKind::populate, entry->ino, node_of_entry->parent, node_of_entry->name); !a) {
+            return fail_with(a.error());
+        }
+    }
+    if (auto a = ops::move_in_lru(tx, *entry, tx.now()); !a) return fail_with(a.error());
+    if (auto a = tx.put_entry(*entry); !a) return fail_with(a.error());
+    return node->attr();
+}
+
+// ---- StagedFile ---------------------------------------------------------------------
+
+StagedFile::StagedFile(Store* store, Ino ino, std::string content)
+    : m_store(store), m_ino(ino), m_content(std::move(content)), m_open(true) {}
+
+StagedFile::StagedFile(StagedFile&& other) noexcept
+    : m_store(other.m_store), m_ino(other.m_ino), m_content(std::move(other.m_content)),
+      m_dirty(other.m_dirty), m_open(std::exchange(other.m_open, false)),
+      m_max_size(other.m_max_size) {}
+
+StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
+    if (this != &other) {
+        if (m_open) (void)abandon();
+        m_store = other.m_store;
+        m_ino = other.m_ino;
+        m_content = std::move(other.m_content);
+        m_dirty = other.m_dirty;
+        m_open = std::exchange(other.m_open, false);
+        m_max_size = other.m_max_size;
+    }
+    return *this;
+}
+
+StagedFile::~StagedFile() {
+    // Best effort: a lease left behind by a failure here is ignored once this
+    // process is gone, and `kcache gc` drops it.
+    if (m_open) (void)abandon();
+}
+
+Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
+    auto txn = store.write();
+    if (!txn) return tl::unexpected(txn.error());
+    auto attr = txn->getattr(file);
+    if (!attr) return tl::unexpected(attr.error());
+    if (attr->is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if (!attr->is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    std::string content;
+    if (!truncate) {
+        auto current = txn->read(file);
+        if (!current) return tl::unexpected(current.error());
+        content.assign(current->bytes());
+    }
+    if (auto s = txn->begin_write(file); !s) return tl::unexpected(s.error());
+    if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
+    StagedFile staged(&store, file, std::move(content));
+    staged.m_dirty = truncate && attr->size > 0;
+    return staged;
+}
+
+Status StagedFile::write(std::uint64_t offset, std::string_view data) {
+    const std::uint64_t end = offset + data.size();
+    if (end < offset || (m_max_size && end > m_max_size)) {
+        return fail(EFBIG, fmt::format("file would grow to {} bytes, over the limit of {}", end,
+                                       m_max_size));
+    }
+    if (end > m_content.size()) m_content.resize(end, '\0');
+    std::memcpy(m_content.data() + offset, data.data(), data.size());
+    m_dirty = true;
+    return {};
+}
+
+void StagedFile::truncate(std::uint64_t size) {
+    if (size == m_content.size()) return;
+    m_content.resize(size, '\0');
+    m_dirty = true;
+}
+
+Status StagedFile::publish(WriteTxn& txn, const Origin& origin) {
+    if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
+    if (auto w = txn.write(m_ino, m_content, origin); !w) return tl::unexpected(w.error());
+    if (auto s = txn.end_write(m_ino); !s) return s;
+    m_open = false;
+    m_dirty = false;
+    return {};
+}
+
+Status StagedFile::publish(const Origin& origin) {
+    auto txn = m_store->write();
+    if (!txn) return tl::unexpected(txn.error());
+    if (auto s = publish(*txn, origin); !s) {
+        m_open = true;  // still ours: the transaction is discarded
+        return s;
+    }
+    if (auto s = txn->commit(); !s) {
+        m_open = true;
+        return s;
+    }
+    return {};
+}
+
+Status StagedFile::abandon() {
+    if (!m_open) return {};
+    m_open = false;
+    return m_store->update([&](WriteTxn& txn) { return txn.end_write(m_ino); });
+}
+
+}  // namespace kcache::core

@@ -1,0 +1,126 @@
+// On-disk encoding of kcache's LMDB records and keys.
+//
+// Integer keys are big-endian so that LMDB's byte order is numeric order (cursor
+// scans of dirents by parent, of the LRU by time, of events by sequence). Values are
+// little-endian with a leading format version byte. Every decoder checks lengths:
+// a damaged record is an EIO error naming the record, never a crash.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kcache/core/error.hpp"
+#include "kcache/core/store.hpp"
+#include "kcache/core/types.hpp"
+
+namespace kcache::core::records {
+
+// ---- keys -------------------------------------------------------------------
+std::string u64_key(std::uint64_t value);                     // 8 bytes, big-endian
+std::uint64_t u64_from_key(std::string_view key);             // key must be >= 8 bytes
+std::string dirent_key(Ino parent, std::string_view name);    // parent + name
+std::string lru_key(std::int64_t time_ns, Ino entry);         // time + entry
+std::string lease_key(Ino file, std::uint32_t pid);           // file + pid
+std::string digest_key(const Digest& digest);                 // 16 bytes
+Digest digest_from_key(std::string_view key);
+std::string counter_key(Counter counter);                     // 4 bytes, big-endian
+
+// ---- values -----------------------------------------------------------------
+// An inode. Each node has exactly one parent and name (no hard links), kept here so
+// that a node's path can be found from its number.
+struct Inode {
+    Ino ino = 0;  // the key, not encoded in the value
+    std::uint32_t mode = 0;
+    std::uint32_t uid = 0;
+    std::uint32_t gid = 0;
+    std::uint32_t nlink = 1;
+    std::uint64_t size = 0;
+    std::int64_t atime_ns = 0;
+    std::int64_t mtime_ns = 0;
+    std::int64_t ctime_ns = 0;
+    Ino parent = 0;
+    Ino entry = 0;
+    std::uint16_t depth = 0;
+    Digest digest;
+    std::string name;
+    std::string target;  // symlinks
+
+    Attr attr() const;
+};
+std::string encode(const Inode& inode);
+Result<Inode> decode_inode(Ino ino, std::string_view bytes);
+
+struct Dirent {
+    Ino child = 0;
+    FileType type = FileType::regular;
+};
+std::string encode(const Dirent& dirent);
+Result<Dirent> decode_dirent(std::string_view bytes);
+
+enum class Codec : std::uint8_t { raw = 0, zstd = 1 };
+
+struct BlobRef {
+    std::uint64_t refcount = 0;
+    std::uint64_t raw_size = 0;
+    std::uint64_t stored_size = 0;
+    Codec codec = Codec::raw;
+};
+std::string encode(const BlobRef& ref);
+Result<BlobRef> decode_blob_ref(std::string_view bytes);
+
+std::string encode(const EntryInfo& entry);  // ino is the key, not encoded
+Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes);
+
+std::string encode(const Event& event);      // seq is the key, not encoded
+Result<Event> decode_event(std::uint64_t seq, std::string_view bytes);
+
+std::string encode(const Config& config);
+Result<Config> decode_config(std::string_view bytes);
+
+std::string encode_u64(std::uint64_t value);  // 8 bytes, little-endian
+Result<std::uint64_t> decode_u64(std::string_view bytes, std::string_view what);
+
+// ---- primitive writer/reader (also used by the bundle format) ----------------
+class Writer {
+public:
+    explicit Writer(std::string& out) : m_out(out) {}
+    void u8(std::uint8_t v) { m_out.push_back(static_cast<char>(v)); }
+    void u16(std::uint16_t v) { le(v, 2); }
+    void u32(std::uint32_t v) { le(v, 4); }
+    void u64(std::uint64_t v) { le(v, 8); }
+    void i64(std::int64_t v) { le(static_cast<std::uint64_t>(v), 8); }
+    void str16(std::string_view s);  // u16 length + bytes (s.size() <= 65535)
+    void str32(std::string_view s);  // u32 length + bytes
+    void bytes(std::string_view s) { m_out.append(s); }
+
+private:
+    void le(std::uint64_t v, int n) {
+        for (int i = 0; i < n; ++i) m_out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    }
+    std::string& m_out;
+};
+
+// Reads primitives; after any read past the end, ok() is false and reads return 0.
+class Reader {
+public:
+    explicit Reader(std::string_view in) : m_in(in) {}
+    std::uint8_t u8() { return static_cast<std::uint8_t>(le(1)); }
+    std::uint16_t u16() { return static_cast<std::uint16_t>(le(2)); }
+    std::uint32_t u32() { return static_cast<std::uint32_t>(le(4)); }
+    std::uint64_t u64() { return le(8); }
+    std::int64_t i64() { return static_cast<std::int64_t>(le(8)); }
+    std::string_view str16() { return take(u16()); }
+    std::string_view str32() { return take(u32()); }
+    std::string_view take(std::size_t n);
+    bool ok() const { return m_ok; }
+    std::size_t remaining() const { return m_in.size() - m_pos; }
+
+private:
+    std::uint64_t le(int n);
+    std::string_view m_in;
+    std::size_t m_pos = 0;
+    bool m_ok = true;
+};
+
+}  // namespace kcache::core::records

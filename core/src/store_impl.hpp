@@ -1,0 +1,121 @@
+// Internals shared by the core's implementation files: the LMDB handles of a Store
+// and Tx, the typed view of one transaction every operation is written against.
+#pragma once
+
+#include <lmdb.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kcache/core/store.hpp"
+#include "lmdb.hpp"
+#include "records.hpp"
+
+namespace kcache::core {
+
+// One per LMDB environment per process: LMDB forbids opening an environment twice
+// in one process (closing the second would drop the first's locks), so every Store
+// on the same db shares one Impl (see the registry in store.cpp).
+struct Store::Impl {
+    MDB_env* env = nullptr;
+    MDB_dbi inodes = 0;     // ino -> Inode
+    MDB_dbi dirents = 0;    // parent + name -> Dirent
+    MDB_dbi blob_refs = 0;  // digest -> BlobRef (small, rewritten on every refcount change)
+    MDB_dbi blob_data = 0;  // digest -> stored bytes (written once, never rewritten)
+    MDB_dbi entries = 0;    // entry ino -> EntryInfo
+    MDB_dbi lru = 0;        // last access + entry ino -> "" (unpinned entries only)
+    MDB_dbi leases = 0;     // file ino + pid -> write count (writes in flight)
+    MDB_dbi stats = 0;      // counter id -> u64
+    MDB_dbi events = 0;     // seq -> Event
+    MDB_dbi meta = 0;       // name -> value
+    int lock_fd = -1;       // shared flock on kcache.lock: compaction takes it exclusively
+    bool read_only = false;
+    std::string path;
+    ~Impl();
+};
+
+// Pending state of a write transaction: the first storage error poisons it.
+struct WriteState {
+    std::optional<Error> poisoned;
+};
+
+// Meta record names.
+inline constexpr std::string_view kMetaSchema = "schema";
+inline constexpr std::string_view kMetaConfig = "config";
+inline constexpr std::string_view kMetaNextIno = "next_ino";
+inline constexpr std::string_view kMetaNextEvent = "next_event";
+inline constexpr std::string_view kMetaResetTime = "reset_ns";
+inline constexpr std::string_view kMetaCreated = "created_ns";
+
+// The typed view of one transaction. Read methods work on both kinds; write
+// methods require `write` (a WriteTxn) and record the first storage error there.
+class Tx {
+public:
+    Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state)
+        : store(owner), db(owner.impl()), txn(handle), config(settings), write(state) {}
+
+    Store& store;
+    Store::Impl& db;
+    MDB_txn* txn;
+    const Config& config;
+    WriteState* write;
+
+    std::int64_t now() const { return store.now_ns(); }
+
+    // ---- raw access ----
+    Result<std::optional<std::string_view>> get(MDB_dbi dbi, std::string_view key) const;
+    Status put(MDB_dbi dbi, std::string_view key, std::string_view value);
+    // Reserves `size` bytes for the value and returns where to write them.
+    Result<char*> reserve(MDB_dbi dbi, std::string_view key, std::size_t size);
+    Status del(MDB_dbi dbi, std::string_view key);  // a missing key is not an error
+    // Calls fn(key, value) for keys starting with `prefix`, from `start` (>= prefix).
+    Status scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
+                const std::function<bool(std::string_view, std::string_view)>& fn) const;
+    // A storage failure: poisons the write transaction and returns the error.
+    tl::unexpected<Error> storage_error(int rc, std::string_view what);
+
+    // ---- typed access ----
+    Result<records::Inode> inode(Ino ino) const;            // ENOENT if absent
+    Status put_inode(const records::Inode& inode);
+    Result<std::optional<records::Dirent>> child(Ino parent, std::string_view name) const;
+    Result<bool> has_children(Ino dir) const;
+    Result<std::optional<EntryInfo>> find_entry_record(Ino entry) const;
+    Result<EntryInfo> entry(Ino entry) const;                // ENOENT if absent
+    Status put_entry(const EntryInfo& entry);
+    Result<std::optional<records::BlobRef>> blob_ref(const Digest& digest) const;
+    Result<std::uint64_t> counter(Counter counter) const;
+    Status add(Counter counter, std::int64_t delta);
+    Status log(EventKind kind, Ino entry, Ino parent, std::string_view name);
+    Result<Ino> next_ino();
+    Result<std::string> path_of(Ino ino) const;  // path from the root
+};
+
+// Accessors for the implementation files (Txn's members are protected).
+struct TxnAccess {
+    static Tx tx(const Txn& t) {
+        return Tx(*t.m_store, t.m_txn, t.m_config, nullptr);
+    }
+    static Tx tx(WriteTxn& t) { return Tx(*t.m_store, t.m_txn, t.m_config, t.m_state.get()); }
+};
+
+// ---- operations implemented across the core's files, on a Tx ----
+namespace ops {
+// tree.cpp
+Status validate_name(std::string_view name);
+// Removes `ino` (named `name` in `parent`) and everything below it: inodes, dirents,
+// blob references and accounting. Entry records inside it are dropped with `why`.
+Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);
+// content.cpp
+Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign);
+Result<records::BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view content);
+Status release_blob(Tx& tx, const Digest& digest);
+Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// entries.cpp
+Status create_entry_record(Tx& tx, const records::Inode& node);
+Status drop_entry_record(Tx& tx, Ino entry, EventKind why, Ino parent, std::string_view name);
+Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time);
+Status drop_leases(Tx& tx, Ino file);  // the file is gone
+}  // namespace ops
+
+}  // namespace kcache::core

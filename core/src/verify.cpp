@@ -1,0 +1,286 @@
+// verify, garbage collection and compaction.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "kcache/core/maintenance.hpp"
+#include "store_impl.hpp"
+
+namespace kcache::core {
+namespace fs = std::filesystem;
+using records::Inode;
+
+namespace {
+
+struct DigestHash {
+    std::size_t operator()(const Digest& d) const { return static_cast<std::size_t>(d.low ^ d.high); }
+};
+
+struct Totals {
+    std::uint64_t files = 0, bytes = 0, stored = 0;
+};
+
+}  // namespace
+
+Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
+    auto txn = store.read();
+    if (!txn) return tl::unexpected(txn.error());
+    Tx tx = TxnAccess::tx(*txn);
+    VerifyReport report;
+    auto problem = [&](std::string text) {
+        if (report.problems.size() < 1000) report.problems.push_back(std::move(text));
+    };
+    const std::uint32_t entry_depth = tx.config.entry_depth;
+
+    // 1. The tree: every inode is linked from its parent under its name, at the right
+    //    depth and in the right entry; count references to blobs.
+    std::unordered_map<Digest, std::uint64_t, DigestHash> refs;
+    std::unordered_map<Ino, Totals> per_entry;
+    std::unordered_map<Ino, Inode> dirs;  // small: directories only
+    Totals all;
+    std::uint64_t dirents_expected = 0;
+    std::vector<Inode> nodes;
+    auto s = tx.scan(tx.db.inodes, {}, {}, [&](std::string_view key, std::string_view value) {
+        const Ino ino = records::u64_from_key(key);
+        auto node = records::decode_inode(ino, value);
+        if (!node) {
+            problem(fmt::format("inode {}: {}", ino, node.error().message));
+            return true;
+        }
+        ++report.inodes;
+        if ((node->mode & S_IFMT) == S_IFDIR) dirs.emplace(ino, *node);
+        nodes.push_back(std::move(*node));
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
+    for (const Inode& node : nodes) {
+        if (node.ino == kRootIno) continue;
+        ++dirents_expected;
+        auto parent = dirs.find(node.parent);
+        if (parent == dirs.end()) {
+            problem(fmt::format("inode {} ('{}'): parent {} is not a directory", node.ino, node.name, node.parent));
+            continue;
+        }
+        auto link = tx.child(node.parent, node.name);
+        if (!link || !*link || (*link)->child != node.ino) {
+            problem(fmt::format("inode {} ('{}'): not linked from its parent", node.ino, node.name));
+        }
+        if (node.depth != parent->second.depth + 1) {
+            problem(fmt::format("inode {} ('{}'): depth {} under a parent at depth {}", node.ino, node.name,
+                                node.depth, parent->second.depth));
+        }
+        const Ino expected_entry = node.depth < entry_depth ? 0
+                                   : node.depth == entry_depth ? node.ino
+                                                               : parent->second.entry;
+        if (node.entry != expected_entry) {
+            problem(fmt::format("inode {} ('{}'): in entry {}, expected {}", node.ino, node.name, node.entry,
+                                expected_entry));
+        }
+        if ((node.mode & S_IFMT) != S_IFREG) continue;
+        ++all.files;
+        all.bytes += node.size;
+        std::uint64_t stored = 0;
+        if (!node.digest.empty()) {
+            ++refs[node.digest];
+            auto ref = tx.blob_ref(node.digest);
+            if (ref && *ref) {
+                stored = (*ref)->stored_size;
+                if ((*ref)->raw_size != node.size) {
+                    problem(fmt::format("inode {} ('{}'): size {} but its blob holds {} bytes", node.ino,
+                                        node.name, node.size, (*ref)->raw_size));
+                }
+            } else {
+                problem(fmt::format("inode {} ('{}'): blob {} is missing", node.ino, node.name, node.digest.hex()));
+            }
+        } else if (node.size != 0) {
+            problem(fmt::format("inode {} ('{}'): size {} with no content", node.ino, node.name, node.size));
+        }
+        if (node.entry) {
+            Totals& t = per_entry[node.entry];
+            ++t.files;
+            t.bytes += node.size;
+            t.stored += stored;
+        }
+    }
+    std::uint64_t dirents = 0;
+    s = tx.scan(tx.db.dirents, {}, {}, [&](std::string_view, std::string_view) {
+        ++dirents;
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
+    if (dirents != dirents_expected) {
+        problem(fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
+    }
+
+    // 2. Blobs: content matches digest and size, refcounts match references.
+    std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0;
+    MDB_stat st{};
+    mdb_stat(tx.txn, tx.db.blob_refs, &st);
+    const std::uint64_t total_blobs = st.ms_entries;
+    s = tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
+        const Digest digest = records::digest_from_key(key);
+        ++report.blobs;
+        auto ref = records::decode_blob_ref(value);
+        if (!ref) {
+            problem(fmt::format("blob {}: {}", digest.hex(), ref.error().message));
+            return true;
+        }
+        ++blob_count;
+        stored_total += ref->stored_size;
+        raw_total += ref->raw_size;
+        const auto it = refs.find(digest);
+        const std::uint64_t counted = it == refs.end() ? 0 : it->second;
+        if (ref->refcount != counted) {
+            problem(fmt::format("blob {}: refcount {} but {} files refer to it", digest.hex(), ref->refcount, counted));
+        }
+        auto content = ops::read_blob(tx, digest, ref->raw_size);
+        if (!content) {
+            problem(fmt::format("blob {}: {}", digest.hex(), content.error().message));
+        } else if (!(digest_of(content->bytes()) == digest)) {
+            problem(fmt::format("blob {}: content does not match its digest", digest.hex()));
+        }
+        if (progress && report.blobs % 256 == 0) progress(report.blobs, total_blobs);
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
+    mdb_stat(tx.txn, tx.db.blob_data, &st);
+    if (st.ms_entries != total_blobs) {
+        problem(fmt::format("{} blob contents for {} blob references", st.ms_entries, total_blobs));
+    }
+
+    // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.
+    std::uint64_t entry_count = 0;
+    s = tx.scan(tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) {
+        const Ino ino = records::u64_from_key(key);
+        auto entry = records::decode_entry(ino, value);
+        ++report.entries;
+        if (!entry) {
+            problem(fmt::format("entry {}: {}", ino, entry.error().message));
+            return true;
+        }
+        ++entry_count;
+        const Totals t = per_entry[ino];
+        if (entry->files != t.files || entry->bytes != t.bytes || entry->stored_bytes != t.stored) {
+            problem(fmt::format("entry '{}': records {} files/{} bytes/{} stored, tree has {}/{}/{}", entry->name,
+                                entry->files, entry->bytes, entry->stored_bytes, t.files, t.bytes, t.stored));
+        }
+        auto node = tx.inode(ino);
+        if (!node || node->entry != ino) problem(fmt::format("entry '{}': its node is missing", entry->name));
+        if (!entry->pinned) {
+            auto lru = tx.get(tx.db.lru, records::lru_key(entry->last_access_ns, ino));
+            if (!lru || !*lru) problem(fmt::format("entry '{}': missing from the LRU index", entry->name));
+        }
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
+    for (const Inode& node : nodes) {
+        if (node.ino != kRootIno && node.depth == entry_depth && !tx.find_entry_record(node.ino).value_or(std::nullopt)) {
+            problem(fmt::format("node '{}' at the entry depth has no entry record", node.name));
+        }
+    }
+
+    // 4. Gauges match what is there.
+    auto gauge = [&](Counter c, std::uint64_t actual) {
+        auto value = tx.counter(c);
+        if (value && *value != actual) {
+            problem(fmt::format("statistic {} is {} but the db holds {}", counter_name(c), *value, actual));
+        }
+    };
+    gauge(Counter::entries, entry_count);
+    gauge(Counter::files, all.files);
+    gauge(Counter::bytes, all.bytes);
+    gauge(Counter::blobs, blob_count);
+    gauge(Counter::stored_bytes, stored_total);
+    gauge(Counter::blob_raw_bytes, raw_total);
+    if (progress) progress(total_blobs, total_blobs);
+    return report;
+}
+
+Result<GcReport> collect_garbage(Store& store) {
+    GcReport report;
+    auto readers = store.clear_stale_readers();
+    if (!readers) return tl::unexpected(readers.error());
+    report.stale_readers = *readers;
+    auto s = store.update([&](WriteTxn& txn) -> Status {
+        Tx tx = TxnAccess::tx(txn);
+        std::vector<std::string> dead;
+        auto scanned = tx.scan(tx.db.leases, {}, {}, [&](std::string_view key, std::string_view) {
+            std::uint32_t pid = 0;
+            for (char c : key.substr(8, 4)) pid = (pid << 8) | static_cast<unsigned char>(c);
+            const bool alive = pid != 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+            if (!alive || key.size() != 12) dead.emplace_back(key);
+            return true;
+        });
+        if (!scanned) return scanned;
+        for (const auto& key : dead) {
+            if (auto d = tx.del(tx.db.leases, key); !d) return d;
+        }
+        report.stale_leases = dead.size();
+        return {};
+    });
+    if (!s) return tl::unexpected(s.error());
+    auto txn = store.read();
+    if (!txn) return tl::unexpected(txn.error());
+    Tx tx = TxnAccess::tx(*txn);
+    // The free list (dbi 0): each record lists free page numbers, count first.
+    auto counted = tx.scan(0, {}, {}, [&](std::string_view, std::string_view value) {
+        if (value.size() >= sizeof(std::size_t)) {
+            std::size_t n = 0;
+            std::memcpy(&n, value.data(), sizeof n);
+            report.free_pages += n;
+        }
+        return true;
+    });
+    if (!counted) return tl::unexpected(counted.error());
+    report.file_bytes = store.data_file_bytes();
+    return report;
+}
+
+Result<CompactReport> compact(const std::string& db_path) {
+    const std::string lock_path = db_path + "/kcache.lock";
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return fail(errno, fmt::format("no kcache db at {}: {}", db_path, std::strerror(errno)));
+    struct Closer {
+        int fd;
+        ~Closer() { close(fd); }
+    } closer{fd};
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        return fail(EBUSY, fmt::format("db {}: in use by another process (stop the daemon and other tools to compact)",
+                                       db_path));
+    }
+    CompactReport report;
+    std::error_code ec;
+    report.bytes_before = fs::file_size(db_path + "/data.mdb", ec);
+    const std::string tmp_dir = db_path + "/compact.tmp";
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directory(tmp_dir, ec);
+    if (ec) return fail(ec.value(), fmt::format("{}: {}", tmp_dir, ec.message()));
+    MDB_env* env = nullptr;
+    mdb_env_create(&env);
+    mdb_env_set_maxdbs(env, 16);
+    mdb_env_set_mapsize(env, kDefaultMapSize);
+    int rc = mdb_env_open(env, db_path.c_str(), MDB_NOTLS | MDB_RDONLY, 0644);
+    if (rc == 0) rc = mdb_env_copy2(env, tmp_dir.c_str(), MDB_CP_COMPACT);
+    mdb_env_close(env);
+    if (rc != 0) {
+        fs::remove_all(tmp_dir, ec);
+        return tl::unexpected(lmdb::error(rc, fmt::format("db {}: compact", db_path)));
+    }
+    fs::rename(tmp_dir + "/data.mdb", db_path + "/data.mdb", ec);
+    if (ec) return fail(ec.value(), fmt::format("db {}: replacing data.mdb: {}", db_path, ec.message()));
+    fs::remove_all(tmp_dir, ec);
+    report.bytes_after = fs::file_size(db_path + "/data.mdb", ec);
+    return report;
+}
+
+}  // namespace kcache::core
