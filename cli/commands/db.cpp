@@ -1,0 +1,224 @@
+// The db as a whole: init, config, stats.
+
+#include <fmt/core.h>
+
+#include "commands.hpp"
+#include "kcache/core/units.hpp"
+
+namespace kcache::cli {
+namespace {
+
+// --max-size / --max-entries, shared by init and config.
+struct Limits {
+    std::optional<std::uint64_t> max_size;
+    std::optional<std::uint64_t> max_entries;
+
+    void add_to(CLI::App* sub) {
+        sub->add_option("--max-size", max_size,
+                        "bound on stored bytes, e.g. 10G; 0 or none: no bound")
+            ->type_name("SIZE")
+            ->transform(size_transform());
+        sub->add_option("--max-entries", max_entries, "bound on entries; 0: no bound")
+            ->type_name("N");
+    }
+    bool any() const { return max_size || max_entries; }
+    void apply(core::Config& config) const {
+        if (max_size) config.max_bytes = *max_size;
+        if (max_entries) config.max_entries = *max_entries;
+    }
+};
+
+void print_config(const std::string& path, const core::Config& config) {
+    Table table({"", ""});
+    table.add({"db", path});
+    table.add({"entry depth", std::to_string(config.entry_depth)});
+    table.add({"max size", size_or_none(config.max_bytes)});
+    table.add({"max entries",
+               config.max_entries ? std::to_string(config.max_entries) : std::string("none")});
+    table.add({"low mark", fmt::format("{}%", config.low_mark_percent)});
+    table.add({"max events", std::to_string(config.max_events)});
+    table.print();
+}
+
+// Sets the limits in one transaction, then evicts down to them if they are exceeded
+// now (a daemon would do so at its next store anyway).
+core::Config set_limits(core::Store& store, const Limits& limits) {
+    auto txn = check(store.write());
+    core::Config config = txn.config();
+    limits.apply(config);
+    check(txn.set_config(config));
+    check(txn.commit());
+    const core::EvictReport report = check(store.enforce_limits());
+    if (report.entries > 0) {
+        fmt::print(stderr, "kcache: evicted {} entries ({}) to meet the new limits\n",
+                   report.entries, core::format_size(report.bytes));
+    }
+    return config;
+}
+
+struct InitOptions {
+    std::optional<std::uint32_t> entry_depth;
+    Limits limits;
+};
+
+int run_init(const Cli& cli, const InitOptions& opts) {
+    const std::string path = cli.db_path();
+    const bool existed = !db_missing(path);
+    auto store = open_store(cli, Access::create, opts.entry_depth.value_or(1));
+    core::Config config = check(store->read()).config();
+    if (opts.entry_depth && *opts.entry_depth != config.entry_depth) {
+        throw Failure(fmt::format(
+            "db at {} has entry depth {}: the entry depth of an existing db cannot change",
+            path, config.entry_depth));
+    }
+    if (opts.limits.any()) config = set_limits(*store, opts.limits);
+    fmt::print("{} db at {}\n", existed ? "existing" : "created", path);
+    print_config(path, config);
+    return kExitOk;
+}
+
+struct ConfigOptions {
+    Limits limits;
+    bool json = false;
+};
+
+int run_config(const Cli& cli, const ConfigOptions& opts) {
+    auto store = open_store(cli, opts.limits.any() ? Access::write : Access::read);
+    const core::Config config =
+        opts.limits.any() ? set_limits(*store, opts.limits) : check(store->read()).config();
+    if (opts.json) {
+        print_json(config_json(config));
+    } else {
+        print_config(store->path(), config);
+    }
+    return kExitOk;
+}
+
+struct StatsOptions {
+    bool json = false;
+    bool reset = false;
+};
+
+bool counts_bytes(core::Counter c) {
+    using core::Counter;
+    return c == Counter::bytes_read || c == Counter::bytes_written ||
+           c == Counter::evicted_bytes || c == Counter::bytes || c == Counter::stored_bytes ||
+           c == Counter::blob_raw_bytes;
+}
+
+std::string label_of(core::Counter c) {
+    std::string label(core::counter_name(c));
+    for (char& ch : label) {
+        if (ch == '_') ch = ' ';
+    }
+    return label;
+}
+
+// hits / (hits + misses); nullopt before any lookup.
+std::optional<double> hit_rate(const core::Stats& stats) {
+    const std::uint64_t hits = stats.get(core::Counter::hits);
+    const std::uint64_t lookups = hits + stats.get(core::Counter::misses);
+    if (lookups == 0) return std::nullopt;
+    return static_cast<double>(hits) / static_cast<double>(lookups);
+}
+
+nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
+                          const core::Config& config) {
+    nlohmann::json out;
+    out["db"] = store.path();
+    for (const auto& [counter, value] : stats.values) out[std::string(core::counter_name(counter))] = value;
+    out["evictions"] = stats.get(core::Counter::evicted_entries);
+    const auto rate = hit_rate(stats);
+    out["hit_rate"] = rate ? nlohmann::json(*rate) : nlohmann::json(nullptr);
+    out["reset_ns"] = stats.reset_ns;
+    out["data_file_bytes"] = store.data_file_bytes();
+    out["config"] = config_json(config);
+    return out;
+}
+
+void print_stats(const core::Store& store, const core::Stats& stats, const core::Config& config) {
+    auto value_of = [&](core::Counter c) {
+        const std::uint64_t v = stats.get(c);
+        return counts_bytes(c) ? core::format_size(v) : std::to_string(v);
+    };
+    const std::uint64_t stored = stats.get(core::Counter::stored_bytes);
+    std::string limit = "no size bound";
+    if (config.max_bytes) {
+        limit = fmt::format("{} of {} max ({:.0f}%)", core::format_size(stored),
+                            core::format_size(config.max_bytes),
+                            100.0 * static_cast<double>(stored) /
+                                static_cast<double>(config.max_bytes));
+    }
+
+    Table summary({"", ""});
+    summary.add({"db", store.path()});
+    summary.add({"data file", core::format_size(store.data_file_bytes())});
+    summary.add({"stored", limit});
+    if (config.max_entries) summary.add({"max entries", std::to_string(config.max_entries)});
+    summary.print();
+
+    fmt::print("\ncache now\n");
+    Table gauges({"", ""}, {false, true});
+    for (const auto& [counter, value] : stats.values) {
+        if (core::is_gauge(counter)) gauges.add({"  " + label_of(counter), value_of(counter)});
+    }
+    gauges.print();
+
+    fmt::print("\nsince {}\n", stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
+                                              : std::string("the db was created"));
+    Table counters({"", ""}, {false, true});
+    for (const auto& [counter, value] : stats.values) {
+        if (core::is_gauge(counter)) continue;
+        counters.add({"  " + label_of(counter), value_of(counter)});
+        if (counter == core::Counter::misses) {
+            const auto rate = hit_rate(stats);
+            counters.add({"  hit rate", rate ? fmt::format("{:.1f}%", *rate * 100) : "-"});
+        }
+    }
+    counters.print();
+}
+
+// Reads only the statistics records and the meta record: O(1) in the entries.
+int run_stats(const Cli& cli, const StatsOptions& opts) {
+    auto store = open_store(cli, opts.reset ? Access::write : Access::read);
+    if (opts.reset) check(store->update([](core::WriteTxn& txn) { return txn.reset_stats(); }));
+    auto txn = check(store->read());
+    const core::Stats stats = check(txn.stats());
+    if (opts.json) {
+        print_json(stats_json(*store, stats, txn.config()));
+    } else {
+        print_stats(*store, stats, txn.config());
+    }
+    return kExitOk;
+}
+
+}  // namespace
+
+void add_db_commands(CLI::App& app, Cli& cli) {
+    {
+        auto opts = std::make_shared<InitOptions>();
+        auto* sub = app.add_subcommand("init", "create the db if missing and set its limits");
+        sub->add_option("--entry-depth", opts->entry_depth,
+                        "depth below the root at which entries live (new db only; default 1)")
+            ->type_name("N")
+            ->check(CLI::Range(1, 64));
+        opts->limits.add_to(sub);
+        on_run(sub, cli, opts, &run_init);
+    }
+    {
+        auto opts = std::make_shared<ConfigOptions>();
+        auto* sub = app.add_subcommand("config", "print the db's settings, or set its limits");
+        opts->limits.add_to(sub);
+        sub->add_flag("--json", opts->json, "print as JSON");
+        on_run(sub, cli, opts, &run_config);
+    }
+    {
+        auto opts = std::make_shared<StatsOptions>();
+        auto* sub = app.add_subcommand("stats", "print statistics counters and gauges");
+        sub->add_flag("--json", opts->json, "print as JSON");
+        sub->add_flag("--reset", opts->reset, "zero the counters first (gauges stay)");
+        on_run(sub, cli, opts, &run_stats);
+    }
+}
+
+}  // namespace kcache::cli

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package kcache needs, then configures and builds it.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+#   BUILD_DIR (default: build)   CMAKE_BUILD_TYPE (default: RelWithDebInfo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev
+  libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
+  catch2 libbenchmark-dev
+)
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+build_dir=${BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
+cmake --build "$build_dir" -j "$(nproc)"

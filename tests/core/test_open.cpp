@@ -1,0 +1,238 @@
+// Store::open: creating, reopening, and refusing missing, corrupt or unwritable dbs.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "core_test_util.hpp"
+
+using namespace kcache;
+using namespace kcache::test;
+using core::Counter;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : m_name(name) {
+        if (const char* old = std::getenv(name)) m_old = old;
+        if (value) {
+            setenv(name, value, 1);
+        } else {
+            unsetenv(name);
+        }
+    }
+    ~ScopedEnv() {
+        if (m_old) {
+            setenv(m_name.c_str(), m_old->c_str(), 1);
+        } else {
+            unsetenv(m_name.c_str());
+        }
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    std::string m_name;
+    std::optional<std::string> m_old;
+};
+
+core::OpenOptions options_for(const fs::path& path) {
+    core::OpenOptions o;
+    o.path = path.string();
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("open: create makes the directory and an empty db", "[open]") {
+    TempDir dir;
+    auto path = dir / "nested" / "db";
+    auto store = KC_MUST(core::Store::open(options_for(path)));
+    CHECK(fs::is_directory(path));
+    CHECK(fs::exists(path / "data.mdb"));
+    CHECK(store->path() == path.string());
+    CHECK_FALSE(store->read_only());
+    CHECK(store->data_file_bytes() > 0);
+    auto txn = KC_MUST(store->read());
+    CHECK(txn.config().entry_depth == 1);
+    CHECK(txn.config().max_bytes == 0);
+    CHECK(txn.config().max_events == 100000);
+}
+
+TEST_CASE("open: a db reopens with its content, config and entry depth", "[open]") {
+    TestStore ts([](core::OpenOptions& o) { o.entry_depth = 2; });
+    ts.put("ab/cdef/kernel.cubin", "bin");
+    {
+        auto txn = ts.write();
+        auto config = txn.config();
+        config.max_bytes = 123456789;
+        config.max_entries = 77;
+        config.low_mark_percent = 80;
+        config.max_events = 500;
+        KC_MUST(txn.set_config(config));
+        KC_MUST(txn.commit());
+    }
+    ts.options().entry_depth = 1;  // ignored for an existing db
+    ts.reopen();
+    auto txn = ts.read();
+    CHECK(txn.config().entry_depth == 2);
+    CHECK(txn.config().max_bytes == 123456789);
+    CHECK(txn.config().max_entries == 77);
+    CHECK(txn.config().low_mark_percent == 80);
+    CHECK(txn.config().max_events == 500);
+    CHECK(ts.get("ab/cdef/kernel.cubin") == "bin");
+    CHECK(ts.entry("ab/cdef").files == 1);
+}
+
+TEST_CASE("open: a missing db with create=false is ENOENT and creates nothing", "[open]") {
+    TempDir dir;
+    auto path = dir / "db";
+    auto options = options_for(path);
+    options.create = false;
+    auto r = core::Store::open(options);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ENOENT);
+    CHECK(r.error().message.find(path.string()) != std::string::npos);
+    CHECK_FALSE(fs::exists(path));
+
+    SECTION("an existing empty directory is not a db either") {
+        fs::create_directory(path);
+        auto r2 = core::Store::open(options);
+        REQUIRE_FALSE(r2.has_value());
+        CHECK(r2.error().code == ENOENT);
+        CHECK_FALSE(fs::exists(path / "data.mdb"));
+    }
+    SECTION("read_only never creates") {
+        options.read_only = true;
+        options.create = true;
+        CHECK(err(core::Store::open(options)) == ENOENT);
+        CHECK_FALSE(fs::exists(path));
+    }
+}
+
+TEST_CASE("open: a corrupt data.mdb is a clear error naming the path", "[open]") {
+    TempDir dir;
+    auto path = dir / "db";
+    SECTION("garbage instead of a db") {
+        fs::create_directory(path);
+        write_file(path / "data.mdb", random_bytes(64 << 10, 5));
+    }
+    SECTION("a real db overwritten with garbage") {
+        { auto store = KC_MUST(core::Store::open(options_for(path))); }
+        const auto size = fs::file_size(path / "data.mdb");
+        write_file(path / "data.mdb", std::string(size, '\xab'));
+    }
+    SECTION("a text file") {
+        fs::create_directory(path);
+        write_file(path / "data.mdb", std::string(20000, 'x'));
+    }
+    auto r = core::Store::open(options_for(path));
+    REQUIRE_FALSE(r.has_value());
+    INFO(describe(r.error()));
+    CHECK(r.error().code == EIO);
+    CHECK(r.error().message.find(path.string()) != std::string::npos);
+}
+
+TEST_CASE("open: read_only opens for reading and refuses writes with EROFS", "[open]") {
+    TestStore ts;
+    ts.put("k/a", "content");
+    ts.options().read_only = true;
+    ts.reopen();
+    CHECK(ts->read_only());
+    CHECK(ts.get("k/a") == "content");
+    CHECK(err(ts->write()) == EROFS);
+    CHECK(err(ts->update([](core::WriteTxn&) -> core::Status { return {}; })) == EROFS);
+    CHECK(ts.counter(Counter::files) == 1);
+}
+
+TEST_CASE("open: a db in an unwritable directory is refused or opened read-only",
+          "[open]") {
+    TestStore ts;
+    ts.put("k/a", "content");
+    ts.close();
+    if (geteuid() == 0) {
+        WARN("running as root: permissions do not apply, unwritable-dir case skipped");
+        return;
+    }
+    const auto db = fs::path(ts.db_path());
+    fs::permissions(db / "data.mdb", fs::perms::owner_read | fs::perms::group_read);
+    fs::permissions(db / "lock.mdb", fs::perms::owner_read | fs::perms::group_read);
+    fs::permissions(db, fs::perms::owner_read | fs::perms::owner_exec);
+    auto r = core::Store::open(ts.options());
+    if (r) {
+        // Accepted only as a read-only store.
+        CHECK((*r)->read_only());
+        CHECK(err((*r)->write()) == EROFS);
+    } else {
+        INFO(describe(r.error()));
+        CHECK((r.error().code == EACCES || r.error().code == EROFS || r.error().code == EPERM));
+        CHECK(r.error().message.find(ts.db_path()) != std::string::npos);
+    }
+}
+
+TEST_CASE("open: every durability mode works and sync succeeds", "[open]") {
+    for (auto d : {core::Durability::full, core::Durability::no_meta_sync,
+                   core::Durability::none}) {
+        INFO("durability " << static_cast<int>(d));
+        TestStore ts([d](core::OpenOptions& o) { o.durability = d; });
+        ts.put("k/a", "x");
+        KC_MUST(ts->sync());
+        ts.reopen();
+        CHECK(ts.get("k/a") == "x");
+    }
+}
+
+TEST_CASE("open: the injected clock is the store's clock", "[open]") {
+    TestStore ts;
+    ts.clock().set(42 * kSecond);
+    CHECK(ts->now_ns() == 42 * kSecond);
+    auto before = core::system_clock_ns();
+    core::OpenOptions o;
+    o.path = (ts.dir() / "db2").string();
+    auto store = KC_MUST(core::Store::open(o));
+    CHECK(store->now_ns() >= before);
+}
+
+TEST_CASE("open: default_db_path follows KCACHE_DB, XDG_CACHE_HOME, HOME", "[open]") {
+    SECTION("KCACHE_DB wins") {
+        ScopedEnv db("KCACHE_DB", "/some/where/db");
+        ScopedEnv xdg("XDG_CACHE_HOME", "/xdg");
+        CHECK(core::default_db_path() == "/some/where/db");
+    }
+    SECTION("then XDG_CACHE_HOME") {
+        ScopedEnv db("KCACHE_DB", nullptr);
+        ScopedEnv xdg("XDG_CACHE_HOME", "/xdg");
+        CHECK(core::default_db_path() == "/xdg/kcache/db");
+    }
+    SECTION("then HOME") {
+        ScopedEnv db("KCACHE_DB", nullptr);
+        ScopedEnv xdg("XDG_CACHE_HOME", nullptr);
+        ScopedEnv home("HOME", "/home/user");
+        CHECK(core::default_db_path() == "/home/user/.cache/kcache/db");
+    }
+}
+
+TEST_CASE("open: the data file does not keep growing under fill-evict churn", "[open][evict]") {
+    TestStore ts;
+    std::uint64_t after_first = 0;
+    for (int round = 0; round < 10; ++round) {
+        for (int i = 0; i < 20; ++i) {
+            ts.clock().advance();
+            ts.put("r" + std::to_string(round) + "e" + std::to_string(i) + "/kernel.cubin",
+                   random_bytes(16 << 10, static_cast<std::uint64_t>(round * 100 + i)));
+        }
+        KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+        if (round == 0) after_first = ts->data_file_bytes();
+    }
+    INFO("data.mdb after round 1: " << after_first << ", after round 10: "
+                                    << ts->data_file_bytes());
+    CHECK(ts->data_file_bytes() <= 2 * after_first);
+    CHECK(ts.counter(Counter::entries) == 0);
+}
