@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -460,7 +461,10 @@ Status init_schema(Store& store, const OpenOptions& options) {
                                                "supports ({})", impl.path, *version,
                                                kSchemaVersion)});
         }
-        mdb_txn_abort(txn);
+        // Commit, not abort: aborting would close the table handles opened here.
+        if (int rc = mdb_txn_commit(txn); rc != 0) {
+            return tl::unexpected(lmdb::error(rc, fmt::format("db {}: open", impl.path)));
+        }
         return {};
     }
     if (ro) return abort({ENOENT, fmt::format("db {}: not a kcache db (no schema)", impl.path)});
@@ -646,6 +650,13 @@ Status WriteTxn::commit() {
         return tl::unexpected(*m_state->poisoned);
     }
     if (const int rc = mdb_txn_commit(txn); rc != 0) {
+        // LMDB reports a short write (what a full filesystem gives) as EIO; tell the
+        // caller the truth when the filesystem under the db is out of space.
+        struct statvfs fs{};
+        if (rc == EIO && statvfs(m_store->path().c_str(), &fs) == 0 &&
+            static_cast<std::uint64_t>(fs.f_bavail) * fs.f_bsize < (1u << 20)) {
+            return fail(ENOSPC, fmt::format("db {}: commit: no space left on device", m_store->path()));
+        }
         return tl::unexpected(lmdb::error(rc, fmt::format("db {}: commit", m_store->path())));
     }
     return {};
