@@ -26,8 +26,8 @@
 namespace kcache::cli {
 
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;     // the command failed, or `verify` found damage
-inline constexpr int kExitUsage = 2;     // the command line was wrong
+inline constexpr int kExitError = 1;  // the command failed, or `verify` found damage
+inline constexpr int kExitUsage = 2;  // the command line was wrong
 
 // A command that could not do its work; main() prints the message and exits 1.
 class Failure : public std::runtime_error {
@@ -56,8 +56,8 @@ T check(core::Result<T> result, std::string_view context = {}) {
 // State shared by every command: the global options and the command to run once
 // CLI11 has parsed the whole command line.
 struct Cli {
-    std::string db_option;          // --db; empty: core::default_db_path()
-    std::function<int()> action;    // set by the chosen subcommand's callback
+    std::string db_option;        // --db; empty: core::default_db_path()
+    std::function<int()> action;  // set by the chosen subcommand's callback
 
     std::string db_path() const;
 };
@@ -67,7 +67,8 @@ struct Cli {
 template <class Options>
 void on_run(CLI::App* sub, Cli& cli, std::shared_ptr<Options> opts,
             int (*run)(const Cli&, const Options&)) {
-    sub->callback([&cli, opts, run] { cli.action = [&cli, opts, run] { return run(cli, *opts); }; });
+    sub->callback(
+        [&cli, opts, run] { cli.action = [&cli, opts, run] { return run(cli, *opts); }; });
 }
 
 // CLI11 transforms: turn "5G" / "7d" into a plain integer at parse time, so a bad
@@ -131,6 +132,8 @@ private:
 
 void print_json(const nlohmann::json& value);  // pretty, newline-terminated, stdout
 
+// "1 entry", "3 entries": `n` and the noun that goes with it.
+std::string count(std::uint64_t n, std::string_view one, std::string_view many);
 // "3d 4h ago" from a timestamp, "-" for 0 (never).
 std::string age_since(const core::Store& store, std::int64_t time_ns);
 // "1.5 GiB", or "none" for an unset bound.

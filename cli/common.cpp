@@ -209,7 +209,13 @@ void Table::print() const {
     for (const auto& row : m_rows) print_row(row);
 }
 
-void print_json(const nlohmann::json& value) { fmt::print("{}\n", value.dump(2)); }
+void print_json(const nlohmann::json& value) {
+    fmt::print("{}\n", value.dump(2));
+}
+
+std::string count(std::uint64_t n, std::string_view one, std::string_view many) {
+    return fmt::format("{} {}", n, n == 1 ? one : many);
+}
 
 std::string age_since(const core::Store& store, std::int64_t time_ns) {
     if (time_ns == 0) return "-";
@@ -222,10 +228,8 @@ std::string size_or_none(std::uint64_t bytes) {
 
 nlohmann::json config_json(const core::Config& config) {
     return {
-        {"entry_depth", config.entry_depth},
-        {"max_bytes", config.max_bytes},
-        {"max_entries", config.max_entries},
-        {"low_mark_percent", config.low_mark_percent},
+        {"entry_depth", config.entry_depth}, {"max_bytes", config.max_bytes},
+        {"max_entries", config.max_entries}, {"low_mark_percent", config.low_mark_percent},
         {"max_events", config.max_events},
     };
 }

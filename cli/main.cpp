@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
         return app.exit(e) == 0 ? kExitOk : kExitUsage;
     }
 
+    if (!cli.action) return kExitUsage;  // unreachable: a subcommand is required
     try {
         return cli.action();
     } catch (const UsageError& e) {

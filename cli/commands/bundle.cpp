@@ -33,8 +33,8 @@ int run_export(const Cli& cli, const ExportOptions& opts) {
         Progress progress("exporting");
         report = check(core::export_bundle(*store, names, opts.output, progress.fn()));
     }
-    fmt::print("exported {} entries ({} files, {}) to {} ({})\n", report.entries, report.files,
-               core::format_size(report.bytes), opts.output,
+    fmt::print("exported {} ({}, {}) to {} ({})\n", count(report.entries, "entry", "entries"),
+               count(report.files, "file", "files"), core::format_size(report.bytes), opts.output,
                core::format_size(report.bundle_bytes));
     return kExitOk;
 }
@@ -51,13 +51,16 @@ int run_import(const Cli& cli, const ImportOptions& opts) {
         Progress progress("importing");
         report = check(core::import_bundle(*store, opts.input, opts.replace, progress.fn()));
     }
-    fmt::print("imported {} entries ({} files, {}) from {}\n",
-               report.entries_added + report.entries_replaced, report.files,
-               core::format_size(report.bytes), opts.input);
-    if (report.entries_replaced > 0) fmt::print("replaced {} entries\n", report.entries_replaced);
+    fmt::print("imported {} ({}, {}) from {}\n",
+               count(report.entries_added + report.entries_replaced, "entry", "entries"),
+               count(report.files, "file", "files"), core::format_size(report.bytes), opts.input);
+    if (report.entries_replaced > 0) {
+        fmt::print("replaced {} already present\n",
+                   count(report.entries_replaced, "entry", "entries"));
+    }
     if (report.entries_skipped > 0) {
-        fmt::print("skipped {} entries already present (--replace overwrites them)\n",
-                   report.entries_skipped);
+        fmt::print("skipped {} already present (--replace overwrites them)\n",
+                   count(report.entries_skipped, "entry", "entries"));
     }
     return kExitOk;
 }
@@ -76,10 +79,9 @@ void add_bundle_commands(CLI::App& app, Cli& cli) {
     }
     {
         auto opts = std::make_shared<ImportOptions>();
-        auto* sub = app.add_subcommand(
-            "import", "add the entries of a bundle file (all or nothing)");
-        sub->add_option("FILE", opts->input, "bundle file written by `kcache export`")
-            ->required();
+        auto* sub =
+            app.add_subcommand("import", "add the entries of a bundle file (all or nothing)");
+        sub->add_option("FILE", opts->input, "bundle file written by `kcache export`")->required();
         sub->add_flag("--replace", opts->replace, "replace entries already present");
         on_run(sub, cli, opts, &run_import);
     }

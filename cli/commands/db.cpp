@@ -50,8 +50,8 @@ core::Config set_limits(core::Store& store, const Limits& limits) {
     check(txn.commit());
     const core::EvictReport report = check(store.enforce_limits());
     if (report.entries > 0) {
-        fmt::print(stderr, "kcache: evicted {} entries ({}) to meet the new limits\n",
-                   report.entries, core::format_size(report.bytes));
+        fmt::print("evicted {} ({}) to meet the new limits\n",
+                   count(report.entries, "entry", "entries"), core::format_size(report.bytes));
     }
     return config;
 }
@@ -68,8 +68,8 @@ int run_init(const Cli& cli, const InitOptions& opts) {
     core::Config config = check(store->read()).config();
     if (opts.entry_depth && *opts.entry_depth != config.entry_depth) {
         throw Failure(fmt::format(
-            "db at {} has entry depth {}: the entry depth of an existing db cannot change",
-            path, config.entry_depth));
+            "db at {} has entry depth {}: the entry depth of an existing db cannot change", path,
+            config.entry_depth));
     }
     if (opts.limits.any()) config = set_limits(*store, opts.limits);
     fmt::print("{} db at {}\n", existed ? "existing" : "created", path);
@@ -101,9 +101,8 @@ struct StatsOptions {
 
 bool counts_bytes(core::Counter c) {
     using core::Counter;
-    return c == Counter::bytes_read || c == Counter::bytes_written ||
-           c == Counter::evicted_bytes || c == Counter::bytes || c == Counter::stored_bytes ||
-           c == Counter::blob_raw_bytes;
+    return c == Counter::bytes_read || c == Counter::bytes_written || c == Counter::evicted_bytes ||
+           c == Counter::bytes || c == Counter::stored_bytes || c == Counter::blob_raw_bytes;
 }
 
 std::string label_of(core::Counter c) {
@@ -126,7 +125,8 @@ nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
                           const core::Config& config) {
     nlohmann::json out;
     out["db"] = store.path();
-    for (const auto& [counter, value] : stats.values) out[std::string(core::counter_name(counter))] = value;
+    for (const auto& [counter, value] : stats.values)
+        out[std::string(core::counter_name(counter))] = value;
     out["evictions"] = stats.get(core::Counter::evicted_entries);
     const auto rate = hit_rate(stats);
     out["hit_rate"] = rate ? nlohmann::json(*rate) : nlohmann::json(nullptr);
@@ -144,10 +144,10 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
     const std::uint64_t stored = stats.get(core::Counter::stored_bytes);
     std::string limit = "no size bound";
     if (config.max_bytes) {
-        limit = fmt::format("{} of {} max ({:.0f}%)", core::format_size(stored),
-                            core::format_size(config.max_bytes),
-                            100.0 * static_cast<double>(stored) /
-                                static_cast<double>(config.max_bytes));
+        limit = fmt::format(
+            "{} of {} max ({:.0f}%)", core::format_size(stored),
+            core::format_size(config.max_bytes),
+            100.0 * static_cast<double>(stored) / static_cast<double>(config.max_bytes));
     }
 
     Table summary({"", ""});

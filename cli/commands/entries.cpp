@@ -41,9 +41,8 @@ int run_ls(const Cli& cli, const LsOptions& opts) {
         entries.push_back(entry);
         return true;
     }));
-    std::sort(entries.begin(), entries.end(), [&](const auto& a, const auto& b) {
-        return sorts_before(opts.sort, a, b);
-    });
+    std::sort(entries.begin(), entries.end(),
+              [&](const auto& a, const auto& b) { return sorts_before(opts.sort, a, b); });
     if (opts.reverse) std::reverse(entries.begin(), entries.end());
     if (opts.limit && entries.size() > *opts.limit) entries.resize(*opts.limit);
 
@@ -72,7 +71,9 @@ struct ShowOptions {
 };
 
 std::string kind_of(const EntryFile& file) {
-    return file.attr.is_symlink() ? "symlink" : std::string(core::role_name(core::role_of(file.path)));
+    if (file.attr.is_symlink()) return "symlink";
+    const std::string_view base = std::string_view(file.path).substr(file.path.rfind('/') + 1);
+    return std::string(core::role_name(core::role_of(base)));
 }
 
 int run_show(const Cli& cli, const ShowOptions& opts) {
@@ -150,7 +151,8 @@ std::string clean_relative(const std::string& file) {
         std::size_t end = file.find('/', start);
         if (end == std::string::npos) end = file.size();
         const std::string part = file.substr(start, end - start);
-        if (part == "..") throw UsageError(fmt::format("FILE must stay inside the entry: {}", file));
+        if (part == "..")
+            throw UsageError(fmt::format("FILE must stay inside the entry: {}", file));
         if (!part.empty() && part != ".") out += (out.empty() ? "" : "/") + part;
         start = end + 1;
     }
@@ -178,9 +180,9 @@ int run_cat(const Cli& cli, const CatOptions& opts) {
     core::Ino ino = entry.ino;
     if (top.is_dir()) {
         if (relative.empty()) {
-            throw UsageError(fmt::format(
-                "entry {} is a directory: name a FILE in it (see `kcache show {}`)", entry.name,
-                entry.name));
+            throw UsageError(
+                fmt::format("entry {} is a directory: name a FILE in it (see `kcache show {}`)",
+                            entry.name, entry.name));
         }
         auto found = txn.resolve(entry.name + "/" + relative);
         if (!found && found.error().code == ENOENT) {
@@ -188,8 +190,8 @@ int run_cat(const Cli& cli, const CatOptions& opts) {
         }
         ino = check(std::move(found));
     } else if (!relative.empty() && relative != entry.name.substr(entry.name.rfind('/') + 1)) {
-        throw Failure(fmt::format("entry {} is a single file; it has no file {}", entry.name,
-                                  relative));
+        throw Failure(
+            fmt::format("entry {} is a single file; it has no file {}", entry.name, relative));
     }
     if (!check(txn.getattr(ino)).is_regular()) {
         throw Failure(fmt::format("{}/{} is not a regular file", entry.name, relative));

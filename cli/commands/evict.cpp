@@ -12,10 +12,11 @@ namespace kcache::cli {
 namespace {
 
 void print_report(const core::EvictReport& report) {
-    fmt::print("evicted {} entries ({}, {} stored freed)\n", report.entries,
+    fmt::print("evicted {} ({}, {} stored freed)\n", count(report.entries, "entry", "entries"),
                core::format_size(report.bytes), core::format_size(report.stored_bytes_freed));
     if (report.skipped_in_flight > 0) {
-        fmt::print("skipped {} entries with a write in flight\n", report.skipped_in_flight);
+        fmt::print("skipped {} with a write in flight\n",
+                   count(report.skipped_in_flight, "entry", "entries"));
     }
 }
 
@@ -40,15 +41,16 @@ int evict_names(core::Store& store, const std::vector<std::string>& names) {
                                       entry.name, entry.name));
         }
         if (!status && status.error().code == EBUSY) {
-            throw Failure(fmt::format("entry {} has a write in flight; try again later",
-                                      entry.name));
+            throw Failure(
+                fmt::format("entry {} has a write in flight; try again later", entry.name));
         }
         check(status, fmt::format("evict {}", entry.name));
         report.entries += 1;
         report.bytes += entry.bytes;
     }
     check(txn.commit());
-    fmt::print("evicted {} entries ({})\n", report.entries, core::format_size(report.bytes));
+    fmt::print("evicted {} ({})\n", count(report.entries, "entry", "entries"),
+               core::format_size(report.bytes));
     return kExitOk;
 }
 
@@ -56,12 +58,14 @@ int run_evict(const Cli& cli, const EvictOptions& opts) {
     const bool by_name = !opts.names.empty();
     const bool by_bound = opts.older_than_ns || opts.to_size || opts.to_entries;
     if (by_name && by_bound) {
-        throw UsageError("give entry names or bounds (--older-than, --to-size, --to-entries), "
-                         "not both");
+        throw UsageError(
+            "give entry names or bounds (--older-than, --to-size, --to-entries), "
+            "not both");
     }
     if (!by_name && !by_bound) {
-        throw UsageError("nothing to evict: give entry names, --older-than, --to-size or "
-                         "--to-entries (or use `kcache clear --yes`)");
+        throw UsageError(
+            "nothing to evict: give entry names, --older-than, --to-size or "
+            "--to-entries (or use `kcache clear --yes`)");
     }
     auto store = open_store(cli, Access::write);
     if (by_name) return evict_names(*store, opts.names);
@@ -100,7 +104,9 @@ int run_clear(const Cli& cli, const ClearOptions& opts) {
     }
     print_report(report);
     const std::uint64_t left = check(check(store->read()).counter(core::Counter::entries));
-    if (left > 0) fmt::print("kept {} entries (pinned or with a write in flight)\n", left);
+    if (left > 0) {
+        fmt::print("kept {} (pinned or with a write in flight)\n", count(left, "entry", "entries"));
+    }
     return kExitOk;
 }
 
@@ -114,8 +120,8 @@ int set_pinned(const Cli& cli, const PinOptions& opts, bool pinned) {
     std::vector<std::string> done;
     for (const auto& name : opts.names) {
         const core::EntryInfo entry = find_entry(txn, name);
-        check(txn.set_pinned(entry.ino, pinned), fmt::format("{} {}", pinned ? "pin" : "unpin",
-                                                             entry.name));
+        check(txn.set_pinned(entry.ino, pinned),
+              fmt::format("{} {}", pinned ? "pin" : "unpin", entry.name));
         done.push_back(entry.name);
     }
     check(txn.commit());
@@ -123,8 +129,12 @@ int set_pinned(const Cli& cli, const PinOptions& opts, bool pinned) {
     return kExitOk;
 }
 
-int run_pin(const Cli& cli, const PinOptions& opts) { return set_pinned(cli, opts, true); }
-int run_unpin(const Cli& cli, const PinOptions& opts) { return set_pinned(cli, opts, false); }
+int run_pin(const Cli& cli, const PinOptions& opts) {
+    return set_pinned(cli, opts, true);
+}
+int run_unpin(const Cli& cli, const PinOptions& opts) {
+    return set_pinned(cli, opts, false);
+}
 
 }  // namespace
 

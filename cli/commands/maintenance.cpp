@@ -20,15 +20,15 @@ int run_verify(const Cli& cli, const VerifyOptions&) {
         report = check(core::verify(*store, progress.fn()));
     }
     for (const auto& problem : report.problems) fmt::print("{}\n", problem);
-    fmt::print("checked {} entries, {} inodes, {} blobs: ", report.entries, report.inodes,
-               report.blobs);
+    fmt::print("checked {}, {}, {}: ", count(report.entries, "entry", "entries"),
+               count(report.inodes, "inode", "inodes"), count(report.blobs, "blob", "blobs"));
     if (report.ok()) {
         fmt::print("ok\n");
         return kExitOk;
     }
-    fmt::print("{} problems\n", report.problems.size());
-    fmt::print(stderr, "kcache: db {} is damaged ({} problems)\n", store->path(),
-               report.problems.size());
+    const std::string problems = count(report.problems.size(), "problem", "problems");
+    fmt::print("{}\n", problems);
+    fmt::print(stderr, "kcache: db {} is damaged ({})\n", store->path(), problems);
     return kExitError;
 }
 
@@ -64,8 +64,8 @@ void add_maintenance_commands(CLI::App& app, Cli& cli) {
     }
     {
         auto opts = std::make_shared<GcOptions>();
-        auto* sub = app.add_subcommand(
-            "gc", "clear stale reader slots and write leases of dead processes");
+        auto* sub =
+            app.add_subcommand("gc", "clear stale reader slots and write leases of dead processes");
         sub->add_flag("--compact", opts->compact,
                       "then rewrite data.mdb without free pages (needs the db to itself: stop "
                       "the daemon and other users first)");

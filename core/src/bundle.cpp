@@ -464,7 +464,10 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
                 ++report.entries_skipped;
                 return {};
             }
-            if (auto s = txn->evict_entry(existing->ino, true); !s) return s;
+            Tx tx = TxnAccess::tx(*txn);
+            auto node = tx.inode(existing->ino);
+            if (!node) return tl::unexpected(node.error());
+            if (auto s = ops::remove_subtree(tx, node->parent, node->name, EventKind::remove); !s) return s;
             ++report.entries_replaced;
         } else if (existing.error().code != ENOENT) {
             return tl::unexpected(existing.error());

@@ -2,8 +2,10 @@
 // reads, atomic publication, and staged writes.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include <fmt/format.h>
 #include <zstd.h>
@@ -161,13 +163,19 @@ Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& o
     if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
     if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
 
+    if (content.size() > kMaxFileSize) {
+        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}", content.size(), kMaxFileSize));
+    }
     const Digest digest = digest_of(content);
     auto fail_with = [](const Error& e) { return tl::unexpected(e); };
+    std::uint64_t old_stored = 0;
+    if (!node->digest.empty()) {
+        auto old_ref = tx.blob_ref(node->digest);
+        if (!old_ref) return tl::unexpected(old_ref.error());
+        if (*old_ref) old_stored = (*old_ref)->stored_size;
+    }
     // Take the new reference before dropping the old one: rewriting the same content
     // must not free the blob in between.
-    if (node->entry) {
-        if (auto s = ops::add_file_to_entry(tx, node->entry, *node, -1); !s) return fail_with(s.error());
-    }
     auto ref = ops::acquire_blob(tx, digest, content);
     if (!ref) return tl::unexpected(ref.error());
     if (auto s = ops::release_blob(tx, node->digest); !s) return fail_with(s.error());
@@ -183,9 +191,12 @@ Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& o
     if (!s) return fail_with(s.error());
     if (!node->entry) return node->attr();
 
-    if (auto a = ops::add_file_to_entry(tx, node->entry, *node, +1); !a) return fail_with(a.error());
     auto entry = tx.entry(node->entry);
     if (!entry) return tl::unexpected(entry.error());
+    // The file stays in its entry: only its bytes change.
+    entry->bytes = entry->bytes + content.size() - std::min<std::uint64_t>(entry->bytes, static_cast<std::uint64_t>(old_size));
+    entry->stored_bytes = entry->stored_bytes + ref->stored_size - std::min(entry->stored_bytes, old_stored);
+    if (entry->producer == Producer::unknown) entry->producer = producer_of(node->name);
     if (!entry->populated) {  // absent or empty until now: this store is the miss
         entry->populated = true;
         entry->populated_by_pid = origin.pid;
@@ -253,20 +264,32 @@ Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
 
 Status StagedFile::write(std::uint64_t offset, std::string_view data) {
     const std::uint64_t end = offset + data.size();
-    if (end < offset || (m_max_size && end > m_max_size)) {
-        return fail(EFBIG, fmt::format("file would grow to {} bytes, over the limit of {}", end,
-                                       m_max_size));
+    const std::uint64_t limit = m_max_size ? std::min(m_max_size, kMaxFileSize) : kMaxFileSize;
+    if (end < offset || end > limit) {
+        return fail(EFBIG, fmt::format("file would grow to {} bytes, over the limit of {}", end, limit));
     }
-    if (end > m_content.size()) m_content.resize(end, '\0');
+    try {
+        if (end > m_content.size()) m_content.resize(end, '\0');
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to stage {} bytes", end));
+    }
     std::memcpy(m_content.data() + offset, data.data(), data.size());
     m_dirty = true;
     return {};
 }
 
-void StagedFile::truncate(std::uint64_t size) {
-    if (size == m_content.size()) return;
-    m_content.resize(size, '\0');
+Status StagedFile::truncate(std::uint64_t size) {
+    if (size == m_content.size()) return {};
+    if (size > kMaxFileSize || (m_max_size && size > m_max_size)) {
+        return fail(EFBIG, fmt::format("cannot extend a file to {} bytes", size));
+    }
+    try {
+        m_content.resize(size, '\0');
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to stage {} bytes", size));
+    }
     m_dirty = true;
+    return {};
 }
 
 Status StagedFile::publish(WriteTxn& txn, const Origin& origin) {

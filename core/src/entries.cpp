@@ -314,9 +314,18 @@ Result<EvictReport> Store::evict(const EvictRequest& request, const ProgressFn& 
     }
     auto txn = read();
     if (!txn) return tl::unexpected(txn.error());
-    auto over = over_bounds(TxnAccess::tx(*txn));
+    Tx tx = TxnAccess::tx(*txn);
+    auto over = over_bounds(tx);
     if (!over) return tl::unexpected(over.error());
-    report.satisfied = !*over && report.skipped_in_flight == 0;
+    bool old_left = false;  // an entry idle longer than asked is still there (in flight)
+    if (request.older_than_ns) {
+        auto s = tx.scan(tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) {
+            old_left = static_cast<std::int64_t>(records::u64_from_key(key)) < cutoff;
+            return false;
+        });
+        if (!s) return tl::unexpected(s.error());
+    }
+    report.satisfied = !*over && !old_left;
     return report;
 }
 

@@ -36,6 +36,8 @@ constexpr std::array kRoles{
 }  // namespace
 
 Role role_of(std::string_view name) {
+    // Triton's group file lists the files of a kernel; it is not a kernel's signature.
+    if (starts_with(name, "__grp__")) return Role::other;
     for (const auto& [suffix, role] : kRoles) {
         if (ends_with(name, suffix)) return role;
     }

@@ -293,7 +293,7 @@ Status Tx::log(EventKind kind, Ino entry, Ino parent, std::string_view name) {
     auto s = scan(db.events, {}, {}, [&](std::string_view key, std::string_view) {
         if (records::u64_from_key(key) >= keep_from) return false;
         old.emplace_back(key);
-        return old.size() < 64;
+        return true;
     });
     if (!s) return s;
     for (const auto& key : old) {
@@ -367,41 +367,58 @@ std::uint64_t requested_map_size(const OpenOptions& options) {
     return kDefaultMapSize;
 }
 
+bool denied(int code) { return code == EACCES || code == EROFS || code == EPERM; }
+
+// Opens the LMDB environment at `path`, read-write when the filesystem allows it
+// even for a read-only Store (read-only is enforced by Store::write), so that one
+// environment can serve every Store of the process. Only where writing is denied
+// (a read-only filesystem or directory) is it opened MDB_RDONLY.
+int open_lmdb(MDB_env** env, const OpenOptions& options, bool read_only) {
+    if (const int rc = mdb_env_create(env); rc != 0) return rc;
+    mdb_env_set_maxdbs(*env, 16);
+    mdb_env_set_maxreaders(*env, options.max_readers);
+    const unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | durability_flags(options.durability) |
+                           (read_only ? MDB_RDONLY : 0);
+    // The map is address space, not disk. Where the reservation cannot be had
+    // (ulimit -v, valgrind), fall back to smaller ones down to 1 GiB.
+    int rc = ENOMEM;
+    for (std::uint64_t size = requested_map_size(options);; size /= 2) {
+        mdb_env_set_mapsize(*env, size);
+        rc = mdb_env_open(*env, options.path.c_str(), flags, 0644);
+        if (rc != ENOMEM || size / 2 < (1ull << 30)) break;
+    }
+    if (rc != 0) {
+        mdb_env_close(*env);  // a failed open leaves the handle unusable
+        *env = nullptr;
+    }
+    return rc;
+}
+
 Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
     const std::string& path = options.path;
     auto impl = std::make_shared<Store::Impl>();
     impl->path = path;
-    impl->read_only = options.read_only;
 
     // Every user of a db holds kcache.lock shared; compaction holds it exclusively.
     const std::string lock_path = path + "/kcache.lock";
-    impl->lock_fd = ::open(lock_path.c_str(),
-                           (options.read_only ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
+    impl->lock_fd = ::open(lock_path.c_str(), (options.read_only ? O_RDWR : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
+    if (impl->lock_fd < 0 && options.read_only && denied(errno)) {
+        impl->lock_fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    }
     if (impl->lock_fd < 0 && options.read_only && errno == ENOENT) {
         return fail(ENOENT, fmt::format("no kcache db at {} (no kcache.lock)", path));
     }
     if (impl->lock_fd < 0) {
-        return fail(errno, fmt::format("db {}: cannot open kcache.lock: {}", path,
-                                       std::strerror(errno)));
+        return fail(errno, fmt::format("db {}: cannot open kcache.lock: {}", path, std::strerror(errno)));
     }
     if (flock(impl->lock_fd, LOCK_SH | LOCK_NB) != 0) {
         return fail(EBUSY, fmt::format("db {}: locked by a compaction in progress", path));
     }
 
-    if (const int rc = mdb_env_create(&impl->env); rc != 0) {
-        return tl::unexpected(lmdb::error(rc, "lmdb env"));
-    }
-    mdb_env_set_maxdbs(impl->env, 16);
-    mdb_env_set_maxreaders(impl->env, options.max_readers);
-    const unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | durability_flags(options.durability) |
-                           (options.read_only ? MDB_RDONLY : 0);
-    // The map is address space, not disk. Where the reservation cannot be had
-    // (ulimit -v, valgrind), fall back to smaller ones down to 1 GiB.
-    int rc = ENOMEM;
-    for (std::uint64_t size = requested_map_size(options); size >= (1ull << 30); size /= 2) {
-        mdb_env_set_mapsize(impl->env, size);
-        rc = mdb_env_open(impl->env, path.c_str(), flags, 0644);
-        if (rc != ENOMEM) break;
+    int rc = open_lmdb(&impl->env, options, false);
+    if (rc != 0 && options.read_only && denied(rc)) {
+        rc = open_lmdb(&impl->env, options, true);
+        impl->read_only = true;
     }
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == MDB_CORRUPTED) {
         return fail(EIO, fmt::format("db {}: data.mdb is corrupt or not an LMDB database ({})",
@@ -429,7 +446,7 @@ constexpr DbiSpec kDbis[] = {
 Status init_schema(Store& store, const OpenOptions& options) {
     Store::Impl& impl = store.impl();
     MDB_txn* txn = nullptr;
-    const bool ro = options.read_only;
+    const bool ro = impl.read_only;  // the environment itself is read-only
     if (int rc = mdb_txn_begin(impl.env, nullptr, ro ? MDB_RDONLY : 0, &txn); rc != 0) {
         return tl::unexpected(lmdb::error(rc, fmt::format("db {}: begin", impl.path)));
     }
@@ -438,7 +455,9 @@ Status init_schema(Store& store, const OpenOptions& options) {
         return tl::unexpected(std::move(e));
     };
     for (const auto& spec : kDbis) {
-        const int rc = mdb_dbi_open(txn, spec.name, ro ? 0 : MDB_CREATE, &(impl.*spec.member));
+        // Tables are created only for a new db, never added to some other LMDB file.
+        const bool may_create = !ro && !options.read_only && options.create;
+        const int rc = mdb_dbi_open(txn, spec.name, may_create ? MDB_CREATE : 0, &(impl.*spec.member));
         if (rc == MDB_NOTFOUND) {
             return abort({ENOENT, fmt::format("db {}: not a kcache db (no '{}' table)",
                                               impl.path, spec.name)});
@@ -467,7 +486,9 @@ Status init_schema(Store& store, const OpenOptions& options) {
         }
         return {};
     }
-    if (ro) return abort({ENOENT, fmt::format("db {}: not a kcache db (no schema)", impl.path)});
+    if (ro || options.read_only || !options.create) {
+        return abort({ENOENT, fmt::format("db {}: not a kcache db (no schema)", impl.path)});
+    }
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;
@@ -512,7 +533,9 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
     if (::stat(path.c_str(), &st) != 0) {
         return fail(errno, fmt::format("db {}: {}", path, std::strerror(errno)));
     }
-    const std::string key = fmt::format("{}:{}", st.st_dev, st.st_ino);
+    // Per process: an environment must not be used across fork(), so a forked child
+    // opens its own (and its reader slots carry its own pid).
+    const std::string key = fmt::format("{}:{}:{}", st.st_dev, st.st_ino, getpid());
 
     std::unique_ptr<Store> store(new Store());
     store->m_path = path;
@@ -523,7 +546,9 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
     std::lock_guard lock(reg.mutex);
     std::shared_ptr<Impl> impl = reg.open[key].lock();
     if (impl && impl->read_only && !options.read_only) {
-        return fail(EBUSY, fmt::format("db {}: already open read-only in this process", path));
+        // Only where the filesystem denies writing: the environment could not be
+        // opened for writing then, and cannot be now.
+        return fail(EROFS, fmt::format("db {}: the db is on a read-only filesystem or directory", path));
     }
     const bool fresh = !impl;
     if (fresh) {

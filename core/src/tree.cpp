@@ -379,14 +379,14 @@ Status retag(Tx& tx, Inode moved, const Inode& new_parent) {
             if (auto s = ops::create_entry_record(tx, *node); !s) return s;
         }
         if ((node->mode & S_IFMT) == S_IFREG) {
-            if (old_entry && old_entry != node->ino) {
+            if (old_entry && old_entry != node->ino && old_entry != new_entry) {
                 auto still = tx.find_entry_record(old_entry);
                 if (!still) return tl::unexpected(still.error());
                 if (*still) {
                     if (auto s = ops::add_file_to_entry(tx, old_entry, *node, -1); !s) return s;
                 }
             }
-            if (new_entry) {  // a flat file that became an entry counts itself
+            if (new_entry && new_entry != old_entry) {  // incl. a flat file that became an entry
                 if (auto s = ops::add_file_to_entry(tx, new_entry, *node, +1); !s) return s;
             }
         }
@@ -502,6 +502,9 @@ Result<Attr> WriteTxn::setattr(Ino ino, const SetAttr& changes) {
     if (changes.size) {
         if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", ino));
         if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", ino));
+        if (*changes.size > kMaxFileSize) {
+            return fail(EFBIG, fmt::format("cannot extend inode {} to {} bytes", ino, *changes.size));
+        }
         if (*changes.size != node->size) {
             auto content = read(ino);
             if (!content) return tl::unexpected(content.error());

@@ -30,23 +30,47 @@ Result<std::pair<double, std::string_view>> number_and_unit(std::string_view tex
 }  // namespace
 
 Result<std::uint64_t> parse_size(std::string_view text) {
-    auto parsed = number_and_unit(text, "size");
-    if (!parsed) return tl::unexpected(parsed.error());
-    auto [value, unit] = *parsed;
-    std::string u(unit);
-    for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (u.size() >= 2 && u.substr(u.size() - 2) == "IB") u.resize(u.size() - 2);
-    else if (u.size() >= 2 && u.back() == 'B') u.pop_back();
-    double scale = 1;
-    if (u.empty() || u == "B") scale = 1;
-    else if (u == "K") scale = 1024.0;
-    else if (u == "M") scale = 1024.0 * 1024;
-    else if (u == "G") scale = 1024.0 * 1024 * 1024;
-    else if (u == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-    else return fail(EINVAL, fmt::format("invalid size '{}': unknown unit '{}'", text, unit));
-    const double bytes = value * scale;
-    if (bytes >= 1.8e19) return fail(ERANGE, fmt::format("size '{}' is too large", text));
-    return static_cast<std::uint64_t>(std::llround(bytes));
+    // Exact integer arithmetic: every 64-bit byte count round-trips.
+    auto invalid = [&] { return fail(EINVAL, fmt::format("invalid size '{}'", text)); };
+    auto too_large = [&] { return fail(ERANGE, fmt::format("size '{}' is too large", text)); };
+    std::size_t i = 0;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    if (i == 0) return invalid();
+    std::uint64_t whole = 0;
+    if (std::from_chars(text.data(), text.data() + i, whole).ec != std::errc{}) return too_large();
+    std::string_view fraction;
+    if (i < text.size() && text[i] == '.') {
+        const std::size_t from = ++i;
+        while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+        fraction = text.substr(from, i - from);
+        if (fraction.empty()) return invalid();
+    }
+    std::string unit(text.substr(i));
+    while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+    for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "IB") unit.resize(unit.size() - 2);
+    else if (unit.size() >= 2 && unit.back() == 'B') unit.pop_back();
+    int shift = 0;
+    if (unit.empty() || unit == "B") shift = 0;
+    else if (unit == "K") shift = 10;
+    else if (unit == "M") shift = 20;
+    else if (unit == "G") shift = 30;
+    else if (unit == "T") shift = 40;
+    else return fail(EINVAL, fmt::format("invalid size '{}': unknown unit '{}'", text, text.substr(i)));
+    if (shift == 0 && !fraction.empty()) return invalid();  // no fractions of a byte
+    const std::uint64_t scale = std::uint64_t{1} << shift;
+    std::uint64_t bytes = 0;
+    if (__builtin_mul_overflow(whole, scale, &bytes)) return too_large();
+    // The fraction, rounded to the byte; six digits (a millionth of a unit) bound the
+    // product below 2^64 for every unit up to T.
+    std::uint64_t numerator = 0, denominator = 1;
+    for (char c : fraction.substr(0, 6)) {
+        numerator = numerator * 10 + static_cast<std::uint64_t>(c - '0');
+        denominator *= 10;
+    }
+    const std::uint64_t part = (numerator * scale + denominator / 2) / denominator;
+    if (__builtin_add_overflow(bytes, part, &bytes)) return too_large();
+    return bytes;
 }
 
 Result<std::int64_t> parse_duration(std::string_view text) {

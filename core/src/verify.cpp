@@ -124,6 +124,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
 
     // 2. Blobs: content matches digest and size, refcounts match references.
     std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0;
+    std::unordered_map<Digest, bool, DigestHash> damaged;  // blobs whose content is bad
     MDB_stat st{};
     mdb_stat(tx.txn, tx.db.blob_refs, &st);
     const std::uint64_t total_blobs = st.ms_entries;
@@ -146,13 +147,21 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         auto content = ops::read_blob(tx, digest, ref->raw_size);
         if (!content) {
             problem(fmt::format("blob {}: {}", digest.hex(), content.error().message));
+            damaged[digest] = true;
         } else if (!(digest_of(content->bytes()) == digest)) {
             problem(fmt::format("blob {}: content does not match its digest", digest.hex()));
+            damaged[digest] = true;
         }
         if (progress && report.blobs % 256 == 0) progress(report.blobs, total_blobs);
         return true;
     });
     if (!s) return tl::unexpected(s.error());
+    // Name what a damaged blob breaks, so a person knows which entries to evict.
+    for (const Inode& node : nodes) {
+        if (node.digest.empty() || !damaged.count(node.digest)) continue;
+        auto path = tx.path_of(node.ino);
+        problem(fmt::format("file '{}' has damaged content (blob {})", path ? *path : node.name, node.digest.hex()));
+    }
     mdb_stat(tx.txn, tx.db.blob_data, &st);
     if (st.ms_entries != total_blobs) {
         problem(fmt::format("{} blob contents for {} blob references", st.ms_entries, total_blobs));

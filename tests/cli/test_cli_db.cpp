@@ -146,11 +146,23 @@ TEST_CASE("a missing db is a clear error and is not created", "[cli]") {
     TempDir dir;
     const std::string missing = (dir / "nope").string();
     const std::vector<std::vector<std::string>> commands = {
-        {"stats"},          {"stats", "--reset"}, {"ls"},           {"show", "abc"},
-        {"cat", "abc", "x"}, {"evict", "abc"},    {"evict", "--to-size", "1G"},
-        {"clear", "--yes"}, {"pin", "abc"},       {"unpin", "abc"}, {"verify"},
-        {"export", "-o", (dir / "b.kcb").string()}, {"import", (dir / "b.kcb").string()},
-        {"gc"},             {"gc", "--compact"},  {"config"},       {"config", "--max-size", "1G"},
+        {"stats"},
+        {"stats", "--reset"},
+        {"ls"},
+        {"show", "abc"},
+        {"cat", "abc", "x"},
+        {"evict", "abc"},
+        {"evict", "--to-size", "1G"},
+        {"clear", "--yes"},
+        {"pin", "abc"},
+        {"unpin", "abc"},
+        {"verify"},
+        {"export", "-o", (dir / "b.kcb").string()},
+        {"import", (dir / "b.kcb").string()},
+        {"gc"},
+        {"gc", "--compact"},
+        {"config"},
+        {"config", "--max-size", "1G"},
     };
     for (auto args : commands) {
         INFO(args.front());

@@ -94,10 +94,9 @@ TEST_CASE("show prints an entry and its files", "[cli]") {
     const std::string cubin = random_bytes(4096, 3);
     const std::string sig = R"({"name": "add_kernel"})";
     const std::string ir = "define void @k() { ret void }\n";
-    db.add_entry("4fd1c0ffee", {{"kernel.cubin", cubin},
-                                {"kernel.json", sig},
-                                {"ir/kernel.ll", ir},
-                                {"notes.txt", ""}});
+    db.add_entry(
+        "4fd1c0ffee",
+        {{"kernel.cubin", cubin}, {"kernel.json", sig}, {"ir/kernel.ll", ir}, {"notes.txt", ""}});
     db.record_hits("4fd1c0ffee", 1);
 
     auto json = db.json({"show", "4fd1c0ffee", "--json"});

@@ -134,3 +134,16 @@ TEST_CASE("clear needs --yes and then evicts everything unpinned", "[cli]") {
     CHECK(stats.at("bytes") == 0);
     CHECK(stats.at("evictions") == 4);
 }
+
+TEST_CASE("lowering a limit with config evicts down to it", "[cli]") {
+    CliDb db;
+    add_four(db);
+    auto result = db.run({"config", "--max-entries", "2"});
+    INFO(result.err);
+    REQUIRE(result.exit_code == 0);
+    CHECK(result.out.find("to meet the new limits") != std::string::npos);
+    const Names left = db.ls_names();
+    CHECK(left.size() <= 2);
+    CHECK_FALSE(left.empty());
+    CHECK(left.back() == "e4");  // the most recently used stays
+}

@@ -25,7 +25,8 @@ std::string with_nuls() {
 
 void add_sample(CliDb& db) {
     db.add_entry("k1", {{"kernel.cubin", with_nuls()}, {"kernel.json", "{\"n\": 1}"}});
-    db.add_entry("k2", {{"kernel.ptx", ".version 8.0\n"}, {"sub/kernel.ll", random_bytes(50000, 5)}});
+    db.add_entry("k2",
+                 {{"kernel.ptx", ".version 8.0\n"}, {"sub/kernel.ll", random_bytes(50000, 5)}});
     db.add_entry("k3", {{"kernel.cubin", with_nuls()}});  // same content as k1's: stored once
 }
 
@@ -87,6 +88,19 @@ TEST_CASE("gc and gc --compact", "[cli]") {
     CHECK(compact.out.find("compacted") != std::string::npos);
     CHECK(db.run({"verify"}).exit_code == 0);
     CHECK(db.ls_names() == Names{"k1", "k3"});
+}
+
+TEST_CASE("gc --compact refuses while another process uses the db", "[cli]") {
+    CliDb db;
+    add_sample(db);
+    db.store();  // this test process holds the db open
+    auto result = kcache::test::run_kcache({"--db", db.path(), "gc", "--compact"});
+    CHECK(result.exit_code == 1);
+    CHECK(result.err.rfind("kcache: ", 0) == 0);
+    CHECK(result.out.find("compacted") == std::string::npos);
+    db.close();
+    CHECK(db.run({"verify"}).exit_code == 0);
+    CHECK(db.ls_names() == Names{"k1", "k2", "k3"});
 }
 
 TEST_CASE("export and import round-trip byte-exact", "[cli]") {

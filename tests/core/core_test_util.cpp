@@ -25,7 +25,9 @@ void must(core::Status status, std::string_view what) {
     if (!status) FAIL(what << " failed: " << describe(status.error()));
 }
 
-core::Origin test_origin() { return core::Origin{4242, "kc-test-writer"}; }
+core::Origin test_origin() {
+    return core::Origin{4242, "kc-test-writer"};
+}
 
 // ---- TestStore ----------------------------------------------------------------------
 
@@ -41,8 +43,12 @@ void TestStore::reopen() {
     m_store = must(core::Store::open(m_options), "Store::open (again) " + m_options.path);
 }
 
-core::ReadTxn TestStore::read() { return must(m_store->read(), "Store::read"); }
-core::WriteTxn TestStore::write() { return must(m_store->write(), "Store::write"); }
+core::ReadTxn TestStore::read() {
+    return must(m_store->read(), "Store::read");
+}
+core::WriteTxn TestStore::write() {
+    return must(m_store->write(), "Store::write");
+}
 
 namespace {
 
@@ -74,7 +80,9 @@ core::Ino mkdirs_in(core::WriteTxn& txn, std::string_view path) {
 
 }  // namespace
 
-core::Ino mkdirs(core::WriteTxn& txn, std::string_view path) { return mkdirs_in(txn, path); }
+core::Ino mkdirs(core::WriteTxn& txn, std::string_view path) {
+    return mkdirs_in(txn, path);
+}
 
 core::Ino put(core::WriteTxn& txn, std::string_view path, std::string_view content,
               const core::Origin& origin) {
@@ -144,9 +152,9 @@ std::vector<std::string> TestStore::entry_names() {
     auto txn = read();
     std::vector<std::string> names;
     must(txn.for_each_entry([&](const core::EntryInfo& e) {
-             names.push_back(e.name);
-             return true;
-         }),
+        names.push_back(e.name);
+        return true;
+    }),
          "for_each_entry");
     return names;
 }
@@ -155,9 +163,9 @@ std::vector<std::string> TestStore::lru_names() {
     auto txn = read();
     std::vector<std::string> names;
     must(txn.for_each_lru([&](const core::EntryInfo& e) {
-             names.push_back(e.name);
-             return true;
-         }),
+        names.push_back(e.name);
+        return true;
+    }),
          "for_each_lru");
     return names;
 }
@@ -190,7 +198,8 @@ std::string random_bytes(std::size_t size, std::uint64_t seed) {
 }
 
 std::string compressible_text(std::size_t size) {
-    static const std::string line = "__global__ void add_kernel(float* x, float* y) { y[i] += x[i]; }\n";
+    static const std::string line =
+        "__global__ void add_kernel(float* x, float* y) { y[i] += x[i]; }\n";
     std::string text;
     text.reserve(size + line.size());
     while (text.size() < size) text += line;
@@ -201,7 +210,8 @@ std::string compressible_text(std::size_t size) {
 std::string all_byte_values() {
     std::string bytes;
     for (int round = 0; round < 2; ++round) {
-        for (int b = 0; b < 256; ++b) bytes.push_back(static_cast<char>(static_cast<unsigned char>(b)));
+        for (int b = 0; b < 256; ++b)
+            bytes.push_back(static_cast<char>(static_cast<unsigned char>(b)));
     }
     return bytes;
 }
@@ -259,8 +269,8 @@ std::map<std::string, Node> tree_snapshot(const core::Txn& txn) {
 std::string describe_tree(const std::map<std::string, Node>& tree) {
     std::ostringstream out;
     for (const auto& [path, node] : tree) {
-        out << path << " type=" << static_cast<int>(node.type) << " mode=" << std::oct
-            << node.mode << std::dec << " size=" << node.data.size() << "\n";
+        out << path << " type=" << static_cast<int>(node.type) << " mode=" << std::oct << node.mode
+            << std::dec << " size=" << node.data.size() << "\n";
     }
     return out.str();
 }
@@ -279,53 +289,53 @@ void check_consistent(core::Store& store) {
     std::uint64_t bytes = 0, files = 0;
     std::map<std::pair<std::uint64_t, std::uint64_t>, std::uint64_t> blobs;  // digest -> size
 
-    walk(txn, core::kRootIno, "", 1, [&](const std::string& path, const core::Attr& a,
-                                        std::uint16_t d) {
-        INFO("node " << path);
-        CHECK(a.depth == d);
-        if (d == depth) {
-            entries[path].ino = a.ino;
-            entry_by_ino[a.ino] = path;
-        }
-        if (d < depth) {
-            CHECK(a.entry == 0);
-        } else {
-            // The entry is the ancestor (or self) at the entry depth.
-            auto parts = split_path(path);
-            std::string entry_path;
-            for (std::size_t i = 0; i < depth; ++i) {
-                if (i) entry_path += "/";
-                entry_path += parts[i];
-            }
-            CHECK(a.entry == entries[entry_path].ino);
-            if (a.is_regular()) {
-                entries[entry_path].bytes += a.size;
-                entries[entry_path].files += 1;
-            }
-        }
-        if (a.is_regular()) {
-            bytes += a.size;
-            files += 1;
-            auto content = must(txn.read(a.ino), "read " + path);
-            CHECK(content.bytes().size() == a.size);
-            CHECK(a.digest == core::digest_of(content.bytes()));
-            if (a.size > 0) blobs[{a.digest.high, a.digest.low}] = a.size;
-        }
-    });
+    walk(txn, core::kRootIno, "", 1,
+         [&](const std::string& path, const core::Attr& a, std::uint16_t d) {
+             INFO("node " << path);
+             CHECK(a.depth == d);
+             if (d == depth) {
+                 entries[path].ino = a.ino;
+                 entry_by_ino[a.ino] = path;
+             }
+             if (d < depth) {
+                 CHECK(a.entry == 0);
+             } else {
+                 // The entry is the ancestor (or self) at the entry depth.
+                 auto parts = split_path(path);
+                 std::string entry_path;
+                 for (std::size_t i = 0; i < depth; ++i) {
+                     if (i) entry_path += "/";
+                     entry_path += parts[i];
+                 }
+                 CHECK(a.entry == entries[entry_path].ino);
+                 if (a.is_regular()) {
+                     entries[entry_path].bytes += a.size;
+                     entries[entry_path].files += 1;
+                 }
+             }
+             if (a.is_regular()) {
+                 bytes += a.size;
+                 files += 1;
+                 auto content = must(txn.read(a.ino), "read " + path);
+                 CHECK(content.bytes().size() == a.size);
+                 CHECK(a.digest == core::digest_of(content.bytes()));
+                 if (a.size > 0) blobs[{a.digest.high, a.digest.low}] = a.size;
+             }
+         });
 
     std::set<std::string> reported;
     must(txn.for_each_entry([&](const core::EntryInfo& e) {
-             INFO("entry " << e.name);
-             reported.insert(e.name);
-             auto it = entries.find(e.name);
-             CHECK(it != entries.end());
-             if (it != entries.end()) {
-                 CHECK(e.ino == it->second.ino);
-                 CHECK(e.bytes == it->second.bytes);
-                 CHECK(e.files == it->second.files);
-             }
-             return true;
-         }),
+        INFO("entry " << e.name);
+        reported.insert(e.name);
+        auto it = entries.find(e.name);
+        CHECK(it != entries.end());
+        if (it != entries.end()) {
+            CHECK(e.ino == it->second.ino);
+            CHECK(e.bytes == it->second.bytes);
+            CHECK(e.files == it->second.files);
+        }
+        return true;
+    }),
          "for_each_entry");
     std::set<std::string> expected_names;
     for (const auto& [name, _] : entries) expected_names.insert(name);
@@ -343,11 +353,12 @@ void check_consistent(core::Store& store) {
     if (blobs.empty()) CHECK(stats.get(core::Counter::stored_bytes) == 0);
 
     auto report = must(core::verify(store), "verify");
-    INFO("verify problems:\n" << [&] {
-        std::string all;
-        for (const auto& p : report.problems) all += p + "\n";
-        return all;
-    }());
+    INFO("verify problems:\n"
+         << [&] {
+                std::string all;
+                for (const auto& p : report.problems) all += p + "\n";
+                return all;
+            }());
     CHECK(report.ok());
     CHECK(report.entries == entries.size());
     CHECK(report.blobs == blobs.size());

@@ -54,7 +54,7 @@ Outcome err(const core::Result<T>& result) {
 
 // A clock the test moves by hand. Copies share the same time.
 class FakeClock {
-public:
+  public:
     explicit FakeClock(std::int64_t start = 1000 * kSecond)
         : m_now(std::make_shared<std::atomic<std::int64_t>>(start)) {}
     core::Clock clock() const {
@@ -65,7 +65,7 @@ public:
     void set(std::int64_t ns) { m_now->store(ns); }
     std::int64_t advance(std::int64_t ns = kSecond) { return m_now->fetch_add(ns) + ns; }
 
-private:
+  private:
     std::shared_ptr<std::atomic<std::int64_t>> m_now;
 };
 
@@ -74,7 +74,7 @@ core::Origin test_origin();  // {4242, "kc-test-writer"}
 // A store at <tempdir>/db, opened with a FakeClock. Helpers commit their own write
 // transactions: do not call them while a WriteTxn of this thread is open.
 class TestStore {
-public:
+  public:
     using Tweak = std::function<void(core::OpenOptions&)>;
     explicit TestStore(const Tweak& tweak = {});
 
@@ -101,11 +101,11 @@ public:
     core::Attr attr(std::string_view path);
     core::EntryInfo entry(std::string_view name);
     std::uint64_t counter(core::Counter c);
-    std::vector<std::string> entry_names();  // for_each_entry order
-    std::vector<std::string> lru_names();    // for_each_lru order
+    std::vector<std::string> entry_names();                        // for_each_entry order
+    std::vector<std::string> lru_names();                          // for_each_lru order
     std::vector<std::string> children(std::string_view dir_path);  // readdir order
 
-private:
+  private:
     TempDir m_dir;
     FakeClock m_clock;
     core::OpenOptions m_options;
@@ -117,11 +117,56 @@ core::Ino mkdirs(core::WriteTxn& txn, std::string_view path);
 core::Ino put(core::WriteTxn& txn, std::string_view path, std::string_view content,
               const core::Origin& origin = test_origin());
 
+// Builders for the structs of optional fields (g++ 12 warns on designated
+// initializers that leave fields out).
+inline core::SetAttr set_size(std::uint64_t size) {
+    core::SetAttr s;
+    s.size = size;
+    return s;
+}
+inline core::SetAttr set_mode(std::uint32_t mode) {
+    core::SetAttr s;
+    s.mode = mode;
+    return s;
+}
+inline core::SetAttr set_owner(std::uint32_t uid, std::uint32_t gid) {
+    core::SetAttr s;
+    s.uid = uid;
+    s.gid = gid;
+    return s;
+}
+inline core::SetAttr set_times(std::int64_t atime_ns, std::int64_t mtime_ns) {
+    core::SetAttr s;
+    s.atime_ns = atime_ns;
+    s.mtime_ns = mtime_ns;
+    return s;
+}
+inline core::SetAttr set_mtime(std::int64_t mtime_ns) {
+    core::SetAttr s;
+    s.mtime_ns = mtime_ns;
+    return s;
+}
+inline core::EvictRequest down_to_entries(std::uint64_t n) {
+    core::EvictRequest r;
+    r.max_entries = n;
+    return r;
+}
+inline core::EvictRequest down_to_bytes(std::uint64_t n) {
+    core::EvictRequest r;
+    r.max_bytes = n;
+    return r;
+}
+inline core::EvictRequest idle_longer_than(std::int64_t ns) {
+    core::EvictRequest r;
+    r.older_than_ns = ns;
+    return r;
+}
+
 // ---- data -----------------------------------------------------------------------------
 
 std::string random_bytes(std::size_t size, std::uint64_t seed);  // incompressible
 std::string compressible_text(std::size_t size);                 // repetitive text
-std::string all_byte_values();  // 0x00..0xff twice, NULs included
+std::string all_byte_values();                                   // 0x00..0xff twice, NULs included
 
 // ---- independent checks ---------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <map>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,8 +32,8 @@ void populate_source(TestStore& ts) {
     ts.put("jax-flat-entry", random_bytes(1000, 10));
     auto txn = ts.write();
     KC_MUST(txn.symlink(KC_MUST(txn.resolve("k1")), "link", "kernel.cubin"));
-    KC_MUST(txn.setattr(KC_MUST(txn.resolve("k2/launcher.so")), core::SetAttr{.mode = 0755}));
-    KC_MUST(txn.setattr(KC_MUST(txn.resolve("k1/kernel.json")), core::SetAttr{.mtime_ns = kMtime}));
+    KC_MUST(txn.setattr(KC_MUST(txn.resolve("k2/launcher.so")), set_mode(0755)));
+    KC_MUST(txn.setattr(KC_MUST(txn.resolve("k1/kernel.json")), set_mtime(kMtime)));
     KC_MUST(txn.commit());
 }
 
@@ -179,7 +179,8 @@ TEST_CASE("bundle: a failed export leaves no file behind", "[bundle]") {
     populate_source(src);
     TempDir out;
     SECTION("an unknown entry name") {
-        auto r = core::export_bundle(src.store(), {"k1", "no-such-entry"}, (out / "x.kcb").string());
+        auto r =
+            core::export_bundle(src.store(), {"k1", "no-such-entry"}, (out / "x.kcb").string());
         CHECK(err(r) == ENOENT);
         CHECK(dir_listing(out.path()).empty());
     }
@@ -207,7 +208,8 @@ TEST_CASE("bundle: a damaged bundle is refused and changes nothing", "[bundle]")
     const auto bad = (out / "bad.kcb").string();
 
     SECTION("truncated") {
-        for (std::size_t size : {std::size_t{0}, std::size_t{8}, bytes.size() / 2, bytes.size() - 1}) {
+        for (std::size_t size :
+             {std::size_t{0}, std::size_t{8}, bytes.size() / 2, bytes.size() - 1}) {
             INFO("truncated to " << size << " of " << bytes.size() << " bytes");
             write_file(bad, bytes.substr(0, size));
             auto r = core::import_bundle(dst.store(), bad, true);
@@ -255,11 +257,12 @@ TEST_CASE("bundle: names that could escape the cache are refused", "[bundle]") {
         std::string from;
         std::string to;
     };
-    for (const auto& c : {Case{"'..' components in the entry name", "EVILNAMEXX", "../../../x"},
-                          Case{"an absolute entry name", "EVILNAMEXX", "/etc/passw"},
-                          Case{"an empty component in the entry name", "EVILNAMEXX", "aa//bbbbbb"},
-                          Case{"a file named '..'", "Q7", ".."},
-                          Case{"an entry named '..'", "EVILNAMEXX", std::string("..\0\0\0\0\0\0\0\0", 10)}}) {
+    for (const auto& c :
+         {Case{"'..' components in the entry name", "EVILNAMEXX", "../../../x"},
+          Case{"an absolute entry name", "EVILNAMEXX", "/etc/passw"},
+          Case{"an empty component in the entry name", "EVILNAMEXX", "aa//bbbbbb"},
+          Case{"a file named '..'", "Q7", ".."},
+          Case{"an entry named '..'", "EVILNAMEXX", std::string("..\0\0\0\0\0\0\0\0", 10)}}) {
         INFO(c.what);
         auto crafted = bytes;
         REQUIRE(replace_all(crafted, c.from, c.to) >= 1);  // names are stored as plain bytes
@@ -272,4 +275,20 @@ TEST_CASE("bundle: names that could escape the cache are refused", "[bundle]") {
     }
     CHECK_FALSE(fs::exists(dst.dir() / "x"));
     CHECK_FALSE(fs::exists(out.path().parent_path() / "x"));
+}
+
+TEST_CASE("bundle: entries replaced by an import are not counted as evictions", "[bundle][stats]") {
+    // evicted_entries counts "entries removed by eviction (automatic or kcache evict)"
+    // (docs/stats.md); an import that replaces an entry is neither.
+    TestStore src;
+    populate_source(src);
+    TempDir out;
+    const auto bundle = (out / "all.kcb").string();
+    KC_MUST(core::export_bundle(src.store(), {}, bundle));
+    TestStore dst;
+    KC_MUST(core::import_bundle(dst.store(), bundle));
+    auto replaced = KC_MUST(core::import_bundle(dst.store(), bundle, true));
+    REQUIRE(replaced.entries_replaced == 3);
+    CHECK(dst.counter(Counter::evicted_entries) == 0);
+    CHECK(dst.counter(Counter::evicted_bytes) == 0);
 }

@@ -91,8 +91,7 @@ TEST_CASE("content: incompressible content is read zero-copy from the map", "[co
     CHECK(ts.counter(Counter::blob_raw_bytes) == bytes.size());
 }
 
-TEST_CASE("content: compressible content is stored compressed and read back exactly",
-          "[content]") {
+TEST_CASE("content: compressible content is stored compressed and read back exactly", "[content]") {
     TestStore ts;
     const auto text = compressible_text(1 << 20);
     auto f = ts.put("k/kernel.ptx", text);
@@ -110,7 +109,7 @@ TEST_CASE("content: compressible content is stored compressed and read back exac
     check_consistent(ts.store());
 }
 
-TEST_CASE("content: identical files share one blob; refcounts follow overwrite, rename, unlink",
+TEST_CASE("content: identical files share one blob with refcounts that follow overwrite, rename, unlink",
           "[content][dedup]") {
     TestStore ts;
     const auto same = random_bytes(4096, 21);
@@ -191,7 +190,7 @@ TEST_CASE("content: identical files share one blob; refcounts follow overwrite, 
     }
     SECTION("truncating one by setattr makes it a different blob") {
         auto txn = ts.write();
-        KC_MUST(txn.setattr(KC_MUST(txn.resolve("k/a")), core::SetAttr{.size = 100}));
+        KC_MUST(txn.setattr(KC_MUST(txn.resolve("k/a")), set_size(100)));
         KC_MUST(txn.commit());
         CHECK(ts.counter(Counter::blobs) == 2);
         CHECK(ts.get("k/a") == same.substr(0, 100));

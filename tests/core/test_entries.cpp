@@ -29,12 +29,13 @@ void set_pinned(TestStore& ts, const std::string& entry, bool pinned) {
     KC_MUST(txn.commit());
 }
 
-// Entries e0..e{n-1}, one incompressible 4 KiB file each, one second apart: e0 oldest.
+// Entries e0..e{n-1}, one incompressible 4 KiB file each (all different: no dedup),
+// one second apart: e0 oldest.
 void fill(TestStore& ts, int n, const std::string& prefix = "e") {
+    static std::uint64_t seed = 1000;
     for (int i = 0; i < n; ++i) {
         ts.clock().advance();
-        ts.put(prefix + std::to_string(i) + "/kernel.cubin",
-               random_bytes(4096, 1000 + static_cast<std::uint64_t>(i)));
+        ts.put(prefix + std::to_string(i) + "/kernel.cubin", random_bytes(4096, ++seed));
     }
 }
 
@@ -138,8 +139,7 @@ TEST_CASE("entries: Origin::current names this process", "[entries]") {
     CHECK(origin.name == name);
 }
 
-TEST_CASE("entries: a Triton-like populate counts exactly one miss per entry",
-          "[entries][stats]") {
+TEST_CASE("entries: a Triton-like populate counts exactly one miss per entry", "[entries][stats]") {
     TestStore ts;
     {
         auto txn = ts.write();
@@ -186,6 +186,98 @@ TEST_CASE("entries: a Triton-like populate counts exactly one miss per entry",
         CHECK(ts.counter(Counter::misses) == 2);
         CHECK(ts.entry("jit_fn-abcdef").files == 1);
     }
+}
+
+TEST_CASE("entries: Triton's FileCacheManager.put flow counts one miss per entry",
+          "[entries][stats]") {
+    // triton/runtime/cache.py: each file is written into <key>/tmp.pid_<pid>_<uuid>/,
+    // moved into <key>/ with os.replace, then os.removedirs walks upward from the tmp
+    // dir and stops at the non-empty key dir.
+    TestStore ts;
+    const std::string key = "CJ5UKQ3LM3RFHPB";
+    ts.mkdirs(key);
+    int round = 0;
+    for (const char* name :
+         {"add_kernel.json", "add_kernel.ttir", "add_kernel.ttgir", "add_kernel.llir",
+          "add_kernel.ptx", "add_kernel.cubin", "__grp__add_kernel.json"}) {
+        auto txn = ts.write();
+        auto k = KC_MUST(txn.resolve(key));
+        const std::string tmp = "tmp.pid_77_" + std::to_string(round++);
+        auto tmp_dir = KC_MUST(txn.mkdir(k, tmp, 0755));
+        auto f = KC_MUST(txn.create(tmp_dir.ino, name, 0644));
+        KC_MUST(txn.write(f.ino, std::string("content of ") + name, core::Origin{77, "python"}));
+        KC_MUST(txn.commit());
+        txn = ts.write();
+        KC_MUST(txn.rename(tmp_dir.ino, name, k, name));
+        KC_MUST(txn.rmdir(k, tmp));
+        CHECK(err(txn.rmdir(kRootIno, key)) == ENOTEMPTY);
+        KC_MUST(txn.commit());
+    }
+    auto e = ts.entry(key);
+    CHECK(e.files == 7);
+    CHECK(e.populated);
+    CHECK(e.producer == core::Producer::triton);
+    CHECK(ts.counter(Counter::misses) == 1);
+    CHECK(ts.counter(Counter::stores) == 7);
+    check_consistent(ts.store());
+}
+
+TEST_CASE("entries: rewriting the only file of an entry is no new miss", "[entries][stats]") {
+    TestStore ts;
+    const core::Origin first{111, "first-compiler"};
+    const core::Origin second{222, "rewriter"};
+
+    SECTION("a directory entry with one file, rewritten in place (Wave, Taichi)") {
+        ts.put("k/kernel.vmfb", "v1", first);
+        ts.put("k/kernel.vmfb", "v2", second);
+        CHECK(ts.counter(Counter::misses) == 1);
+        CHECK(ts.entry("k").populated_by_pid == 111);
+        CHECK(ts.entry("k").populated_by_name == "first-compiler");
+    }
+    SECTION("a flat-file entry rewritten in place (JAX)") {
+        ts.put("jit_fn-abcdef", "v1", first);
+        ts.put("jit_fn-abcdef", "v2", second);
+        CHECK(ts.counter(Counter::misses) == 1);
+        CHECK(ts.entry("jit_fn-abcdef").populated_by_pid == 111);
+    }
+    SECTION("rewritten through a StagedFile with O_TRUNC") {
+        auto f = ts.put("k/kernel.vmfb", "v1", first);
+        auto staged = KC_MUST(core::StagedFile::begin(ts.store(), f, true));
+        KC_MUST(staged.write(0, "v2"));
+        KC_MUST(staged.publish(second));
+        CHECK(ts.counter(Counter::misses) == 1);
+        CHECK(ts.entry("k").populated_by_pid == 111);
+    }
+    SECTION("truncated by setattr") {
+        auto f = ts.put("k/kernel.vmfb", "v1 content", first);
+        auto txn = ts.write();
+        KC_MUST(txn.setattr(f, set_size(2)));
+        KC_MUST(txn.commit());
+        CHECK(ts.counter(Counter::misses) == 1);
+        CHECK(ts.entry("k").populated_by_pid == 111);
+    }
+    SECTION("moved into a subdirectory of the same entry") {
+        ts.put("k/kernel.vmfb", "v1", first);
+        {
+            auto txn = ts.write();
+            auto k = KC_MUST(txn.resolve("k"));
+            auto sub = KC_MUST(txn.mkdir(k, "sub", 0755));
+            KC_MUST(txn.rename(k, "kernel.vmfb", sub.ino, "kernel.vmfb"));
+            KC_MUST(txn.commit());
+        }
+        CHECK(ts.entry("k").populated);
+        ts.put("k/kernel.json", "{}", second);
+        CHECK(ts.counter(Counter::misses) == 1);
+        CHECK(ts.entry("k").populated_by_pid == 111);
+    }
+    std::size_t populates = 0;
+    auto txn = ts.read();
+    KC_MUST(txn.for_each_event(0, [&](const core::Event& e) {
+        if (e.kind == core::EventKind::populate) ++populates;
+        return true;
+    }));
+    CHECK(populates == 1);
+    check_consistent(ts.store());
 }
 
 TEST_CASE("entries: Inductor publishing a tmp dir by rename keeps one entry and one miss",
@@ -372,7 +464,7 @@ TEST_CASE("entries: evict removes least recently used entries first", "[entries]
     const auto stored_before = ts.counter(Counter::stored_bytes);
 
     SECTION("bounded by entries") {
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 2}));
+        auto report = KC_MUST(ts->evict(down_to_entries(2)));
         CHECK(report.entries == 2);
         CHECK(report.bytes == 2 * 4096);
         CHECK(report.stored_bytes_freed > 0);
@@ -385,7 +477,7 @@ TEST_CASE("entries: evict removes least recently used entries first", "[entries]
         CHECK(ts.counter(Counter::stored_bytes) == stored_before - report.stored_bytes_freed);
     }
     SECTION("bounded by stored bytes") {
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_bytes = 4096 * 5 / 2}));
+        auto report = KC_MUST(ts->evict(down_to_bytes(4096 * 5 / 2)));
         CHECK(report.entries == 2);
         CHECK(report.satisfied);
         CHECK(ts.counter(Counter::stored_bytes) <= 4096 * 5 / 2);
@@ -395,7 +487,7 @@ TEST_CASE("entries: evict removes least recently used entries first", "[entries]
         // Last access: e1 1002s, e2 1003s, e3 1004s, e0 1005s. At 1010s, e1 and e2 have
         // been idle for more than 6s.
         ts.clock().set(1010 * kSecond);
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.older_than_ns = 6 * kSecond + 1}));
+        auto report = KC_MUST(ts->evict(idle_longer_than(6 * kSecond + 1)));
         CHECK(report.entries == 2);
         CHECK(ts.entry_names() == Names{"e0", "e3"});
     }
@@ -406,12 +498,12 @@ TEST_CASE("entries: evict removes least recently used entries first", "[entries]
         CHECK(ts.counter(Counter::entries) == 4);
     }
     SECTION("already within bounds evicts nothing") {
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 4}));
+        auto report = KC_MUST(ts->evict(down_to_entries(4)));
         CHECK(report.entries == 0);
         CHECK(report.satisfied);
     }
     SECTION("max_entries 0 clears everything") {
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+        auto report = KC_MUST(ts->evict(down_to_entries(0)));
         CHECK(report.entries == 4);
         CHECK(ts.counter(Counter::entries) == 0);
         CHECK(ts.counter(Counter::blobs) == 0);
@@ -427,14 +519,14 @@ TEST_CASE("entries: eviction never touches pinned entries", "[entries][evict]") 
     set_pinned(ts, "e0", true);
 
     SECTION("the next oldest goes instead") {
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 2}));
+        auto report = KC_MUST(ts->evict(down_to_entries(2)));
         CHECK(report.entries == 2);
         CHECK(report.satisfied);
         CHECK(ts.entry_names() == Names{"e0", "e3"});
     }
     SECTION("only pinned left: not satisfied") {
         set_pinned(ts, "e3", true);
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+        auto report = KC_MUST(ts->evict(down_to_entries(0)));
         CHECK(report.entries == 2);
         CHECK_FALSE(report.satisfied);
         CHECK(ts.entry_names() == Names{"e0", "e3"});
@@ -458,11 +550,11 @@ TEST_CASE("entries: eviction never touches entries with a write in flight", "[en
     fill(ts, 4);
 
     SECTION("a StagedFile holds its entry") {
-        auto staged = KC_MUST(core::StagedFile::begin(ts.store(), ts.ino("e0/kernel.cubin"), false));
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 1}));
+        auto staged =
+            KC_MUST(core::StagedFile::begin(ts.store(), ts.ino("e0/kernel.cubin"), false));
+        auto report = KC_MUST(ts->evict(down_to_entries(1)));
         CHECK(report.entries == 3);
         CHECK(report.skipped_in_flight == 1);
-        CHECK(report.satisfied);
         CHECK(ts.entry_names() == Names{"e0"});
         KC_MUST(staged.publish(test_origin()));
     }
@@ -473,7 +565,7 @@ TEST_CASE("entries: eviction never touches entries with a write in flight", "[en
             KC_MUST(txn.begin_write(f));
             KC_MUST(txn.commit());
         }
-        auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+        auto report = KC_MUST(ts->evict(down_to_entries(0)));
         CHECK(report.entries == 3);
         CHECK(report.skipped_in_flight == 1);
         CHECK_FALSE(report.satisfied);
@@ -484,12 +576,24 @@ TEST_CASE("entries: eviction never touches entries with a write in flight", "[en
             KC_MUST(txn.end_write(f));
             KC_MUST(txn.commit());
         }
-        report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+        report = KC_MUST(ts->evict(down_to_entries(0)));
         CHECK(report.entries == 1);
         CHECK(report.satisfied);
         CHECK(ts.counter(Counter::entries) == 0);
     }
     check_consistent(ts.store());
+}
+
+TEST_CASE("entries: an eviction that reaches its bounds is satisfied, skipped entries or not",
+          "[entries][evict]") {
+    // EvictReport::satisfied is false only when the bounds were not reached.
+    TestStore ts;
+    fill(ts, 4);
+    auto staged = KC_MUST(core::StagedFile::begin(ts.store(), ts.ino("e0/kernel.cubin"), false));
+    auto report = KC_MUST(ts->evict(down_to_entries(1)));
+    REQUIRE(report.skipped_in_flight == 1);
+    CHECK(ts.counter(Counter::entries) == 1);
+    CHECK(report.satisfied);
 }
 
 TEST_CASE("entries: evicting an entry does not break a reader's snapshot", "[entries][evict]") {
@@ -545,7 +649,9 @@ TEST_CASE("entries: enforce_limits evicts down to the low mark once a bound is e
     SECTION("entries: over 10 goes down to 9 (90%)") {
         {
             auto txn = ts.write();
-            KC_MUST(txn.set_config(core::Config{.max_entries = 10}));
+            auto config = txn.config();
+            config.max_entries = 10;
+            KC_MUST(txn.set_config(config));
             KC_MUST(txn.commit());
         }
         fill(ts, 10);
@@ -563,8 +669,10 @@ TEST_CASE("entries: enforce_limits evicts down to the low mark once a bound is e
     SECTION("bytes: over the bound goes down to the low mark") {
         {
             auto txn = ts.write();
-            KC_MUST(txn.set_config(
-                core::Config{.max_bytes = 4 * 4096 + 100, .low_mark_percent = 50}));
+            auto config = txn.config();
+            config.max_bytes = 4 * 4096 + 100;
+            config.low_mark_percent = 50;
+            KC_MUST(txn.set_config(config));
             KC_MUST(txn.commit());
         }
         fill(ts, 4);
@@ -589,6 +697,6 @@ TEST_CASE("entries: a read-only store refuses to evict", "[entries][evict]") {
     fill(ts, 2);
     ts.options().read_only = true;
     ts.reopen();
-    CHECK(err(ts->evict(core::EvictRequest{.max_entries = 0})) == EROFS);
+    CHECK(err(ts->evict(down_to_entries(0))) == EROFS);
     CHECK(ts.counter(Counter::entries) == 2);
 }

@@ -51,9 +51,9 @@ struct StringMaker<EventKind> {
 
 TEST_CASE("events: every kind has a distinct name", "[events]") {
     std::set<std::string> names;
-    for (auto k : {EventKind::populate, EventKind::hit, EventKind::evict, EventKind::pin,
-                   EventKind::unpin, EventKind::remove, EventKind::rename, EventKind::import,
-                   EventKind::reset}) {
+    for (auto k :
+         {EventKind::populate, EventKind::hit, EventKind::evict, EventKind::pin, EventKind::unpin,
+          EventKind::remove, EventKind::rename, EventKind::import, EventKind::reset}) {
         auto name = std::string(core::event_kind_name(k));
         CHECK_FALSE(name.empty());
         CHECK(names.insert(name).second);
@@ -233,4 +233,25 @@ TEST_CASE("events: the log keeps the newest Config::max_events", "[events]") {
         KC_MUST(txn.commit());
         CHECK(events_after(ts).size() == 10);
     }
+}
+
+TEST_CASE("events: lowering max_events trims the log at the next event", "[events]") {
+    TestStore ts;
+    ts.put("k/a", "x");
+    {
+        auto txn = ts.write();
+        auto k = KC_MUST(txn.resolve("k"));
+        for (int i = 0; i < 300; ++i) KC_MUST(txn.record_hit(k));
+        KC_MUST(txn.commit());
+    }
+    REQUIRE(events_after(ts).size() == 301);
+    {
+        auto txn = ts.write();
+        auto config = txn.config();
+        config.max_events = 10;
+        KC_MUST(txn.set_config(config));
+        KC_MUST(txn.commit());
+    }
+    hit(ts, "k");
+    CHECK(events_after(ts).size() == 10);
 }

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <csignal>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core_test_util.hpp"
@@ -18,7 +19,7 @@ namespace {
 // fork() + a child body that never returns into Catch: exit code 0 on success.
 // The parent must not have the db open across fork().
 class Child {
-public:
+  public:
     template <class Fn>
     explicit Child(Fn&& body) {
         m_pid = fork();
@@ -52,7 +53,7 @@ public:
     Child(const Child&) = delete;
     Child& operator=(const Child&) = delete;
 
-private:
+  private:
     pid_t m_pid = -1;
 };
 
@@ -103,8 +104,7 @@ int store_entries(const std::string& db, int child, const Pipe& start) {
 
 }  // namespace
 
-TEST_CASE("multiprocess: two processes writing one db at once lose nothing",
-          "[multiprocess]") {
+TEST_CASE("multiprocess: two processes writing one db at once lose nothing", "[multiprocess]") {
     TestStore ts;
     const auto db = ts.db_path();
     ts.close();  // created; not open across fork()
@@ -194,7 +194,7 @@ TEST_CASE("multiprocess: a write lease counts while its process lives and not af
     ts.reopen();
     REQUIRE(leased.wait());
     CHECK(KC_MUST(ts.read().in_flight(entry)));
-    auto report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+    auto report = KC_MUST(ts->evict(down_to_entries(0)));
     CHECK(report.entries == 2);
     CHECK(report.skipped_in_flight == 1);
     CHECK(ts.exists("e0"));
@@ -202,7 +202,7 @@ TEST_CASE("multiprocess: a write lease counts while its process lives and not af
     release.signal();
     CHECK(holder.wait() == 0);
     CHECK_FALSE(KC_MUST(ts.read().in_flight(entry)));
-    report = KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+    report = KC_MUST(ts->evict(down_to_entries(0)));
     CHECK(report.entries == 1);
     CHECK(report.satisfied);
     CHECK(ts.counter(Counter::entries) == 0);
@@ -234,4 +234,104 @@ TEST_CASE("multiprocess: collect_garbage reports a dead process's lease", "[mult
     CHECK(gc.file_bytes == ts->data_file_bytes());
     CHECK(KC_MUST(core::collect_garbage(ts.store())).stale_leases == 0);
     CHECK(KC_MUST(core::verify(ts.store())).ok());
+}
+
+TEST_CASE("multiprocess: a child forked after the parent opened the db can use it",
+          "[multiprocess]") {
+    // Python compile workers fork from a parent that already has the cache open; the
+    // child must get an environment of its own (LMDB's are not usable across fork()).
+    TestStore ts;
+    ts.put("parent/a", "from the parent");
+    const auto db = ts.db_path();
+    Child child([&] {
+        core::OpenOptions options;
+        options.path = db;
+        auto store = core::Store::open(options);
+        if (!store) return 4;
+        for (int n = 0; n < 20; ++n) {
+            auto txn = (*store)->write();
+            if (!txn) return 5;
+            auto dir = txn->mkdir(core::kRootIno, "child" + std::to_string(n), 0755);
+            if (!dir) return 6;
+            auto f = txn->create(dir->ino, "a", 0644);
+            if (!f || !txn->write(f->ino, "from the child", core::Origin::current())) return 7;
+            if (!txn->commit()) return 8;
+        }
+        auto r = (*store)->read();
+        if (!r) return 9;
+        auto ino = r->resolve("parent/a");
+        if (!ino) return 10;
+        auto content = r->read(*ino);
+        return content && content->bytes() == "from the parent" ? 0 : 11;
+    });
+    for (int n = 0; n < 20; ++n) ts.put("parent/f" + std::to_string(n), "parent writes meanwhile");
+    CHECK(child.wait() == 0);
+    CHECK(ts.counter(Counter::entries) == 21);
+    CHECK(ts.get("child19/a") == "from the child");
+    check_consistent(ts.store());
+}
+
+TEST_CASE("multiprocess: threads share one Store and move snapshots between them",
+          "[multiprocess][threads]") {
+    TestStore ts;
+    auto writer = [&](int id) {
+        for (int n = 0; n < 100; ++n) {
+            auto txn = ts->write();
+            if (!txn) return false;
+            auto dir = txn->mkdir(core::kRootIno,
+                                  "t" + std::to_string(id) + "-" + std::to_string(n), 0755);
+            if (!dir) return false;
+            auto f = txn->create(dir->ino, "kernel.cubin", 0644);
+            if (!f || !txn->write(f->ino, "thread " + std::to_string(id), test_origin()))
+                return false;
+            if (!txn->commit()) return false;
+        }
+        return true;
+    };
+    bool ok1 = false, ok2 = false;
+    std::thread t1([&] { ok1 = writer(1); });
+    std::thread t2([&] { ok2 = writer(2); });
+    t1.join();
+    t2.join();
+    CHECK(ok1);
+    CHECK(ok2);
+    CHECK(ts.counter(Counter::entries) == 200);
+
+    auto snapshot = ts.read();
+    std::string seen;
+    std::thread reader([&] {
+        auto ino = snapshot.resolve("t2-99/kernel.cubin");
+        if (ino) {
+            if (auto c = snapshot.read(*ino)) seen = std::string(c->bytes());
+        }
+    });
+    reader.join();
+    CHECK(seen == "thread 2");
+    check_consistent(ts.store());
+}
+
+TEST_CASE("multiprocess: a forked child that dies holding a snapshot leaves a stale slot",
+          "[multiprocess]") {
+    // The parent has the db open when it forks. The child's reader slot must carry the
+    // child's pid, so that it is recognised as stale once the child is gone; otherwise
+    // the dead child's snapshot pins old pages for as long as the parent lives.
+    TestStore ts;
+    ts.put("k/a", "x");
+    const auto db = ts.db_path();
+    Pipe holding, release;
+    Child child([&] {
+        core::OpenOptions options;
+        options.path = db;
+        auto store = core::Store::open(options);
+        if (!store) return 4;
+        auto snapshot = (*store)->read();
+        if (!snapshot) return 5;
+        holding.signal();
+        release.wait();
+        _exit(0);  // dies without ending the snapshot
+    });
+    REQUIRE(holding.wait());
+    release.signal();
+    CHECK(child.wait() == 0);
+    CHECK(KC_MUST(ts->clear_stale_readers()) == 1);
 }

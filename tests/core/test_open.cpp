@@ -19,7 +19,7 @@ namespace {
 
 // Sets an environment variable for one scope.
 class ScopedEnv {
-public:
+  public:
     ScopedEnv(const char* name, const char* value) : m_name(name) {
         if (const char* old = std::getenv(name)) m_old = old;
         if (value) {
@@ -38,7 +38,7 @@ public:
     ScopedEnv(const ScopedEnv&) = delete;
     ScopedEnv& operator=(const ScopedEnv&) = delete;
 
-private:
+  private:
     std::string m_name;
     std::optional<std::string> m_old;
 };
@@ -152,8 +152,7 @@ TEST_CASE("open: read_only opens for reading and refuses writes with EROFS", "[o
     CHECK(ts.counter(Counter::files) == 1);
 }
 
-TEST_CASE("open: a db in an unwritable directory is refused or opened read-only",
-          "[open]") {
+TEST_CASE("open: a db in an unwritable directory is refused or opened read-only", "[open]") {
     TestStore ts;
     ts.put("k/a", "content");
     ts.close();
@@ -177,9 +176,58 @@ TEST_CASE("open: a db in an unwritable directory is refused or opened read-only"
     }
 }
 
+TEST_CASE("open: two Stores on one db in one process work side by side", "[open]") {
+    TestStore ts;
+    ts.put("k/a", "from the first");
+    auto second = KC_MUST(core::Store::open(ts.options()));
+    {
+        auto txn = KC_MUST(second->read());
+        CHECK(KC_MUST(txn.read(KC_MUST(txn.resolve("k/a")))).bytes() == "from the first");
+    }
+    KC_MUST(second->update([](core::WriteTxn& txn) -> core::Status {
+        auto f = txn.create(core::kRootIno, "flat", 0644);
+        if (!f) return tl::unexpected(f.error());
+        return txn.write(f->ino, "from the second", test_origin()).map([](auto&&) {});
+    }));
+    CHECK(ts.get("flat") == "from the second");
+
+    SECTION("closing the first leaves the second working") {
+        ts.close();
+        KC_MUST(second->update([](core::WriteTxn& txn) -> core::Status {
+            return txn.mkdir(core::kRootIno, "late", 0755).map([](auto&&) {});
+        }));
+        auto txn = KC_MUST(second->read());
+        CHECK(KC_MUST(txn.resolve("late")) > core::kRootIno);
+    }
+    SECTION("closing the second leaves the first working") {
+        second.reset();
+        ts.put("k/b", "still works");
+        CHECK(ts.get("k/b") == "still works");
+    }
+}
+
+TEST_CASE("open: a db open read-only in this process can also be opened for writing", "[open]") {
+    TestStore ts;
+    ts.put("k/a", "content");
+    auto options = ts.options();
+    ts.close();
+    options.read_only = true;
+    auto reader = KC_MUST(core::Store::open(options));
+    options.read_only = false;
+    auto writer = core::Store::open(options);
+    INFO((writer ? std::string("opened") : describe(writer.error())));
+    REQUIRE(writer.has_value());
+    KC_MUST((*writer)->update([](core::WriteTxn& txn) -> core::Status {
+        return txn.mkdir(core::kRootIno, "written", 0755).map([](auto&&) {});
+    }));
+    CHECK(err(reader->write()) == EROFS);
+    auto txn = KC_MUST(reader->read());
+    CHECK(txn.resolve("written").has_value());
+}
+
 TEST_CASE("open: every durability mode works and sync succeeds", "[open]") {
-    for (auto d : {core::Durability::full, core::Durability::no_meta_sync,
-                   core::Durability::none}) {
+    for (auto d :
+         {core::Durability::full, core::Durability::no_meta_sync, core::Durability::none}) {
         INFO("durability " << static_cast<int>(d));
         TestStore ts([d](core::OpenOptions& o) { o.durability = d; });
         ts.put("k/a", "x");
@@ -228,11 +276,21 @@ TEST_CASE("open: the data file does not keep growing under fill-evict churn", "[
             ts.put("r" + std::to_string(round) + "e" + std::to_string(i) + "/kernel.cubin",
                    random_bytes(16 << 10, static_cast<std::uint64_t>(round * 100 + i)));
         }
-        KC_MUST(ts->evict(core::EvictRequest{.max_entries = 0}));
+        KC_MUST(ts->evict(down_to_entries(0)));
         if (round == 0) after_first = ts->data_file_bytes();
     }
-    INFO("data.mdb after round 1: " << after_first << ", after round 10: "
-                                    << ts->data_file_bytes());
+    INFO("data.mdb after round 1: " << after_first
+                                    << ", after round 10: " << ts->data_file_bytes());
     CHECK(ts->data_file_bytes() <= 2 * after_first);
     CHECK(ts.counter(Counter::entries) == 0);
+}
+
+TEST_CASE("open: errors keep their code and gain context", "[open]") {
+    auto e = core::with_context(core::Error{ENOENT, "no such entry: k1"}, "export a.kcb");
+    CHECK(e.code == ENOENT);
+    CHECK(e.message.find("export a.kcb") == 0);
+    CHECK(e.message.find("no such entry: k1") != std::string::npos);
+    auto f = core::fail(EEXIST, "exists");
+    CHECK(f.value().code == EEXIST);
+    CHECK(f.value().message == "exists");
 }

@@ -7,8 +7,8 @@
 
 using namespace kcache;
 using core::Producer;
-using core::Role;
 using core::producer_of;
+using core::Role;
 using core::role_of;
 
 namespace Catch {
@@ -53,8 +53,8 @@ TEST_CASE("roles: Triton group files are not signatures", "[roles]") {
 }
 
 TEST_CASE("roles: anything else is other", "[roles]") {
-    for (const char* name : {"notes.txt", "", "cubin", "kernel.cubin.tmp", "lock", "a.py",
-                             "json", ".json.bak"}) {
+    for (const char* name :
+         {"notes.txt", "", "cubin", "kernel.cubin.tmp", "lock", "Makefile", "json", ".json.bak"}) {
         INFO("'" << name << "'");
         CHECK(role_of(name) == Role::other);
     }
@@ -88,9 +88,9 @@ TEST_CASE("roles: names of roles and producers are distinct", "[roles]") {
     }
     CHECK(core::role_name(Role::binary) == "binary");
     std::set<std::string> producers;
-    for (auto p : {Producer::unknown, Producer::triton, Producer::wave, Producer::inductor,
-                   Producer::jax, Producer::ccache, Producer::cutedsl, Producer::helion,
-                   Producer::kcache}) {
+    for (auto p :
+         {Producer::unknown, Producer::triton, Producer::wave, Producer::inductor, Producer::jax,
+          Producer::ccache, Producer::cutedsl, Producer::helion, Producer::kcache}) {
         CHECK(producers.insert(std::string(core::producer_name(p))).second);
     }
     CHECK(core::producer_name(Producer::triton) == "triton");

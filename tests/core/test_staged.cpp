@@ -153,6 +153,18 @@ TEST_CASE("staged: writes past the maximum size fail with EFBIG", "[staged]") {
     CHECK(staged.content() == std::string(16, 'a'));
 }
 
+TEST_CASE("staged: a write at an absurd offset fails instead of throwing", "[staged]") {
+    TestStore ts;
+    auto f = ts.put("k/f", "old");
+    auto staged = KC_MUST(StagedFile::begin(ts.store(), f, false));
+    core::Status result;
+    CHECK_NOTHROW(result = staged.write(std::uint64_t{1} << 62, "x"));
+    CHECK_FALSE(result.has_value());
+    CHECK_NOTHROW(result = staged.write(UINT64_MAX, "xy"));
+    CHECK(err(result) == EFBIG);
+    CHECK(staged.content() == "old");
+}
+
 TEST_CASE("staged: begin refuses directories and missing inodes", "[staged]") {
     TestStore ts;
     auto k = ts.mkdirs("k");
@@ -161,8 +173,7 @@ TEST_CASE("staged: begin refuses directories and missing inodes", "[staged]") {
     CHECK_FALSE(in_flight(ts, "k"));
 }
 
-TEST_CASE("staged: publishing inside a caller's transaction is visible at its commit",
-          "[staged]") {
+TEST_CASE("staged: publishing inside a caller's transaction is visible at its commit", "[staged]") {
     TestStore ts;
     auto f = ts.put("k/f", "v1");
     auto g = ts.put("k/g", "v1");

@@ -12,14 +12,16 @@ using core::Counter;
 namespace {
 
 const std::vector<Counter> kCounters = {
-    Counter::hits,          Counter::misses,          Counter::stores,
-    Counter::negative_lookups, Counter::opens,        Counter::bytes_read,
-    Counter::bytes_written, Counter::evicted_entries, Counter::evicted_bytes,
-    Counter::dedup_hits,    Counter::errors_nospc,    Counter::errors_io,
+    Counter::hits,          Counter::misses,
+    Counter::stores,        Counter::negative_lookups,
+    Counter::opens,         Counter::bytes_read,
+    Counter::bytes_written, Counter::evicted_entries,
+    Counter::evicted_bytes, Counter::dedup_hits,
+    Counter::errors_nospc,  Counter::errors_io,
     Counter::errors_other,  Counter::imported_entries,
 };
 const std::vector<Counter> kGauges = {
-    Counter::entries, Counter::bytes,  Counter::stored_bytes,
+    Counter::entries, Counter::bytes, Counter::stored_bytes,
     Counter::blobs,   Counter::files, Counter::blob_raw_bytes,
 };
 
@@ -174,10 +176,11 @@ TEST_CASE("stats: eviction counters add up across evictions", "[stats][evict]") 
     TestStore ts;
     for (int i = 0; i < 5; ++i) {
         ts.clock().advance();
-        ts.put("e" + std::to_string(i) + "/f", std::string(static_cast<std::size_t>(10 * (i + 1)), 'x'));
+        ts.put("e" + std::to_string(i) + "/f",
+               std::string(static_cast<std::size_t>(10 * (i + 1)), 'x'));
     }
-    KC_MUST(ts->evict(core::EvictRequest{.max_entries = 3}));
-    KC_MUST(ts->evict(core::EvictRequest{.max_entries = 2}));
+    KC_MUST(ts->evict(down_to_entries(3)));
+    KC_MUST(ts->evict(down_to_entries(2)));
     CHECK(ts.counter(Counter::evicted_entries) == 3);
     CHECK(ts.counter(Counter::evicted_bytes) == 10 + 20 + 30);
     CHECK(ts.counter(Counter::entries) == 2);

@@ -96,7 +96,7 @@ TEST_CASE("tree: lookup of a missing name is ENOENT, below a file ENOTDIR", "[tr
     CHECK(err(txn.resolve("k/f/x")) == ENOTDIR);
 }
 
-TEST_CASE("tree: create makes an empty regular file; exclusive create fails with EEXIST",
+TEST_CASE("tree: create makes an empty regular file and exclusive create fails with EEXIST",
           "[tree]") {
     TestStore ts;
     auto dir = ts.mkdirs("k");
@@ -150,7 +150,7 @@ TEST_CASE("tree: create makes an empty regular file; exclusive create fails with
 TEST_CASE("tree: readdir lists children in byte order and resumes after a name", "[tree]") {
     TestStore ts;
     auto dir = ts.mkdirs("k");
-    const std::vector<std::string> created = {"b", "a", "B", "10", "9", "a1", "\xc3\xa9t\xc3\xa9",
+    const std::vector<std::string> created = {"b",  "a", "B", "10", "9", "a1", "\xc3\xa9t\xc3\xa9",
                                               "_x", "A"};
     {
         auto txn = ts.write();
@@ -159,8 +159,8 @@ TEST_CASE("tree: readdir lists children in byte order and resumes after a name",
         KC_MUST(txn.symlink(dir, "link", "a"));
         KC_MUST(txn.commit());
     }
-    const std::vector<std::string> sorted = {"10", "9",  "A",   "B", "_x", "a", "a1",
-                                             "b",  "link", "sub", "\xc3\xa9t\xc3\xa9"};
+    const std::vector<std::string> sorted = {
+        "10", "9", "A", "B", "_x", "a", "a1", "b", "link", "sub", "\xc3\xa9t\xc3\xa9"};
     auto txn = ts.read();
 
     SECTION("all children, sorted as bytes, without . and ..") {
@@ -351,7 +351,7 @@ TEST_CASE("tree: rename with kRenameNoReplace to a free name works", "[tree][ren
     CHECK(ts.ino("k/z") == a);
 }
 
-TEST_CASE("tree: unlink removes a file; rmdir removes only empty directories", "[tree]") {
+TEST_CASE("tree: unlink removes a file and rmdir removes only empty directories", "[tree]") {
     TestStore ts;
     ts.put("k/a", "AAA");
     ts.put("k/d/x", "x");
@@ -462,7 +462,7 @@ TEST_CASE("tree: setattr truncates, extends with zeros, and sets mode, owner and
 
     SECTION("size smaller truncates") {
         auto txn = ts.write();
-        auto a = KC_MUST(txn.setattr(f, core::SetAttr{.size = 5}));
+        auto a = KC_MUST(txn.setattr(f, set_size(5)));
         CHECK(a.size == 5);
         KC_MUST(txn.commit());
         CHECK(ts.get("k/f") == "hello");
@@ -471,7 +471,7 @@ TEST_CASE("tree: setattr truncates, extends with zeros, and sets mode, owner and
     }
     SECTION("size larger extends with zeros") {
         auto txn = ts.write();
-        KC_MUST(txn.setattr(f, core::SetAttr{.size = 14}));
+        KC_MUST(txn.setattr(f, set_size(14)));
         KC_MUST(txn.commit());
         CHECK(ts.get("k/f") == std::string("hello world\0\0\0", 14));
         CHECK(ts.attr("k/f").size == 14);
@@ -479,16 +479,16 @@ TEST_CASE("tree: setattr truncates, extends with zeros, and sets mode, owner and
     }
     SECTION("size 0 empties the file") {
         auto txn = ts.write();
-        KC_MUST(txn.setattr(f, core::SetAttr{.size = 0}));
+        KC_MUST(txn.setattr(f, set_size(0)));
         KC_MUST(txn.commit());
         CHECK(ts.get("k/f").empty());
         CHECK(ts.attr("k/f").digest.empty());
     }
     SECTION("mode changes the permission bits and keeps the file type") {
         auto txn = ts.write();
-        auto a = KC_MUST(txn.setattr(f, core::SetAttr{.mode = 0755}));
+        auto a = KC_MUST(txn.setattr(f, set_mode(0755)));
         CHECK(a.mode == (S_IFREG | 0755));
-        auto d = KC_MUST(txn.setattr(KC_MUST(txn.resolve("k")), core::SetAttr{.mode = 0700}));
+        auto d = KC_MUST(txn.setattr(KC_MUST(txn.resolve("k")), set_mode(0700)));
         CHECK(d.mode == (S_IFDIR | 0700));
         KC_MUST(txn.commit());
         CHECK(ts.attr("k/f").mode == (S_IFREG | 0755));
@@ -496,7 +496,7 @@ TEST_CASE("tree: setattr truncates, extends with zeros, and sets mode, owner and
     }
     SECTION("uid and gid") {
         auto txn = ts.write();
-        KC_MUST(txn.setattr(f, core::SetAttr{.uid = 1000, .gid = 100}));
+        KC_MUST(txn.setattr(f, set_owner(1000, 100)));
         KC_MUST(txn.commit());
         CHECK(ts.attr("k/f").uid == 1000);
         CHECK(ts.attr("k/f").gid == 100);
@@ -505,7 +505,7 @@ TEST_CASE("tree: setattr truncates, extends with zeros, and sets mode, owner and
         const std::int64_t atime = 1'600'000'000'123'456'789;
         const std::int64_t mtime = 1'500'000'000'987'654'321;
         auto txn = ts.write();
-        KC_MUST(txn.setattr(f, core::SetAttr{.atime_ns = atime, .mtime_ns = mtime}));
+        KC_MUST(txn.setattr(f, set_times(atime, mtime)));
         KC_MUST(txn.commit());
         CHECK(ts.attr("k/f").atime_ns == atime);
         CHECK(ts.attr("k/f").mtime_ns == mtime);
@@ -524,8 +524,8 @@ TEST_CASE("tree: setattr truncates, extends with zeros, and sets mode, owner and
     }
     SECTION("size on a directory is EISDIR; on a missing inode ENOENT") {
         auto txn = ts.write();
-        CHECK(err(txn.setattr(KC_MUST(txn.resolve("k")), core::SetAttr{.size = 0})) == EISDIR);
-        CHECK(err(txn.setattr(987654, core::SetAttr{.mode = 0600})) == ENOENT);
+        CHECK(err(txn.setattr(KC_MUST(txn.resolve("k")), set_size(0))) == EISDIR);
+        CHECK(err(txn.setattr(987654, set_mode(0600))) == ENOENT);
     }
     check_consistent(ts.store());
 }

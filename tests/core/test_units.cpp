@@ -30,7 +30,12 @@ TEST_CASE("units: parse_size reads bytes and binary suffixes", "[units]") {
     CHECK(KC_MUST(parse_size("10GB")) == 10 * GiB);  // K/M/G/T are powers of 1024
     CHECK(KC_MUST(parse_size("1.5K")) == 1536);
     CHECK(KC_MUST(parse_size("0.5M")) == MiB / 2);
+}
+
+TEST_CASE("units: parse_size is exact for every 64-bit byte count", "[units]") {
+    CHECK(KC_MUST(parse_size("9007199254740993")) == 9007199254740993ull);  // 2^53 + 1
     CHECK(KC_MUST(parse_size("18446744073709551615")) == UINT64_MAX);
+    CHECK(KC_MUST(parse_size("16777215T")) == 16777215 * TiB);
 }
 
 TEST_CASE("units: parse_size refuses what is not a size with EINVAL", "[units]") {
@@ -42,8 +47,8 @@ TEST_CASE("units: parse_size refuses what is not a size with EINVAL", "[units]")
 }
 
 TEST_CASE("units: parse_size refuses values that do not fit in 64 bits", "[units]") {
-    for (const char* text : {"18446744073709551616", "99999999999999999999999", "16777216T",
-                             "20000000T"}) {
+    for (const char* text :
+         {"18446744073709551616", "99999999999999999999999", "16777216T", "20000000T"}) {
         INFO("'" << text << "'");
         auto r = parse_size(text);
         REQUIRE_FALSE(r.has_value());
@@ -63,8 +68,8 @@ TEST_CASE("units: parse_duration reads s, m, h, d, w and bare seconds", "[units]
 }
 
 TEST_CASE("units: parse_duration refuses what is not a duration", "[units]") {
-    for (const char* text : {"", "d", "7x", "-5s", "-1", "1.2.3h", "abc", "5 days later",
-                             "999999999999999999w"}) {
+    for (const char* text :
+         {"", "d", "7x", "-5s", "-1", "1.2.3h", "abc", "5 days later", "999999999999999999w"}) {
         INFO("'" << text << "'");
         auto r = parse_duration(text);
         REQUIRE_FALSE(r.has_value());

@@ -27,9 +27,10 @@ public:
     ~StagedFile();  // abandons (releases the lease) if not published
 
     Ino ino() const { return m_ino; }
-    // Writes at `offset`, filling a gap with zeros. EFBIG past `max_size` if set.
+    // Writes at `offset`, filling a gap with zeros. EFBIG past `max_size` (if set) or
+    // kMaxFileSize; ENOMEM when the content cannot be held in memory.
     Status write(std::uint64_t offset, std::string_view data);
-    void truncate(std::uint64_t size);
+    Status truncate(std::uint64_t size);  // EFBIG past the limits
     std::string_view content() const { return m_content; }
     bool dirty() const { return m_dirty; }
     void set_max_size(std::uint64_t max_size) { m_max_size = max_size; }

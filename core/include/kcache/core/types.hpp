@@ -11,6 +11,8 @@ using Ino = std::uint64_t;                     // inode number; never reused wit
 inline constexpr Ino kRootIno = 1;             // the cache's top directory
 inline constexpr std::size_t kMaxNameLength = 255;  // bytes in one path component
 inline constexpr std::size_t kMaxPathLength = 4095;  // bytes in a path below the root
+// Largest file content: LMDB's largest value (and the bundle's 32-bit lengths).
+inline constexpr std::uint64_t kMaxFileSize = 0xffffffffull;
 
 // 128-bit content digest (XXH3-128) of a file's raw bytes. All zero for empty content.
 struct Digest {
