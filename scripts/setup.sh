@@ -10,6 +10,7 @@ packages=(
   liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev
   libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
   catch2 libbenchmark-dev
+  libfuse3-dev fuse3 ccache python3
 )
 
 sudo_cmd=()

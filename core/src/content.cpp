@@ -242,23 +242,32 @@ StagedFile::~StagedFile() {
     if (m_open) (void)abandon();
 }
 
-Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
-    auto txn = store.write();
-    if (!txn) return tl::unexpected(txn.error());
-    auto attr = txn->getattr(file);
+Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
+    auto attr = txn.getattr(file);
     if (!attr) return tl::unexpected(attr.error());
     if (attr->is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
     if (!attr->is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     std::string content;
     if (!truncate) {
-        auto current = txn->read(file);
+        auto current = txn.read(file);
         if (!current) return tl::unexpected(current.error());
         content.assign(current->bytes());
     }
-    if (auto s = txn->begin_write(file); !s) return tl::unexpected(s.error());
-    if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
-    StagedFile staged(&store, file, std::move(content));
+    if (auto s = txn.begin_write(file); !s) return tl::unexpected(s.error());
+    StagedFile staged(&txn.store(), file, std::move(content));
     staged.m_dirty = truncate && attr->size > 0;
+    return staged;
+}
+
+Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
+    auto txn = store.write();
+    if (!txn) return tl::unexpected(txn.error());
+    auto staged = begin(*txn, file, truncate);
+    if (!staged) return staged;
+    if (auto s = txn->commit(); !s) {
+        staged->forget();
+        return tl::unexpected(s.error());
+    }
     return staged;
 }
 
@@ -313,6 +322,18 @@ Status StagedFile::publish(const Origin& origin) {
         return s;
     }
     return {};
+}
+
+Status StagedFile::commit(const Origin& origin) {
+    if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
+    if (!m_dirty) return {};
+    auto s = m_store->update([&](WriteTxn& txn) -> Status {
+        auto w = txn.write(m_ino, m_content, origin);
+        if (!w) return tl::unexpected(w.error());
+        return {};
+    });
+    if (s) m_dirty = false;
+    return s;
 }
 
 Status StagedFile::abandon() {

@@ -19,6 +19,9 @@ public:
     // Takes a write lease on `file` (a regular file) and starts from its current
     // content, or from empty content when `truncate` (O_TRUNC).
     static Result<StagedFile> begin(Store& store, Ino file, bool truncate);
+    // The same inside `txn` (e.g. with the create of the file): the lease exists
+    // once the caller commits; if the caller aborts instead, call forget().
+    static Result<StagedFile> begin(WriteTxn& txn, Ino file, bool truncate);
 
     StagedFile(StagedFile&& other) noexcept;
     StagedFile& operator=(StagedFile&& other) noexcept;
@@ -39,8 +42,13 @@ public:
     // inside `txn` (committed by the caller, e.g. a batch of many files).
     Status publish(const Origin& origin);
     Status publish(WriteTxn& txn, const Origin& origin);
+    // Publishes the content and keeps the lease: more writes may follow (close of
+    // one of several descriptors, fsync). A no-op when nothing changed since.
+    Status commit(const Origin& origin);
     // Releases the lease without publishing.
     Status abandon();
+    // Drops this object without touching the db (its lease was never committed).
+    void forget() { m_open = false; }
 
 private:
     StagedFile(Store* store, Ino ino, std::string content);

@@ -1,0 +1,171 @@
+#define FUSE_USE_VERSION 312
+#include "background.hpp"
+
+#include <fuse_lowlevel.h>
+
+#include <cstdio>
+
+namespace kcache::fsd {
+namespace {
+
+constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
+constexpr int kFlushEvery = 4;                            // statistics: every 4 periods
+
+constexpr core::Counter kCounted[] = {core::Counter::negative_lookups, core::Counter::opens,
+                                      core::Counter::bytes_read, core::Counter::errors_other};
+
+int slot_of(core::Counter c) {
+    for (int i = 0; i < 4; ++i) {
+        if (kCounted[i] == c) return i;
+    }
+    return 3;
+}
+
+}  // namespace
+
+Background::Background(core::Store& store, double sync_interval_s)
+    : m_store(store), m_sync_interval_s(sync_interval_s) {}
+
+Background::~Background() { stop(); }
+
+void Background::start(fuse_session* session) {
+    m_session = session;
+    if (auto txn = m_store.read()) {  // follow from now on: the kernel knows nothing older
+        (void)txn->for_each_event(0, [&](const core::Event& e) {
+            m_event_seq = e.seq;
+            return true;
+        });
+    }
+    m_thread = std::thread([this] { run(); });
+}
+
+void Background::stop() {
+    {
+        std::lock_guard lock(m_mutex);
+        if (m_stop && !m_thread.joinable()) return;
+        m_stop = true;
+    }
+    m_wake.notify_all();
+    if (m_thread.joinable()) m_thread.join();
+    m_session = nullptr;
+    if (auto s = flush_stats(); !s) std::fprintf(stderr, "kcache-fsd: %s\n", s.error().message.c_str());
+    if (m_sync_interval_s > 0) (void)m_store.sync();
+}
+
+void Background::invalidate_inode(core::Ino ino) {
+    {
+        std::lock_guard lock(m_mutex);
+        m_inodes_to_invalidate.push_back(ino);
+    }
+    m_wake.notify_all();
+}
+
+void Background::count(core::Counter counter, std::uint64_t n) {
+    m_counts[slot_of(counter)].fetch_add(n, std::memory_order_relaxed);
+}
+
+void Background::hit(core::Ino entry) {
+    std::lock_guard lock(m_mutex);
+    m_hits.push_back(entry);
+}
+
+core::Status Background::flush_stats() {
+    std::uint64_t counts[4];
+    for (int i = 0; i < 4; ++i) counts[i] = m_counts[i].exchange(0);
+    std::vector<core::Ino> hits;
+    {
+        std::lock_guard lock(m_mutex);
+        hits.swap(m_hits);
+    }
+    bool any = !hits.empty();
+    for (auto c : counts) any = any || c;
+    if (!any) return {};
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        for (int i = 0; i < 4; ++i) {
+            if (auto a = txn.add(kCounted[i], counts[i]); !a) return a;
+        }
+        for (core::Ino entry : hits) {
+            auto h = txn.record_hit(entry);
+            if (!h && h.error().code != ENOENT) return h;  // an entry evicted since: no hit
+        }
+        return {};
+    });
+    if (!s) {  // keep them for the next try
+        for (int i = 0; i < 4; ++i) m_counts[i].fetch_add(counts[i]);
+        std::lock_guard lock(m_mutex);
+        m_hits.insert(m_hits.end(), hits.begin(), hits.end());
+    }
+    return s;
+}
+
+void Background::run() {
+    for (int tick = 1;; ++tick) {
+        std::vector<core::Ino> inodes;
+        {
+            std::unique_lock lock(m_mutex);
+            m_wake.wait_for(lock, kPeriod, [&] { return m_stop || !m_inodes_to_invalidate.empty(); });
+            if (m_stop) return;
+            inodes.swap(m_inodes_to_invalidate);
+        }
+        notify(inodes, {});
+        follow_events();
+        if (m_check_limits.exchange(false)) {
+            if (auto r = m_store.enforce_limits(); !r) {
+                std::fprintf(stderr, "kcache-fsd: eviction failed: %s\n", r.error().message.c_str());
+            }
+            follow_events();  // what eviction removed leaves the kernel's caches at once
+        }
+        if (tick % kFlushEvery == 0) {
+            if (auto s = flush_stats(); !s) {
+                std::fprintf(stderr, "kcache-fsd: statistics not saved yet: %s\n", s.error().message.c_str());
+            }
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (m_sync_interval_s > 0 &&
+            now - m_last_sync >= std::chrono::duration<double>(m_sync_interval_s)) {
+            m_last_sync = now;
+            std::uint64_t id = 0;
+            if (auto txn = m_store.read()) id = txn->id();  // only sync after a change
+            if (id != m_synced_txn) {
+                if (auto s = m_store.sync(); s) m_synced_txn = id;
+            }
+        }
+    }
+}
+
+void Background::follow_events() {
+    std::vector<core::Ino> inodes;
+    std::vector<std::pair<core::Ino, std::string>> entries;
+    {
+        auto txn = m_store.read();
+        if (!txn) return;
+        (void)txn->for_each_event(m_event_seq, [&](const core::Event& e) {
+            m_event_seq = e.seq;
+            switch (e.kind) {
+                case core::EventKind::evict:
+                case core::EventKind::remove:
+                case core::EventKind::rename:
+                case core::EventKind::import:
+                case core::EventKind::populate:
+                    if (e.parent) entries.emplace_back(e.parent, e.name);
+                    inodes.push_back(e.entry);
+                    break;
+                default: break;  // hits, pins, resets change nothing the kernel caches
+            }
+            return true;
+        });
+    }  // the snapshot ends before the kernel is told anything
+    notify(inodes, entries);
+}
+
+void Background::notify(const std::vector<core::Ino>& inodes,
+                        const std::vector<std::pair<core::Ino, std::string>>& entries) {
+    if (!m_session) return;
+    // Errors are expected and harmless: ENOENT when the kernel has nothing cached.
+    for (const auto& [parent, name] : entries) {
+        fuse_lowlevel_notify_inval_entry(m_session, parent, name.c_str(), name.size());
+    }
+    for (core::Ino ino : inodes) fuse_lowlevel_notify_inval_inode(m_session, ino, 0, 0);
+}
+
+}  // namespace kcache::fsd

@@ -1,0 +1,72 @@
+// The daemon's background thread: it does what request handlers must not.
+//
+// - Tells the kernel what changed behind the mount: entries evicted, removed,
+//   renamed, imported or populated by anyone (it follows the db's events log, so
+//   `kcache evict` in another process shows in the mount at once) and files whose
+//   content a writer published. Notifications never come from a request handler:
+//   the kernel may hold a directory lock while it waits for that handler's reply.
+// - Flushes statistics that handlers count in memory (opens, hits, bytes read, ...)
+//   in one transaction, at least every `flush period` and at stop().
+// - Enforces the size bounds when a publish asked for it.
+// - Syncs the db periodically under batched durability.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kcache/core/store.hpp"
+
+struct fuse_session;
+
+namespace kcache::fsd {
+
+class Background {
+public:
+    Background(core::Store& store, double sync_interval_s);
+    ~Background();
+    Background(const Background&) = delete;
+    Background& operator=(const Background&) = delete;
+
+    // Starts following events from the newest one; `session` receives notifications.
+    void start(fuse_session* session);
+    // Stops the thread, then flushes statistics and syncs. Call before the session
+    // is destroyed.
+    void stop();
+
+    // ---- for request handlers: thread-safe, never block on the kernel ----
+    void invalidate_inode(core::Ino ino);
+    void check_limits() { m_check_limits = true; }
+    void count(core::Counter counter, std::uint64_t n = 1);
+    void hit(core::Ino entry);
+
+    // Writes the pending statistics now (also used by stop()).
+    core::Status flush_stats();
+
+private:
+    void run();
+    void follow_events();
+    void notify(const std::vector<core::Ino>& inodes,
+                const std::vector<std::pair<core::Ino, std::string>>& entries);
+
+    core::Store& m_store;
+    fuse_session* m_session = nullptr;
+    std::thread m_thread;
+    std::mutex m_mutex;  // guards the queues below and m_stop
+    std::condition_variable m_wake;
+    bool m_stop = false;
+    std::vector<core::Ino> m_inodes_to_invalidate;
+    std::vector<core::Ino> m_hits;
+    std::atomic<bool> m_check_limits{false};
+    std::atomic<std::uint64_t> m_counts[4] = {};  // negative_lookups, opens, bytes_read, errors
+    std::uint64_t m_event_seq = 0;
+    const double m_sync_interval_s;
+    std::uint64_t m_synced_txn = 0;
+    std::chrono::steady_clock::time_point m_last_sync = std::chrono::steady_clock::now();
+};
+
+}  // namespace kcache::fsd

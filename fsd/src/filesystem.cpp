@@ -1,0 +1,601 @@
+#include "filesystem.hpp"
+
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kcache/core/staged.hpp"
+#include "process.hpp"
+
+namespace kcache::fsd {
+using core::Attr;
+using core::Ino;
+
+namespace {
+
+// Entries (names) and directory attributes: cached long, invalidated explicitly.
+constexpr double kEntryTimeout = 86400;
+constexpr double kDirAttrTimeout = 86400;
+constexpr double kNegativeTimeout = 86400;
+// Regular files: not cached; see filesystem.hpp.
+constexpr double kFileAttrTimeout = 0;
+constexpr std::size_t kMaxSeenPairs = 1 << 20;
+
+struct stat to_stat(const Attr& a) {
+    struct stat st{};
+    st.st_ino = a.ino;
+    st.st_mode = a.mode;
+    st.st_nlink = a.nlink;
+    st.st_uid = a.uid;
+    st.st_gid = a.gid;
+    st.st_size = static_cast<off_t>(a.size);
+    st.st_blksize = 4096;
+    st.st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
+    auto ts = [](std::int64_t ns) {
+        return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    };
+    st.st_atim = ts(a.atime_ns);
+    st.st_mtim = ts(a.mtime_ns);
+    st.st_ctim = ts(a.ctime_ns);
+    return st;
+}
+
+double attr_timeout(const Attr& a) { return a.is_regular() ? kFileAttrTimeout : kDirAttrTimeout; }
+
+std::int64_t ns_of(const timespec& ts) {
+    return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+core::Origin origin_of(fuse_req_t req) {
+    const Caller caller = caller_of(fuse_req_ctx(req)->pid);
+    return core::Origin{caller.pid, caller.name};
+}
+
+Filesystem* self(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_userdata(req)); }
+
+}  // namespace
+
+struct Filesystem::FileHandle {
+    Ino ino = 0;
+    std::mutex mutex;  // threads sharing one descriptor may call concurrently
+    std::shared_ptr<const std::string> snapshot;  // readers
+    std::optional<core::StagedFile> staged;       // writers
+    std::string_view view() const { return staged ? staged->content() : std::string_view(*snapshot); }
+};
+
+struct Filesystem::DirHandle {
+    struct Child {
+        std::string name;
+        Ino ino;
+        core::FileType type;
+    };
+    std::mutex mutex;
+    bool loaded = false;
+    std::vector<Child> children;  // a snapshot: offsets stay stable while the dir changes
+};
+
+Filesystem::Filesystem(core::Store& store, const Options& options)
+    : m_store(store), m_options(options), m_background(store, options.sync_interval_s) {}
+
+Filesystem::~Filesystem() { m_background.stop(); }
+
+// ---- replies ------------------------------------------------------------------------
+
+void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
+    switch (error.code) {
+        case ENOSPC: m_background.count(core::Counter::errors_other); break;
+        case EIO: m_background.count(core::Counter::errors_other); break;
+        default: break;  // ENOENT, EEXIST, ENOTEMPTY ... are answers, not failures
+    }
+    if (error.code == EIO || error.code == ENOSPC) {
+        std::fprintf(stderr, "kcache-fsd: %s\n", error.message.c_str());
+    }
+    fuse_reply_err(req, error.code > 0 ? error.code : EIO);
+}
+
+void Filesystem::reply_entry(fuse_req_t req, const Attr& attr) {
+    fuse_entry_param e{};
+    e.ino = attr.ino;
+    e.generation = 1;
+    e.attr = to_stat(attr);
+    e.attr_timeout = attr_timeout(attr);
+    e.entry_timeout = kEntryTimeout;
+    fuse_reply_entry(req, &e);
+}
+
+// ---- init and namespace ---------------------------------------------------------
+
+void Filesystem::init(fuse_conn_info* conn) {
+    // O_TRUNC comes with open, so a truncating writer stages empty content instead
+    // of publishing an empty file first.
+    if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+    if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+    // Page-cache writeback would hold writes past close(): publish-on-close needs them.
+    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit
+    conn->max_write = 1 << 20;
+}
+
+void Filesystem::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto attr = txn->lookup(parent, name);
+    if (!attr) {
+        if (attr.error().code != ENOENT) return reply_error(req, attr.error());
+        m_background.count(core::Counter::negative_lookups);
+        fuse_entry_param e{};  // ino 0: a negative entry the kernel may cache
+        e.entry_timeout = kNegativeTimeout;
+        fuse_reply_entry(req, &e);
+        return;
+    }
+    reply_entry(req, *attr);
+}
+
+void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto attr = txn->getattr(ino);
+    if (!attr) return reply_error(req, attr.error());
+    if (fi && attr->is_regular() && fi->fh) {  // the caller's own version of the file
+        auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+        std::lock_guard lock(handle->mutex);
+        attr->size = handle->view().size();
+    }
+    struct stat st = to_stat(*attr);
+    fuse_reply_attr(req, &st, attr_timeout(*attr));
+}
+
+void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+                         fuse_file_info* fi) {
+    FileHandle* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
+    std::optional<std::uint64_t> staged_size;
+    if ((to_set & FUSE_SET_ATTR_SIZE) && handle) {
+        std::lock_guard lock(handle->mutex);
+        if (handle->staged) {  // ftruncate on a file being written: part of the staged content
+            if (auto s = handle->staged->truncate(static_cast<std::uint64_t>(attr->st_size)); !s) {
+                return reply_error(req, s.error());
+            }
+            staged_size = handle->staged->content().size();
+            to_set &= ~FUSE_SET_ATTR_SIZE;
+        }
+    }
+    core::SetAttr changes;
+    if (to_set & FUSE_SET_ATTR_MODE) changes.mode = attr->st_mode;
+    if (to_set & FUSE_SET_ATTR_UID) changes.uid = attr->st_uid;
+    if (to_set & FUSE_SET_ATTR_GID) changes.gid = attr->st_gid;
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+        if (static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
+            return reply_error(req, {EFBIG, "file size over --max-file-size"});
+        }
+        changes.size = static_cast<std::uint64_t>(attr->st_size);
+    }
+    const std::int64_t now = m_store.now_ns();
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW) changes.atime_ns = now;
+    else if (to_set & FUSE_SET_ATTR_ATIME) changes.atime_ns = ns_of(attr->st_atim);
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW) changes.mtime_ns = now;
+    else if (to_set & FUSE_SET_ATTR_MTIME) changes.mtime_ns = ns_of(attr->st_mtim);
+    Attr result;
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        auto a = txn.setattr(ino, changes);
+        if (!a) return tl::unexpected(a.error());
+        result = *a;
+        return {};
+    });
+    if (!s) return reply_error(req, s.error());
+    if (changes.size) m_background.invalidate_inode(ino);
+    if (staged_size) result.size = *staged_size;
+    struct stat st = to_stat(result);
+    fuse_reply_attr(req, &st, attr_timeout(result));
+}
+
+void Filesystem::readlink(fuse_req_t req, fuse_ino_t ino) {
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto target = txn->readlink(ino);
+    if (!target) return reply_error(req, target.error());
+    fuse_reply_readlink(req, target->c_str());
+}
+
+void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    Attr attr;
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        auto a = txn.mkdir(parent, name, mode, ctx->uid, ctx->gid);
+        if (!a) return tl::unexpected(a.error());
+        attr = *a;
+        return {};
+    });
+    if (!s) return reply_error(req, s.error());
+    reply_entry(req, attr);
+}
+
+void Filesystem::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
+    if (!S_ISREG(mode)) return reply_error(req, {EPERM, "only regular files can be made"});
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    Attr attr;
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        auto a = txn.create(parent, name, mode, ctx->uid, ctx->gid, true);
+        if (!a) return tl::unexpected(a.error());
+        attr = *a;
+        return {};
+    });
+    if (!s) return reply_error(req, s.error());
+    reply_entry(req, attr);
+}
+
+void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    Attr attr;
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        auto a = txn.symlink(parent, name, target, ctx->uid, ctx->gid);
+        if (!a) return tl::unexpected(a.error());
+        attr = *a;
+        return {};
+    });
+    if (!s) return reply_error(req, s.error());
+    reply_entry(req, attr);
+}
+
+void Filesystem::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    auto s = m_store.update([&](core::WriteTxn& txn) { return txn.unlink(parent, name); });
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+    auto s = m_store.update([&](core::WriteTxn& txn) { return txn.rmdir(parent, name); });
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
+                        const char* new_name, unsigned int flags) {
+    unsigned ours = 0;
+    if (flags & RENAME_NOREPLACE) ours |= core::kRenameNoReplace;
+    if (flags & RENAME_EXCHANGE) ours |= core::kRenameExchange;
+    if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return reply_error(req, {EINVAL, "rename flags"});
+    auto s = m_store.update(
+        [&](core::WriteTxn& txn) { return txn.rename(parent, name, new_parent, new_name, ours); });
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
+    fuse_reply_err(req, EPERM);  // no hard links: each node has one parent and name
+}
+
+// ---- files ----------------------------------------------------------------------
+
+bool Filesystem::same_pages(Ino ino, const core::Digest& digest) {
+    std::lock_guard lock(m_pages_mutex);
+    auto [it, inserted] = m_page_digests.try_emplace(ino, digest);
+    if (inserted) return false;
+    const bool same = it->second == digest;
+    it->second = digest;
+    return same;
+}
+
+std::shared_ptr<const std::string> Filesystem::snapshot(const core::Digest& digest,
+                                                        std::string_view bytes) {
+    const std::string key = digest.hex();
+    std::lock_guard lock(m_snapshots_mutex);
+    if (auto it = m_snapshots.find(key); it != m_snapshots.end()) {
+        if (auto shared = it->second.lock()) return shared;
+    }
+    if (m_snapshots.size() > 4096) {  // drop the expired ones now and then
+        std::erase_if(m_snapshots, [](const auto& kv) { return kv.second.expired(); });
+    }
+    auto shared = std::make_shared<const std::string>(bytes);
+    m_snapshots[key] = shared;
+    return shared;
+}
+
+void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr& attr) {
+    m_background.count(core::Counter::opens);
+    if (!attr.entry) return;
+    auto entry = txn.entry(attr.entry);
+    if (!entry || !entry->populated) return;
+    const Caller caller = caller_of(fuse_req_ctx(req)->pid);
+    if (caller.pid == entry->populated_by_pid) return;  // its own kernel, not a cache hit
+    const std::string pair = fmt::format("{}:{}", attr.entry, caller.pid);
+    {
+        std::lock_guard lock(m_seen_mutex);
+        if (m_seen.size() >= kMaxSeenPairs) m_seen.clear();  // bounded: may recount after this
+        if (!m_seen.insert(pair).second) return;
+    }
+    m_background.hit(attr.entry);
+}
+
+void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    auto handle = std::make_unique<FileHandle>();
+    handle->ino = ino;
+    core::Digest digest;
+    if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+        auto staged = core::StagedFile::begin(m_store, ino, (fi->flags & O_TRUNC) != 0);
+        if (!staged) return reply_error(req, staged.error());
+        staged->set_max_size(m_options.max_file_size);
+        auto txn = m_store.read();
+        if (!txn) return reply_error(req, txn.error());
+        auto attr = txn->getattr(ino);
+        if (!attr) return reply_error(req, attr.error());
+        digest = attr->digest;
+        handle->staged = std::move(*staged);
+    } else {
+        auto txn = m_store.read();
+        if (!txn) return reply_error(req, txn.error());
+        auto attr = txn->getattr(ino);
+        if (!attr) return reply_error(req, attr.error());
+        if (attr->is_dir()) return reply_error(req, {EISDIR, "is a directory"});
+        auto content = txn->read(ino);
+        if (!content) return reply_error(req, content.error());
+        digest = attr->digest;
+        handle->snapshot = snapshot(digest, content->bytes());
+        count_open(req, *txn, *attr);
+    }
+    fi->keep_cache = same_pages(ino, digest) ? 1 : 0;
+    fi->fh = reinterpret_cast<std::uint64_t>(handle.release());
+    if (fuse_reply_open(req, fi) != 0) {  // the opener is gone (interrupted)
+        delete reinterpret_cast<FileHandle*>(fi->fh);
+    }
+}
+
+void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+                        fuse_file_info* fi) {
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    auto handle = std::make_unique<FileHandle>();
+    Attr attr;
+    auto txn = m_store.write();
+    if (!txn) return reply_error(req, txn.error());
+    auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
+    if (!created) return reply_error(req, created.error());
+    auto staged = core::StagedFile::begin(*txn, created->ino, (fi->flags & O_TRUNC) != 0 || created->size == 0);
+    if (!staged) return reply_error(req, staged.error());
+    if (auto s = txn->commit(); !s) {
+        staged->forget();
+        return reply_error(req, s.error());
+    }
+    staged->set_max_size(m_options.max_file_size);
+    attr = *created;
+    handle->ino = attr.ino;
+    handle->staged = std::move(*staged);
+    fi->keep_cache = same_pages(attr.ino, attr.digest) ? 1 : 0;
+    fi->fh = reinterpret_cast<std::uint64_t>(handle.release());
+    fuse_entry_param e{};
+    e.ino = attr.ino;
+    e.generation = 1;
+    e.attr = to_stat(attr);
+    e.attr_timeout = attr_timeout(attr);
+    e.entry_timeout = kEntryTimeout;
+    if (fuse_reply_create(req, &e, fi) != 0) delete reinterpret_cast<FileHandle*>(fi->fh);
+}
+
+void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::lock_guard lock(handle->mutex);
+    const std::string_view content = handle->view();
+    const auto from = std::min(static_cast<std::size_t>(off), content.size());
+    const std::size_t n = std::min(size, content.size() - from);
+    m_background.count(core::Counter::bytes_read, n);
+    fuse_reply_buf(req, content.data() + from, n);
+}
+
+void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
+                       fuse_file_info* fi) {
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::lock_guard lock(handle->mutex);
+    if (!handle->staged) return reply_error(req, {EBADF, "not open for writing"});
+    if (auto s = handle->staged->write(static_cast<std::uint64_t>(off), {buf, size}); !s) {
+        return reply_error(req, s.error());
+    }
+    fuse_reply_write(req, size);
+}
+
+core::Status Filesystem::publish(fuse_req_t req, FileHandle& handle) {
+    if (!handle.staged || !handle.staged->dirty()) return {};
+    const std::uint64_t size = handle.staged->content().size();
+    // Make room first. If the cache cannot get under its bound (everything left is
+    // pinned or being written), the writer gets ENOSPC and nothing is published.
+    std::uint64_t max = 0, stored = 0;
+    {
+        auto txn = m_store.read();
+        if (!txn) return tl::unexpected(txn.error());
+        max = txn->config().max_bytes;
+        stored = txn->counter(core::Counter::stored_bytes).value_or(0);
+    }
+    if (max && stored + size > max) {
+        auto evicted = m_store.evict({.max_bytes = size > max ? 0 : max - size});
+        if (!evicted) return tl::unexpected(evicted.error());
+        if (!evicted->satisfied) {
+            return core::fail(ENOSPC, fmt::format("cache full: {} bytes do not fit under the {} byte bound "
+                                                  "(the rest is pinned or being written)", size, max));
+        }
+    }
+    auto s = handle.staged->commit(origin_of(req));
+    if (!s) return s;
+    m_background.invalidate_inode(handle.ino);  // other openers' cached pages are stale
+    m_background.check_limits();
+    return {};
+}
+
+void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::lock_guard lock(handle->mutex);
+    if (auto s = publish(req, *handle); !s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::lock_guard lock(handle->mutex);
+    if (auto s = publish(req, *handle); !s) return reply_error(req, s.error());
+    if (auto s = m_store.sync(); !s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+    if (handle->staged) {
+        // flush() published already unless a write came after it (or it failed,
+        // in which case the writer was told). The lease ends here.
+        if (auto s = publish(req, *handle); !s) {
+            std::fprintf(stderr, "kcache-fsd: content of inode %llu lost at release: %s\n",
+                         static_cast<unsigned long long>(handle->ino), s.error().message.c_str());
+        }
+        (void)handle->staged->abandon();
+    }
+    fuse_reply_err(req, 0);
+}
+
+// ---- directories ----------------------------------------------------------------
+
+void Filesystem::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto attr = txn->getattr(ino);
+    if (!attr) return reply_error(req, attr.error());
+    if (!attr->is_dir()) return reply_error(req, {ENOTDIR, "not a directory"});
+    fi->fh = reinterpret_cast<std::uint64_t>(new DirHandle);
+    if (fuse_reply_open(req, fi) != 0) delete reinterpret_cast<DirHandle*>(fi->fh);
+}
+
+void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                         fuse_file_info* fi, bool plus) {
+    auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
+    std::lock_guard lock(dir->mutex);
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    if (!dir->loaded || off == 0) {  // a rewind takes a fresh snapshot
+        dir->children.clear();
+        auto self_attr = txn->getattr(ino);
+        if (!self_attr) return reply_error(req, self_attr.error());
+        dir->children.push_back({".", ino, core::FileType::directory});
+        dir->children.push_back({"..", self_attr->parent, core::FileType::directory});
+        auto s = txn->readdir(ino, {}, [&](const core::DirEntry& d) {
+            dir->children.push_back({std::string(d.name), d.ino, d.type});
+            return true;
+        });
+        if (!s) return reply_error(req, s.error());
+        dir->loaded = true;
+    }
+    std::vector<char> buf(size);
+    std::size_t used = 0;
+    for (auto i = static_cast<std::size_t>(off); i < dir->children.size(); ++i) {
+        const auto& child = dir->children[i];
+        const auto next = static_cast<off_t>(i + 1);
+        std::size_t n = 0;
+        if (plus) {
+            fuse_entry_param e{};
+            const bool dots = child.name == "." || child.name == "..";
+            auto attr = txn->getattr(child.ino);
+            if (!attr) continue;  // removed since the snapshot
+            e.attr = to_stat(*attr);
+            if (!dots) {  // the kernel takes a lookup reference on these
+                e.ino = child.ino;
+                e.generation = 1;
+                e.attr_timeout = attr_timeout(*attr);
+                e.entry_timeout = kEntryTimeout;
+            }
+            n = fuse_add_direntry_plus(req, buf.data() + used, size - used, child.name.c_str(), &e, next);
+        } else {
+            struct stat st{};
+            st.st_ino = child.ino;
+            st.st_mode = child.type == core::FileType::directory ? S_IFDIR
+                         : child.type == core::FileType::symlink ? S_IFLNK
+                                                                 : S_IFREG;
+            n = fuse_add_direntry(req, buf.data() + used, size - used, child.name.c_str(), &st, next);
+        }
+        if (n > size - used) break;  // did not fit: the kernel asks again from `next`
+        used += n;
+    }
+    fuse_reply_buf(req, buf.data(), used);
+}
+
+void Filesystem::releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    delete reinterpret_cast<DirHandle*>(fi->fh);
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::statfs(fuse_req_t req, fuse_ino_t) {
+    struct statvfs st{};
+    if (::statvfs(m_store.path().c_str(), &st) != 0) return reply_error(req, {errno, "statvfs"});
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    const std::uint64_t max = txn->config().max_bytes;
+    const std::uint64_t stored = txn->counter(core::Counter::stored_bytes).value_or(0);
+    const std::uint64_t files = txn->counter(core::Counter::files).value_or(0);
+    const std::uint64_t block = 4096;
+    const std::uint64_t disk_free = static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
+    std::uint64_t total = max ? max : static_cast<std::uint64_t>(st.f_blocks) * st.f_frsize;
+    std::uint64_t free = max ? (stored < max ? max - stored : 0) : disk_free;
+    free = std::min(free, disk_free);
+    total = std::max(total, stored);
+    struct statvfs out{};
+    out.f_bsize = block;
+    out.f_frsize = block;
+    out.f_blocks = total / block;
+    out.f_bfree = free / block;
+    out.f_bavail = free / block;
+    out.f_files = files + st.f_ffree;
+    out.f_ffree = st.f_ffree;
+    out.f_favail = st.f_ffree;
+    out.f_namemax = core::kMaxNameLength;
+    fuse_reply_statfs(req, &out);
+}
+
+// ---- the operation table -----------------------------------------------------------
+
+const fuse_lowlevel_ops& Filesystem::operations() {
+    static const fuse_lowlevel_ops ops = [] {
+        fuse_lowlevel_ops t{};
+        t.init = [](void* userdata, fuse_conn_info* conn) { static_cast<Filesystem*>(userdata)->init(conn); };
+        t.lookup = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->lookup(r, p, n); };
+        t.getattr = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->getattr(r, i, fi); };
+        t.setattr = [](fuse_req_t r, fuse_ino_t i, struct stat* a, int s, fuse_file_info* fi) {
+            self(r)->setattr(r, i, a, s, fi);
+        };
+        t.readlink = [](fuse_req_t r, fuse_ino_t i) { self(r)->readlink(r, i); };
+        t.mknod = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, dev_t d) { self(r)->mknod(r, p, n, m, d); };
+        t.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) { self(r)->mkdir(r, p, n, m); };
+        t.unlink = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->unlink(r, p, n); };
+        t.rmdir = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->rmdir(r, p, n); };
+        t.symlink = [](fuse_req_t r, const char* t, fuse_ino_t p, const char* n) { self(r)->symlink(r, t, p, n); };
+        t.rename = [](fuse_req_t r, fuse_ino_t p, const char* n, fuse_ino_t np, const char* nn, unsigned int f) {
+            self(r)->rename(r, p, n, np, nn, f);
+        };
+        t.link = [](fuse_req_t r, fuse_ino_t i, fuse_ino_t np, const char* nn) { self(r)->link(r, i, np, nn); };
+        t.open = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->open(r, i, fi); };
+        t.read = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) { self(r)->read(r, i, s, o, fi); };
+        t.write = [](fuse_req_t r, fuse_ino_t i, const char* b, size_t s, off_t o, fuse_file_info* fi) {
+            self(r)->write(r, i, b, s, o, fi);
+        };
+        t.flush = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->flush(r, i, fi); };
+        t.release = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->release(r, i, fi); };
+        t.fsync = [](fuse_req_t r, fuse_ino_t i, int d, fuse_file_info* fi) { self(r)->fsync(r, i, d, fi); };
+        t.opendir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->opendir(r, i, fi); };
+        t.readdir = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) {
+            self(r)->readdir(r, i, s, o, fi, false);
+        };
+        t.readdirplus = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) {
+            self(r)->readdir(r, i, s, o, fi, true);
+        };
+        t.releasedir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->releasedir(r, i, fi); };
+        t.fsyncdir = [](fuse_req_t r, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(r, 0); };
+        t.statfs = [](fuse_req_t r, fuse_ino_t i) { self(r)->statfs(r, i); };
+        t.create = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, fuse_file_info* fi) {
+            self(r)->create(r, p, n, m, fi);
+        };
+        // No lock operations: the kernel then keeps flock() and fcntl() locks itself,
+        // which is right for one mount on one machine.
+        return t;
+    }();
+    return ops;
+}
+
+}  // namespace kcache::fsd

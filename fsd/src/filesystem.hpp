@@ -1,0 +1,98 @@
+// The FUSE filesystem over a kcache store (libfuse3 low-level API).
+//
+// Inode numbers are the store's: stable, never reused, so the daemon keeps no
+// per-inode state and needs no FORGET bookkeeping. State lives in open handles:
+// - a reader's handle holds a snapshot of the content it opened (shared between
+//   handles of the same content), so an unlink or eviction never breaks a read;
+// - a writer's handle holds a core::StagedFile: writes go to memory and are
+//   published atomically when the file is flushed (close), so readers see the old
+//   or the new complete content.
+// Caching: entries and directory attributes are cached by the kernel for a long
+// time and invalidated explicitly (Background). File attributes are not cached
+// (timeout 0), and getattr on an open file answers with that handle's own view, so
+// the kernel never clamps a read to another version's size.
+#pragma once
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "background.hpp"
+#include "kcache/core/store.hpp"
+#include "options.hpp"
+
+namespace kcache::fsd {
+
+class Filesystem {
+public:
+    Filesystem(core::Store& store, const Options& options);
+    ~Filesystem();
+
+    // The operation table; every callback's userdata is a Filesystem*.
+    static const fuse_lowlevel_ops& operations();
+
+    void start(fuse_session* session) { m_background.start(session); }
+    void stop() { m_background.stop(); }
+
+    // ---- handlers (called from libfuse's worker threads) ----
+    void init(fuse_conn_info* conn);
+    void lookup(fuse_req_t req, fuse_ino_t parent, const char* name);
+    void getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    void setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi);
+    void readlink(fuse_req_t req, fuse_ino_t ino);
+    void mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev);
+    void mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode);
+    void unlink(fuse_req_t req, fuse_ino_t parent, const char* name);
+    void rmdir(fuse_req_t req, fuse_ino_t parent, const char* name);
+    void symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name);
+    void rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
+                const char* new_name, unsigned int flags);
+    void link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name);
+    void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    void create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
+    void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+    void write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
+               fuse_file_info* fi);
+    void flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    void release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    void fsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
+    void opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
+                 bool plus);
+    void releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    void statfs(fuse_req_t req, fuse_ino_t ino);
+
+private:
+    struct FileHandle;
+    struct DirHandle;
+
+    void reply_error(fuse_req_t req, const core::Error& error);
+    void reply_entry(fuse_req_t req, const core::Attr& attr);
+    // Publishes a writer's content, first making room under the size bound.
+    core::Status publish(fuse_req_t req, FileHandle& handle);
+    // Whether the kernel may keep its cached pages of `ino` (same content as before).
+    bool same_pages(core::Ino ino, const core::Digest& digest);
+    std::shared_ptr<const std::string> snapshot(const core::Digest& digest, std::string_view bytes);
+    void count_open(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr);
+
+    core::Store& m_store;
+    const Options m_options;
+    Background m_background;
+
+    std::mutex m_pages_mutex;  // the digest whose pages the kernel caches, per inode
+    std::unordered_map<core::Ino, core::Digest> m_page_digests;
+
+    std::mutex m_snapshots_mutex;  // content shared by reader handles
+    std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots;
+
+    std::mutex m_seen_mutex;  // (entry, process) pairs that counted their hit
+    std::unordered_set<std::string> m_seen;
+};
+
+}  // namespace kcache::fsd

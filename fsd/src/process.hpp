@@ -1,0 +1,20 @@
+// Who is calling: FUSE reports the calling *thread*; statistics are per process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace kcache::fsd {
+
+struct Caller {
+    std::uint32_t pid = 0;  // the process (thread group) id
+    std::string name;       // its command name
+};
+
+// The process of thread `tid` and its name, from /proc; the thread itself if /proc
+// cannot tell (the thread may be gone already).
+Caller caller_of(pid_t tid);
+
+}  // namespace kcache::fsd
