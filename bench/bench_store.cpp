@@ -28,6 +28,10 @@
 
 #include "bench_support.hpp"
 
+#ifndef KCACHE_BENCH_BUILD_TYPE
+#define KCACHE_BENCH_BUILD_TYPE "unknown"
+#endif
+
 namespace core = kcache::core;
 using namespace kcache::bench;
 
@@ -66,16 +70,30 @@ std::string_view file_name_for(std::size_t size) {
     if (size <= 8192) return "kernel.cubin";
     return "kernel.ptx";
 }
-std::string size_label(std::size_t size) { return fmt::format("{}KiB", size / 1024); }
+std::string size_label(std::size_t size) {
+    return fmt::format("{}KiB", size / 1024);
+}
 
 // 64 distinct contents per size; each use stamps a sequence number into a copy so
 // every stored file is distinct (no dedup short-cut) at the cost of one memcpy,
-// paid by kcache and baseline alike.
-const std::vector<std::string>& pool_for(std::size_t size) {
-    static std::map<std::size_t, std::vector<std::string>> pools;
-    auto& pool = pools[size];
+// paid by kcache and baseline alike. `random`: incompressible bytes instead of the
+// realistic kind (the store keeps those raw, so reads are zero-copy).
+std::string make_random(std::uint64_t seed, std::size_t size) {
+    Rng rng(seed);
+    std::string out(size, '\0');
+    for (std::size_t i = 0; i < size; i += 8) {
+        const std::uint64_t v = rng.next();
+        std::memcpy(out.data() + i, &v, std::min<std::size_t>(8, size - i));
+    }
+    return out;
+}
+const std::vector<std::string>& pool_for(std::size_t size, bool random = false) {
+    static std::map<std::pair<std::size_t, bool>, std::vector<std::string>> pools;
+    auto& pool = pools[{size, random}];
     if (pool.empty()) {
-        for (std::uint64_t i = 0; i < 64; ++i) pool.push_back(make_content(size, 1000 + i));
+        for (std::uint64_t i = 0; i < 64; ++i) {
+            pool.push_back(random ? make_random(1000 + i, size) : make_content(size, 1000 + i));
+        }
     }
     return pool;
 }
@@ -85,8 +103,8 @@ void stamp(std::string& buf, std::uint64_t n) {
         buf[at + k] = "0123456789abcdef"[(n >> (4 * k)) & 15];
     }
 }
-void fill_from_pool(std::string& buf, std::size_t size, std::uint64_t n) {
-    const auto& pool = pool_for(size);
+void fill_from_pool(std::string& buf, std::size_t size, std::uint64_t n, bool random = false) {
+    const auto& pool = pool_for(size, random);
     buf.assign(pool[n % pool.size()]);
     stamp(buf, n);
 }
@@ -187,19 +205,20 @@ struct GetFixture {
     std::vector<std::string> paths;  // the same files as plain files
 };
 
-GetFixture& get_fixture(std::size_t size) {
-    static std::map<std::size_t, GetFixture> fixtures;
-    GetFixture& fx = fixtures[size];
+GetFixture& get_fixture(std::size_t size, bool random) {
+    static std::map<std::pair<std::size_t, bool>, GetFixture> fixtures;
+    GetFixture& fx = fixtures[{size, random}];
     if (fx.store) return fx;
-    fx.store = &store_named(fmt::format("get-{}", size), core::Durability::none);
-    const std::filesystem::path plain = g_ctx->dir / fmt::format("plain-get-{}", size);
+    const std::string name = fmt::format("get-{}{}", size, random ? "-random" : "");
+    fx.store = &store_named(name, core::Durability::none);
+    const std::filesystem::path plain = g_ctx->dir / ("plain-" + name);
     std::filesystem::create_directories(plain);
     const std::string_view file_name = file_name_for(size);
     std::string buf;
     for (std::uint64_t first = 0; first < kGetEntries; first += 64) {
         auto txn = must(fx.store->write(), "get fixture: write txn");
         for (std::uint64_t n = first; n < std::min<std::uint64_t>(first + 64, kGetEntries); ++n) {
-            fill_from_pool(buf, size, n);
+            fill_from_pool(buf, size, n, random);
             const FileSpec file{file_name, buf};
             must(put_entry(txn, entry_name(n), {&file, 1}, g_ctx->origin, &fx.inos),
                  "get fixture: put");
@@ -222,8 +241,8 @@ GetFixture& get_fixture(std::size_t size) {
 
 // `txn_per_read`: a read transaction per read, as a daemon serving independent
 // requests does; otherwise all reads in one snapshot (the pure lookup cost).
-void bm_get_kcache(benchmark::State& state, std::size_t size, bool txn_per_read) {
-    GetFixture& fx = get_fixture(size);
+void bm_get_kcache(benchmark::State& state, std::size_t size, bool random, bool txn_per_read) {
+    GetFixture& fx = get_fixture(size, random);
     Rng rng(42);
     std::uint64_t sink = 0;
     std::uint64_t zero_copy = 0;
@@ -252,14 +271,14 @@ void bm_get_kcache(benchmark::State& state, std::size_t size, bool txn_per_read)
     benchmark::DoNotOptimize(sink);
     state.SetItemsProcessed(state.iterations());
     state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(size));
-    state.counters["zero_copy"] =
-        state.iterations() ? static_cast<double>(zero_copy) / static_cast<double>(state.iterations())
-                           : 0.0;
+    state.counters["zero_copy"] = state.iterations() ? static_cast<double>(zero_copy) /
+                                                           static_cast<double>(state.iterations())
+                                                     : 0.0;
 }
 
 // open + fstat + read whole file + close, into a reused buffer.
-void bm_get_plain(benchmark::State& state, std::size_t size) {
-    GetFixture& fx = get_fixture(size);
+void bm_get_plain(benchmark::State& state, std::size_t size, bool random) {
+    GetFixture& fx = get_fixture(size, random);
     Rng rng(42);
     std::uint64_t sink = 0;
     std::string buf;
@@ -422,7 +441,8 @@ void bm_stats(benchmark::State& state, std::uint64_t entries) {
         }
         benchmark::DoNotOptimize(stats->values.size());
     }
-    state.counters["entries"] = static_cast<double>(must(txn.counter(core::Counter::entries), "entries"));
+    state.counters["entries"] =
+        static_cast<double>(must(txn.counter(core::Counter::entries), "entries"));
 }
 
 // Store::read + Txn::stats: what a CLI/GUI refresh costs.
@@ -448,7 +468,8 @@ void bm_read_stats(benchmark::State& state, std::uint64_t entries) {
 // Console output as usual, and each run's wall time per iteration and rates kept
 // for the ratio table printed at the end.
 class RatioReporter : public benchmark::ConsoleReporter {
-public:
+  public:
+    explicit RatioReporter(bool color) : ConsoleReporter(color ? OO_ColorTabular : OO_Tabular) {}
     struct Figures {
         double seconds = 0;  // wall time per iteration
         double items_per_second = 0;
@@ -470,11 +491,13 @@ public:
         return it == m_figures.end() ? nullptr : &it->second;
     }
 
-private:
+  private:
     std::map<std::string, Figures> m_figures;
 };
 
-std::string us(double seconds) { return fmt::format("{:.2f} us", seconds * 1e6); }
+std::string us(double seconds) {
+    return fmt::format("{:.2f} us", seconds * 1e6);
+}
 
 void print_ratios(const RatioReporter& r) {
     std::printf("\nRatios (measured in this run; time per operation, wall clock)\n");
@@ -494,26 +517,29 @@ void print_ratios(const RatioReporter& r) {
                  std::string_view(d) == "full" ? "plain: write+fsync" : "plain: write, no fsync");
         }
     }
-    for (std::size_t size : {1024, 8192, 16384}) {
-        pair("get/" + size_label(size) + " (txn per read)",
-             "get/kcache-txn-per-read/" + size_label(size), "get/plain/" + size_label(size),
-             "plain: open+fstat+read+close");
-        pair("get/" + size_label(size) + " (one snapshot)",
-             "get/kcache-one-snapshot/" + size_label(size), "get/plain/" + size_label(size),
-             "plain: open+fstat+read+close");
+    for (const char* kind : {"", "-random"}) {
+        for (std::size_t size : {1024, 8192, 16384}) {
+            const std::string label = size_label(size) + kind;
+            pair("get/" + label + " (txn per read)", "get/kcache-txn-per-read/" + label,
+                 "get/plain/" + label, "plain: open+fstat+read+close");
+            pair("get/" + label + " (one snapshot)", "get/kcache-one-snapshot/" + label,
+                 "get/plain/" + label, "plain: open+fstat+read+close");
+        }
     }
     {
         const auto* k = r.find("evict/kcache/none");
         const auto* p = r.find("evict/plain/none");
         if (k && p && k->items_per_second > 0) {
-            std::printf("  %-34s kcache %9.0f entries/s  plain %9.0f entries/s  "
-                        "time per entry kcache/plain = %6.2fx\n",
-                        "evict/none", k->items_per_second, p->items_per_second,
-                        p->items_per_second / k->items_per_second);
+            std::printf(
+                "  %-34s kcache %9.0f entries/s  plain %9.0f entries/s  "
+                "time per entry kcache/plain = %6.2fx\n",
+                "evict/none", k->items_per_second, p->items_per_second,
+                p->items_per_second / k->items_per_second);
         }
         const auto* kf = r.find("evict/kcache/full");
-        if (kf) std::printf("  %-34s kcache %9.0f entries/s  (no plain baseline)\n", "evict/full",
-                            kf->items_per_second);
+        if (kf)
+            std::printf("  %-34s kcache %9.0f entries/s  (no plain baseline)\n", "evict/full",
+                        kf->items_per_second);
     }
     for (const char* kind : {"stats", "read+stats"}) {
         const auto* base = r.find(fmt::format("{}/1000", kind));
@@ -536,48 +562,82 @@ void register_all() {
             const std::string suffix = fmt::format("{}/{}", size_label(size), durability_name(d));
             const bool durable = d == core::Durability::full;
             auto* k = RegisterBenchmark(("put/kcache/" + suffix).c_str(), bm_put_kcache, size, d);
-            auto* p = RegisterBenchmark(("put/plain/" + suffix).c_str(), bm_put_plain, size, durable);
+            auto* p =
+                RegisterBenchmark(("put/plain/" + suffix).c_str(), bm_put_plain, size, durable);
             for (auto* b : {k, p}) {
                 b->UseRealTime()->Unit(benchmark::kMicrosecond);
                 // Bound the db size and the fsync-bound cases' run time.
-                if (durable) b->MinTime(1.0); else b->MinTime(0.5);
+                if (durable)
+                    b->MinTime(1.0);
+                else
+                    b->MinTime(0.5);
             }
         }
     }
-    for (std::size_t size : {8192, 1024, 16384}) {
-        const std::string label = size_label(size);
-        RegisterBenchmark(("get/kcache-txn-per-read/" + label).c_str(), bm_get_kcache, size, true)
-            ->UseRealTime()->Unit(benchmark::kMicrosecond);
-        RegisterBenchmark(("get/kcache-one-snapshot/" + label).c_str(), bm_get_kcache, size, false)
-            ->UseRealTime()->Unit(benchmark::kMicrosecond);
-        RegisterBenchmark(("get/plain/" + label).c_str(), bm_get_plain, size)
-            ->UseRealTime()->Unit(benchmark::kMicrosecond);
+    // Realistic (compressible) files, and incompressible ones of the same size: the
+    // store keeps those raw and serves them as views into the map (zero-copy).
+    for (bool random : {false, true}) {
+        for (std::size_t size : {8192, 1024, 16384}) {
+            const std::string label = size_label(size) + (random ? "-random" : "");
+            RegisterBenchmark(("get/kcache-txn-per-read/" + label).c_str(), bm_get_kcache, size,
+                              random, true)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+            RegisterBenchmark(("get/kcache-one-snapshot/" + label).c_str(), bm_get_kcache, size,
+                              random, false)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+            RegisterBenchmark(("get/plain/" + label).c_str(), bm_get_plain, size, random)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+        }
     }
     RegisterBenchmark("evict/kcache/none", bm_evict_kcache, core::Durability::none)
-        ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(5);
     RegisterBenchmark("evict/plain/none", bm_evict_plain)
-        ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(5);
     RegisterBenchmark("evict/kcache/full", bm_evict_kcache, core::Durability::full)
-        ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(5);
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(5);
     for (std::uint64_t n : {1000, 10000, 100000}) {
         RegisterBenchmark(fmt::format("stats/{}", n).c_str(), bm_stats, n)
-            ->UseRealTime()->Unit(benchmark::kMicrosecond);
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
         RegisterBenchmark(fmt::format("read+stats/{}", n).c_str(), bm_read_stats, n)
-            ->UseRealTime()->Unit(benchmark::kMicrosecond);
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
     }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+    // Colour as Google Benchmark's own reporter would choose it (a terminal, unless
+    // --benchmark_color=false/no/0).
+    bool color = ::isatty(STDOUT_FILENO) != 0;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (arg == "--benchmark_color=false" || arg == "--benchmark_color=no" ||
+            arg == "--benchmark_color=0") {
+            color = false;
+        } else if (arg == "--benchmark_color=true" || arg == "--benchmark_color=yes" ||
+                   arg == "--benchmark_color=1") {
+            color = true;
+        }
+    }
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
     Context context;
     g_ctx = &context;
-    std::printf("kcache-bench-store: dbs and plain-file baselines under %s\n",
-                context.dir.path().c_str());
+    benchmark::AddCustomContext("kcache_build_type", KCACHE_BENCH_BUILD_TYPE);
+    benchmark::AddCustomContext("kcache_tmp", context.dir.path().string());
     register_all();
-    RatioReporter reporter;
+    RatioReporter reporter(color);
     benchmark::RunSpecifiedBenchmarks(&reporter);
     print_ratios(reporter);
     benchmark::Shutdown();

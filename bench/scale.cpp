@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "bench_support.hpp"
 #include "kcache/core/units.hpp"
@@ -36,7 +36,7 @@ struct Options {
     std::string durability = "full";
     std::uint64_t stats_calls = 1001;
     std::uint64_t churn_rounds = 0;  // 0: scale mode
-    std::string bound = "256M";
+    std::string bound = "128M";
     bool keep = false;
 };
 
@@ -133,12 +133,13 @@ Gauges read_gauges(const core::Store& store) {
     return g;
 }
 void print_gauges(const char* indent, const Gauges& g) {
-    std::printf("%sgauges: entries %llu, files %llu, bytes %s, stored_bytes %s, blobs %llu, "
-                "blob_raw_bytes %s\n",
-                indent, static_cast<unsigned long long>(g.entries),
-                static_cast<unsigned long long>(g.files), human_bytes(g.bytes).c_str(),
-                human_bytes(g.stored_bytes).c_str(), static_cast<unsigned long long>(g.blobs),
-                human_bytes(g.blob_raw).c_str());
+    std::printf(
+        "%sgauges: entries %llu, files %llu, bytes %s, stored_bytes %s, blobs %llu, "
+        "blob_raw_bytes %s\n",
+        indent, static_cast<unsigned long long>(g.entries),
+        static_cast<unsigned long long>(g.files), human_bytes(g.bytes).c_str(),
+        human_bytes(g.stored_bytes).c_str(), static_cast<unsigned long long>(g.blobs),
+        human_bytes(g.blob_raw).c_str());
 }
 
 std::unique_ptr<core::Store> open_store(const std::string& path, core::Durability durability) {
@@ -153,12 +154,12 @@ std::unique_ptr<core::Store> open_store(const std::string& path, core::Durabilit
 int run_scale(const Options& opt, const std::string& db_path, core::Durability durability) {
     auto store = open_store(db_path, durability);
     const core::Origin origin = core::Origin::current();
-    std::printf("store: %llu entries x 3 files (kernel.cubin 8 KiB, kernel.json 1 KiB, "
-                "kernel.ptx 16 KiB = 25 KiB/entry), batch size %llu entries per transaction, "
-                "durability %s\n\n",
-                static_cast<unsigned long long>(opt.entries),
-                static_cast<unsigned long long>(opt.batch),
-                std::string(durability_name(durability)).c_str());
+    std::printf(
+        "store: %llu entries x 3 files (kernel.cubin 8 KiB, kernel.json 1 KiB, "
+        "kernel.ptx 16 KiB = 25 KiB/entry), batch size %llu entries per transaction, "
+        "durability %s\n\n",
+        static_cast<unsigned long long>(opt.entries), static_cast<unsigned long long>(opt.batch),
+        std::string(durability_name(durability)).c_str());
 
     std::vector<std::uint64_t> checkpoints;
     for (std::uint64_t c : {1000ull, 10000ull, 100000ull, 1000000ull}) {
@@ -197,10 +198,11 @@ int run_scale(const Options& opt, const std::string& db_path, core::Durability d
                     rst.median_us, human_bytes(store->data_file_bytes()).c_str());
         std::fflush(stdout);
     }
-    std::printf("\nstore total: %llu entries, %llu files, %s raw in %.2f s (transactions only; "
-                "content generation %.2f s excluded)\n",
-                static_cast<unsigned long long>(done), static_cast<unsigned long long>(3 * done),
-                human_bytes(total_bytes).c_str(), total_s, gen_s);
+    std::printf(
+        "\nstore total: %llu entries, %llu files, %s raw in %.2f s (transactions only; "
+        "content generation %.2f s excluded)\n",
+        static_cast<unsigned long long>(done), static_cast<unsigned long long>(3 * done),
+        human_bytes(total_bytes).c_str(), total_s, gen_s);
     std::printf("store rate: %.0f entries/s, %.0f files/s, %.1f MiB/s\n",
                 static_cast<double>(done) / total_s, 3 * static_cast<double>(done) / total_s,
                 static_cast<double>(total_bytes) / kMiB / total_s);
@@ -218,19 +220,25 @@ int run_scale(const Options& opt, const std::string& db_path, core::Durability d
     std::printf("  raw bytes written        %s\n", human_bytes(total_bytes).c_str());
     std::printf("  stored_bytes gauge       %s  (raw/stored = %.2fx)\n",
                 human_bytes(g.stored_bytes).c_str(),
-                g.stored_bytes ? static_cast<double>(total_bytes) / static_cast<double>(g.stored_bytes) : 0.0);
-    std::printf("  data.mdb                 %s  (data.mdb/raw = %.2f, data.mdb/stored_bytes = %.2f)\n",
-                human_bytes(file_bytes).c_str(),
-                static_cast<double>(file_bytes) / static_cast<double>(total_bytes),
-                g.stored_bytes ? static_cast<double>(file_bytes) / static_cast<double>(g.stored_bytes) : 0.0);
+                g.stored_bytes
+                    ? static_cast<double>(total_bytes) / static_cast<double>(g.stored_bytes)
+                    : 0.0);
+    std::printf(
+        "  data.mdb                 %s  (data.mdb/raw = %.2f, data.mdb/stored_bytes = %.2f)\n",
+        human_bytes(file_bytes).c_str(),
+        static_cast<double>(file_bytes) / static_cast<double>(total_bytes),
+        g.stored_bytes ? static_cast<double>(file_bytes) / static_cast<double>(g.stored_bytes)
+                       : 0.0);
     if (g.bytes != total_bytes) {
         std::printf("FINDING: bytes gauge %llu != raw bytes written %llu\n",
-                    static_cast<unsigned long long>(g.bytes), static_cast<unsigned long long>(total_bytes));
+                    static_cast<unsigned long long>(g.bytes),
+                    static_cast<unsigned long long>(total_bytes));
     }
     if (g.entries != done || g.files != 3 * done) {
         std::printf("FINDING: gauges entries %llu / files %llu, expected %llu / %llu\n",
-                    static_cast<unsigned long long>(g.entries), static_cast<unsigned long long>(g.files),
-                    static_cast<unsigned long long>(done), static_cast<unsigned long long>(3 * done));
+                    static_cast<unsigned long long>(g.entries),
+                    static_cast<unsigned long long>(g.files), static_cast<unsigned long long>(done),
+                    static_cast<unsigned long long>(3 * done));
     }
 
     // Eviction down to half the stored bytes.
@@ -241,17 +249,18 @@ int run_scale(const Options& opt, const std::string& db_path, core::Durability d
     auto t0 = SteadyClock::now();
     const core::EvictReport rep = must(store->evict(request), "evict");
     const double evict_s = seconds_since(t0);
-    std::printf("  evicted %llu entries (%s logical, %s stored freed) in %.3f s: %.0f entries/s, "
-                "%.1f MiB/s logical; satisfied=%s, skipped_in_flight=%llu\n",
-                static_cast<unsigned long long>(rep.entries), human_bytes(rep.bytes).c_str(),
-                human_bytes(rep.stored_bytes_freed).c_str(), evict_s,
-                static_cast<double>(rep.entries) / evict_s,
-                static_cast<double>(rep.bytes) / kMiB / evict_s, rep.satisfied ? "yes" : "no",
-                static_cast<unsigned long long>(rep.skipped_in_flight));
+    std::printf(
+        "  evicted %llu entries (%s logical, %s stored freed) in %.3f s: %.0f entries/s, "
+        "%.1f MiB/s logical; satisfied=%s, skipped_in_flight=%llu\n",
+        static_cast<unsigned long long>(rep.entries), human_bytes(rep.bytes).c_str(),
+        human_bytes(rep.stored_bytes_freed).c_str(), evict_s,
+        static_cast<double>(rep.entries) / evict_s, static_cast<double>(rep.bytes) / kMiB / evict_s,
+        rep.satisfied ? "yes" : "no", static_cast<unsigned long long>(rep.skipped_in_flight));
     const Gauges after = read_gauges(*store);
     print_gauges("  after ", after);
-    std::printf("  data.mdb after eviction  %s (LMDB keeps freed pages for reuse; it does not shrink)\n",
-                human_bytes(store->data_file_bytes()).c_str());
+    std::printf(
+        "  data.mdb after eviction  %s (LMDB keeps freed pages for reuse; it does not shrink)\n",
+        human_bytes(store->data_file_bytes()).c_str());
     if (after.stored_bytes > *request.max_bytes) {
         std::printf("FINDING: stored_bytes %llu still above the requested %llu after evict\n",
                     static_cast<unsigned long long>(after.stored_bytes),
@@ -281,19 +290,19 @@ int run_churn(const Options& opt, const std::string& db_path, core::Durability d
         return txn.set_config(config);
     }),
          "set_config");
-    std::printf("churn: %llu rounds, bound %s on stored_bytes (Config::max_bytes, low mark 50%%), "
-                "entries of 3 files (25 KiB raw), batch size %llu, durability %s\n"
-                "each round: fill until stored_bytes >= bound, then Store::enforce_limits() "
-                "(down to the 50%% low mark)\n\n",
-                static_cast<unsigned long long>(opt.churn_rounds), human_bytes(bound).c_str(),
-                static_cast<unsigned long long>(opt.batch),
-                std::string(durability_name(durability)).c_str());
+    std::printf(
+        "churn: %llu rounds, bound %s on stored_bytes (Config::max_bytes, low mark 50%%), "
+        "entries of 3 files (25 KiB raw), batch size %llu, durability %s\n"
+        "each round: fill until stored_bytes >= bound, then Store::enforce_limits() "
+        "(down to the 50%% low mark)\n\n",
+        static_cast<unsigned long long>(opt.churn_rounds), human_bytes(bound).c_str(),
+        static_cast<unsigned long long>(opt.batch),
+        std::string(durability_name(durability)).c_str());
     std::printf("%5s %9s %12s %9s %12s %9s %11s %12s %12s %12s\n", "round", "added", "added/s",
-                "evicted", "evicted/s", "entries", "stored", "mdb@full", "mdb@evicted",
-                "growth");
+                "evicted", "evicted/s", "entries", "stored", "mdb@full", "mdb@evicted", "growth");
 
     std::uint64_t next = 0;
-    std::vector<std::uint64_t> sizes;  // data.mdb after each round
+    std::vector<std::uint64_t> sizes;  // data.mdb at the end of each round
     for (std::uint64_t round = 1; round <= opt.churn_rounds; ++round) {
         std::uint64_t added = 0;
         double fill_s = 0;
@@ -310,8 +319,9 @@ int run_churn(const Options& opt, const std::string& db_path, core::Durability d
         core::EvictReport rep = must(store->enforce_limits(), "enforce_limits");
         double evict_s = seconds_since(t0);
         if (rep.entries == 0) {
-            std::printf("FINDING: enforce_limits() evicted nothing with stored_bytes >= bound; "
-                        "falling back to Store::evict(max_bytes = bound/2)\n");
+            std::printf(
+                "FINDING: enforce_limits() evicted nothing with stored_bytes >= bound; "
+                "falling back to Store::evict(max_bytes = bound/2)\n");
             core::EvictRequest request;
             request.max_bytes = bound / 2;
             t0 = SteadyClock::now();
@@ -321,10 +331,12 @@ int run_churn(const Options& opt, const std::string& db_path, core::Durability d
         const Gauges g = read_gauges(*store);
         const std::uint64_t at_evicted = store->data_file_bytes();
         const std::string growth =
-            sizes.empty() ? std::string("-")
-                          : fmt::format("{:+.1f} MiB", (static_cast<double>(at_full) -
-                                                        static_cast<double>(sizes.back())) / kMiB);
-        sizes.push_back(at_full);
+            sizes.empty()
+                ? std::string("-")
+                : fmt::format(
+                      "{:+.1f} MiB",
+                      (static_cast<double>(at_evicted) - static_cast<double>(sizes.back())) / kMiB);
+        sizes.push_back(at_evicted);  // end of the round (eviction itself allocates pages)
         std::printf("%5llu %9llu %12.0f %9llu %12.0f %9llu %11s %12s %12s %12s\n",
                     static_cast<unsigned long long>(round), static_cast<unsigned long long>(added),
                     fill_s > 0 ? static_cast<double>(added) / fill_s : 0.0,
@@ -335,25 +347,33 @@ int run_churn(const Options& opt, const std::string& db_path, core::Durability d
         std::fflush(stdout);
     }
 
-    // Growth after the first rounds: compare the last size with round 3's (or the
-    // first one's when there are fewer rounds).
+    // Growth after the first rounds: the size at the end of the last round against
+    // round 3's (or the first one's with fewer rounds), and the mean growth of the
+    // last three rounds. Flat: the last rounds grow by at most 0.1% of the file each.
     if (sizes.size() >= 2) {
-        const std::size_t ref = std::min<std::size_t>(2, sizes.size() - 2);
+        const std::size_t n = sizes.size();
+        const std::size_t ref = std::min<std::size_t>(2, n - 2);
         const double first = static_cast<double>(sizes[ref]);
         const double last = static_cast<double>(sizes.back());
-        const double rounds = static_cast<double>(sizes.size() - 1 - ref);
-        const double per_round = (last - first) / rounds;
-        std::printf("\ndata.mdb: %s after round %zu, %s after round %zu (%+.1f%%, %+.2f MiB/round); "
-                    "bound %s, data.mdb/bound = %.2f\n",
-                    human_bytes(sizes[ref]).c_str(), ref + 1, human_bytes(sizes.back()).c_str(),
-                    sizes.size(), 100.0 * (last - first) / first, per_round / kMiB,
-                    human_bytes(bound).c_str(), last / static_cast<double>(bound));
-        if (last > first * 1.02 && last - first > 4.0 * kMiB) {
-            std::printf("FINDING: data.mdb keeps growing under churn (fill/evict/refill): %+.1f%% "
-                        "from round %zu to round %zu\n",
-                        100.0 * (last - first) / first, ref + 1, sizes.size());
-        } else {
+        const std::size_t tail_rounds = std::min<std::size_t>(3, n - 1);
+        const double tail = (last - static_cast<double>(sizes[n - 1 - tail_rounds])) /
+                            static_cast<double>(tail_rounds);
+        const double early = static_cast<double>(sizes[1]) - static_cast<double>(sizes[0]);
+        std::printf(
+            "\ndata.mdb: %s after round %zu, %s after round %zu (%+.1f%%); growth per round: "
+            "%+.2f MiB in round 2, %+.2f MiB mean over the last %zu rounds; bound %s, "
+            "data.mdb/bound = %.2f\n",
+            human_bytes(sizes[ref]).c_str(), ref + 1, human_bytes(sizes.back()).c_str(), n,
+            100.0 * (last - first) / first, early / kMiB, tail / kMiB, tail_rounds,
+            human_bytes(bound).c_str(), last / static_cast<double>(bound));
+        if (tail <= 0.001 * last) {
             std::printf("data.mdb stopped growing after the first rounds (bounded under churn)\n");
+        } else {
+            std::printf(
+                "FINDING: data.mdb still grows at round %zu under churn (fill/evict/refill): "
+                "%+.2f MiB/round (%.2f%% of the file) over the last %zu rounds%s\n",
+                n, tail / kMiB, 100.0 * tail / last, tail_rounds,
+                tail < early / 4 ? ", slowing down" : "");
         }
     }
     return 0;
@@ -366,16 +386,18 @@ int main(int argc, char** argv) {
     CLI::App app{"kcache-bench-scale: store rate, stats time, eviction and file size at scale"};
     app.add_option("--entries", opt.entries, "entries to store (3 files each)")
         ->capture_default_str();
-    app.add_option("--db", opt.db, "db directory (must not hold a db yet; kept afterwards); "
-                                   "default: a temp dir, removed");
+    app.add_option("--db", opt.db,
+                   "db directory (must not hold a db yet; kept afterwards); "
+                   "default: a temp dir, removed");
     app.add_option("--batch", opt.batch, "entries per write transaction")->capture_default_str();
     app.add_option("--durability", opt.durability, "full | no_meta_sync | none")
         ->capture_default_str();
     app.add_option("--stats-calls", opt.stats_calls, "Txn::stats calls per measurement")
         ->capture_default_str();
     app.add_flag("--churn{10}", opt.churn_rounds,
-                 "churn mode: ROUNDS of fill to --bound, evict to half, refill (default 10)");
-    app.add_option("--bound", opt.bound, "churn: size bound on stored bytes (e.g. 256M)")
+                 "churn mode, --churn or --churn=ROUNDS (default 10): fill to --bound, evict to "
+                 "half, refill, ROUNDS times");
+    app.add_option("--bound", opt.bound, "churn: size bound on stored bytes (e.g. 128M, 1G)")
         ->capture_default_str();
     app.add_flag("--keep", opt.keep, "keep the temp db");
     CLI11_PARSE(app, argc, argv);

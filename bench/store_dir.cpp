@@ -15,6 +15,10 @@
 
 #include "bench_support.hpp"
 
+#ifndef KCACHE_BENCH_BUILD_TYPE
+#define KCACHE_BENCH_BUILD_TYPE "unknown"
+#endif
+
 namespace core = kcache::core;
 namespace fs = std::filesystem;
 using namespace kcache::bench;
@@ -60,7 +64,8 @@ void import_file(core::WriteTxn& txn, core::Ino parent, const fs::path& path,
 
 void import_tree(core::WriteTxn& txn, core::Ino parent, const fs::path& dir,
                  const core::Origin& origin, Totals& totals) {
-    const auto attr = must(txn.mkdir(parent, dir.filename().string(), 0755), "mkdir " + dir.string());
+    const auto attr =
+        must(txn.mkdir(parent, dir.filename().string(), 0755), "mkdir " + dir.string());
     for (const fs::path& child : sorted_children(dir)) {
         if (fs::is_symlink(child)) continue;
         if (fs::is_directory(child)) {
@@ -109,6 +114,7 @@ int main(int argc, char** argv) {
     const std::uint64_t blob_raw = stats.get(core::Counter::blob_raw_bytes);
     const std::uint64_t blobs = stats.get(core::Counter::blobs);
     const std::uint64_t files = stats.get(core::Counter::files);
+    std::printf("kcache-bench-store-dir (build %s)\n", KCACHE_BENCH_BUILD_TYPE);
     std::printf("imported %s into %s: %llu entries, %llu files in %.3f s (durability %s)\n",
                 src.c_str(), options.path.c_str(), static_cast<unsigned long long>(entries),
                 static_cast<unsigned long long>(totals.files), seconds,

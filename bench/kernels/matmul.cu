@@ -10,17 +10,31 @@
 #define TILE 16
 #endif
 
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
+template <typename T>
+struct Acc {
+    using type = float;
+};
+template <>
+struct Acc<double> {
+    using type = double;
+};
 
-template <typename T> __device__ __forceinline__ typename Acc<T>::type to_acc(T v) {
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type to_acc(T v) {
     return static_cast<typename Acc<T>::type>(v);
 }
-template <> __device__ __forceinline__ float to_acc<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_acc(typename Acc<T>::type v) {
+template <>
+__device__ __forceinline__ float to_acc<__half>(__half v) {
+    return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_acc(typename Acc<T>::type v) {
     return static_cast<T>(v);
 }
-template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half(v); }
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float v) {
+    return __float2half(v);
+}
 
 template <typename T, int Tile>
 __global__ void matmul_tiled(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
@@ -37,11 +51,13 @@ __global__ void matmul_tiled(const T* __restrict__ A, const T* __restrict__ B, T
         bs[threadIdx.y][threadIdx.x] = (bk < K && col < N) ? B[bk * N + col] : from_acc<T>(0);
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < Tile; ++k) acc += to_acc(as[threadIdx.y][k]) * to_acc(bs[k][threadIdx.x]);
+        for (int k = 0; k < Tile; ++k)
+            acc += to_acc(as[threadIdx.y][k]) * to_acc(bs[k][threadIdx.x]);
         __syncthreads();
     }
     if (row < M && col < N) C[row * N + col] = from_acc<T>(acc);
 }
 
 using half = __half;
-template __global__ void matmul_tiled<DTYPE, TILE>(const DTYPE*, const DTYPE*, DTYPE*, int, int, int);
+template __global__ void matmul_tiled<DTYPE, TILE>(const DTYPE*, const DTYPE*, DTYPE*, int, int,
+                                                   int);

@@ -12,7 +12,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
-reduce_sum(const float* __restrict__ in, float* __restrict__ out, int n) {
+    reduce_sum(const float* __restrict__ in, float* __restrict__ out, int n) {
     __shared__ float partial[BLOCK / 32];
     float v = 0.f;
     for (int i = blockIdx.x * BLOCK + threadIdx.x; i < n; i += gridDim.x * BLOCK) v += in[i];

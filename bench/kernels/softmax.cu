@@ -7,10 +7,18 @@
 #endif
 using half = __half;
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half(v); }
+__device__ __forceinline__ float load(const float* p) {
+    return *p;
+}
+__device__ __forceinline__ float load(const __half* p) {
+    return __half2float(*p);
+}
+__device__ __forceinline__ void store(float* p, float v) {
+    *p = v;
+}
+__device__ __forceinline__ void store(__half* p, float v) {
+    *p = __float2half(v);
+}
 
 template <typename T>
 __global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int rows, int cols) {

@@ -12,9 +12,8 @@
 
 namespace kcache::bench {
 
-core::Status put_entry(core::WriteTxn& txn, std::string_view entry,
-                       std::span<const FileSpec> files, const core::Origin& origin,
-                       std::vector<core::Ino>* inos) {
+core::Status put_entry(core::WriteTxn& txn, std::string_view entry, std::span<const FileSpec> files,
+                       const core::Origin& origin, std::vector<core::Ino>* inos) {
     auto dir = txn.mkdir(core::kRootIno, entry, 0755);
     if (!dir) return tl::unexpected(dir.error());
     for (const FileSpec& f : files) {
@@ -35,7 +34,8 @@ std::uint64_t gauge(const core::Store& store, core::Counter c) {
     }
     auto v = txn->counter(c);
     if (!v) {
-        std::fprintf(stderr, "counter %u: %s\n", static_cast<unsigned>(c), v.error().message.c_str());
+        std::fprintf(stderr, "counter %u: %s\n", static_cast<unsigned>(c),
+                     v.error().message.c_str());
         return 0;
     }
     return *v;
@@ -49,8 +49,7 @@ void die(const core::Error& error, std::string_view what) {
 
 TempDir::TempDir(std::string_view prefix) {
     const char* base = std::getenv("TMPDIR");
-    std::string pattern =
-        fmt::format("{}/{}-XXXXXX", base && *base ? base : "/tmp", prefix);
+    std::string pattern = fmt::format("{}/{}-XXXXXX", base && *base ? base : "/tmp", prefix);
     if (!mkdtemp(pattern.data())) {
         std::perror(("mkdtemp " + pattern).c_str());
         std::exit(1);
@@ -99,9 +98,12 @@ core::Durability parse_durability(std::string_view text) {
 
 std::string_view durability_name(core::Durability d) {
     switch (d) {
-        case core::Durability::full: return "full";
-        case core::Durability::no_meta_sync: return "no_meta_sync";
-        case core::Durability::none: return "none";
+        case core::Durability::full:
+            return "full";
+        case core::Durability::no_meta_sync:
+            return "no_meta_sync";
+        case core::Durability::none:
+            return "none";
     }
     return "?";
 }

@@ -17,7 +17,7 @@ namespace kcache::bench {
 
 // splitmix64: a tiny deterministic generator; the same seed gives the same content.
 class Rng {
-public:
+  public:
     explicit Rng(std::uint64_t seed) : m_state(seed) {}
     std::uint64_t next() {
         std::uint64_t z = (m_state += 0x9e3779b97f4a7c15ull);
@@ -26,11 +26,9 @@ public:
         return z ^ (z >> 31);
     }
     // Uniform in [0, n); n > 0.
-    std::uint32_t below(std::uint32_t n) {
-        return static_cast<std::uint32_t>(next() % n);
-    }
+    std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>(next() % n); }
 
-private:
+  private:
     std::uint64_t m_state;
 };
 
@@ -54,9 +52,8 @@ struct FileSpec {
 // Creates entry directory `entry` below the root and publishes `files` into it,
 // inside `txn` (the caller commits). Appends the files' inode numbers to `inos`
 // when given.
-core::Status put_entry(core::WriteTxn& txn, std::string_view entry,
-                       std::span<const FileSpec> files, const core::Origin& origin,
-                       std::vector<core::Ino>* inos = nullptr);
+core::Status put_entry(core::WriteTxn& txn, std::string_view entry, std::span<const FileSpec> files,
+                       const core::Origin& origin, std::vector<core::Ino>* inos = nullptr);
 
 // Value of a counter/gauge in a fresh read transaction (0 on error, reported).
 std::uint64_t gauge(const core::Store& store, core::Counter c);
@@ -75,7 +72,7 @@ inline void must(core::Status s, std::string_view what) {
 // A private temporary directory removed with its content. The base is $TMPDIR or
 // /tmp (the same disk for the db and for plain-file baselines).
 class TempDir {
-public:
+  public:
     explicit TempDir(std::string_view prefix = "kcache-bench");
     ~TempDir();
     TempDir(const TempDir&) = delete;
@@ -84,7 +81,7 @@ public:
     std::filesystem::path operator/(std::string_view name) const { return m_path / name; }
     void keep() { m_path.clear(); }  // the destructor then leaves the directory alone
 
-private:
+  private:
     std::filesystem::path m_path;
 };
 

@@ -23,9 +23,14 @@ void append_u64(std::string& out, std::uint64_t v) {
 }
 
 std::string kernel_name(Rng& rng) {
-    static constexpr std::array<std::string_view, 8> kStems = {
-        "matmul_kernel", "fused_softmax", "layer_norm_fwd", "attn_fwd",
-        "triton_poi_fused_add_mul", "triton_red_fused_sum", "vector_add", "conv2d_implicit_gemm"};
+    static constexpr std::array<std::string_view, 8> kStems = {"matmul_kernel",
+                                                               "fused_softmax",
+                                                               "layer_norm_fwd",
+                                                               "attn_fwd",
+                                                               "triton_poi_fused_add_mul",
+                                                               "triton_red_fused_sum",
+                                                               "vector_add",
+                                                               "conv2d_implicit_gemm"};
     return fmt::format("{}_{:04x}", kStems[rng.below(kStems.size())], rng.below(0x10000));
 }
 
@@ -41,11 +46,11 @@ std::string make_cubin(std::uint64_t seed, std::size_t size) {
     static constexpr std::array<unsigned char, 16> kIdent = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0x33,
                                                              7,    0,   0,   0,   0, 0, 0, 0};
     out.append(reinterpret_cast<const char*>(kIdent.data()), kIdent.size());
-    append_u16(out, 2);    // ET_EXEC
-    append_u16(out, 190);  // EM_CUDA
-    append_u32(out, 128);  // version (CUDA ABI)
-    append_u64(out, 0);    // entry
-    append_u64(out, 64 + rng.below(8) * 64);  // phoff
+    append_u16(out, 2);                               // ET_EXEC
+    append_u16(out, 190);                             // EM_CUDA
+    append_u32(out, 128);                             // version (CUDA ABI)
+    append_u64(out, 0);                               // entry
+    append_u64(out, 64 + rng.below(8) * 64);          // phoff
     append_u64(out, size - 64 * (6 + rng.below(6)));  // shoff
     static constexpr std::array<std::uint32_t, 6> kArchFlags = {0x4b054b, 0x500550, 0x560556,
                                                                 0x590559, 0x5a055a, 0x640564};
@@ -59,13 +64,14 @@ std::string make_cubin(std::uint64_t seed, std::size_t size) {
 
     // String table and .nv.info records take the tail; code fills ~70% of the file.
     std::string tail;
-    for (std::string_view sec : {".shstrtab", ".strtab", ".symtab", ".symtab_shndx", ".nv.info",
-                                 ".debug_frame", ".nv.callgraph", ".nv.prototype", ".nv.rel.action"}) {
+    for (std::string_view sec :
+         {".shstrtab", ".strtab", ".symtab", ".symtab_shndx", ".nv.info", ".debug_frame",
+          ".nv.callgraph", ".nv.prototype", ".nv.rel.action"}) {
         tail.append(sec);
         tail.push_back('\0');
     }
-    for (std::string_view sec : {".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.",
-                                 ".rel.nv.constant0."}) {
+    for (std::string_view sec :
+         {".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.", ".rel.nv.constant0."}) {
         tail.append(sec);
         tail.append(name);
         tail.push_back('\0');
@@ -96,9 +102,8 @@ std::string make_cubin(std::uint64_t seed, std::size_t size) {
         0x7ab9, 0x7919, 0x7c24, 0x7221, 0x7223, 0x7981, 0x7986, 0x794d, 0x7947, 0x7918,
         0x7210, 0x7819, 0x720c, 0x7984, 0x7388, 0x7b1d, 0x7e02, 0x7c11, 0x723c, 0x7f89};
     static constexpr std::array<std::uint64_t, 8> kControl = {
-        0x000fe20000000f00ull, 0x000fc40000000000ull, 0x001fe200078e00ffull,
-        0x000fca0000000000ull, 0x004fe40000010000ull, 0x000fe40007ffe0ffull,
-        0x003fde0003800000ull, 0x000fc800078e0203ull};
+        0x000fe20000000f00ull, 0x000fc40000000000ull, 0x001fe200078e00ffull, 0x000fca0000000000ull,
+        0x004fe40000010000ull, 0x000fe40007ffe0ffull, 0x003fde0003800000ull, 0x000fc800078e0203ull};
     const std::size_t code_begin = out.size();
     std::size_t code_end = size > tail.size() + 128 ? size - tail.size() - 64 : out.size();
     code_end = code_begin + (code_end - code_begin) / 16 * 16;
@@ -106,9 +111,10 @@ std::string make_cubin(std::uint64_t seed, std::size_t size) {
         const std::size_t have = (out.size() - code_begin) / 16;
         if (have >= 8 && rng.below(4) == 0) {
             const std::size_t len = 4 + rng.below(5);
-            const std::size_t from = code_begin + 16 * rng.below(static_cast<std::uint32_t>(have - 4));
-            for (std::size_t k = 0; k < len * 16 && from + k < code_begin + have * 16 &&
-                                    out.size() + 16 <= code_end;
+            const std::size_t from =
+                code_begin + 16 * rng.below(static_cast<std::uint32_t>(have - 4));
+            for (std::size_t k = 0;
+                 k < len * 16 && from + k < code_begin + have * 16 && out.size() + 16 <= code_end;
                  k += 16) {
                 const std::string word = out.substr(from + k, 16);
                 out.append(word);
@@ -160,7 +166,8 @@ std::string make_json(std::uint64_t seed, std::size_t size) {
                    1 + rng.below(5), 1024 * rng.below(200), name);
     const std::uint32_t args = 2 + rng.below(5);
     for (std::uint32_t i = 0; i < args; ++i) {
-        fmt::format_to(it, "{}\"arg_{}\": \"{}\"", i ? ", " : "", i, kTypes[rng.below(kTypes.size())]);
+        fmt::format_to(it, "{}\"arg_{}\": \"{}\"", i ? ", " : "", i,
+                       kTypes[rng.below(kTypes.size())]);
     }
     fmt::format_to(it, "}}, \"constants\": {{\"BLOCK_M\": {}, \"BLOCK_N\": {}, \"BLOCK_K\": {}}}",
                    16u << rng.below(4), 16u << rng.below(4), 16u << rng.below(3));
@@ -203,7 +210,8 @@ std::string make_ptx(std::uint64_t seed, std::size_t size) {
                    32u << rng.below(4), 8 + rng.below(40), 8 + rng.below(64), 32 + rng.below(400),
                    32 + rng.below(300), 16 + rng.below(60), 10 + rng.below(200));
 
-    const std::string footer = "\tret;\n$L__func_end0:\n\n}\n\t.file\t1 \"/tmp/torchinductor/kernel.py\"\n";
+    const std::string footer =
+        "\tret;\n$L__func_end0:\n\n}\n\t.file\t1 \"/tmp/torchinductor/kernel.py\"\n";
     std::uint32_t label = 1;
     std::uint32_t line = 20;
     std::string buf;
@@ -212,26 +220,70 @@ std::string make_ptx(std::uint64_t seed, std::size_t size) {
         auto b = std::back_inserter(buf);
         const auto r = [&](std::uint32_t n) { return rng.below(n); };
         switch (rng.below(20)) {
-            case 0: fmt::format_to(b, "\tld.global.f32 \t%f{}, [%rd{}+{}];\n", r(200), r(60), 4 * r(64)); break;
-            case 1: fmt::format_to(b, "\tst.global.f32 \t[%rd{}+{}], %f{};\n", r(60), 4 * r(64), r(200)); break;
+            case 0:
+                fmt::format_to(b, "\tld.global.f32 \t%f{}, [%rd{}+{}];\n", r(200), r(60),
+                               4 * r(64));
+                break;
+            case 1:
+                fmt::format_to(b, "\tst.global.f32 \t[%rd{}+{}], %f{};\n", r(60), 4 * r(64),
+                               r(200));
+                break;
             case 2:
-            case 3: fmt::format_to(b, "\tfma.rn.f32 \t%f{}, %f{}, %f{}, %f{};\n", r(200), r(200), r(200), r(200)); break;
-            case 4: fmt::format_to(b, "\tadd.s32 \t%r{}, %r{}, %r{};\n", r(300), r(300), r(300)); break;
-            case 5: fmt::format_to(b, "\tmul.wide.s32 \t%rd{}, %r{}, {};\n", r(60), r(300), 1u << r(4)); break;
-            case 6: fmt::format_to(b, "\tadd.s64 \t%rd{}, %rd{}, %rd{};\n", r(60), r(60), r(60)); break;
-            case 7: fmt::format_to(b, "\tsetp.lt.s32 \t%p{}, %r{}, %r{};\n", r(40), r(300), r(300)); break;
-            case 8: fmt::format_to(b, "\t@%p{} bra \t$L__BB0_{};\n", r(40), label + r(3)); break;
-            case 9: fmt::format_to(b, "\tmov.u32 \t%r{}, %tid.x;\n", r(300)); break;
-            case 10: fmt::format_to(b, "\tshl.b32 \t%r{}, %r{}, {};\n", r(300), r(300), r(8)); break;
-            case 11: fmt::format_to(b, "\tld.shared.f32 \t%f{}, [%r{}+{}];\n", r(200), r(300), 4 * r(256)); break;
-            case 12: fmt::format_to(b, "\tbar.sync \t0;\n"); break;
-            case 13: fmt::format_to(b, "\tcvt.rn.f16.f32 \t%rs{}, %f{};\n", r(60), r(200)); break;
-            case 14: fmt::format_to(b, "\tmax.f32 \t%f{}, %f{}, %f{};\n", r(200), r(200), r(200)); break;
-            case 15: fmt::format_to(b, "\tex2.approx.f32 \t%f{}, %f{};\n", r(200), r(200)); break;
-            case 16: fmt::format_to(b, "\tshfl.sync.bfly.b32\t%r{}, %r{}, {}, 31, -1;\n", r(300), r(300), 1u << r(5)); break;
-            case 17: fmt::format_to(b, "\t.loc\t1 {} {}\n", line += r(4), r(40)); break;
-            case 18: fmt::format_to(b, "$L__BB0_{}:\n", label++); break;
-            default: fmt::format_to(b, "\tmov.b32 \t%f{}, 0f{:08X};\n", r(200), r(4) ? 0u : static_cast<std::uint32_t>(rng.next())); break;
+            case 3:
+                fmt::format_to(b, "\tfma.rn.f32 \t%f{}, %f{}, %f{}, %f{};\n", r(200), r(200),
+                               r(200), r(200));
+                break;
+            case 4:
+                fmt::format_to(b, "\tadd.s32 \t%r{}, %r{}, %r{};\n", r(300), r(300), r(300));
+                break;
+            case 5:
+                fmt::format_to(b, "\tmul.wide.s32 \t%rd{}, %r{}, {};\n", r(60), r(300), 1u << r(4));
+                break;
+            case 6:
+                fmt::format_to(b, "\tadd.s64 \t%rd{}, %rd{}, %rd{};\n", r(60), r(60), r(60));
+                break;
+            case 7:
+                fmt::format_to(b, "\tsetp.lt.s32 \t%p{}, %r{}, %r{};\n", r(40), r(300), r(300));
+                break;
+            case 8:
+                fmt::format_to(b, "\t@%p{} bra \t$L__BB0_{};\n", r(40), label + r(3));
+                break;
+            case 9:
+                fmt::format_to(b, "\tmov.u32 \t%r{}, %tid.x;\n", r(300));
+                break;
+            case 10:
+                fmt::format_to(b, "\tshl.b32 \t%r{}, %r{}, {};\n", r(300), r(300), r(8));
+                break;
+            case 11:
+                fmt::format_to(b, "\tld.shared.f32 \t%f{}, [%r{}+{}];\n", r(200), r(300),
+                               4 * r(256));
+                break;
+            case 12:
+                fmt::format_to(b, "\tbar.sync \t0;\n");
+                break;
+            case 13:
+                fmt::format_to(b, "\tcvt.rn.f16.f32 \t%rs{}, %f{};\n", r(60), r(200));
+                break;
+            case 14:
+                fmt::format_to(b, "\tmax.f32 \t%f{}, %f{}, %f{};\n", r(200), r(200), r(200));
+                break;
+            case 15:
+                fmt::format_to(b, "\tex2.approx.f32 \t%f{}, %f{};\n", r(200), r(200));
+                break;
+            case 16:
+                fmt::format_to(b, "\tshfl.sync.bfly.b32\t%r{}, %r{}, {}, 31, -1;\n", r(300), r(300),
+                               1u << r(5));
+                break;
+            case 17:
+                fmt::format_to(b, "\t.loc\t1 {} {}\n", line += r(4), r(40));
+                break;
+            case 18:
+                fmt::format_to(b, "$L__BB0_{}:\n", label++);
+                break;
+            default:
+                fmt::format_to(b, "\tmov.b32 \t%f{}, 0f{:08X};\n", r(200),
+                               r(4) ? 0u : static_cast<std::uint32_t>(rng.next()));
+                break;
         }
         if (out.size() + buf.size() + footer.size() > size) break;
         out.append(buf);

@@ -21,8 +21,9 @@ using records::Inode;
 
 namespace {
 
-// Below this size compression cannot pay for its frame; above it, zstd is kept only
-// when it saves at least an eighth.
+// Below this size compression cannot pay for its frame. Above it, zstd is kept only
+// when it saves at least an eighth of the blob's footprint in data.mdb: content that
+// would take the same pages compressed is stored raw, and read zero-copy.
 constexpr std::size_t kMinCompressSize = 128;
 constexpr int kZstdLevel = 3;
 
@@ -45,7 +46,8 @@ std::string compress(std::string_view content) {
     std::string out(ZSTD_compressBound(content.size()), '\0');
     const std::size_t n = ZSTD_compressCCtx(zstd().compress, out.data(), out.size(),
                                             content.data(), content.size(), kZstdLevel);
-    if (ZSTD_isError(n) || n > content.size() - content.size() / 8) return {};
+    const std::uint64_t raw = records::footprint(content.size());
+    if (ZSTD_isError(n) || records::footprint(n) > raw - raw / 8) return {};
     out.resize(n);
     return out;
 }
@@ -74,7 +76,7 @@ Result<BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view cont
     std::memcpy(*place, stored.data(), stored.size());
     if (auto s = tx.put(tx.db.blob_refs, key, records::encode(ref)); !s) return tl::unexpected(s.error());
     Status s = tx.add(Counter::blobs, 1);
-    if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(ref.stored_size));
+    if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
     if (s) s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(ref.raw_size));
     if (!s) return tl::unexpected(s.error());
     return ref;
@@ -98,7 +100,7 @@ Status release_blob(Tx& tx, const Digest& digest) {
     Status s = tx.del(tx.db.blob_refs, key);
     if (s) s = tx.del(tx.db.blob_data, key);
     if (s) s = tx.add(Counter::blobs, -1);
-    if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(ref.stored_size));
+    if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(records::footprint(ref)));
     if (s) s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(ref.raw_size));
     return s;
 }
@@ -132,7 +134,7 @@ Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
     if (!file.digest.empty()) {
         auto ref = tx.blob_ref(file.digest);
         if (!ref) return tl::unexpected(ref.error());
-        if (*ref) stored = (*ref)->stored_size;
+        if (*ref) stored = records::footprint(**ref);
     }
     auto apply = [sign](std::uint64_t& value, std::uint64_t delta) {
         value = sign > 0 ? value + delta : (value > delta ? value - delta : 0);
@@ -172,7 +174,7 @@ Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& o
     if (!node->digest.empty()) {
         auto old_ref = tx.blob_ref(node->digest);
         if (!old_ref) return tl::unexpected(old_ref.error());
-        if (*old_ref) old_stored = (*old_ref)->stored_size;
+        if (*old_ref) old_stored = records::footprint(**old_ref);
     }
     // Take the new reference before dropping the old one: rewriting the same content
     // must not free the blob in between.
@@ -195,7 +197,7 @@ Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& o
     if (!entry) return tl::unexpected(entry.error());
     // The file stays in its entry: only its bytes change.
     entry->bytes = entry->bytes + content.size() - std::min<std::uint64_t>(entry->bytes, static_cast<std::uint64_t>(old_size));
-    entry->stored_bytes = entry->stored_bytes + ref->stored_size - std::min(entry->stored_bytes, old_stored);
+    entry->stored_bytes = entry->stored_bytes + records::footprint(*ref) - std::min(entry->stored_bytes, old_stored);
     if (entry->producer == Producer::unknown) entry->producer = producer_of(node->name);
     if (!entry->populated) {  // absent or empty until now: this store is the miss
         entry->populated = true;

@@ -188,6 +188,14 @@ Result<Dirent> decode_dirent(std::string_view bytes) {
     return d;
 }
 
+std::uint64_t footprint(std::uint64_t stored_size) {
+    constexpr std::uint64_t kPage = 4096, kPageHeader = 16, kNodeHeader = 8, kKey = 16;
+    constexpr std::uint64_t kNodeMax = ((kPage - kPageHeader) / 2 & ~std::uint64_t{1}) - 2;  // 2038
+    if (stored_size == 0) return 0;  // empty content has no blob
+    if (kNodeHeader + kKey + stored_size <= kNodeMax) return kNodeHeader + kKey + 2 + stored_size;
+    return ((kPageHeader - 1 + stored_size) / kPage + 1) * kPage;
+}
+
 std::string encode(const BlobRef& b) {
     std::string out;
     Writer w(out);

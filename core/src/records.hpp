@@ -67,6 +67,12 @@ struct BlobRef {
     Codec codec = Codec::raw;
 };
 std::string encode(const BlobRef& ref);
+// Bytes a blob of `stored_size` occupies in data.mdb: small values live in leaf
+// pages with their key; larger ones take whole overflow pages (LMDB's layout for
+// 4 KiB pages). This, not the byte count, is what the disk holds and the size
+// bound counts.
+std::uint64_t footprint(std::uint64_t stored_size);
+inline std::uint64_t footprint(const BlobRef& ref) { return footprint(ref.stored_size); }
 Result<BlobRef> decode_blob_ref(std::string_view bytes);
 
 std::string encode(const EntryInfo& entry);  // ino is the key, not encoded

@@ -94,7 +94,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             ++refs[node.digest];
             auto ref = tx.blob_ref(node.digest);
             if (ref && *ref) {
-                stored = (*ref)->stored_size;
+                stored = records::footprint(**ref);
                 if ((*ref)->raw_size != node.size) {
                     problem(fmt::format("inode {} ('{}'): size {} but its blob holds {} bytes", node.ino,
                                         node.name, node.size, (*ref)->raw_size));
@@ -137,7 +137,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             return true;
         }
         ++blob_count;
-        stored_total += ref->stored_size;
+        stored_total += records::footprint(*ref);
         raw_total += ref->raw_size;
         const auto it = refs.find(digest);
         const std::uint64_t counted = it == refs.end() ? 0 : it->second;

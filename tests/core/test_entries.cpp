@@ -477,10 +477,11 @@ TEST_CASE("entries: evict removes least recently used entries first", "[entries]
         CHECK(ts.counter(Counter::stored_bytes) == stored_before - report.stored_bytes_freed);
     }
     SECTION("bounded by stored bytes") {
-        auto report = KC_MUST(ts->evict(down_to_bytes(4096 * 5 / 2)));
+        const auto per_entry = stored_before / 4;  // each entry's blob footprint
+        auto report = KC_MUST(ts->evict(down_to_bytes(per_entry * 5 / 2)));
         CHECK(report.entries == 2);
         CHECK(report.satisfied);
-        CHECK(ts.counter(Counter::stored_bytes) <= 4096 * 5 / 2);
+        CHECK(ts.counter(Counter::stored_bytes) <= per_entry * 5 / 2);
         CHECK(ts.entry_names() == Names{"e0", "e3"});
     }
     SECTION("bounded by idle time") {
@@ -667,21 +668,22 @@ TEST_CASE("entries: enforce_limits evicts down to the low mark once a bound is e
         CHECK(ts.exists("late0"));
     }
     SECTION("bytes: over the bound goes down to the low mark") {
+        fill(ts, 4);
+        const auto per_entry = ts.counter(Counter::stored_bytes) / 4;  // blob footprint
         {
             auto txn = ts.write();
             auto config = txn.config();
-            config.max_bytes = 4 * 4096 + 100;
+            config.max_bytes = 4 * per_entry + 100;
             config.low_mark_percent = 50;
             KC_MUST(txn.set_config(config));
             KC_MUST(txn.commit());
         }
-        fill(ts, 4);
         CHECK(KC_MUST(ts->enforce_limits()).entries == 0);
         fill(ts, 1, "late");
         auto report = KC_MUST(ts->enforce_limits());
-        // Low mark: 50% of 16484 = 8242 bytes: two 4 KiB entries remain.
+        // Low mark: 50% of four entries and a bit: two entries remain.
         CHECK(report.entries == 3);
-        CHECK(ts.counter(Counter::stored_bytes) <= (4 * 4096 + 100) / 2);
+        CHECK(ts.counter(Counter::stored_bytes) <= (4 * per_entry + 100) / 2);
         CHECK(ts.entry_names() == Names{"e3", "late0"});
     }
     SECTION("no bound configured: nothing is evicted") {

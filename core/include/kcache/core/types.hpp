@@ -69,7 +69,7 @@ struct EntryInfo {
     Ino ino = 0;
     std::string name;               // path from the root, e.g. "4fd1...a9" or "ab/cdef"
     std::uint64_t bytes = 0;        // logical bytes of its regular files
-    std::uint64_t stored_bytes = 0; // bytes its blobs take (compressed, before sharing)
+    std::uint64_t stored_bytes = 0; // bytes its blobs occupy in data.mdb (counting shared ones)
     std::uint64_t files = 0;        // regular files
     std::int64_t created_ns = 0;
     std::int64_t last_access_ns = 0;  // last publish or hit; the LRU order
@@ -103,7 +103,7 @@ enum class Counter : std::uint32_t {
     // gauges
     entries = 100,
     bytes = 101,           // logical bytes of all regular files
-    stored_bytes = 102,    // bytes of all unique blobs as stored (after dedup, compression)
+    stored_bytes = 102,    // bytes unique blobs occupy in data.mdb (dedup, compression, pages)
     blobs = 103,           // unique blobs
     files = 104,           // regular files
     blob_raw_bytes = 105,  // raw bytes of all unique blobs (after dedup, before compression)
