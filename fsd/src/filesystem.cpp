@@ -376,24 +376,40 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     if (fuse_reply_create(req, &e, fi) != 0) delete reinterpret_cast<FileHandle*>(fi->fh);
 }
 
+// Every handler replies only after it let go of the handle's lock: the reply may
+// let the kernel release the handle on another thread at once.
+
 void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    std::lock_guard lock(handle->mutex);
-    const std::string_view content = handle->view();
-    const auto from = std::min(static_cast<std::size_t>(off), content.size());
-    const std::size_t n = std::min(size, content.size() - from);
-    m_background.count(core::Counter::bytes_read, n);
-    fuse_reply_buf(req, content.data() + from, n);
+    std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
+    std::string copy;                           // a writer's own bytes, which may change
+    std::string_view slice;
+    {
+        std::lock_guard lock(handle->mutex);
+        const std::string_view content = handle->view();
+        const auto from = std::min(static_cast<std::size_t>(off), content.size());
+        slice = content.substr(from, size);
+        if (handle->staged) {
+            copy.assign(slice);
+            slice = copy;
+        } else {
+            shared = handle->snapshot;
+        }
+    }
+    m_background.count(core::Counter::bytes_read, slice.size());
+    fuse_reply_buf(req, slice.data(), slice.size());
 }
 
 void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                        fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    std::lock_guard lock(handle->mutex);
-    if (!handle->staged) return reply_error(req, {EBADF, "not open for writing"});
-    if (auto s = handle->staged->write(static_cast<std::uint64_t>(off), {buf, size}); !s) {
-        return reply_error(req, s.error());
+    core::Status s;
+    {
+        std::lock_guard lock(handle->mutex);
+        if (!handle->staged) s = core::fail(EBADF, "not open for writing");
+        else s = handle->staged->write(static_cast<std::uint64_t>(off), {buf, size});
     }
+    if (!s) return reply_error(req, s.error());
     fuse_reply_write(req, size);
 }
 
@@ -426,16 +442,24 @@ core::Status Filesystem::publish(fuse_req_t req, FileHandle& handle) {
 
 void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    std::lock_guard lock(handle->mutex);
-    if (auto s = publish(req, *handle); !s) return reply_error(req, s.error());
+    core::Status s;
+    {
+        std::lock_guard lock(handle->mutex);
+        s = publish(req, *handle);
+    }
+    if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
 
 void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    std::lock_guard lock(handle->mutex);
-    if (auto s = publish(req, *handle); !s) return reply_error(req, s.error());
-    if (auto s = m_store.sync(); !s) return reply_error(req, s.error());
+    core::Status s;
+    {
+        std::lock_guard lock(handle->mutex);
+        s = publish(req, *handle);
+    }
+    if (s) s = m_store.sync();
+    if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
 
@@ -468,20 +492,29 @@ void Filesystem::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                          fuse_file_info* fi, bool plus) {
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
-    std::lock_guard lock(dir->mutex);
+    std::unique_lock lock(dir->mutex);
     auto txn = m_store.read();
-    if (!txn) return reply_error(req, txn.error());
+    if (!txn) {
+        lock.unlock();
+        return reply_error(req, txn.error());
+    }
     if (!dir->loaded || off == 0) {  // a rewind takes a fresh snapshot
         dir->children.clear();
         auto self_attr = txn->getattr(ino);
-        if (!self_attr) return reply_error(req, self_attr.error());
+        if (!self_attr) {
+            lock.unlock();
+            return reply_error(req, self_attr.error());
+        }
         dir->children.push_back({".", ino, core::FileType::directory});
         dir->children.push_back({"..", self_attr->parent, core::FileType::directory});
         auto s = txn->readdir(ino, {}, [&](const core::DirEntry& d) {
             dir->children.push_back({std::string(d.name), d.ino, d.type});
             return true;
         });
-        if (!s) return reply_error(req, s.error());
+        if (!s) {
+            lock.unlock();
+            return reply_error(req, s.error());
+        }
         dir->loaded = true;
     }
     std::vector<char> buf(size);
@@ -514,6 +547,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         if (n > size - used) break;  // did not fit: the kernel asks again from `next`
         used += n;
     }
+    lock.unlock();
     fuse_reply_buf(req, buf.data(), used);
 }
 
@@ -565,7 +599,7 @@ const fuse_lowlevel_ops& Filesystem::operations() {
         t.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) { self(r)->mkdir(r, p, n, m); };
         t.unlink = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->unlink(r, p, n); };
         t.rmdir = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->rmdir(r, p, n); };
-        t.symlink = [](fuse_req_t r, const char* t, fuse_ino_t p, const char* n) { self(r)->symlink(r, t, p, n); };
+        t.symlink = [](fuse_req_t r, const char* target, fuse_ino_t p, const char* n) { self(r)->symlink(r, target, p, n); };
         t.rename = [](fuse_req_t r, fuse_ino_t p, const char* n, fuse_ino_t np, const char* nn, unsigned int f) {
             self(r)->rename(r, p, n, np, nn, f);
         };
