@@ -302,9 +302,9 @@ void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr
     if (!attr.entry) return;
     auto entry = txn.entry(attr.entry);
     if (!entry || !entry->populated) return;
-    const Caller caller = caller_of(fuse_req_ctx(req)->pid);
-    if (caller.pid == entry->populated_by_pid) return;  // its own kernel, not a cache hit
-    const std::string pair = fmt::format("{}:{}", attr.entry, caller.pid);
+    const std::uint32_t pid = process_of(fuse_req_ctx(req)->pid);
+    if (pid == entry->populated_by_pid) return;  // its own kernel, not a cache hit
+    const std::string pair = fmt::format("{}:{}", attr.entry, pid);
     {
         std::lock_guard lock(m_seen_mutex);
         if (m_seen.size() >= kMaxSeenPairs) m_seen.clear();  // bounded: may recount after this

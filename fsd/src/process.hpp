@@ -13,8 +13,10 @@ struct Caller {
     std::string name;       // its command name
 };
 
-// The process of thread `tid` and its name, from /proc; the thread itself if /proc
+// The process (thread group) of thread `tid`, from /proc; the thread itself if /proc
 // cannot tell (the thread may be gone already).
+std::uint32_t process_of(pid_t tid);
+// The same with the process's name.
 Caller caller_of(pid_t tid);
 
 }  // namespace kcache::fsd
