@@ -63,10 +63,18 @@ Filesystem* self(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_user
 
 struct Filesystem::FileHandle {
     Ino ino = 0;
+    Attr attr;         // as opened: answers getattr once the file is gone from the db
+    bool orphan = false;  // opened after its removal: writes are accepted and dropped
     std::mutex mutex;  // threads sharing one descriptor may call concurrently
     std::shared_ptr<const std::string> snapshot;  // readers
     std::optional<core::StagedFile> staged;       // writers
-    std::string_view view() const { return staged ? staged->content() : std::string_view(*snapshot); }
+    std::uint64_t touched = 0;                    // writers: when last changed (m_write_clock)
+    std::uint32_t opener = 0;  // the process that opened it: only its close publishes early
+    bool fresh = false;        // opened for writing, not yet written or truncated
+    std::string_view view() const {
+        if (staged) return staged->content();
+        return snapshot ? std::string_view(*snapshot) : std::string_view();
+    }
 };
 
 struct Filesystem::DirHandle {
@@ -106,15 +114,145 @@ void Filesystem::reply_entry(fuse_req_t req, const Attr& attr) {
     e.attr = to_stat(attr);
     e.attr_timeout = attr_timeout(attr);
     e.entry_timeout = kEntryTimeout;
-    fuse_reply_entry(req, &e);
+    remember_lookup(attr.ino);
+    if (fuse_reply_entry(req, &e) != 0) forget(attr.ino, 1);  // the kernel never got it
+}
+
+// ---- lookup references and orphans ------------------------------------------------
+
+void Filesystem::remember_lookup(Ino ino) {
+    std::lock_guard lock(m_lookups_mutex);
+    ++m_lookups[ino];
+}
+
+void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
+    std::lock_guard lock(m_lookups_mutex);
+    auto it = m_lookups.find(ino);
+    if (it == m_lookups.end()) return;
+    if (it->second > count) {
+        it->second -= count;
+        return;
+    }
+    m_lookups.erase(it);
+    m_orphans.erase(ino);  // the kernel will not ask for it again
+}
+
+std::optional<std::pair<Ino, Filesystem::Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent,
+                                                                        const char* name) {
+    auto attr = txn.lookup(parent, name);
+    if (!attr || !attr->is_regular()) return std::nullopt;
+    {
+        std::lock_guard lock(m_lookups_mutex);
+        if (!m_lookups.count(attr->ino)) return std::nullopt;  // the kernel does not know it
+    }
+    auto content = txn.read(attr->ino);
+    if (!content) return std::nullopt;
+    Orphan orphan{*attr, snapshot(attr->digest, content->bytes())};
+    orphan.attr.nlink = 0;
+    return std::pair{attr->ino, std::move(orphan)};
+}
+
+void Filesystem::adopt(std::optional<std::pair<Ino, Orphan>>& orphan) {
+    if (!orphan) return;
+    std::lock_guard lock(m_lookups_mutex);
+    if (m_lookups.count(orphan->first)) m_orphans[orphan->first] = orphan->second;
+}
+
+void Filesystem::disown(const std::optional<std::pair<Ino, Orphan>>& orphan) {
+    if (!orphan) return;
+    std::lock_guard lock(m_lookups_mutex);
+    m_orphans.erase(orphan->first);
+}
+
+core::Status Filesystem::remove_keeping_orphan(Ino parent, const char* name,
+                                               const std::function<core::Status(core::WriteTxn&)>& remove) {
+    auto txn = m_store.write();
+    if (!txn) return tl::unexpected(txn.error());
+    auto orphan = orphan_of(*txn, parent, name);
+    if (auto s = remove(*txn); !s) return s;
+    // The orphan must exist before the removal is visible: the kernel may open the
+    // old inode concurrently (an open does not wait for a rename of its name).
+    adopt(orphan);
+    auto s = txn->commit();
+    if (!s) disown(orphan);
+    return s;
+}
+
+std::optional<Attr> Filesystem::removed_attr(Ino ino, FileHandle* handle) {
+    std::optional<Attr> attr;
+    if (handle) attr = handle->attr;
+    else if (auto orphan = find_orphan(ino)) attr = orphan->attr;
+    else {
+        std::lock_guard lock(m_writers_mutex);
+        if (auto it = m_writers.find(ino); it != m_writers.end()) attr = it->second.front()->attr;
+    }
+    if (attr) attr->nlink = 0;
+    return attr;
+}
+
+std::optional<Filesystem::Orphan> Filesystem::find_orphan(Ino ino) {
+    std::lock_guard lock(m_lookups_mutex);
+    auto it = m_orphans.find(ino);
+    if (it == m_orphans.end()) return std::nullopt;
+    return it->second;
+}
+
+// ---- writers ------------------------------------------------------------------------
+
+void Filesystem::add_writer(FileHandle* handle) {
+    std::lock_guard lock(m_writers_mutex);
+    m_writers[handle->ino].push_back(handle);
+}
+
+void Filesystem::remove_writer(FileHandle* handle) {
+    std::lock_guard lock(m_writers_mutex);
+    auto it = m_writers.find(handle->ino);
+    if (it == m_writers.end()) return;
+    std::erase(it->second, handle);
+    if (it->second.empty()) m_writers.erase(it);
+}
+
+bool Filesystem::has_writer(Ino ino) {
+    std::lock_guard lock(m_writers_mutex);
+    return m_writers.count(ino) != 0;
+}
+
+std::optional<std::uint64_t> Filesystem::staged_size(Ino ino, std::uint32_t process) {
+    std::lock_guard lock(m_writers_mutex);  // order: m_writers_mutex, then a handle's mutex
+    auto it = m_writers.find(ino);
+    if (it == m_writers.end()) return std::nullopt;
+    FileHandle* newest = nullptr;
+    for (FileHandle* h : it->second) {
+        if (h->opener == process && (!newest || h->touched > newest->touched)) newest = h;
+    }
+    if (!newest) return std::nullopt;
+    std::lock_guard handle_lock(newest->mutex);
+    return newest->view().size();
+}
+
+bool Filesystem::take_open_truncate(Ino ino, std::uint32_t process) {
+    std::lock_guard lock(m_writers_mutex);
+    auto it = m_writers.find(ino);
+    if (it == m_writers.end()) return false;
+    for (FileHandle* h : it->second) {
+        std::lock_guard handle_lock(h->mutex);
+        if (h->opener == process && h->fresh && h->staged) {
+            h->fresh = false;
+            h->touched = ++m_write_clock;
+            return h->staged->truncate(0).has_value();
+        }
+    }
+    return false;
 }
 
 // ---- init and namespace ---------------------------------------------------------
 
 void Filesystem::init(fuse_conn_info* conn) {
-    // O_TRUNC comes with open, so a truncating writer stages empty content instead
-    // of publishing an empty file first.
-    if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+    // No atomic O_TRUNC: with it the kernel would set the size of the inode every
+    // reader shares to 0 when a writer opens with O_TRUNC, cutting their reads
+    // short. Without it, the truncation comes as a separate SETATTR from the opener,
+    // which setattr() stages for that writer only (see take_open_truncate()).
+    conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
     // Page-cache writeback would hold writes past close(): publish-on-close needs them.
@@ -139,14 +277,19 @@ void Filesystem::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    auto* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
     auto txn = m_store.read();
     if (!txn) return reply_error(req, txn.error());
     auto attr = txn->getattr(ino);
+    if (!attr && attr.error().code == ENOENT) {  // removed: a handle or orphan still knows it
+        if (auto removed = removed_attr(ino, handle)) attr = *removed;
+    }
     if (!attr) return reply_error(req, attr.error());
-    if (fi && attr->is_regular() && fi->fh) {  // the caller's own version of the file
-        auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    if (handle && attr->is_regular()) {  // the caller's own version of the file
         std::lock_guard lock(handle->mutex);
         attr->size = handle->view().size();
+    } else if (attr->is_regular()) {  // fstat by a writer: its own staged size; others: published
+        if (auto size = staged_size(ino, process_of(fuse_req_ctx(req)->pid))) attr->size = *size;
     }
     struct stat st = to_stat(*attr);
     fuse_reply_attr(req, &st, attr_timeout(*attr));
@@ -155,6 +298,12 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                          fuse_file_info* fi) {
     FileHandle* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
+    if ((to_set & FUSE_SET_ATTR_SIZE) && !handle && attr->st_size == 0 &&
+        take_open_truncate(ino, process_of(fuse_req_ctx(req)->pid))) {
+        // open(O_TRUNC) of a file by a writer: staged for that writer only. The reply
+        // keeps the published size, so readers' view of the file stays whole.
+        to_set &= ~FUSE_SET_ATTR_SIZE;
+    }
     std::optional<std::uint64_t> staged_size;
     if ((to_set & FUSE_SET_ATTR_SIZE) && handle) {
         std::lock_guard lock(handle->mutex);
@@ -163,6 +312,8 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
                 return reply_error(req, s.error());
             }
             staged_size = handle->staged->content().size();
+            handle->touched = ++m_write_clock;
+            handle->fresh = false;
             to_set &= ~FUSE_SET_ATTR_SIZE;
         }
     }
@@ -188,6 +339,12 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         result = *a;
         return {};
     });
+    if (!s && s.error().code == ENOENT) {  // removed while open: as on a local disk, it works
+        if (auto removed = removed_attr(ino, handle)) {
+            s = {};
+            result = *removed;
+        }
+    }
     if (!s) return reply_error(req, s.error());
     if (changes.size) m_background.invalidate_inode(ino);
     if (staged_size) result.size = *staged_size;
@@ -244,7 +401,7 @@ void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, 
 }
 
 void Filesystem::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    auto s = m_store.update([&](core::WriteTxn& txn) { return txn.unlink(parent, name); });
+    auto s = remove_keeping_orphan(parent, name, [&](core::WriteTxn& txn) { return txn.unlink(parent, name); });
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
@@ -261,8 +418,10 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     if (flags & RENAME_NOREPLACE) ours |= core::kRenameNoReplace;
     if (flags & RENAME_EXCHANGE) ours |= core::kRenameExchange;
     if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return reply_error(req, {EINVAL, "rename flags"});
-    auto s = m_store.update(
-        [&](core::WriteTxn& txn) { return txn.rename(parent, name, new_parent, new_name, ours); });
+    // The file a rename replaces may still be open (or about to be): keep it.
+    auto s = remove_keeping_orphan(new_parent, new_name, [&](core::WriteTxn& txn) {
+        return txn.rename(parent, name, new_parent, new_name, ours);
+    });
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
@@ -316,33 +475,52 @@ void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr
 void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto handle = std::make_unique<FileHandle>();
     handle->ino = ino;
-    core::Digest digest;
-    if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+    const bool writing = (fi->flags & O_ACCMODE) != O_RDONLY;
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto attr = txn->getattr(ino);
+    if (!attr) {
+        auto orphan = attr.error().code == ENOENT ? find_orphan(ino) : std::nullopt;
+        if (!orphan) return reply_error(req, attr.error());
+        // Removed since the kernel looked it up: open what it was, as a local disk would.
+        handle->orphan = true;
+        handle->attr = orphan->attr;
+        if (!(writing && (fi->flags & O_TRUNC))) handle->snapshot = orphan->content;
+        fi->direct_io = 1;
+    } else if (writing) {
+        handle->attr = *attr;
         auto staged = core::StagedFile::begin(m_store, ino, (fi->flags & O_TRUNC) != 0);
-        if (!staged) return reply_error(req, staged.error());
-        staged->set_max_size(m_options.max_file_size);
-        auto txn = m_store.read();
-        if (!txn) return reply_error(req, txn.error());
-        auto attr = txn->getattr(ino);
-        if (!attr) return reply_error(req, attr.error());
-        digest = attr->digest;
-        handle->staged = std::move(*staged);
+        if (!staged && staged.error().code == ENOENT) {
+            handle->orphan = true;  // replaced since the snapshot above: as for a removed file
+        } else if (!staged) {
+            return reply_error(req, staged.error());
+        } else {
+            staged->set_max_size(m_options.max_file_size);
+            handle->staged = std::move(*staged);
+        }
+        handle->touched = ++m_write_clock;
+        handle->opener = process_of(fuse_req_ctx(req)->pid);
+        handle->fresh = true;
+        fi->direct_io = 1;  // its bytes stay out of the page cache readers share
+        add_writer(handle.get());
     } else {
-        auto txn = m_store.read();
-        if (!txn) return reply_error(req, txn.error());
-        auto attr = txn->getattr(ino);
-        if (!attr) return reply_error(req, attr.error());
         if (attr->is_dir()) return reply_error(req, {EISDIR, "is a directory"});
         auto content = txn->read(ino);
         if (!content) return reply_error(req, content.error());
-        digest = attr->digest;
-        handle->snapshot = snapshot(digest, content->bytes());
+        handle->attr = *attr;
+        handle->snapshot = snapshot(attr->digest, content->bytes());
         count_open(req, *txn, *attr);
+        if (has_writer(ino)) fi->direct_io = 1;  // the kernel's size is the writer's, not ours
+        else fi->keep_cache = same_pages(ino, attr->digest) ? 1 : 0;
     }
-    fi->keep_cache = same_pages(ino, digest) ? 1 : 0;
-    fi->fh = reinterpret_cast<std::uint64_t>(handle.release());
+    FileHandle* raw = handle.release();
+    fi->fh = reinterpret_cast<std::uint64_t>(raw);
     if (fuse_reply_open(req, fi) != 0) {  // the opener is gone (interrupted)
-        delete reinterpret_cast<FileHandle*>(fi->fh);
+        if (raw->staged) {
+            remove_writer(raw);
+            (void)raw->staged->abandon();
+        }
+        delete raw;
     }
 }
 
@@ -364,16 +542,27 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     staged->set_max_size(m_options.max_file_size);
     attr = *created;
     handle->ino = attr.ino;
+    handle->attr = attr;
     handle->staged = std::move(*staged);
-    fi->keep_cache = same_pages(attr.ino, attr.digest) ? 1 : 0;
-    fi->fh = reinterpret_cast<std::uint64_t>(handle.release());
+    handle->touched = ++m_write_clock;
+    handle->opener = process_of(ctx->pid);
+    fi->direct_io = 1;  // as in open() for writing
+    FileHandle* raw = handle.release();
+    add_writer(raw);
+    fi->fh = reinterpret_cast<std::uint64_t>(raw);
     fuse_entry_param e{};
     e.ino = attr.ino;
     e.generation = 1;
     e.attr = to_stat(attr);
     e.attr_timeout = attr_timeout(attr);
     e.entry_timeout = kEntryTimeout;
-    if (fuse_reply_create(req, &e, fi) != 0) delete reinterpret_cast<FileHandle*>(fi->fh);
+    remember_lookup(attr.ino);
+    if (fuse_reply_create(req, &e, fi) != 0) {
+        forget(attr.ino, 1);
+        remove_writer(raw);
+        (void)raw->staged->abandon();
+        delete raw;
+    }
 }
 
 // Every handler replies only after it let go of the handle's lock: the reply may
@@ -406,8 +595,15 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
     core::Status s;
     {
         std::lock_guard lock(handle->mutex);
-        if (!handle->staged) s = core::fail(EBADF, "not open for writing");
-        else s = handle->staged->write(static_cast<std::uint64_t>(off), {buf, size});
+        if (handle->orphan) {
+            // The file is gone: like an unlinked file's, its new bytes go nowhere.
+        } else if (!handle->staged) {
+            s = core::fail(EBADF, "not open for writing");
+        } else {
+            s = handle->staged->write(static_cast<std::uint64_t>(off), {buf, size});
+            handle->touched = ++m_write_clock;
+            handle->fresh = false;
+        }
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_write(req, size);
@@ -434,6 +630,7 @@ core::Status Filesystem::publish(fuse_req_t req, FileHandle& handle) {
         }
     }
     auto s = handle.staged->commit(origin_of(req));
+    if (!s && s.error().code == ENOENT) return {};  // removed while open: its bytes go nowhere
     if (!s) return s;
     m_background.invalidate_inode(handle.ino);  // other openers' cached pages are stale
     m_background.check_limits();
@@ -441,11 +638,15 @@ core::Status Filesystem::publish(fuse_req_t req, FileHandle& handle) {
 }
 
 void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    // Every close() of a descriptor flushes, also a forked child closing the copy it
+    // inherited (at exec, or at exit) while the opener is still writing. Only the
+    // opener's close publishes here; release (the last descriptor gone) always does.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    const std::uint32_t closer = process_of(fuse_req_ctx(req)->pid);
     core::Status s;
     {
         std::lock_guard lock(handle->mutex);
-        s = publish(req, *handle);
+        if (closer == handle->opener) s = publish(req, *handle);
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
@@ -473,6 +674,7 @@ void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
                          static_cast<unsigned long long>(handle->ino), s.error().message.c_str());
         }
         (void)handle->staged->abandon();
+        remove_writer(handle.get());
     }
     fuse_reply_err(req, 0);
 }
@@ -536,6 +738,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                 e.entry_timeout = kEntryTimeout;
             }
             n = fuse_add_direntry_plus(req, buf.data() + used, size - used, child.name.c_str(), &e, next);
+            if (n <= size - used && e.ino) remember_lookup(e.ino);  // the kernel takes a reference
         } else {
             struct stat st{};
             st.st_ino = child.ino;
@@ -622,6 +825,14 @@ const fuse_lowlevel_ops& Filesystem::operations() {
         t.releasedir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->releasedir(r, i, fi); };
         t.fsyncdir = [](fuse_req_t r, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(r, 0); };
         t.statfs = [](fuse_req_t r, fuse_ino_t i) { self(r)->statfs(r, i); };
+        t.forget = [](fuse_req_t r, fuse_ino_t i, std::uint64_t n) {
+            self(r)->forget(i, n);
+            fuse_reply_none(r);
+        };
+        t.forget_multi = [](fuse_req_t r, size_t count, fuse_forget_data* forgets) {
+            for (size_t k = 0; k < count; ++k) self(r)->forget(forgets[k].ino, forgets[k].nlookup);
+            fuse_reply_none(r);
+        };
         t.create = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, fuse_file_info* fi) {
             self(r)->create(r, p, n, m, fi);
         };

@@ -7,18 +7,26 @@
 // - a writer's handle holds a core::StagedFile: writes go to memory and are
 //   published atomically when the file is flushed (close), so readers see the old
 //   or the new complete content.
+// - a file removed (unlink, rename over it) while the kernel still knows its inode
+//   stays readable as an orphan until the kernel forgets it, as an unlinked inode
+//   does on a local disk; writes to it are accepted and dropped.
 // Caching: entries and directory attributes are cached by the kernel for a long
 // time and invalidated explicitly (Background). File attributes are not cached
-// (timeout 0), and getattr on an open file answers with that handle's own view, so
-// the kernel never clamps a read to another version's size.
+// (timeout 0); getattr answers with the open handle's view, or the newest staged
+// writer's. Writers, and readers that open while a writer is at work, use direct
+// I/O: the writer's bytes never enter the page cache other readers share, and a
+// reader's reads end where its own version ends.
 #pragma once
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <vector>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -67,13 +75,40 @@ public:
                  bool plus);
     void releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
     void statfs(fuse_req_t req, fuse_ino_t ino);
+    void forget(fuse_ino_t ino, std::uint64_t count);
 
 private:
     struct FileHandle;
     struct DirHandle;
 
+    struct Orphan {
+        core::Attr attr;
+        std::shared_ptr<const std::string> content;
+    };
+
     void reply_error(fuse_req_t req, const core::Error& error);
+    // Replies with an entry the kernel now holds a lookup reference on.
     void reply_entry(fuse_req_t req, const core::Attr& attr);
+    void remember_lookup(core::Ino ino);
+    // Before a removal: keeps the content of `name` in `parent` if the kernel knows it.
+    std::optional<std::pair<core::Ino, Orphan>> orphan_of(const core::ReadTxn& txn, core::Ino parent,
+                                                          const char* name);
+    void adopt(std::optional<std::pair<core::Ino, Orphan>>& orphan);
+    void disown(const std::optional<std::pair<core::Ino, Orphan>>& orphan);
+    // Runs `remove` (an unlink, or a rename over `name`) in one transaction, keeping
+    // the removed file readable as an orphan while the kernel still knows it.
+    core::Status remove_keeping_orphan(core::Ino parent, const char* name,
+                                       const std::function<core::Status(core::WriteTxn&)>& remove);
+    std::optional<Orphan> find_orphan(core::Ino ino);
+    // Attributes of a file removed from the db that a handle, orphan or writer still holds.
+    std::optional<core::Attr> removed_attr(core::Ino ino, FileHandle* handle);
+    // The size staged by the newest writer of `ino` that `process` opened, if any.
+    std::optional<std::uint64_t> staged_size(core::Ino ino, std::uint32_t process);
+    // Applies a SETATTR(size 0) that follows open(O_TRUNC) to the opener's fresh writer.
+    bool take_open_truncate(core::Ino ino, std::uint32_t process);
+    void add_writer(FileHandle* handle);
+    void remove_writer(FileHandle* handle);
+    bool has_writer(core::Ino ino);
     // Publishes a writer's content, first making room under the size bound.
     core::Status publish(fuse_req_t req, FileHandle& handle);
     // Whether the kernel may keep its cached pages of `ino` (same content as before).
@@ -93,6 +128,14 @@ private:
 
     std::mutex m_seen_mutex;  // (entry, process) pairs that counted their hit
     std::unordered_set<std::string> m_seen;
+
+    std::mutex m_lookups_mutex;  // kernel lookup references, and orphans they keep alive
+    std::unordered_map<core::Ino, std::uint64_t> m_lookups;
+    std::unordered_map<core::Ino, Orphan> m_orphans;
+
+    std::mutex m_writers_mutex;  // open writer handles per inode
+    std::unordered_map<core::Ino, std::vector<FileHandle*>> m_writers;
+    std::atomic<std::uint64_t> m_write_clock{0};
 };
 
 }  // namespace kcache::fsd

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <dirent.h>
@@ -182,5 +183,6 @@ int main(int argc, char** argv) {
     fuse_remove_signal_handlers(session);
     fuse_session_destroy(session);
     fuse_opt_free_args(&args);
-    return rc == 0 ? 0 : 1;
+    // A loop ended by SIGTERM/SIGINT/SIGHUP returns the signal: a clean stop too.
+    return rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP ? 0 : 1;
 }
