@@ -104,17 +104,18 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
     w.u32(node->mode);
     w.i64(node->mtime_ns);
     if (attr.is_regular()) {
-        std::string_view stored;
+        Content stored_content;
         records::BlobRef ref;
         if (!node->digest.empty()) {
             auto r = tx.blob_ref(node->digest);
             if (!r) return tl::unexpected(r.error());
-            auto data = tx.get(tx.db.blob_data, records::digest_key(node->digest));
-            if (!data) return tl::unexpected(data.error());
-            if (!*r || !*data) return fail(EIO, fmt::format("blob of '{}' is missing", path));
+            if (!*r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
             ref = **r;
-            stored = **data;
+            auto data = ops::stored_form(tx, node->digest, ref);
+            if (!data) return tl::unexpected(with_context(data.error(), path));
+            stored_content = std::move(*data);
         }
+        const std::string_view stored = stored_content.bytes();
         w.u64(node->size);
         w.u64(node->digest.high);
         w.u64(node->digest.low);
@@ -143,21 +144,11 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
         work.pop_back();
         if (auto s = export_node(tx, out, ino, path, report); !s) return s;
         ++nodes;
-        std::vector<std::pair<Ino, std::string>> children;
-        const std::string prefix = records::u64_key(ino);
-        Status result;
-        auto s = tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view key, std::string_view v) {
-            auto d = records::decode_dirent(v);
-            if (!d) {
-                result = tl::unexpected(d.error());
-                return false;
-            }
-            children.emplace_back(d->child, path + "/" + std::string(key.substr(8)));
-            return true;
-        });
-        if (!s) return s;
-        if (!result) return result;
-        work.insert(work.end(), children.rbegin(), children.rend());
+        auto children = tx.children(ino);
+        if (!children) return tl::unexpected(children.error());
+        for (auto it = children->rbegin(); it != children->rend(); ++it) {  // name order on pop
+            work.emplace_back(it->second.child, path + "/" + it->first);
+        }
     }
     return {};
 }

@@ -71,9 +71,13 @@ Result<BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view cont
     const std::string compressed = compress(content);
     const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
     BlobRef ref{1, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
-    auto place = tx.reserve(tx.db.blob_data, key, stored.size());
-    if (!place) return tl::unexpected(place.error());
-    std::memcpy(*place, stored.data(), stored.size());
+    for (std::uint64_t i = 0; i < records::chunk_count(stored.size()); ++i) {
+        const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
+        auto place = tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
+                                chunk.size());
+        if (!place) return tl::unexpected(place.error());
+        std::memcpy(*place, chunk.data(), chunk.size());
+    }
     if (auto s = tx.put(tx.db.blob_refs, key, records::encode(ref)); !s) return tl::unexpected(s.error());
     Status s = tx.add(Counter::blobs, 1);
     if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
@@ -98,26 +102,46 @@ Status release_blob(Tx& tx, const Digest& digest) {
         return tx.put(tx.db.blob_refs, key, records::encode(ref));
     }
     Status s = tx.del(tx.db.blob_refs, key);
-    if (s) s = tx.del(tx.db.blob_data, key);
+    for (std::uint64_t i = 0; s && i < records::chunk_count(ref.stored_size); ++i) {
+        s = tx.del(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)));
+    }
     if (s) s = tx.add(Counter::blobs, -1);
     if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(records::footprint(ref)));
     if (s) s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(ref.raw_size));
     return s;
 }
 
+Result<Content> stored_form(const Tx& tx, const Digest& digest, const BlobRef& ref) {
+    const std::uint64_t chunks = records::chunk_count(ref.stored_size);
+    std::string assembled;
+    if (chunks > 1) assembled.reserve(ref.stored_size);
+    for (std::uint64_t i = 0; i < chunks; ++i) {
+        auto data = tx.get(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)));
+        if (!data) return tl::unexpected(data.error());
+        const std::uint64_t expected = std::min<std::uint64_t>(records::kChunkSize, ref.stored_size - i * records::kChunkSize);
+        if (!*data || (*data)->size() != expected) {
+            return fail(EIO, fmt::format("db {}: blob {} is missing or has the wrong size (chunk {})", tx.db.path,
+                                         digest.hex(), i));
+        }
+        if (chunks == 1) return Content::view(**data);  // zero-copy from the map
+        assembled.append(**data);
+    }
+    return Content::owned(std::move(assembled));
+}
+
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
     if (digest.empty()) return Content::view({});
     auto ref = tx.blob_ref(digest);
     if (!ref) return tl::unexpected(ref.error());
-    auto data = tx.get(tx.db.blob_data, records::digest_key(digest));
-    if (!data) return tl::unexpected(data.error());
-    if (!*ref || !*data) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
+    if (!*ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
     const BlobRef& r = **ref;
-    const std::string_view stored = **data;
-    if (r.raw_size != size || stored.size() != r.stored_size) {
+    if (r.raw_size != size) {
         return fail(EIO, fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
     }
-    if (r.codec == Codec::raw) return Content::view(stored);
+    auto stored_content = stored_form(tx, digest, r);
+    if (!stored_content) return stored_content;
+    if (r.codec == Codec::raw) return stored_content;
+    const std::string_view stored = stored_content->bytes();
     std::string raw(r.raw_size, '\0');
     const std::size_t n = ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(),
                                               stored.data(), stored.size());
@@ -156,6 +180,33 @@ Result<Content> Txn::read(Ino file) const {
     if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
     if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return ops::read_blob(tx, node->digest, node->size);
+}
+
+Status Txn::read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const {
+    Tx tx = TxnAccess::tx(*this);
+    auto node = tx.inode(file);
+    if (!node) return tl::unexpected(node.error());
+    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    if (node->digest.empty()) return {};
+    auto ref = tx.blob_ref(node->digest);
+    if (!ref) return tl::unexpected(ref.error());
+    if (!*ref || (*ref)->raw_size != node->size) {
+        return fail(EIO, fmt::format("db {}: blob {} is missing or has the wrong size", tx.db.path, node->digest.hex()));
+    }
+    if ((*ref)->codec != Codec::raw) {
+        auto content = ops::read_blob(tx, node->digest, node->size);
+        if (!content) return tl::unexpected(content.error());
+        fn(content->bytes());
+        return {};
+    }
+    const std::uint64_t chunks = records::chunk_count((*ref)->stored_size);
+    for (std::uint64_t i = 0; i < chunks; ++i) {
+        auto data = tx.get(tx.db.blob_data, records::chunk_key(node->digest, static_cast<std::uint32_t>(i)));
+        if (!data) return tl::unexpected(data.error());
+        if (!*data) return fail(EIO, fmt::format("db {}: blob {} misses chunk {}", tx.db.path, node->digest.hex(), i));
+        fn(**data);
+    }
+    return {};
 }
 
 Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {

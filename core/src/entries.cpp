@@ -51,19 +51,9 @@ Result<bool> entry_in_flight(const Tx& tx, Ino entry) {
         auto live = file_in_flight(tx, ino);
         if (!live) return live;
         if (*live) return true;
-        const std::string prefix = records::u64_key(ino);
-        Status result;
-        auto s = tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view, std::string_view v) {
-            auto d = records::decode_dirent(v);
-            if (!d) {
-                result = tl::unexpected(d.error());
-                return false;
-            }
-            work.push_back(d->child);
-            return true;
-        });
-        if (!s) return tl::unexpected(s.error());
-        if (!result) return tl::unexpected(result.error());
+        auto children = tx.children(ino);
+        if (!children) return tl::unexpected(children.error());
+        for (const auto& [name, d] : *children) work.push_back(d.child);
     }
     return false;
 }

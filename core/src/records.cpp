@@ -189,11 +189,18 @@ Result<Dirent> decode_dirent(std::string_view bytes) {
 }
 
 std::uint64_t footprint(std::uint64_t stored_size) {
-    constexpr std::uint64_t kPage = 4096, kPageHeader = 16, kNodeHeader = 8, kKey = 16;
+    constexpr std::uint64_t kPage = 4096, kPageHeader = 16, kNodeHeader = 8, kKey = 20;
     constexpr std::uint64_t kNodeMax = ((kPage - kPageHeader) / 2 & ~std::uint64_t{1}) - 2;  // 2038
-    if (stored_size == 0) return 0;  // empty content has no blob
-    if (kNodeHeader + kKey + stored_size <= kNodeMax) return kNodeHeader + kKey + 2 + stored_size;
-    return ((kPageHeader - 1 + stored_size) / kPage + 1) * kPage;
+    const std::uint64_t rest = stored_size % kChunkSize;  // empty content has no blob: 0
+    std::uint64_t bytes = stored_size / kChunkSize * kPage;
+    if (rest) bytes += kNodeHeader + kKey + rest <= kNodeMax ? kNodeHeader + kKey + 2 + rest : kPage;
+    return bytes;
+}
+
+std::string chunk_key(const Digest& digest, std::uint32_t index) {
+    std::string key = digest_key(digest);
+    put_be(key, index, 4);
+    return key;
 }
 
 std::string encode(const BlobRef& b) {

@@ -24,6 +24,14 @@ std::string lru_key(std::int64_t time_ns, Ino entry);         // time + entry
 std::string lease_key(Ino file, std::uint32_t pid);           // file + pid
 std::string digest_key(const Digest& digest);                 // 16 bytes
 Digest digest_from_key(std::string_view key);
+// A blob's stored bytes are kept in chunks of at most one LMDB page each: a value of
+// several pages would need a contiguous run of free pages, which a churning cache's
+// free list rarely has, so the file would keep growing. Single pages always fit.
+inline constexpr std::size_t kChunkSize = 4080;               // an overflow page's payload
+std::string chunk_key(const Digest& digest, std::uint32_t index);  // digest + index
+inline std::uint64_t chunk_count(std::uint64_t stored_size) {
+    return (stored_size + kChunkSize - 1) / kChunkSize;
+}
 std::string counter_key(Counter counter);                     // 4 bytes, big-endian
 
 // ---- values -----------------------------------------------------------------
@@ -67,10 +75,9 @@ struct BlobRef {
     Codec codec = Codec::raw;
 };
 std::string encode(const BlobRef& ref);
-// Bytes a blob of `stored_size` occupies in data.mdb: small values live in leaf
-// pages with their key; larger ones take whole overflow pages (LMDB's layout for
-// 4 KiB pages). This, not the byte count, is what the disk holds and the size
-// bound counts.
+// Bytes a blob of `stored_size` occupies in data.mdb: each full chunk one page, a
+// small last chunk its share of a leaf page (LMDB's layout for 4 KiB pages). This,
+// not the byte count, is what the disk holds and the size bound counts.
 std::uint64_t footprint(std::uint64_t stored_size);
 inline std::uint64_t footprint(const BlobRef& ref) { return footprint(ref.stored_size); }
 Result<BlobRef> decode_blob_ref(std::string_view bytes);

@@ -228,6 +228,24 @@ Result<bool> Tx::has_children(Ino dir) const {
     return any;
 }
 
+Result<std::vector<std::pair<std::string, records::Dirent>>> Tx::children(Ino dir) const {
+    std::vector<std::pair<std::string, records::Dirent>> out;
+    Status result;
+    const std::string prefix = records::u64_key(dir);
+    auto s = scan(db.dirents, prefix, prefix, [&](std::string_view key, std::string_view value) {
+        auto d = records::decode_dirent(value);
+        if (!d) {
+            result = tl::unexpected(d.error());
+            return false;
+        }
+        out.emplace_back(key.substr(8), *d);
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
+    if (!result) return tl::unexpected(result.error());
+    return out;
+}
+
 Result<std::optional<EntryInfo>> Tx::find_entry_record(Ino entry) const {
     auto bytes = get(db.entries, records::u64_key(entry));
     if (!bytes) return tl::unexpected(bytes.error());

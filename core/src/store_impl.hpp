@@ -80,6 +80,8 @@ public:
     Status put_inode(const records::Inode& inode);
     Result<std::optional<records::Dirent>> child(Ino parent, std::string_view name) const;
     Result<bool> has_children(Ino dir) const;
+    // The children of `dir` in name order, collected (safe to modify the tree after).
+    Result<std::vector<std::pair<std::string, records::Dirent>>> children(Ino dir) const;
     Result<std::optional<EntryInfo>> find_entry_record(Ino entry) const;
     Result<EntryInfo> entry(Ino entry) const;                // ENOENT if absent
     Status put_entry(const EntryInfo& entry);
@@ -111,6 +113,8 @@ Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign
 Result<records::BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view content);
 Status release_blob(Tx& tx, const Digest& digest);
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// A blob's bytes as stored (compressed or not), zero-copy when they fit one chunk.
+Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::BlobRef& ref);
 // entries.cpp
 Status create_entry_record(Tx& tx, const records::Inode& node);
 Status drop_entry_record(Tx& tx, Ino entry, EventKind why, Ino parent, std::string_view name);

@@ -161,23 +161,10 @@ Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind w
         Frame& frame = stack.back();
         if ((frame.node.mode & S_IFMT) == S_IFDIR && !frame.expanded) {
             frame.expanded = true;
-            std::vector<Ino> children;
-            const std::string prefix = records::u64_key(frame.node.ino);
-            Status result;
-            auto s = tx.scan(tx.db.dirents, prefix, prefix,
-                             [&](std::string_view, std::string_view value) {
-                                 auto d = records::decode_dirent(value);
-                                 if (!d) {
-                                     result = tl::unexpected(d.error());
-                                     return false;
-                                 }
-                                 children.push_back(d->child);
-                                 return true;
-                             });
-            if (!s) return s;
-            if (!result) return result;
-            for (Ino child : children) {
-                auto c = tx.inode(child);
+            auto children = tx.children(frame.node.ino);
+            if (!children) return tl::unexpected(children.error());
+            for (const auto& [child_name, child] : *children) {
+                auto c = tx.inode(child.child);
                 if (!c) return tl::unexpected(c.error());
                 stack.push_back({std::move(*c)});
             }
@@ -391,19 +378,11 @@ Status retag(Tx& tx, Inode moved, const Inode& new_parent) {
             }
         }
         if ((node->mode & S_IFMT) == S_IFDIR) {
-            const std::string prefix = records::u64_key(node->ino);
-            Status result;
-            auto s = tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view, std::string_view v) {
-                auto d = records::decode_dirent(v);
-                if (!d) {
-                    result = tl::unexpected(d.error());
-                    return false;
-                }
-                work.push_back({d->child, static_cast<std::uint16_t>(item.depth + 1), new_entry});
-                return true;
-            });
-            if (!s) return s;
-            if (!result) return result;
+            auto children = tx.children(node->ino);
+            if (!children) return tl::unexpected(children.error());
+            for (const auto& [name, d] : *children) {
+                work.push_back({d.child, static_cast<std::uint16_t>(item.depth + 1), new_entry});
+            }
         }
     }
     return {};

@@ -123,7 +123,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     }
 
     // 2. Blobs: content matches digest and size, refcounts match references.
-    std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0;
+    std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0, chunks_expected = 0;
     std::unordered_map<Digest, bool, DigestHash> damaged;  // blobs whose content is bad
     MDB_stat st{};
     mdb_stat(tx.txn, tx.db.blob_refs, &st);
@@ -137,6 +137,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             return true;
         }
         ++blob_count;
+        chunks_expected += records::chunk_count(ref->stored_size);
         stored_total += records::footprint(*ref);
         raw_total += ref->raw_size;
         const auto it = refs.find(digest);
@@ -163,8 +164,9 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         problem(fmt::format("file '{}' has damaged content (blob {})", path ? *path : node.name, node.digest.hex()));
     }
     mdb_stat(tx.txn, tx.db.blob_data, &st);
-    if (st.ms_entries != total_blobs) {
-        problem(fmt::format("{} blob contents for {} blob references", st.ms_entries, total_blobs));
+    if (st.ms_entries != chunks_expected) {
+        problem(fmt::format("{} blob chunks stored where the blob references need {}", st.ms_entries,
+                            chunks_expected));
     }
 
     // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.

@@ -360,44 +360,37 @@ void Filesystem::readlink(fuse_req_t req, fuse_ino_t ino) {
     fuse_reply_readlink(req, target->c_str());
 }
 
-void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+void Filesystem::make_node(fuse_req_t req,
+                           const std::function<core::Result<Attr>(core::WriteTxn&, const fuse_ctx&)>& make) {
     const fuse_ctx* ctx = fuse_req_ctx(req);
     Attr attr;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto a = txn.mkdir(parent, name, mode, ctx->uid, ctx->gid);
+        auto a = make(txn, *ctx);
         if (!a) return tl::unexpected(a.error());
         attr = *a;
         return {};
     });
     if (!s) return reply_error(req, s.error());
     reply_entry(req, attr);
+}
+
+void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
+        return txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
+    });
 }
 
 void Filesystem::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
     if (!S_ISREG(mode)) return reply_error(req, {EPERM, "only regular files can be made"});
-    const fuse_ctx* ctx = fuse_req_ctx(req);
-    Attr attr;
-    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto a = txn.create(parent, name, mode, ctx->uid, ctx->gid, true);
-        if (!a) return tl::unexpected(a.error());
-        attr = *a;
-        return {};
+    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
+        return txn.create(parent, name, mode, ctx.uid, ctx.gid, true);
     });
-    if (!s) return reply_error(req, s.error());
-    reply_entry(req, attr);
 }
 
 void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
-    const fuse_ctx* ctx = fuse_req_ctx(req);
-    Attr attr;
-    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto a = txn.symlink(parent, name, target, ctx->uid, ctx->gid);
-        if (!a) return tl::unexpected(a.error());
-        attr = *a;
-        return {};
+    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
+        return txn.symlink(parent, name, target, ctx.uid, ctx.gid);
     });
-    if (!s) return reply_error(req, s.error());
-    reply_entry(req, attr);
 }
 
 void Filesystem::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {

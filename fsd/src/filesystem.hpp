@@ -87,6 +87,9 @@ private:
     };
 
     void reply_error(fuse_req_t req, const core::Error& error);
+    // Makes a node in one transaction and replies with its entry.
+    void make_node(fuse_req_t req,
+                   const std::function<core::Result<core::Attr>(core::WriteTxn&, const fuse_ctx&)>& make);
     // Replies with an entry the kernel now holds a lookup reference on.
     void reply_entry(fuse_req_t req, const core::Attr& attr);
     void remember_lookup(core::Ino ino);

@@ -137,8 +137,13 @@ public:
     // `fn` returns false to stop early.
     Status readdir(Ino dir, std::string_view after,
                    const std::function<bool(const DirEntry&)>& fn) const;
-    // Whole content of a regular file (see Content for lifetime).
+    // Whole content of a regular file (see Content for lifetime): zero-copy when it is
+    // stored uncompressed in one chunk (up to 4080 bytes).
     Result<Content> read(Ino file) const;
+    // The content in pieces, in order. Uncompressed content of any size is visited
+    // zero-copy, one view into the map per chunk, valid while the transaction lives;
+    // compressed content is decompressed into one piece.
+    Status read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const;
 
     Result<EntryInfo> entry(Ino entry) const;
     Result<EntryInfo> find_entry(std::string_view name) const;  // by path from root
