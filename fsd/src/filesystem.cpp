@@ -454,13 +454,21 @@ void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr
     if (!attr.entry) return;
     auto entry = txn.entry(attr.entry);
     if (!entry || !entry->populated) return;
-    const std::uint32_t pid = process_of(fuse_req_ctx(req)->pid);
-    if (pid == entry->populated_by_pid) return;  // its own kernel, not a cache hit
-    const std::string pair = fmt::format("{}:{}", attr.entry, pid);
+    // Most opens come from a thread that opened this entry before: known without /proc.
+    const auto tid = static_cast<std::uint32_t>(fuse_req_ctx(req)->pid);
+    const std::string by_thread = fmt::format("{}:t{}", attr.entry, tid);
+    {
+        std::lock_guard lock(m_seen_mutex);
+        if (m_seen.count(by_thread)) return;
+    }
+    const std::uint32_t pid = process_of(static_cast<pid_t>(tid));
+    const std::string by_process = fmt::format("{}:{}", attr.entry, pid);
     {
         std::lock_guard lock(m_seen_mutex);
         if (m_seen.size() >= kMaxSeenPairs) m_seen.clear();  // bounded: may recount after this
-        if (!m_seen.insert(pair).second) return;
+        m_seen.insert(by_thread);
+        if (pid == entry->populated_by_pid) return;  // its own kernel, not a cache hit
+        if (!m_seen.insert(by_process).second) return;
     }
     m_background.hit(attr.entry);
 }
@@ -635,11 +643,13 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     // inherited (at exec, or at exit) while the opener is still writing. Only the
     // opener's close publishes here; release (the last descriptor gone) always does.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    const std::uint32_t closer = process_of(fuse_req_ctx(req)->pid);
     core::Status s;
     {
         std::lock_guard lock(handle->mutex);
-        if (closer == handle->opener) s = publish(req, *handle);
+        if (handle->staged && handle->staged->dirty() &&
+            process_of(fuse_req_ctx(req)->pid) == handle->opener) {
+            s = publish(req, *handle);
+        }
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
