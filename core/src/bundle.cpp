@@ -57,6 +57,7 @@ class BundleWriter {
 public:
     BundleWriter(std::FILE* out, std::string path) : m_out(out), m_path(std::move(path)) {}
     Status put(std::string_view bytes) {
+        if (bytes.empty()) return {};  // (an empty view may have no data pointer at all)
         m_hash.update(bytes.data(), bytes.size());
         if (std::fwrite(bytes.data(), 1, bytes.size(), m_out) != bytes.size()) {
             return fail(errno ? errno : EIO, fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
