@@ -11,14 +11,11 @@ namespace {
 constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
 constexpr int kFlushEvery = 4;                            // statistics: every 4 periods
 
-constexpr core::Counter kCounted[] = {core::Counter::negative_lookups, core::Counter::opens,
-                                      core::Counter::bytes_read, core::Counter::errors_other};
-
 int slot_of(core::Counter c) {
-    for (int i = 0; i < 4; ++i) {
-        if (kCounted[i] == c) return i;
+    for (int i = 0; i < Background::kSlots; ++i) {
+        if (Background::kCounted[i] == c) return i;
     }
-    return 3;
+    return Background::kSlots - 1;  // errors_other
 }
 
 }  // namespace
@@ -70,8 +67,8 @@ void Background::hit(core::Ino entry) {
 }
 
 core::Status Background::flush_stats() {
-    std::uint64_t counts[4];
-    for (int i = 0; i < 4; ++i) counts[i] = m_counts[i].exchange(0);
+    std::uint64_t counts[kSlots];
+    for (int i = 0; i < kSlots; ++i) counts[i] = m_counts[i].exchange(0);
     std::vector<core::Ino> hits;
     {
         std::lock_guard lock(m_mutex);
@@ -81,7 +78,7 @@ core::Status Background::flush_stats() {
     for (auto c : counts) any = any || c;
     if (!any) return {};
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < kSlots; ++i) {
             if (auto a = txn.add(kCounted[i], counts[i]); !a) return a;
         }
         for (core::Ino entry : hits) {
@@ -91,7 +88,7 @@ core::Status Background::flush_stats() {
         return {};
     });
     if (!s) {  // keep them for the next try
-        for (int i = 0; i < 4; ++i) m_counts[i].fetch_add(counts[i]);
+        for (int i = 0; i < kSlots; ++i) m_counts[i].fetch_add(counts[i]);
         std::lock_guard lock(m_mutex);
         m_hits.insert(m_hits.end(), hits.begin(), hits.end());
     }

@@ -62,7 +62,15 @@ private:
     std::vector<core::Ino> m_inodes_to_invalidate;
     std::vector<core::Ino> m_hits;
     std::atomic<bool> m_check_limits{false};
-    std::atomic<std::uint64_t> m_counts[4] = {};  // negative_lookups, opens, bytes_read, errors
+public:
+    // The counters handlers count in memory, flushed together.
+    static constexpr int kSlots = 6;
+    static constexpr core::Counter kCounted[kSlots] = {
+        core::Counter::negative_lookups, core::Counter::opens,     core::Counter::bytes_read,
+        core::Counter::errors_nospc,     core::Counter::errors_io, core::Counter::errors_other};
+
+private:
+    std::atomic<std::uint64_t> m_counts[kSlots] = {};
     std::uint64_t m_event_seq = 0;
     const double m_sync_interval_s;
     std::uint64_t m_synced_txn = 0;

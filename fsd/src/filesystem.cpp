@@ -97,8 +97,10 @@ Filesystem::~Filesystem() { m_background.stop(); }
 
 void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
     switch (error.code) {
-        case ENOSPC: m_background.count(core::Counter::errors_other); break;
-        case EIO: m_background.count(core::Counter::errors_other); break;
+        case ENOSPC: m_background.count(core::Counter::errors_nospc); break;
+        case EIO: m_background.count(core::Counter::errors_io); break;
+        case EFBIG:
+        case ENOMEM: m_background.count(core::Counter::errors_other); break;
         default: break;  // ENOENT, EEXIST, ENOTEMPTY ... are answers, not failures
     }
     if (error.code == EIO || error.code == ENOSPC) {

@@ -133,6 +133,10 @@ TEST_CASE("a cache full of pinned entries gives writers ENOSPC and keeps serving
     REQUIRE(unpin.exit_code == 0);
     CHECK(write_all(cache.p("new/kernel.cubin"), random_bytes(2 * kEntrySize, 50)) == 0);
     CHECK(read_all(cache.p(names[3] + "/kernel.cubin")) == random_bytes(kEntrySize, 3));
+
+    // The refusal is counted as what it was.
+    cache.unmount();
+    CHECK(stat_value(cache_stats(cache.db()), "errors_nospc") >= 1);
 }
 
 TEST_CASE("beyond --max-size least recently used entries are evicted from the mount",
