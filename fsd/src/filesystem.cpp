@@ -70,6 +70,7 @@ struct Filesystem::FileHandle {
     std::optional<core::StagedFile> staged;       // writers
     std::uint64_t touched = 0;                    // writers: when last changed (m_write_clock)
     std::uint32_t opener = 0;  // the process that opened it: only its close publishes early
+    bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
     bool fresh = false;        // opened for writing, not yet written or truncated
     std::string_view view() const {
         if (staged) return staged->content();
@@ -137,6 +138,8 @@ void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
     }
     m_lookups.erase(it);
     m_orphans.erase(ino);  // the kernel will not ask for it again
+    std::lock_guard pages(m_pages_mutex);  // nor keep pages of it: bounded by the kernel's cache
+    m_pages.erase(ino);
 }
 
 std::optional<std::pair<Ino, Filesystem::Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent,
@@ -427,13 +430,24 @@ void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
 
 // ---- files ----------------------------------------------------------------------
 
-bool Filesystem::same_pages(Ino ino, const core::Digest& digest) {
+Filesystem::PageUse Filesystem::enter_pages(Ino ino, const core::Digest& digest) {
     std::lock_guard lock(m_pages_mutex);
-    auto [it, inserted] = m_page_digests.try_emplace(ino, digest);
-    if (inserted) return false;
-    const bool same = it->second == digest;
-    it->second = digest;
-    return same;
+    auto [it, inserted] = m_pages.try_emplace(ino, PageState{digest, 0});
+    PageState& state = it->second;
+    if (!inserted && state.digest != digest) {
+        // Another version's reader still fills the cache: mixing would tear both.
+        if (state.readers > 0) return PageUse::direct;
+        state.digest = digest;
+        ++state.readers;
+        return PageUse::refill;  // the kernel drops the other version's pages first
+    }
+    ++state.readers;
+    return inserted ? PageUse::refill : PageUse::keep;
+}
+
+void Filesystem::leave_pages(Ino ino) {
+    std::lock_guard lock(m_pages_mutex);
+    if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.readers > 0) --it->second.readers;
 }
 
 std::shared_ptr<const std::string> Filesystem::snapshot(const core::Digest& digest,
@@ -514,8 +528,12 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         handle->snapshot = snapshot(attr->digest, content->bytes());
         count_open(req, *txn, *attr);
         fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
-        if (has_writer(ino)) fi->direct_io = 1;  // the kernel's size is the writer's, not ours
-        else fi->keep_cache = same_pages(ino, attr->digest) ? 1 : 0;
+        // Through the page cache only when no writer is at work (the kernel's size is
+        // then the writer's) and no reader of another version fills it.
+        const PageUse use = has_writer(ino) ? PageUse::direct : enter_pages(ino, attr->digest);
+        fi->direct_io = use == PageUse::direct;
+        fi->keep_cache = use == PageUse::keep;
+        handle->page_cached = use != PageUse::direct;
     }
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
@@ -524,6 +542,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             remove_writer(raw);
             (void)raw->staged->abandon();
         }
+        if (raw->page_cached) leave_pages(ino);
         delete raw;
     }
 }
@@ -672,6 +691,7 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
 
 void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+    if (handle->page_cached) leave_pages(handle->ino);
     if (handle->staged) {
         // flush() published already unless a write came after it (or it failed,
         // in which case the writer was told). The lease ends here.

@@ -114,8 +114,11 @@ private:
     bool has_writer(core::Ino ino);
     // Publishes a writer's content, first making room under the size bound.
     core::Status publish(fuse_req_t req, FileHandle& handle);
-    // Whether the kernel may keep its cached pages of `ino` (same content as before).
-    bool same_pages(core::Ino ino, const core::Digest& digest);
+    // How a reader of `digest` may use the page cache of `ino`, which all readers of
+    // the inode share: at most one version at a time is read through it.
+    enum class PageUse { keep, refill, direct };
+    PageUse enter_pages(core::Ino ino, const core::Digest& digest);
+    void leave_pages(core::Ino ino);
     std::shared_ptr<const std::string> snapshot(const core::Digest& digest, std::string_view bytes);
     void count_open(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr);
 
@@ -123,8 +126,12 @@ private:
     const Options m_options;
     Background m_background;
 
-    std::mutex m_pages_mutex;  // the digest whose pages the kernel caches, per inode
-    std::unordered_map<core::Ino, core::Digest> m_page_digests;
+    struct PageState {
+        core::Digest digest;        // the version whose pages the kernel caches
+        std::uint32_t readers = 0;  // open handles reading through the page cache
+    };
+    std::mutex m_pages_mutex;
+    std::unordered_map<core::Ino, PageState> m_pages;
 
     std::mutex m_snapshots_mutex;  // content shared by reader handles
     std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots;
