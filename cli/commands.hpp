@@ -147,5 +147,6 @@ void add_entry_commands(CLI::App& app, Cli& cli);        // ls, show, cat
 void add_evict_commands(CLI::App& app, Cli& cli);        // evict, clear, pin, unpin
 void add_maintenance_commands(CLI::App& app, Cli& cli);  // verify, gc
 void add_bundle_commands(CLI::App& app, Cli& cli);       // export, import
+void add_inspect_commands(CLI::App& app, Cli& cli);      // inspect-binary
 
 }  // namespace kcache::cli

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
     add_evict_commands(app, cli);
     add_maintenance_commands(app, cli);
     add_bundle_commands(app, cli);
+    add_inspect_commands(app, cli);
 
     if (argc <= 1) {
         std::fputs(app.help().c_str(), stderr);

@@ -11,6 +11,7 @@ packages=(
   libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3
+  clang-14 libclang-rt-14-dev  # the loader's libFuzzer target (tests/loader/run_fuzz.sh)
 )
 
 sudo_cmd=()
