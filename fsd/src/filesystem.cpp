@@ -71,6 +71,7 @@ struct Filesystem::FileHandle {
     std::uint64_t touched = 0;                    // writers: when last changed (m_write_clock)
     std::uint32_t opener = 0;  // the process that opened it: only its close publishes early
     bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
+    bool killed = false;       // its writer died by a signal: nothing is published
     bool fresh = false;        // opened for writing, not yet written or truncated
     std::string_view view() const {
         if (staged) return staged->content();
@@ -664,13 +665,16 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     // Every close() of a descriptor flushes, also a forked child closing the copy it
     // inherited (at exec, or at exit) while the opener is still writing. Only the
     // opener's close publishes here; release (the last descriptor gone) always does.
+    // A process killed by a signal closes its files too: a writer killed mid-file
+    // must not publish what it had written so far.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    const pid_t tid = fuse_req_ctx(req)->pid;
     core::Status s;
     {
         std::lock_guard lock(handle->mutex);
-        if (handle->staged && handle->staged->dirty() &&
-            process_of(fuse_req_ctx(req)->pid) == handle->opener) {
-            s = publish(req, *handle);
+        if (handle->staged && handle->staged->dirty() && !handle->killed) {
+            if (killed_by_signal(tid)) handle->killed = true;
+            else if (process_of(tid) == handle->opener) s = publish(req, *handle);
         }
     }
     if (!s) return reply_error(req, s.error());
@@ -694,8 +698,11 @@ void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     if (handle->page_cached) leave_pages(handle->ino);
     if (handle->staged) {
         // flush() published already unless a write came after it (or it failed,
-        // in which case the writer was told). The lease ends here.
-        if (auto s = publish(req, *handle); !s) {
+        // in which case the writer was told), or its writer was killed. The lease
+        // ends here.
+        if (handle->killed) {
+            // Nothing of a killed writer's content is published.
+        } else if (auto s = publish(req, *handle); !s) {
             std::fprintf(stderr, "kcache-fsd: content of inode %llu lost at release: %s\n",
                          static_cast<unsigned long long>(handle->ino), s.error().message.c_str());
         }

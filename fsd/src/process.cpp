@@ -1,7 +1,9 @@
 #include "process.hpp"
 
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace kcache::fsd {
 
@@ -11,6 +13,22 @@ std::uint32_t process_of(pid_t tid) {
         if (line.rfind("Tgid:", 0) == 0) return static_cast<std::uint32_t>(std::stoul(line.substr(5)));
     }
     return static_cast<std::uint32_t>(tid);
+}
+
+bool killed_by_signal(pid_t tid) {
+    std::ifstream stat("/proc/" + std::to_string(tid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return false;
+    const auto close = line.rfind(')');  // the command name may hold spaces and ')'
+    if (close == std::string::npos) return false;
+    std::istringstream fields(line.substr(close + 2));  // from field 3 (state) on
+    std::vector<std::string> f{"", "", ""};             // fields 1 and 2 are before
+    for (std::string field; fields >> field;) f.push_back(field);
+    if (f.size() <= 52) return false;  // kernels before 3.5 do not report exit_code
+    constexpr unsigned long kPfExiting = 0x4;
+    const unsigned long flags = std::stoul(f[9]);
+    const long exit_code = std::stol(f[52]);
+    return (flags & kPfExiting) && (exit_code & 0x7f) != 0;
 }
 
 Caller caller_of(pid_t tid) {

@@ -18,5 +18,9 @@ struct Caller {
 std::uint32_t process_of(pid_t tid);
 // The same with the process's name.
 Caller caller_of(pid_t tid);
+// True while thread `tid` is exiting because a signal killed it (SIGKILL, an unhandled
+// SIGTERM ...): the kernel sets PF_EXITING and the exit code before it closes the
+// task's files, so a FLUSH sent by that closing can tell a kill from a normal exit.
+bool killed_by_signal(pid_t tid);
 
 }  // namespace kcache::fsd

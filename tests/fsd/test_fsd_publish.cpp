@@ -249,3 +249,20 @@ TEST_CASE("8 processes storing the same entries at once leave complete versions"
     CHECK(stat_value(stats, "misses") == static_cast<std::uint64_t>(kEntries));
     CHECK(stat_value(stats, "entries") == static_cast<std::uint64_t>(kEntries));
 }
+
+TEST_CASE("a writer that exits without closing still publishes what it wrote",
+          "[fsd][publish]") {
+    // The kernel closes an exiting process's files: a normal exit keeps the bytes, as
+    // on a local disk (only a writer killed by a signal publishes nothing).
+    MountedCache cache;
+    REQUIRE_SYS(mkdir(cache.p("k").c_str(), 0755));
+    const std::string path = cache.p("k/kernel.cubin");
+    const std::string content = random_bytes(200 * 1024, 77);
+    const ChildResult r = run_child([&] {
+        const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || write_fd(fd, content) != 0) return 1;
+        _exit(0);  // no close(): the exit closes it
+    });
+    REQUIRE(r.exit_code == 0);
+    CHECK(read_all(path) == content);
+}
