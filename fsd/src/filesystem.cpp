@@ -240,15 +240,33 @@ bool Filesystem::take_open_truncate(Ino ino, std::uint32_t process) {
     std::lock_guard lock(m_writers_mutex);
     auto it = m_writers.find(ino);
     if (it == m_writers.end()) return false;
+    // The SETATTR follows its OPEN at once: it belongs to this process's newest
+    // fresh writer, not to an older descriptor it keeps open idle.
+    FileHandle* newest = nullptr;
     for (FileHandle* h : it->second) {
         std::lock_guard handle_lock(h->mutex);
-        if (h->opener == process && h->fresh && h->staged) {
-            h->fresh = false;
-            h->touched = ++m_write_clock;
-            return h->staged->truncate(0).has_value();
+        if (h->opener == process && h->fresh && h->staged && (!newest || h->touched > newest->touched)) {
+            newest = h;
         }
     }
-    return false;
+    if (!newest) return false;
+    std::lock_guard handle_lock(newest->mutex);
+    newest->fresh = false;
+    newest->touched = ++m_write_clock;
+    return newest->staged->truncate(0).has_value();
+}
+
+void Filesystem::truncate_writers(Ino ino, std::uint64_t size) {
+    std::lock_guard lock(m_writers_mutex);
+    auto it = m_writers.find(ino);
+    if (it == m_writers.end()) return;
+    for (FileHandle* h : it->second) {
+        std::lock_guard handle_lock(h->mutex);
+        if (h->staged && h->staged->truncate(size)) {
+            h->fresh = false;
+            h->touched = ++m_write_clock;
+        }
+    }
 }
 
 // ---- init and namespace ---------------------------------------------------------
@@ -352,7 +370,12 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         }
     }
     if (!s) return reply_error(req, s.error());
-    if (changes.size) m_background.invalidate_inode(ino);
+    if (changes.size) {
+        // truncate(path) while the file is open for writing: on a local disk the
+        // writers share the truncated file, so their staged copies are cut too.
+        truncate_writers(ino, *changes.size);
+        m_background.invalidate_inode(ino);
+    }
     if (staged_size) result.size = *staged_size;
     struct stat st = to_stat(result);
     fuse_reply_attr(req, &st, attr_timeout(result));

@@ -109,6 +109,8 @@ private:
     std::optional<std::uint64_t> staged_size(core::Ino ino, std::uint32_t process);
     // Applies a SETATTR(size 0) that follows open(O_TRUNC) to the opener's fresh writer.
     bool take_open_truncate(core::Ino ino, std::uint32_t process);
+    // Applies a truncate by path to every open writer's staged content.
+    void truncate_writers(core::Ino ino, std::uint64_t size);
     void add_writer(FileHandle* handle);
     void remove_writer(FileHandle* handle);
     bool has_writer(core::Ino ino);
