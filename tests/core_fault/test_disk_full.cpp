@@ -1,5 +1,4 @@
 // A full disk is an ENOSPC error, never corruption: the db lives on a small tmpfs.
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -10,8 +9,8 @@
 
 #include "kcache/core/maintenance.hpp"
 #include "kcache/core/store.hpp"
-#include "skip.hpp"
 #include "temp_dir.hpp"
+#include "tmpfs.hpp"
 
 using namespace kcache::core;
 using kcache::test::TempDir;
@@ -24,29 +23,15 @@ std::string random_bytes(std::mt19937_64& rng, std::size_t n) {
     return s;
 }
 
-struct TmpfsMount {
-    std::string path;
-    explicit TmpfsMount(const std::string& where, const char* size) : path(where) {
-        std::filesystem::create_directories(path);
-        const std::string options = std::string("size=") + size;
-        if (mount("tmpfs", path.c_str(), "tmpfs", 0, options.c_str()) != 0) {
-            kcache::test::skip("cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): " +
-                               std::string(strerror(errno)));
-        }
-    }
-    ~TmpfsMount() { umount2(path.c_str(), MNT_DETACH); }
-};
-
 }  // namespace
 
 TEST_CASE("a full disk fails writes with ENOSPC, keeps every committed file, and recovers",
           "[core][fault]") {
-    if (geteuid() != 0) kcache::test::skip("mounting a tmpfs needs root");
     TempDir dir;
-    TmpfsMount fs(dir.str() + "/small", "6m");
-    const std::string db = fs.path + "/db";
+    kcache::test::Tmpfs small(dir.path() / "small", "6m");
+    const std::string db = (small.path() / "db").string();
     // Ballast takes most of the space; removing it later frees the disk.
-    const std::string ballast = fs.path + "/ballast";
+    const std::string ballast = (small.path() / "ballast").string();
     kcache::test::write_file(ballast, std::string(2 << 20, 'b'));
 
     std::mt19937_64 rng(42);

@@ -428,7 +428,7 @@ MountedCache::MountedCache(DaemonOptions options) : m_options(std::move(options)
     require_fuse();
     m_root = fs::canonical(m_dir.path());  // as /proc/self/mountinfo spells it
     m_mnt = m_root / "mnt";
-    m_db = m_root / "db";
+    m_db = m_options.db.empty() ? m_root / "db" : m_options.db;
     m_log = m_root / "daemon.stderr";
     fs::create_directories(m_mnt);
     m_watchdog = std::make_unique<Watchdog>(

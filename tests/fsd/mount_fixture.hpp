@@ -196,6 +196,7 @@ struct DaemonOptions {
     std::vector<std::string> args;  // extra options, e.g. {"--max-size", "1M"}
     bool foreground = true;         // -f; false: the daemon daemonizes itself
     double watchdog_s = 120;        // the whole test's bound while this cache exists
+    fs::path db;                    // where the db lives; empty: <tmp>/db
 };
 
 // A kcache-fsd serving <tmp>/db on <tmp>/mnt. The constructor mounts (REQUIRE: it comes
