@@ -426,6 +426,9 @@ Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
     if (impl->lock_fd < 0 && options.read_only && errno == ENOENT) {
         return fail(ENOENT, fmt::format("no kcache db at {} (no kcache.lock)", path));
     }
+    if (impl->lock_fd < 0 && errno == EROFS) {
+        return fail(EROFS, fmt::format("db {} is on a read-only filesystem: it can only be opened read-only", path));
+    }
     if (impl->lock_fd < 0) {
         return fail(errno, fmt::format("db {}: cannot open kcache.lock: {}", path, std::strerror(errno)));
     }

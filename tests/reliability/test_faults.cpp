@@ -1,5 +1,6 @@
 // Faults under the daemon: the db on a small filesystem that fills up.
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,4 +67,22 @@ TEST_CASE("faults: a full disk under the daemon gives writers ENOSPC, keeps read
     const ProcResult verify = run_kcache(cache.db(), {"verify"});
     INFO(verify.out << verify.err);
     CHECK(verify.exit_code == 0);
+}
+
+TEST_CASE("faults: a db on a read-only filesystem is refused before anything is mounted",
+          "[reliability][faults]") {
+    TempDir dir;
+    Tmpfs small(dir.path() / "small", "8m");
+    const fs::path db = small.path() / "db";
+    REQUIRE(run_kcache(db, {"init"}).exit_code == 0);
+    REQUIRE(::mount(nullptr, small.path().c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) == 0);
+    const fs::path mnt = dir.path() / "mnt";
+    fs::create_directories(mnt);
+    const ProcResult r = run_process({KCACHE_FSD_PATH, "-f", "--db", db.string(), mnt.string()});
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, Catch::Contains(db.string()) && Catch::Contains("read-only", Catch::CaseSensitive::No));
+    CHECK(fs::is_empty(mnt));  // nothing was mounted there
+    // The CLI still reads it: stats on a read-only db work.
+    CHECK(run_kcache(db, {"stats", "--json"}).exit_code == 0);
 }
