@@ -291,33 +291,41 @@ Result<Attr> WriteTxn::symlink(Ino parent, std::string_view name, std::string_vi
     return make_node(tx, prep->first, name, S_IFLNK | 0777, uid, gid, target);
 }
 
-Status WriteTxn::unlink(Ino parent, std::string_view name) {
-    Tx tx = TxnAccess::tx(*this);
+namespace {
+
+// The directory `parent` and its child `name`, which must exist (ENOENT).
+Result<std::pair<Inode, Inode>> existing_child(const Tx& tx, Ino parent, std::string_view name) {
     auto dir = directory(tx, parent);
     if (!dir) return tl::unexpected(dir.error());
     auto d = tx.child(parent, name);
     if (!d) return tl::unexpected(d.error());
     if (!*d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
-    if ((*d)->type == FileType::directory) return fail(EISDIR, fmt::format("'{}' is a directory", name));
     auto node = tx.inode((*d)->child);
     if (!node) return tl::unexpected(node.error());
-    return remove_node(tx, *dir, *node, EventKind::remove);
+    return std::pair{std::move(*dir), std::move(*node)};
+}
+
+}  // namespace
+
+Status WriteTxn::unlink(Ino parent, std::string_view name) {
+    Tx tx = TxnAccess::tx(*this);
+    auto found = existing_child(tx, parent, name);
+    if (!found) return tl::unexpected(found.error());
+    auto& [dir, node] = *found;
+    if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("'{}' is a directory", name));
+    return remove_node(tx, dir, node, EventKind::remove);
 }
 
 Status WriteTxn::rmdir(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
-    auto dir = directory(tx, parent);
-    if (!dir) return tl::unexpected(dir.error());
-    auto d = tx.child(parent, name);
-    if (!d) return tl::unexpected(d.error());
-    if (!*d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
-    if ((*d)->type != FileType::directory) return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
-    auto full = tx.has_children((*d)->child);
+    auto found = existing_child(tx, parent, name);
+    if (!found) return tl::unexpected(found.error());
+    auto& [dir, node] = *found;
+    if ((node.mode & S_IFMT) != S_IFDIR) return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
+    auto full = tx.has_children(node.ino);
     if (!full) return tl::unexpected(full.error());
     if (*full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
-    auto node = tx.inode((*d)->child);
-    if (!node) return tl::unexpected(node.error());
-    return remove_node(tx, *dir, *node, EventKind::remove);
+    return remove_node(tx, dir, node, EventKind::remove);
 }
 
 namespace {

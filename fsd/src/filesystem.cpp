@@ -48,6 +48,17 @@ struct stat to_stat(const Attr& a) {
 
 double attr_timeout(const Attr& a) { return a.is_regular() ? kFileAttrTimeout : kDirAttrTimeout; }
 
+// What the kernel caches about a name it looked up (or created).
+fuse_entry_param entry_param(const Attr& a) {
+    fuse_entry_param e{};
+    e.ino = a.ino;
+    e.generation = 1;
+    e.attr = to_stat(a);
+    e.attr_timeout = attr_timeout(a);
+    e.entry_timeout = kEntryTimeout;
+    return e;
+}
+
 std::int64_t ns_of(const timespec& ts) {
     return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
@@ -112,12 +123,7 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
 }
 
 void Filesystem::reply_entry(fuse_req_t req, const Attr& attr) {
-    fuse_entry_param e{};
-    e.ino = attr.ino;
-    e.generation = 1;
-    e.attr = to_stat(attr);
-    e.attr_timeout = attr_timeout(attr);
-    e.entry_timeout = kEntryTimeout;
+    const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_entry(req, &e) != 0) forget(attr.ino, 1);  // the kernel never got it
 }
@@ -597,12 +603,7 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     FileHandle* raw = handle.release();
     add_writer(raw);
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
-    fuse_entry_param e{};
-    e.ino = attr.ino;
-    e.generation = 1;
-    e.attr = to_stat(attr);
-    e.attr_timeout = attr_timeout(attr);
-    e.entry_timeout = kEntryTimeout;
+    const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_create(req, &e, fi) != 0) {
         forget(attr.ino, 1);
@@ -782,16 +783,13 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         const auto next = static_cast<off_t>(i + 1);
         std::size_t n = 0;
         if (plus) {
-            fuse_entry_param e{};
-            const bool dots = child.name == "." || child.name == "..";
             auto attr = txn->getattr(child.ino);
             if (!attr) continue;  // removed since the snapshot
-            e.attr = to_stat(*attr);
-            if (!dots) {  // the kernel takes a lookup reference on these
-                e.ino = child.ino;
-                e.generation = 1;
-                e.attr_timeout = attr_timeout(*attr);
-                e.entry_timeout = kEntryTimeout;
+            fuse_entry_param e{};
+            if (child.name == "." || child.name == "..") {
+                e.attr = to_stat(*attr);  // no entry: the kernel takes no reference on these
+            } else {
+                e = entry_param(*attr);
             }
             n = fuse_add_direntry_plus(req, buf.data() + used, size - used, child.name.c_str(), &e, next);
             if (n <= size - used && e.ino) remember_lookup(e.ino);  // the kernel takes a reference
