@@ -34,6 +34,9 @@ namespace {
 
 constexpr std::string_view kMagic = "KCBUNDL1";
 constexpr std::uint32_t kFormat = 1;
+// Longest path a bundle record holds (str16). Longer than kMaxPathLength: the tree has
+// no path limit (clients build deep trees with openat), so neither has export/import.
+constexpr std::size_t kMaxBundlePath = 0xffff;
 
 struct HashState {
     XXH3_state_t* state = XXH3_createState();
@@ -96,6 +99,9 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
                    ExportReport& report) {
     auto node = tx.inode(ino);
     if (!node) return tl::unexpected(node.error());
+    if (path.size() > kMaxBundlePath) {  // str16 would truncate its length
+        return fail(ENAMETOOLONG, fmt::format("'{}...': path too long for a bundle", path.substr(0, 64)));
+    }
     std::string rec;
     records::Writer w(rec);
     w.u8('N');
@@ -223,7 +229,7 @@ struct BundleNode {
 
 // Refuses any path that could leave the cache or is not a plain relative path.
 Status check_path(std::string_view path) {
-    if (path.empty() || path.size() > kMaxPathLength || path.front() == '/') {
+    if (path.empty() || path.size() > kMaxBundlePath || path.front() == '/') {
         return fail(EINVAL, fmt::format("refused path '{}': empty, absolute or too long", path));
     }
     for (std::size_t at = 0; at <= path.size();) {
@@ -238,6 +244,32 @@ Status check_path(std::string_view path) {
 
 std::size_t depth_of(std::string_view path) {
     return static_cast<std::size_t>(std::count(path.begin(), path.end(), '/')) + 1;
+}
+
+// Refuses a symlink target that is absolute or climbs above the cache root from the
+// link at `link_path`: served by the mount, it would make a compiler read, or write
+// with O_TRUNC, a file outside the cache. Resolved lexically: no node it passes is a
+// symlink, since a bundle's nodes all lie under directories of their entry.
+Status check_symlink_target(std::string_view link_path, std::string_view target) {
+    if (target.front() == '/') {
+        return fail(EINVAL, fmt::format("refused symlink '{}': absolute target", link_path));
+    }
+    std::size_t depth = depth_of(link_path) - 1;  // of the directory holding the link
+    for (std::size_t at = 0; at <= target.size();) {
+        const std::size_t slash = std::min(target.find('/', at), target.size());
+        const std::string_view part = target.substr(at, slash - at);
+        if (part == "..") {
+            if (depth == 0) {
+                return fail(EINVAL, fmt::format("refused symlink '{}': target '{}' leaves the cache",
+                                                link_path, target));
+            }
+            --depth;
+        } else if (!part.empty() && part != ".") {
+            ++depth;
+        }
+        at = slash + 1;
+    }
+    return {};
 }
 
 // Parses the whole bundle, calling on_entry / on_node for each record; fails on the
@@ -333,6 +365,9 @@ Status parse_bundle(const std::string& path, std::uint32_t entry_depth,
             auto target = in.bytes(*tlen);
             if (!target) return tl::unexpected(target.error());
             if (target->empty()) return in.bad("empty symlink target");
+            if (auto s = check_symlink_target(node.path, *target); !s) {
+                return in.bad(s.error().message);
+            }
             node.target = std::move(*target);
         }
         ++nodes;

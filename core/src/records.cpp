@@ -27,7 +27,9 @@ tl::unexpected<Error> corrupt(std::string_view what) {
 }
 
 // Checks the version byte and that the reader consumed exactly the record.
-bool well_formed(Reader& r, std::uint8_t version) { return r.ok() && version == kFormat; }
+bool well_formed(Reader& r, std::uint8_t version) {
+    return r.ok() && r.remaining() == 0 && version == kFormat;
+}
 
 }  // namespace
 
@@ -183,7 +185,9 @@ Result<Dirent> decode_dirent(std::string_view bytes) {
     Dirent d;
     d.child = r.u64();
     const std::uint8_t type = r.u8();
-    if (!r.ok() || d.child == 0 || type < 1 || type > 3) return corrupt("directory entry");
+    if (!r.ok() || r.remaining() != 0 || d.child == 0 || type < 1 || type > 3) {
+        return corrupt("directory entry");
+    }
     d.type = static_cast<FileType>(type);
     return d;
 }
@@ -266,7 +270,9 @@ Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes) {
     e.populated_by_pid = r.u32();
     e.populated_by_name = r.str16();
     e.producer = static_cast<Producer>(r.u8());
-    if (!well_formed(r, version)) return corrupt(fmt::format("entry {}", ino));
+    if (!well_formed(r, version) || (flags & ~3u) != 0) {  // unknown flags: not ours
+        return corrupt(fmt::format("entry {}", ino));
+    }
     return e;
 }
 

@@ -76,7 +76,7 @@ core::Status Background::flush_stats() {
     }
     bool any = !hits.empty();
     for (auto c : counts) any = any || c;
-    if (!any) return {};
+    if (!any || m_store.read_only()) return {};  // read-only service keeps no statistics
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
         for (int i = 0; i < kSlots; ++i) {
             if (auto a = txn.add(kCounted[i], counts[i]); !a) return a;

@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -80,8 +81,10 @@ struct Filesystem::FileHandle {
     std::shared_ptr<const std::string> snapshot;  // readers
     std::optional<core::StagedFile> staged;       // writers
     std::uint64_t touched = 0;                    // writers: when last changed (m_write_clock)
-    std::uint32_t opener = 0;  // the process that opened it: only its close publishes early
+    std::uint32_t opener = 0;  // writers: the process that opened it; only its close publishes early
+    pid_t reader_tid = 0;      // readers: the thread that opened it
     bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
+    bool page_writer = false;  // a writer counted in m_pages (leave_pages_as_writer at release)
     bool killed = false;       // its writer died by a signal: nothing is published
     bool fresh = false;        // opened for writing, not yet written or truncated
     std::string_view view() const {
@@ -104,7 +107,20 @@ struct Filesystem::DirHandle {
 Filesystem::Filesystem(core::Store& store, const Options& options)
     : m_store(store), m_options(options), m_background(store, options.sync_interval_s) {}
 
-Filesystem::~Filesystem() { m_background.stop(); }
+Filesystem::~Filesystem() {
+    {
+        std::lock_guard lock(m_pages_mutex);
+        m_writer_gate_stop = true;
+    }
+    m_writer_gate_wake.notify_all();
+    if (m_writer_gate.joinable()) m_writer_gate.join();
+    m_background.stop();
+}
+
+void Filesystem::start(fuse_session* session) {
+    m_background.start(session);
+    m_writer_gate = std::thread([this] { run_writer_gate(); });
+}
 
 // ---- replies ------------------------------------------------------------------------
 
@@ -146,7 +162,10 @@ void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
     m_lookups.erase(it);
     m_orphans.erase(ino);  // the kernel will not ask for it again
     std::lock_guard pages(m_pages_mutex);  // nor keep pages of it: bounded by the kernel's cache
-    m_pages.erase(ino);
+    if (auto page = m_pages.find(ino);
+        page != m_pages.end() && page->second.readers.empty() && page->second.writers == 0) {
+        m_pages.erase(page);
+    }
 }
 
 std::optional<std::pair<Ino, Filesystem::Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent,
@@ -222,11 +241,6 @@ void Filesystem::remove_writer(FileHandle* handle) {
     if (it == m_writers.end()) return;
     std::erase(it->second, handle);
     if (it->second.empty()) m_writers.erase(it);
-}
-
-bool Filesystem::has_writer(Ino ino) {
-    std::lock_guard lock(m_writers_mutex);
-    return m_writers.count(ino) != 0;
 }
 
 std::optional<std::uint64_t> Filesystem::staged_size(Ino ino, std::uint32_t process) {
@@ -315,11 +329,23 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (auto removed = removed_attr(ino, handle)) attr = *removed;
     }
     if (!attr) return reply_error(req, attr.error());
-    if (handle && attr->is_regular()) {  // the caller's own version of the file
-        std::lock_guard lock(handle->mutex);
-        attr->size = handle->view().size();
-    } else if (attr->is_regular()) {  // fstat by a writer: its own staged size; others: published
-        if (auto size = staged_size(ino, process_of(fuse_req_ctx(req)->pid))) attr->size = *size;
+    // The kernel applies every size it is told to the one inode all openers share.
+    // A writer is told its own staged size (no other process reads the inode through
+    // the page cache while it writes: admit_writer). Anyone else is told the size of
+    // the version read through the page cache while it is, else their own.
+    if (attr->is_regular()) {
+        std::optional<std::uint64_t> size;
+        if (handle && handle->staged) {
+            std::lock_guard lock(handle->mutex);
+            size = handle->view().size();
+        }
+        if (!size) size = page_cache_size(ino);
+        if (!size && handle) {
+            std::lock_guard lock(handle->mutex);
+            size = handle->view().size();
+        }
+        if (!size) size = staged_size(ino, process_of(fuse_req_ctx(req)->pid));  // fstat by path by a writer
+        if (size) attr->size = *size;
     }
     struct stat st = to_stat(*attr);
     fuse_reply_attr(req, &st, attr_timeout(*attr));
@@ -460,24 +486,133 @@ void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
 
 // ---- files ----------------------------------------------------------------------
 
-Filesystem::PageUse Filesystem::enter_pages(Ino ino, const core::Digest& digest) {
+Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Digest& digest) {
     std::lock_guard lock(m_pages_mutex);
-    auto [it, inserted] = m_pages.try_emplace(ino, PageState{digest, 0});
+    const std::uint64_t size = reader->view().size();
+    auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, 0});
     PageState& state = it->second;
+    // A writer counts itself in (enter_pages_as_writer) under the same lock: a reader
+    // either sees it here or is among the readers it waits for.
+    if (state.writers > 0) return PageUse::direct;
+    PageUse use = inserted ? PageUse::refill : PageUse::keep;
     if (!inserted && state.digest != digest) {
         // Another version's reader still fills the cache: mixing would tear both.
-        if (state.readers > 0) return PageUse::direct;
+        if (!state.readers.empty()) return PageUse::direct;
         state.digest = digest;
-        ++state.readers;
-        return PageUse::refill;  // the kernel drops the other version's pages first
+        state.size = size;
+        use = PageUse::refill;  // the kernel drops the other version's pages first
     }
-    ++state.readers;
-    return inserted ? PageUse::refill : PageUse::keep;
+    state.readers.push_back(reader);
+    reader->page_cached = true;
+    return use;
 }
 
-void Filesystem::leave_pages(Ino ino) {
+void Filesystem::leave_pages(FileHandle* reader) {
+    std::vector<std::function<void()>> admitted;
+    {
+        std::lock_guard lock(m_pages_mutex);
+        if (auto it = m_pages.find(reader->ino); it != m_pages.end()) std::erase(it->second.readers, reader);
+        for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
+            std::erase(w->readers, reader);
+            if (!w->readers.empty()) {
+                ++w;
+                continue;
+            }
+            admitted.push_back(std::move(w->reply));
+            w = m_waiting_writers.erase(w);
+        }
+    }
+    for (auto& reply : admitted) reply();  // replies never under a lock handlers take
+}
+
+std::optional<std::uint64_t> Filesystem::page_cache_size(Ino ino) {
     std::lock_guard lock(m_pages_mutex);
-    if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.readers > 0) --it->second.readers;
+    auto it = m_pages.find(ino);
+    if (it == m_pages.end() || it->second.readers.empty()) return std::nullopt;
+    return it->second.size;
+}
+
+std::vector<std::pair<Filesystem::FileHandle*, pid_t>> Filesystem::enter_pages_as_writer(FileHandle* writer) {
+    std::lock_guard lock(m_pages_mutex);
+    PageState& state = m_pages[writer->ino];
+    ++state.writers;
+    writer->page_writer = true;
+    std::vector<std::pair<FileHandle*, pid_t>> readers;
+    for (FileHandle* r : state.readers) readers.emplace_back(r, r->reader_tid);
+    return readers;
+}
+
+void Filesystem::leave_pages_as_writer(FileHandle* writer) {
+    std::lock_guard lock(m_pages_mutex);
+    if (auto it = m_pages.find(writer->ino); it != m_pages.end() && it->second.writers > 0) --it->second.writers;
+    writer->page_writer = false;
+}
+
+void Filesystem::admit_writer(FileHandle* writer, std::function<void()> reply) {
+    const auto readers = enter_pages_as_writer(writer);
+    // The writer's own process reading the file it rewrites races with itself, as
+    // on a local disk: waiting for it would only stall it.
+    std::vector<FileHandle*> others;
+    for (auto [reader, tid] : readers) {
+        if (process_of(tid) != writer->opener) others.push_back(reader);
+    }
+    if (!others.empty()) {
+        std::lock_guard lock(m_pages_mutex);
+        // Some may have closed meanwhile; none entered (the writer is registered).
+        const auto it = m_pages.find(writer->ino);
+        std::erase_if(others, [&](FileHandle* r) {
+            return it == m_pages.end() || std::find(it->second.readers.begin(), it->second.readers.end(), r) ==
+                                              it->second.readers.end();
+        });
+        if (!others.empty()) {
+            m_waiting_writers.push_back({writer, std::move(others),
+                                         std::chrono::steady_clock::now() + kWriterWait, std::move(reply)});
+            m_writer_gate_wake.notify_all();
+            return;
+        }
+    }
+    reply();
+}
+
+void Filesystem::run_writer_gate() {
+    std::unique_lock lock(m_pages_mutex);
+    while (!m_writer_gate_stop) {
+        auto next = std::chrono::steady_clock::time_point::max();
+        for (const WaitingWriter& w : m_waiting_writers) next = std::min(next, w.deadline);
+        m_writer_gate_wake.wait_until(lock, next);
+        std::vector<WaitingWriter> overdue;
+        const auto now = std::chrono::steady_clock::now();
+        for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
+            if (w->deadline > now) {
+                ++w;
+                continue;
+            }
+            overdue.push_back(std::move(*w));
+            w = m_waiting_writers.erase(w);
+        }
+        if (overdue.empty()) continue;
+        lock.unlock();
+        for (auto& w : overdue) {
+            std::fprintf(stderr,
+                         "kcache-fsd: a writer of inode %llu waited %lld s for %zu reader(s) of the old "
+                         "content to close; it goes ahead (those readers may read past their end)\n",
+                         static_cast<unsigned long long>(w.writer->ino),
+                         static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kWriterWait).count()),
+                         w.readers.size());
+            w.reply();
+        }
+        lock.lock();
+    }
+}
+
+void Filesystem::discard_open(FileHandle* handle) {
+    if (handle->staged) {
+        remove_writer(handle);
+        (void)handle->staged->abandon();
+    }
+    if (handle->page_cached) leave_pages(handle);
+    if (handle->page_writer) leave_pages_as_writer(handle);
+    delete handle;
 }
 
 std::shared_ptr<const std::string> Filesystem::snapshot(const core::Digest& digest,
@@ -558,23 +693,18 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         handle->snapshot = snapshot(attr->digest, content->bytes());
         count_open(req, *txn, *attr);
         fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
-        // Through the page cache only when no writer is at work (the kernel's size is
-        // then the writer's) and no reader of another version fills it.
-        const PageUse use = has_writer(ino) ? PageUse::direct : enter_pages(ino, attr->digest);
+        handle->reader_tid = fuse_req_ctx(req)->pid;
+        const PageUse use = enter_pages(handle.get(), attr->digest);
         fi->direct_io = use == PageUse::direct;
         fi->keep_cache = use == PageUse::keep;
-        handle->page_cached = use != PageUse::direct;
     }
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
-    if (fuse_reply_open(req, fi) != 0) {  // the opener is gone (interrupted)
-        if (raw->staged) {
-            remove_writer(raw);
-            (void)raw->staged->abandon();
-        }
-        if (raw->page_cached) leave_pages(ino);
-        delete raw;
-    }
+    auto reply = [this, req, opened = *fi, raw]() mutable {
+        if (fuse_reply_open(req, &opened) != 0) discard_open(raw);  // the opener is gone (interrupted)
+    };
+    if (raw->staged) return admit_writer(raw, std::move(reply));
+    reply();
 }
 
 void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -603,13 +733,12 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     FileHandle* raw = handle.release();
     add_writer(raw);
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
+    (void)enter_pages_as_writer(raw);  // no reader enters the page cache while it writes; see admit_writer
     const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_create(req, &e, fi) != 0) {
         forget(attr.ino, 1);
-        remove_writer(raw);
-        (void)raw->staged->abandon();
-        delete raw;
+        discard_open(raw);
     }
 }
 
@@ -719,7 +848,8 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
 
 void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
-    if (handle->page_cached) leave_pages(handle->ino);
+    if (handle->page_cached) leave_pages(handle.get());
+    if (handle->page_writer) leave_pages_as_writer(handle.get());
     if (handle->staged) {
         // flush() published already unless a write came after it (or it failed,
         // in which case the writer was told), or its writer was killed. The lease

@@ -15,19 +15,24 @@
 // (timeout 0); getattr answers with the open handle's view, or the newest staged
 // writer's. Writers, and readers that open while a writer is at work, use direct
 // I/O: the writer's bytes never enter the page cache other readers share, and a
-// reader's reads end where its own version ends.
+// reader's reads end where its own version ends. The kernel's one size per inode is
+// the last shared thing: a writer's open waits (at most kWriterWait) until readers
+// of other processes that read the inode through the page cache have closed.
 #pragma once
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -45,7 +50,7 @@ public:
     // The operation table; every callback's userdata is a Filesystem*.
     static const fuse_lowlevel_ops& operations();
 
-    void start(fuse_session* session) { m_background.start(session); }
+    void start(fuse_session* session);
     void stop() { m_background.stop(); }
 
     // ---- handlers (called from libfuse's worker threads) ----
@@ -113,14 +118,32 @@ private:
     void truncate_writers(core::Ino ino, std::uint64_t size);
     void add_writer(FileHandle* handle);
     void remove_writer(FileHandle* handle);
-    bool has_writer(core::Ino ino);
     // Publishes a writer's content, first making room under the size bound.
     core::Status publish(fuse_req_t req, FileHandle& handle);
-    // How a reader of `digest` may use the page cache of `ino`, which all readers of
-    // the inode share: at most one version at a time is read through it.
+    // The page cache of an inode, and the kernel's size of it, are shared by all its
+    // readers: at most one version at a time is read through them, and while it is,
+    // the kernel's size must stay that version's. enter_pages says how `reader` (a new
+    // handle of `digest`) may use them: not at all while a writer is at work (its
+    // writes move the kernel's size) or another version's readers read.
     enum class PageUse { keep, refill, direct };
-    PageUse enter_pages(core::Ino ino, const core::Digest& digest);
-    void leave_pages(core::Ino ino);
+    PageUse enter_pages(FileHandle* reader, const core::Digest& digest);
+    void leave_pages(FileHandle* reader);
+    // The size of the version being read through the page cache of `ino`, if any.
+    std::optional<std::uint64_t> page_cache_size(core::Ino ino);
+    // Answers a writer's open (`reply`) now, or once the readers that other processes
+    // have reading its inode through the page cache have closed: its writes would
+    // grow the size those readers read up to, and they would read zeros. Readers that
+    // outlast kWriterWait (an mmap kept for long) no longer hold it up; the writer
+    // gate thread answers then. Only for OPEN: a CREATE is answered while the kernel
+    // holds its directory's lock, which the background thread's notifications take.
+    void admit_writer(FileHandle* writer, std::function<void()> reply);
+    // Counts a writer of its inode in (new readers then read directly) and returns the
+    // readers already reading through the page cache, with the threads that opened them.
+    std::vector<std::pair<FileHandle*, pid_t>> enter_pages_as_writer(FileHandle* writer);
+    void leave_pages_as_writer(FileHandle* writer);
+    void run_writer_gate();
+    // Undoes an open whose reply the kernel did not take (the opener was interrupted).
+    void discard_open(FileHandle* handle);
     std::shared_ptr<const std::string> snapshot(const core::Digest& digest, std::string_view bytes);
     void count_open(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr);
 
@@ -129,11 +152,24 @@ private:
     Background m_background;
 
     struct PageState {
-        core::Digest digest;        // the version whose pages the kernel caches
-        std::uint32_t readers = 0;  // open handles reading through the page cache
+        core::Digest digest;                // the version whose pages the kernel caches
+        std::uint64_t size = 0;             // its size
+        std::vector<FileHandle*> readers;   // open handles reading through the page cache
+        std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
     };
-    std::mutex m_pages_mutex;
+    struct WaitingWriter {
+        FileHandle* writer;
+        std::vector<FileHandle*> readers;  // still open: the writer's open waits for them
+        std::chrono::steady_clock::time_point deadline;
+        std::function<void()> reply;
+    };
+    static constexpr auto kWriterWait = std::chrono::seconds(2);
+    std::mutex m_pages_mutex;  // a leaf: nothing else is locked while it is held
     std::unordered_map<core::Ino, PageState> m_pages;
+    std::vector<WaitingWriter> m_waiting_writers;
+    std::condition_variable m_writer_gate_wake;  // a writer waits, or stop
+    bool m_writer_gate_stop = false;
+    std::thread m_writer_gate;
 
     std::mutex m_snapshots_mutex;  // content shared by reader handles
     std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots;

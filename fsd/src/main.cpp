@@ -135,21 +135,29 @@ int main(int argc, char** argv) {
 
     kcache::core::OpenOptions open;
     open.path = options->db;
-    open.create = true;
+    open.create = !options->read_only;
+    open.read_only = options->read_only;
     open.durability = options->durability;
     if (options->entry_depth) open.entry_depth = options->entry_depth;
     auto store = kcache::core::Store::open(open);
+    if (!store && store.error().code == EROFS) {
+        startup.fail_startup(store.error().message + " (serve it read-only with --read-only or -o ro)");
+    }
     if (!store) startup.fail_startup(store.error().message);
-    if (auto s = lock_db_for_daemon(options->db, mountpoint); !s) startup.fail_startup(s.error().message);
-    // Limits given on the command line become the db's (the CLI sees the same ones).
-    auto configured = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
-        kcache::core::Config config = txn.config();
-        if (options->max_bytes) config.max_bytes = options->max_bytes;
-        if (options->max_entries) config.max_entries = options->max_entries;
-        if (options->entry_depth) config.entry_depth = options->entry_depth;
-        return txn.set_config(config);
-    });
-    if (!configured) startup.fail_startup(configured.error().message);
+    // A read-only daemon changes nothing (no statistics, no eviction): several may
+    // serve one db, beside a read-write one, and its filesystem may be read-only.
+    if (!options->read_only) {
+        if (auto s = lock_db_for_daemon(options->db, mountpoint); !s) startup.fail_startup(s.error().message);
+        // Limits given on the command line become the db's (the CLI sees the same ones).
+        auto configured = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
+            kcache::core::Config config = txn.config();
+            if (options->max_bytes) config.max_bytes = options->max_bytes;
+            if (options->max_entries) config.max_entries = options->max_entries;
+            if (options->entry_depth) config.entry_depth = options->entry_depth;
+            return txn.set_config(config);
+        });
+        if (!configured) startup.fail_startup(configured.error().message);
+    }
 
     fsd::Filesystem filesystem(**store, *options);
     std::vector<std::string> arg_storage{"kcache-fsd", "-o",

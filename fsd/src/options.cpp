@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <sstream>
 
@@ -64,6 +65,8 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_option("--durability", durability, "full: sync every commit; batched: sync every second; none");
     app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
     app.add_flag("-d,--debug", o.debug, "log every FUSE request (implies -f)");
+    app.add_flag("--read-only", o.read_only,
+                 "serve the db read-only (also -o ro): for a db on a read-only filesystem or a shared image");
     app.add_option("-o", dash_o, "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, max_file_size=, durability=")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
@@ -101,6 +104,20 @@ core::Result<Options> parse_options(int argc, char** argv) {
             auto ours = apply_option(key, value, o);
             if (!ours) return tl::unexpected(ours.error());
             if (!*ours) o.fuse_options.push_back(item);
+            if (item == "ro") o.read_only = true;  // kept for the kernel, which then refuses writes
+        }
+    }
+    auto has = [&](const char* option) {
+        return std::find(o.fuse_options.begin(), o.fuse_options.end(), option) != o.fuse_options.end();
+    };
+    // The daemon checks no permissions itself: serving other users is only safe with
+    // the kernel checking modes and owners for it.
+    if (has("allow_other") && !has("default_permissions")) o.fuse_options.push_back("default_permissions");
+    if (o.read_only) {
+        if (!has("ro")) o.fuse_options.push_back("ro");
+        if (o.max_bytes || o.max_entries || o.entry_depth) {
+            return core::fail(EINVAL, "--max-size, --max-entries and --entry-depth change the db: "
+                                      "not with --read-only");
         }
     }
     if (o.debug) o.foreground = true;

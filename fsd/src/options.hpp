@@ -22,6 +22,7 @@ struct Options {
     double sync_interval_s = 1.0;         // batched durability: sync at least this often
     bool foreground = false;              // -f
     bool debug = false;                   // -d: libfuse's request log
+    bool read_only = false;               // --read-only or -o ro: serve the db, change nothing
     std::vector<std::string> fuse_options;  // -o options that are not ours, for libfuse
 };
 

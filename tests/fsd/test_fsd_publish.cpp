@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -91,6 +92,57 @@ TEST_CASE("a reader that opened before a publish sees one complete version",
     CHECK(complete);
     reader.reset();
     CHECK(read_all(path) == new_content);
+}
+
+TEST_CASE("a reader in the page cache never reads past its version while another process extends the file",
+          "[fsd][publish]") {
+    // The kernel keeps one size per inode. A writer's writes grow it at once (they
+    // bypass the page cache, not the size), so a reader that still reads the old
+    // version through the page cache would read on past that version's end, and the
+    // kernel fills what the daemon does not send with zeros. The daemon answers such a
+    // writer's open only once other processes' page-cache readers have closed.
+    MountedCache cache;
+    REQUIRE_SYS(mkdir(cache.p("hash").c_str(), 0755));
+    const std::string path = cache.p("hash/hash.cubin");
+    const std::string old_content = random_bytes(64 * 1024, 5);
+    REQUIRE(write_all(path, old_content) == 0);
+
+    Fd reader(open(path.c_str(), O_RDONLY));
+    REQUIRE_SYS(reader.get());
+    REQUIRE(read_fd(reader.get()) == old_content);  // its pages are now cached
+
+    const std::string block = random_bytes(4096, 6);
+    Child writer([&] {
+        const int fd = open(path.c_str(), O_WRONLY);
+        if (fd < 0) return 2;
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+        for (int k = 0; std::chrono::steady_clock::now() < end; ++k) {
+            const auto off = static_cast<off_t>(old_content.size() + static_cast<std::size_t>(k % 16) * block.size());
+            if (pwrite(fd, block.data(), block.size(), off) != static_cast<ssize_t>(block.size())) return 3;
+        }
+        return close(fd) == 0 ? 0 : 4;
+    });
+    int passes = 0, torn = 0;
+    std::size_t torn_size = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+    while (std::chrono::steady_clock::now() < until) {
+        REQUIRE_SYS(lseek(reader.get(), 0, SEEK_SET));
+        const auto seen = read_fd(reader.get());
+        REQUIRE(seen.has_value());
+        ++passes;
+        if (*seen != old_content) {
+            ++torn;
+            torn_size = seen->size();
+        }
+    }
+    reader.reset();
+    INFO(torn << " of " << passes << " passes over the open reader did not read its version (last: "
+              << torn_size << " bytes, not " << old_content.size() << ")");
+    CHECK(torn == 0);
+    REQUIRE(writer.join().exit_code == 0);
+    std::string expected = old_content;
+    for (int k = 0; k < 16; ++k) expected += block;
+    CHECK(read_all(path) == expected);
 }
 
 TEST_CASE("a file renamed right after its writer closed has its whole content",

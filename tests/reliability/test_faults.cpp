@@ -83,6 +83,48 @@ TEST_CASE("faults: a db on a read-only filesystem is refused before anything is 
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, Catch::Contains(db.string()) && Catch::Contains("read-only", Catch::CaseSensitive::No));
     CHECK(fs::is_empty(mnt));  // nothing was mounted there
+    CHECK_THAT(r.err, Catch::Contains("--read-only"));  // and says how to serve it anyway
     // The CLI still reads it: stats on a read-only db work.
     CHECK(run_kcache(db, {"stats", "--json"}).exit_code == 0);
+}
+
+TEST_CASE("faults: a db on a read-only filesystem is served read-only when asked (-o ro)",
+          "[reliability][faults]") {
+    TempDir dir;
+    Tmpfs small(dir.path() / "small", "16m");
+    DaemonOptions writable;
+    writable.db = small.path() / "db";
+    std::vector<std::pair<std::string, std::string>> files;
+    {
+        MountedCache cache(writable);
+        for (int i = 0; i < 5; ++i) {
+            const std::string entry = "entry" + std::to_string(i);
+            REQUIRE_SYS(mkdir(cache.p(entry).c_str(), 0755));
+            const std::string content = random_bytes(static_cast<std::size_t>(3000 + 7919 * i), 50u + i);
+            REQUIRE(write_all(cache.p(entry + "/kernel.cubin"), content) == 0);
+            files.emplace_back(entry + "/kernel.cubin", content);
+        }
+        cache.unmount();
+    }
+    const auto before = cache_stats(writable.db);
+    REQUIRE(::mount(nullptr, small.path().c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) == 0);
+
+    DaemonOptions read_only = writable;
+    read_only.args = {"-o", "ro"};
+    MountedCache cache(read_only);
+    for (const auto& [path, content] : files) CHECK(read_all(cache.p(path)) == content);
+    // Every change is refused with EROFS, and nothing already there is lost.
+    REQUIRE_FAILS_WITH(open(cache.p("entry0/new.json").c_str(), O_WRONLY | O_CREAT, 0644), EROFS);
+    REQUIRE_FAILS_WITH(open(cache.p("entry0/kernel.cubin").c_str(), O_WRONLY | O_TRUNC), EROFS);
+    REQUIRE_FAILS_WITH(mkdir(cache.p("entry9").c_str(), 0755), EROFS);
+    REQUIRE_FAILS_WITH(unlink(cache.p("entry1/kernel.cubin").c_str()), EROFS);
+    REQUIRE_FAILS_WITH(rename(cache.p("entry2").c_str(), cache.p("entry8").c_str()), EROFS);
+    CHECK(read_all(cache.p("entry1/kernel.cubin")) == files[1].second);
+    cache.unmount();  // REQUIREs a clean exit: no statistics flush failed
+    CHECK(cache.daemon_stderr().find("statistics") == std::string::npos);
+    // The db is exactly as it was (a read-only daemon keeps no statistics).
+    const auto after = cache_stats(writable.db);
+    CHECK(stat_value(after, "entries") == stat_value(before, "entries"));
+    CHECK(stat_value(after, "hits") == stat_value(before, "hits"));
+    CHECK(run_kcache(writable.db, {"verify"}).exit_code == 0);
 }

@@ -41,7 +41,7 @@ using namespace kcache::test;
 
 namespace {
 
-constexpr std::uint64_t kDefaultSeconds = 20;  // CI's value: set KCACHE_SOAK_SECONDS
+constexpr std::uint64_t kDefaultSeconds = 60;  // CI's value: set KCACHE_SOAK_SECONDS
 constexpr int kWorkers = 8;
 constexpr int kDirs = 30;
 constexpr int kFiles = 4;     // dNN/f0..f3
