@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "c_api.hpp"
 #include "kcache/loader.h"
 #include "kcache/loader/introspect.hpp"
 
@@ -21,11 +22,11 @@ struct kcache_binary {
     std::vector<std::unique_ptr<kcache_binary>> entry_binaries;  // null: no kernels known
 };
 
+namespace kcache::loader::capi {
+
 namespace {
-
-using kcache::loader::BinaryInfo;
-
 thread_local std::string t_last_error;
+}  // namespace
 
 kcache_status failed(kcache_status status, std::string message) {
     try {
@@ -34,6 +35,10 @@ kcache_status failed(kcache_status status, std::string message) {
         t_last_error.clear();
     }
     return status;
+}
+
+const char* last_error() {
+    return t_last_error.c_str();
 }
 
 kcache_status from_errno(int code) {
@@ -45,27 +50,54 @@ kcache_status from_errno(int code) {
         case ENOMEM:
             return KCACHE_ERROR_OUT_OF_MEMORY;
         case EINVAL:
-            return KCACHE_ERROR_ARGUMENT_MISMATCH;
+        case ERANGE:
+            return KCACHE_ERROR_INVALID_ARGUMENT;
         case ENOENT:
             return KCACHE_ERROR_NOT_FOUND;
+        case E2BIG:
+            return KCACHE_ERROR_OUT_OF_RANGE;
+        case ELIBACC:
+        case ELIBBAD:
+            return KCACHE_ERROR_NO_DRIVER;
+        case ENODEV:
+            return KCACHE_ERROR_NO_DEVICE;
+        case ENXIO:
+            return KCACHE_ERROR_NO_BINARY;
+        case EBADMSG:
+            return KCACHE_ERROR_BAD_PTX;
+        case EPROTO:
+            return KCACHE_ERROR_DRIVER;
+        case ENOTSUP:
+            return KCACHE_ERROR_UNSUPPORTED;
+        case EACCES:
+        case EPERM:
+        case ENOTDIR:
+        case EISDIR:
+        case EROFS:
+        case ELOOP:
+        case ENAMETOOLONG:
+        case EBUSY:
+        case EAGAIN:
+        case EMFILE:
+        case ENFILE:
+            return KCACHE_ERROR_IO;
         default:
             return KCACHE_ERROR_INTERNAL;
     }
 }
 
-// Runs `fn` (returning kcache_status), turning exceptions into statuses.
-template <class Fn>
-kcache_status guarded(Fn&& fn) {
-    try {
-        return fn();
-    } catch (const std::bad_alloc&) {
-        return failed(KCACHE_ERROR_OUT_OF_MEMORY, "out of memory");
-    } catch (const std::exception& e) {
-        return failed(KCACHE_ERROR_INTERNAL, e.what());
-    } catch (...) {
-        return failed(KCACHE_ERROR_INTERNAL, "unknown exception");
-    }
+kcache_status failed(const core::Error& error) {
+    return failed(from_errno(error.code), error.message);
 }
+
+}  // namespace kcache::loader::capi
+
+namespace {
+
+using kcache::loader::BinaryInfo;
+using kcache::loader::capi::failed;
+using kcache::loader::capi::from_errno;
+using kcache::loader::capi::guarded;
 
 std::unique_ptr<kcache_binary> make_handle(BinaryInfo info) {
     auto handle = std::make_unique<kcache_binary>();
@@ -122,12 +154,26 @@ const char* kcache_status_name(kcache_status status) {
             return "KCACHE_ERROR_ARGUMENT_MISMATCH";
         case KCACHE_ERROR_INTERNAL:
             return "KCACHE_ERROR_INTERNAL";
+        case KCACHE_ERROR_NO_DRIVER:
+            return "KCACHE_ERROR_NO_DRIVER";
+        case KCACHE_ERROR_NO_DEVICE:
+            return "KCACHE_ERROR_NO_DEVICE";
+        case KCACHE_ERROR_NO_BINARY:
+            return "KCACHE_ERROR_NO_BINARY";
+        case KCACHE_ERROR_BAD_PTX:
+            return "KCACHE_ERROR_BAD_PTX";
+        case KCACHE_ERROR_DRIVER:
+            return "KCACHE_ERROR_DRIVER";
+        case KCACHE_ERROR_IO:
+            return "KCACHE_ERROR_IO";
+        case KCACHE_ERROR_UNSUPPORTED:
+            return "KCACHE_ERROR_UNSUPPORTED";
     }
     return "unknown";
 }
 
 const char* kcache_last_error(void) {
-    return t_last_error.c_str();
+    return kcache::loader::capi::last_error();
 }
 
 kcache_status kcache_inspect(const void* data, size_t size, kcache_binary** out) {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds the loader's libFuzzer target with clang++-14 and runs it for a bounded time
-# over the committed seeds (tests/loader/corpus). Run by CTest (loader:fuzz_introspect).
-#   run_fuzz.sh SOURCE_DIR WORK_DIR
+# Builds one of the loader's libFuzzer targets with clang++-14 and runs it for a bounded
+# time over its committed seeds (tests/loader/corpus/TARGET). Run by CTest
+# (loader:fuzz_introspect, loader:fuzz_signature).
+#   run_fuzz.sh SOURCE_DIR WORK_DIR [TARGET]
+# TARGET: introspect (default; inspect() over cubin/fatbin/PTX bytes) or signature
+# (parse_signature() over JSON).
 # KCACHE_FUZZ_SECONDS (default 20) bounds the run. Exits 77 (skipped) when clang++-14
 # or libFuzzer (libclang-rt-14-dev) is missing. New inputs libFuzzer finds go to
 # WORK_DIR/corpus, crashes to WORK_DIR/crash-*; the seeds are never written.
@@ -9,6 +12,7 @@ set -euo pipefail
 
 src=$1
 work=$2
+name=${3:-introspect}
 seconds=${KCACHE_FUZZ_SECONDS:-20}
 cxx=${KCACHE_FUZZ_CXX:-clang++-14}
 
@@ -18,9 +22,17 @@ if ! command -v "$cxx" >/dev/null 2>&1; then
 fi
 mkdir -p "$work/corpus"
 
-sources=("$src"/loader/src/*.cpp)
-target=$src/tests/loader/fuzz_introspect.cpp
-binary=$work/fuzz_introspect
+case "$name" in
+  introspect)
+    sources=("$src"/loader/src/{cubin,decompress,elf,fatbin,introspect,ptx}.cpp) ;;
+  signature)
+    sources=("$src"/loader/src/signature.cpp) ;;
+  *)
+    echo "run_fuzz.sh: unknown target $name" >&2
+    exit 2 ;;
+esac
+target=$src/tests/loader/fuzz_$name.cpp
+binary=$work/fuzz_$name
 
 # Rebuild only when a source or header changed since the last build.
 stale=1
@@ -47,4 +59,4 @@ fi
 
 # The first corpus directory receives new inputs; the seeds come second, read-only.
 exec "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$work/" "$work/corpus" "$src/tests/loader/corpus"
+  -artifact_prefix="$work/" "$work/corpus" "$src/tests/loader/corpus/$name"

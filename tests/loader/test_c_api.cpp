@@ -89,7 +89,8 @@ TEST_CASE("C ABI: lookups, argument checks and range errors", "[loader][c_api]")
     CHECK(kcache_binary_format(nullptr) == nullptr);
     CHECK(kcache_binary_kernel_count(nullptr) == 0);
     CHECK(std::string(kcache_status_name(KCACHE_ERROR_CORRUPT)) == "KCACHE_ERROR_CORRUPT");
-    CHECK(std::string(kcache_status_name(static_cast<kcache_status>(15))) == "unknown");
+    volatile int unknown = 99;  // a value from a newer library, at run time
+    CHECK(std::string(kcache_status_name(static_cast<kcache_status>(unknown))) == "unknown");
 }
 
 TEST_CASE("C ABI: the last error is per thread", "[loader][c_api]") {

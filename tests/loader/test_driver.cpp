@@ -31,7 +31,7 @@ std::string stub_library() {
 TEST_CASE("driver: a missing driver library is a clear error", "[loader][driver]") {
     auto driver = Driver::load("libkcache-test-no-such-driver.so.1");
     REQUIRE_FALSE(driver);
-    CHECK(driver.error().code == ENODEV);
+    CHECK(driver.error().code == ELIBACC);
     CHECK_THAT(driver.error().message, Catch::Contains("no NVIDIA driver"));
     CHECK_THAT(driver.error().message, Catch::Contains("libkcache-test-no-such-driver.so.1"));
 }
@@ -42,7 +42,7 @@ TEST_CASE("driver: the toolkit's stub library is recognised, not mistaken for a 
     if (stub.empty()) kcache::test::skip("no CUDA toolkit stub library (libcuda.so) on this machine");
     auto driver = Driver::load(stub);
     REQUIRE_FALSE(driver);
-    CHECK(driver.error().code == ENODEV);
+    CHECK(driver.error().code == ELIBBAD);
     CHECK_THAT(driver.error().message, Catch::Contains("stub library"));
 }
 

@@ -1,0 +1,339 @@
+#include "kcache/loader/cache.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "kcache/core/roles.hpp"
+#include "kcache/core/store.hpp"
+
+namespace kcache::loader {
+namespace {
+
+using core::fail;
+namespace fs = std::filesystem;
+
+constexpr std::size_t kMaxFiles = 10000;  // files listed per entry
+constexpr int kMaxDepth = 16;             // directory levels below an entry
+
+std::string errno_text(int code) {
+    return std::strerror(code);
+}
+
+// Splits and checks a key: relative, no "." / ".." / empty components.
+Status check_key(std::string_view key) {
+    if (key.empty()) return fail(EINVAL, "an entry key must not be empty");
+    if (key.size() > core::kMaxPathLength) {
+        return fail(EINVAL, fmt::format("entry key of {} bytes is too long", key.size()));
+    }
+    if (key.front() == '/') {
+        return fail(EINVAL, fmt::format("entry key \"{}\" must be relative to the cache", key));
+    }
+    std::size_t at = 0;
+    while (at <= key.size()) {
+        const std::size_t end = std::min(key.find('/', at), key.size());
+        const std::string_view part = key.substr(at, end - at);
+        if (part.empty() && end != key.size()) {
+            return fail(EINVAL, fmt::format("entry key \"{}\" has an empty component", key));
+        }
+        if (part == "." || part == "..") {
+            return fail(EINVAL, fmt::format("entry key \"{}\" may not contain \"{}\"", key, part));
+        }
+        at = end + 1;
+    }
+    return {};
+}
+
+// The key without a trailing '/'.
+std::string_view trim_key(std::string_view key) {
+    while (key.size() > 1 && key.back() == '/') key.remove_suffix(1);
+    return key;
+}
+
+bool skipped_dir(std::string_view name) {
+    return name.starts_with("tmp.");
+}
+
+Status too_many(std::string_view key) {
+    return fail(E2BIG, fmt::format("entry {} has more than {} files", key, kMaxFiles));
+}
+
+// ---- plain directory ----------------------------------------------------------------
+
+class DirEntry final : public Entry {
+  public:
+    DirEntry(std::string key, std::string root, std::vector<EntryFile> files, bool is_file)
+        : m_root(std::move(root)), m_is_file(is_file) {
+        m_key = std::move(key);
+        m_files = std::move(files);
+    }
+
+    Result<std::string_view> read(std::string_view name) override {
+        if (auto it = m_content.find(name); it != m_content.end())
+            return std::string_view(it->second);
+        const auto file = std::find_if(m_files.begin(), m_files.end(),
+                                       [&](const EntryFile& f) { return f.name == name; });
+        if (file == m_files.end()) {
+            return fail(ENOENT, fmt::format("entry {} has no file {}", m_key, name));
+        }
+        const std::string path = m_is_file ? m_root : m_root + "/" + file->name;
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return fail(errno, fmt::format("{}: {}", path, errno_text(errno)));
+        std::string bytes;
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && st.st_size > 0)
+            bytes.reserve(static_cast<std::size_t>(st.st_size));
+        char buffer[65536];
+        for (;;) {
+            const ssize_t n = ::read(fd, buffer, sizeof buffer);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) {
+                const int code = errno;
+                ::close(fd);
+                return fail(code, fmt::format("{}: {}", path, errno_text(code)));
+            }
+            if (n == 0) break;
+            bytes.append(buffer, static_cast<std::size_t>(n));
+        }
+        ::close(fd);
+        auto [it, _] = m_content.emplace(std::string(name), std::move(bytes));
+        return std::string_view(it->second);
+    }
+
+  private:
+    std::string m_root;  // the entry's directory, or the file of a flat entry
+    bool m_is_file;
+    std::map<std::string, std::string, std::less<>> m_content;
+};
+
+// Regular files below `dir` (following symbolic links to files), in name order.
+Status list_dir(const std::string& dir, const std::string& prefix, int depth, std::string_view key,
+                std::vector<EntryFile>& out) {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return fail(errno, fmt::format("{}: {}", dir, errno_text(errno)));
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string_view name = e->d_name;
+        if (name == "." || name == "..") continue;
+        names.emplace_back(name);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto& name : names) {
+        const std::string path = dir + "/" + name;
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) continue;  // removed meanwhile, or a dangling link
+        if (S_ISREG(st.st_mode)) {
+            if (out.size() >= kMaxFiles) return too_many(key);
+            out.push_back(EntryFile{prefix + name, static_cast<std::uint64_t>(st.st_size)});
+        } else if (S_ISDIR(st.st_mode) && !skipped_dir(name) && depth < kMaxDepth) {
+            if (auto s = list_dir(path, prefix + name + "/", depth + 1, key, out); !s) return s;
+        }
+    }
+    return {};
+}
+
+class DirCache final : public Cache {
+  public:
+    explicit DirCache(std::string path) {
+        m_kind = Kind::directory;
+        m_path = std::move(path);
+    }
+
+    Result<std::unique_ptr<Entry>> entry(std::string_view raw_key) const override {
+        if (auto s = check_key(raw_key); !s) return tl::unexpected(s.error());
+        const std::string key(trim_key(raw_key));
+        const std::string path = m_path + "/" + key;
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) {
+            const int code = errno;
+            if (code == ENOENT || code == ENOTDIR) {
+                return fail(ENOENT, fmt::format("no entry {} in {}", key, m_path));
+            }
+            return fail(code, fmt::format("{}: {}", path, errno_text(code)));
+        }
+        std::vector<EntryFile> files;
+        if (S_ISREG(st.st_mode)) {
+            files.push_back(EntryFile{fs::path(key).filename().string(),
+                                      static_cast<std::uint64_t>(st.st_size)});
+            return std::unique_ptr<Entry>(new DirEntry(key, path, std::move(files), true));
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            return fail(ENOENT, fmt::format("{} is neither a file nor a directory", path));
+        }
+        if (auto s = list_dir(path, "", 0, key, files); !s) return tl::unexpected(s.error());
+        std::sort(files.begin(), files.end(),
+                  [](const EntryFile& a, const EntryFile& b) { return a.name < b.name; });
+        return std::unique_ptr<Entry>(new DirEntry(key, path, std::move(files), false));
+    }
+};
+
+// ---- LMDB db --------------------------------------------------------------------------
+
+class DbEntry final : public Entry {
+  public:
+    DbEntry(std::shared_ptr<const Cache> cache, std::string key, core::Txn txn,
+            std::vector<core::Ino> inos, std::vector<EntryFile> files)
+        : m_cache(std::move(cache)), m_txn(std::move(txn)), m_inos(std::move(inos)) {
+        m_key = std::move(key);
+        m_files = std::move(files);
+    }
+
+    Result<std::string_view> read(std::string_view name) override {
+        if (auto it = m_content.find(name); it != m_content.end()) return it->second.bytes();
+        const auto file = std::find_if(m_files.begin(), m_files.end(),
+                                       [&](const EntryFile& f) { return f.name == name; });
+        if (file == m_files.end()) {
+            return fail(ENOENT, fmt::format("entry {} has no file {}", m_key, name));
+        }
+        auto content = m_txn.read(m_inos[static_cast<std::size_t>(file - m_files.begin())]);
+        if (!content) {
+            return tl::unexpected(
+                core::with_context(content.error(), fmt::format("entry {}: {}", m_key, name)));
+        }
+        auto [it, _] = m_content.emplace(std::string(name), std::move(*content));
+        return it->second.bytes();
+    }
+
+  private:
+    std::shared_ptr<const Cache> m_cache;  // owns the Store the snapshot is of
+    core::Txn m_txn;                       // the snapshot every read comes from
+    std::vector<core::Ino> m_inos;         // parallel to m_files
+    std::map<std::string, core::Content, std::less<>> m_content;
+};
+
+class DbCache final : public Cache {
+  public:
+    explicit DbCache(std::unique_ptr<core::Store> store) : m_store(std::move(store)) {
+        m_kind = Kind::db;
+        m_path = m_store->path();
+    }
+
+    Result<std::unique_ptr<Entry>> entry(std::string_view raw_key) const override {
+        if (auto s = check_key(raw_key); !s) return tl::unexpected(s.error());
+        const std::string key(trim_key(raw_key));
+        auto txn = m_store->read();
+        if (!txn) return tl::unexpected(txn.error());
+        auto ino = txn->resolve(key);
+        if (!ino) {
+            if (ino.error().code == ENOENT || ino.error().code == ENOTDIR) {
+                return fail(ENOENT, fmt::format("no entry {} in db {}", key, m_path));
+            }
+            return tl::unexpected(ino.error());
+        }
+        auto attr = txn->getattr(*ino);
+        if (!attr) return tl::unexpected(attr.error());
+        std::vector<EntryFile> files;
+        std::vector<core::Ino> inos;
+        if (attr->is_regular()) {
+            files.push_back(EntryFile{fs::path(key).filename().string(), attr->size});
+            inos.push_back(*ino);
+        } else if (attr->is_dir()) {
+            if (auto s = list(*txn, *ino, "", 0, key, files, inos); !s) {
+                return tl::unexpected(s.error());
+            }
+        } else {
+            return fail(ENOENT,
+                        fmt::format("{} in db {} is neither a file nor a directory", key, m_path));
+        }
+        return std::unique_ptr<Entry>(new DbEntry(shared_from_this(), key, std::move(*txn),
+                                                  std::move(inos), std::move(files)));
+    }
+
+  private:
+    // readdir visits children in name order.
+    static Status list(const core::Txn& txn, core::Ino dir, const std::string& prefix, int depth,
+                       std::string_view key, std::vector<EntryFile>& files,
+                       std::vector<core::Ino>& inos) {
+        std::vector<std::pair<std::string, core::Ino>> subdirs;
+        Status inner;
+        auto s = txn.readdir(dir, "", [&](const core::DirEntry& e) {
+            if (e.type == core::FileType::regular) {
+                if (files.size() >= kMaxFiles) {
+                    inner = too_many(key);
+                    return false;
+                }
+                auto attr = txn.getattr(e.ino);
+                if (!attr) {
+                    inner = tl::unexpected(attr.error());
+                    return false;
+                }
+                files.push_back(EntryFile{prefix + std::string(e.name), attr->size});
+                inos.push_back(e.ino);
+            } else if (e.type == core::FileType::directory && !skipped_dir(e.name) &&
+                       depth < kMaxDepth) {
+                subdirs.emplace_back(std::string(e.name), e.ino);
+            }
+            return true;
+        });
+        if (!s) return s;
+        if (!inner) return inner;
+        for (const auto& [name, ino] : subdirs) {
+            if (auto r = list(txn, ino, prefix + name + "/", depth + 1, key, files, inos); !r) {
+                return r;
+            }
+        }
+        // Files of subdirectories come after those of `dir`: restore name order.
+        if (depth == 0) {
+            std::vector<std::size_t> order(files.size());
+            for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+            std::sort(order.begin(), order.end(),
+                      [&](std::size_t a, std::size_t b) { return files[a].name < files[b].name; });
+            std::vector<EntryFile> f;
+            std::vector<core::Ino> n;
+            for (std::size_t i : order) {
+                f.push_back(std::move(files[i]));
+                n.push_back(inos[i]);
+            }
+            files = std::move(f);
+            inos = std::move(n);
+        }
+        return {};
+    }
+
+    std::unique_ptr<core::Store> m_store;
+};
+
+}  // namespace
+
+std::string_view cache_kind_name(Cache::Kind kind) {
+    return kind == Cache::Kind::db ? "db" : "directory";
+}
+
+Result<std::shared_ptr<Cache>> Cache::open(const std::string& path) {
+    if (path.empty()) return fail(EINVAL, "the cache path must not be empty");
+    std::error_code ec;
+    const std::string absolute = fs::absolute(path, ec).lexically_normal().string();
+    if (ec) return fail(ec.value(), fmt::format("{}: {}", path, ec.message()));
+    std::string root = absolute;
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    struct stat st {};
+    if (::stat(root.c_str(), &st) != 0) {
+        const int code = errno;
+        if (code == ENOENT) return fail(ENOENT, fmt::format("no cache at {}", root));
+        return fail(code, fmt::format("{}: {}", root, errno_text(code)));
+    }
+    if (!S_ISDIR(st.st_mode)) return fail(ENOTDIR, fmt::format("{} is not a directory", root));
+    if (::access((root + "/data.mdb").c_str(), F_OK) == 0) {
+        core::OpenOptions options;
+        options.path = root;
+        options.create = false;
+        options.read_only = true;
+        auto store = core::Store::open(options);
+        if (!store) return tl::unexpected(store.error());
+        return std::shared_ptr<Cache>(new DbCache(std::move(*store)));
+    }
+    return std::shared_ptr<Cache>(new DirCache(root));
+}
+
+}  // namespace kcache::loader
