@@ -1,0 +1,142 @@
+#include "kcache/gui/detail.hpp"
+
+#include <algorithm>
+#include <cerrno>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "kcache/core/roles.hpp"
+
+namespace kcache::gui {
+namespace {
+
+std::string_view base_name(std::string_view path) {
+    const std::size_t slash = path.rfind('/');
+    return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+core::Status walk(const core::Txn& txn, core::Ino dir, const std::string& prefix,
+                  std::vector<EntryFile>& out) {
+    std::vector<std::pair<std::string, core::Ino>> children;
+    core::Status status = txn.readdir(dir, "", [&](const core::DirEntry& child) {
+        if (child.name != "." && child.name != "..") children.emplace_back(child.name, child.ino);
+        return true;
+    });
+    if (!status) return status;
+    for (const auto& [name, ino] : children) {
+        const std::string path = prefix.empty() ? name : prefix + "/" + name;
+        auto attr = txn.getattr(ino);
+        if (!attr) return tl::unexpected(attr.error());
+        if (attr->is_dir()) {
+            if (status = walk(txn, ino, path, out); !status) return status;
+            continue;
+        }
+        EntryFile file{path, *attr, core::role_of(name), {}};
+        if (attr->is_symlink()) {
+            auto target = txn.readlink(ino);
+            if (!target) return tl::unexpected(target.error());
+            file.link_target = std::move(*target);
+        }
+        out.push_back(std::move(file));
+    }
+    return {};
+}
+
+}  // namespace
+
+core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino entry) {
+    auto txn = store.read();
+    if (!txn) return tl::unexpected(txn.error());
+    auto info = txn->entry(entry);
+    if (!info) return tl::unexpected(info.error());
+    EntryDetail detail;
+    detail.m_info = std::move(*info);
+    detail.m_txn_id = txn->id();
+    auto attr = txn->getattr(entry);
+    if (!attr) return tl::unexpected(attr.error());
+    if (attr->is_dir()) {
+        if (auto status = walk(*txn, entry, "", detail.m_files); !status) {
+            return tl::unexpected(status.error());
+        }
+    } else {
+        // A flat-file entry is its own single file, named like the entry.
+        const std::string name(base_name(detail.m_info.name));
+        EntryFile file{name, *attr, core::role_of(name), {}};
+        if (attr->is_symlink()) {
+            auto target = txn->readlink(entry);
+            if (!target) return tl::unexpected(target.error());
+            file.link_target = std::move(*target);
+        }
+        detail.m_files.push_back(std::move(file));
+    }
+    std::sort(detail.m_files.begin(), detail.m_files.end(),
+              [](const EntryFile& a, const EntryFile& b) { return a.path < b.path; });
+    return detail;
+}
+
+bool looks_like_text(std::string_view bytes) {
+    const std::size_t n = std::min<std::size_t>(bytes.size(), 4096);
+    std::size_t control = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto c = static_cast<unsigned char>(bytes[i]);
+        if (c == 0) return false;
+        if (c < 0x20 && c != '\n' && c != '\r' && c != '\t') ++control;
+    }
+    return control * 32 <= n;
+}
+
+core::Result<FileView> load_file_view(const core::Store& store, const EntryFile& file,
+                                      std::size_t max_bytes) {
+    FileView view;
+    view.ino = file.attr.ino;
+    view.path = file.path;
+    view.size = file.attr.size;
+    if (file.attr.is_symlink()) {
+        view.text.assign(fmt::format("symbolic link to {}", file.link_target));
+        return view;
+    }
+    if (!file.attr.is_regular()) {
+        return core::fail(EISDIR, fmt::format("{} is not a regular file", file.path));
+    }
+    {
+        auto txn = store.read();
+        if (!txn) return tl::unexpected(txn.error());
+        view.bytes.reserve(std::min<std::uint64_t>(file.attr.size, max_bytes));
+        core::Status status = txn->read_pieces(file.attr.ino, [&](std::string_view piece) {
+            const std::size_t room = max_bytes - view.bytes.size();
+            if (piece.size() > room) view.truncated = true;
+            view.bytes.append(piece.substr(0, room));
+        });
+        if (!status) return tl::unexpected(status.error());
+        view.size = std::max<std::uint64_t>(view.size, view.bytes.size());
+    }
+
+    const bool text = looks_like_text(view.bytes);
+    if (file.role == core::Role::binary || !text) {
+        view.kind = FileView::Kind::binary;
+        if (!view.truncated) {
+            auto info = loader::inspect(view.bytes);
+            if (info) {
+                view.binary = std::move(*info);
+            } else {
+                view.binary_error = info.error().message;
+            }
+        } else {
+            view.binary_error = "too large to introspect here";
+        }
+        return view;
+    }
+    if (file.role == core::Role::signature) {
+        view.kind = FileView::Kind::signature;
+        const auto json = nlohmann::json::parse(view.bytes, nullptr, /*allow_exceptions=*/false);
+        if (!json.is_discarded()) {
+            view.text.assign(json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+            return view;
+        }
+    }
+    view.text.assign(view.bytes);
+    return view;
+}
+
+}  // namespace kcache::gui

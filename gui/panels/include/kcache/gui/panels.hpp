@@ -1,0 +1,104 @@
+// The inspector's panels: Dear ImGui drawing over a Model. They hold no data of the
+// db's; what they remember between frames (the filter text, a pending confirmation,
+// the file being viewed) is in UiState.
+//
+// Contract: call draw_inspector() once per frame between ImGui::NewFrame() and
+// ImGui::Render(), on the thread that owns the Model and the ImGui context. Each call
+// first lets the model refresh (cheap unless the db changed) and advances a running
+// duplicates scan by a few milliseconds, then draws. Errors (a failed action or
+// refresh) are shown in the status line, never thrown.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kcache/gui/detail.hpp"
+#include "kcache/gui/model.hpp"
+
+namespace kcache::gui {
+
+// Widgets whose place on screen the last frame recorded, so a test can click them
+// (ImGui 1.86 has no test engine). Costs a few stores per frame.
+enum class Widget : std::uint8_t {
+    filter,
+    evict_selected,
+    pin,
+    unpin,
+    evict_older,
+    clear,
+    confirm,  // the confirmation dialog's button that does it
+    cancel,
+    find_duplicates,
+    count,
+};
+
+struct Rect {
+    float x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+    bool valid = false;  // drawn in the last frame
+    float cx() const { return (x0 + x1) / 2; }
+    float cy() const { return (y0 + y1) / 2; }
+};
+
+// An action waiting for the person's confirmation.
+enum class PendingAction : std::uint8_t { none, evict_selected, evict_older, pin, unpin, clear };
+
+struct UiState {
+    // Windows shown (View menu).
+    bool show_entries = true;
+    bool show_detail = true;
+    bool show_statistics = true;
+    bool show_duplicates = true;
+
+    // Entries: the filter as typed, Ctrl+F's request for focus, shift-click's anchor.
+    std::array<char, 256> filter{};
+    bool focus_filter = false;
+    std::optional<std::size_t> anchor;
+    int older_than = 7;  // evict older than this many units
+    int older_unit = 1;  // 0 hours, 1 days, 2 weeks
+
+    PendingAction pending = PendingAction::none;
+    bool open_confirm = false;  // open the dialog at the next chance
+    std::string status;         // result of the last action, or an error
+    bool status_error = false;
+
+    // Entry detail: loaded for the focused entry at the model's transaction.
+    std::optional<EntryDetail> detail;
+    std::string detail_error;
+    core::Ino detail_ino = 0;
+    std::uint64_t detail_txn = 0;
+    int file_index = -1;
+    std::optional<FileView> view;
+    std::string view_error;
+    std::array<char, 128> search{};
+    std::optional<std::size_t> search_line;  // the line found last
+    bool scroll_to_search = false;
+
+    // Where test-clickable widgets and table parts were drawn in the last frame.
+    std::array<Rect, static_cast<std::size_t>(Widget::count)> rects{};
+    std::array<Rect, kColumnCount> header_rects{};
+    std::size_t first_row_drawn = 0;  // visible index of row_rects[0]
+    std::vector<Rect> row_rects;      // rows of the entries table drawn last frame
+
+    const Rect& rect(Widget w) const { return rects[static_cast<std::size_t>(w)]; }
+};
+
+// Draws the whole inspector (menu bar and every window) for one frame.
+void draw_inspector(Model& model, UiState& ui);
+
+// Keyboard habits: Ctrl+F focuses the filter, Delete asks to evict the selection,
+// Ctrl+A selects every visible entry, Escape clears the selection. Part of
+// draw_inspector; exposed for tests.
+void handle_shortcuts(Model& model, UiState& ui);
+
+// Runs the pending action now, as the dialog's confirm button does.
+void run_pending(Model& model, UiState& ui);
+
+// Shows the entry whose key is `key` (or starts with it) and, when `file` is not
+// empty, opens that file of it in the viewer. False when there is no such entry or
+// file. Used by --select / --file (screenshots of a chosen entry).
+bool show_entry(Model& model, UiState& ui, std::string_view key, std::string_view file);
+
+}  // namespace kcache::gui

@@ -1,0 +1,283 @@
+// The panels driven through Dear ImGui with no display and no renderer (a "null
+// backend": the test feeds mouse and keys, ImGui builds frames nobody draws). The
+// test clicks where the last frame drew a widget and checks what the click did to
+// the db, not only to the model.
+#include <catch2/catch.hpp>
+
+#include <imgui.h>
+
+#include <string>
+
+#include "gui_test_util.hpp"
+#include "kcache/gui/model.hpp"
+#include "kcache/gui/panels.hpp"
+
+using namespace kcache;
+using namespace kcache::test;
+using gui::Column;
+using gui::Widget;
+
+namespace {
+
+// Keys the test presses, as the backend would index io.KeysDown.
+constexpr int kKeyDelete = 300;
+constexpr int kKeyEscape = 301;
+constexpr int kKeyEnter = 302;
+constexpr int kKeyA = 303;
+constexpr int kKeyF = 'F';  // what the GLFW backend uses for letters (see panels.cpp)
+
+class NullUi {
+  public:
+    NullUi(GuiDb& db) {
+        gui::Model::Options options;
+        options.db_path = db.path();
+        options.clock = db.clock().clock();
+        auto model = gui::Model::open(options);
+        REQUIRE(model);
+        m_model = std::move(*model);
+
+        ImGui::CreateContext();
+        ImGuiIO& io = ImGui::GetIO();
+        io.IniFilename = nullptr;  // nothing written anywhere
+        io.DisplaySize = ImVec2(1600, 1000);
+        io.DeltaTime = 1.0f / 60.0f;
+        io.KeyMap[ImGuiKey_Delete] = kKeyDelete;
+        io.KeyMap[ImGuiKey_Escape] = kKeyEscape;
+        io.KeyMap[ImGuiKey_Enter] = kKeyEnter;
+        io.KeyMap[ImGuiKey_A] = kKeyA;
+        unsigned char* pixels = nullptr;
+        int w = 0, h = 0;
+        io.Fonts->GetTexDataAsRGBA32(&pixels, &w, &h);  // a font atlas, never uploaded
+        frames(3);                                      // tables settle their widths
+    }
+    ~NullUi() { ImGui::DestroyContext(); }
+    NullUi(const NullUi&) = delete;
+    NullUi& operator=(const NullUi&) = delete;
+
+    gui::Model& model() { return *m_model; }
+    gui::UiState& ui() { return m_ui; }
+
+    void frames(int n = 1) {
+        for (int i = 0; i < n; ++i) {
+            ImGui::NewFrame();
+            gui::draw_inspector(*m_model, m_ui);
+            ImGui::Render();
+        }
+    }
+
+    void click(const gui::Rect& r, bool ctrl = false, bool shift = false) {
+        REQUIRE(r.valid);
+        ImGuiIO& io = ImGui::GetIO();
+        io.MousePos = ImVec2(r.cx(), r.cy());
+        frames();
+        io.KeyCtrl = ctrl;
+        io.KeyShift = shift;
+        io.MouseDown[0] = true;
+        frames();
+        io.MouseDown[0] = false;
+        frames();
+        io.KeyCtrl = io.KeyShift = false;
+        frames();
+    }
+    void click(Widget w) { click(m_ui.rect(w)); }
+    void click_row(std::size_t visible_index, bool ctrl = false, bool shift = false) {
+        REQUIRE(visible_index >= m_ui.first_row_drawn);
+        REQUIRE(visible_index - m_ui.first_row_drawn < m_ui.row_rects.size());
+        click(m_ui.row_rects[visible_index - m_ui.first_row_drawn], ctrl, shift);
+    }
+    void click_header(Column c) { click(m_ui.header_rects[static_cast<std::size_t>(c)]); }
+
+    void press(int key, bool ctrl = false) {
+        ImGuiIO& io = ImGui::GetIO();
+        io.KeyCtrl = ctrl;
+        io.KeysDown[key] = true;
+        frames();
+        io.KeysDown[key] = false;
+        io.KeyCtrl = false;
+        frames();
+    }
+    void type(const std::string& text) {
+        for (char c : text) {
+            ImGui::GetIO().AddInputCharacter(static_cast<unsigned char>(c));
+            frames();
+        }
+    }
+
+  private:
+    std::unique_ptr<gui::Model> m_model;
+    gui::UiState m_ui;
+};
+
+struct Entries {
+    core::Ino a, b, c;
+    explicit Entries(GuiDb& db) {
+        a = db.add_entry("aaa111", {{"kernel.cubin", fake_cubin(1, 100)}});
+        db.clock().advance(kSecondNs);
+        b = db.add_entry("bbb222", {{"kernel.json", R"({"name":"b"})"},
+                                    {"kernel.ptx", ".version 8.0\n.target sm_80\n// b\n"}});
+        db.clock().advance(kSecondNs);
+        c = db.add_entry("ccc333", {{"kernel.cubin", fake_cubin(1, 100)}});  // same as a
+        db.hit(b, 4);
+        db.hit(c, 1);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("panels: the evict button evicts the clicked entry, after confirmation",
+          "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    // Default order: last access, newest first.
+    REQUIRE(ui.model().visible_count() == 3);
+    const std::string key(ui.model().key(ui.model().visible(0)));
+    ui.click_row(0);
+    CHECK(ui.model().selected_count() == 1);
+    CHECK(ui.model().focused() == ui.model().visible(0).ino);
+
+    ui.click(Widget::evict_selected);
+    CHECK(ui.ui().pending == gui::PendingAction::evict_selected);
+    CHECK(db.exists(key));  // nothing happens before the confirmation
+    REQUIRE(ui.ui().rect(Widget::confirm).valid);
+    ui.click(Widget::confirm);
+    CHECK_FALSE(db.exists(key));
+    CHECK(ui.model().visible_count() == 2);
+    CHECK(ui.ui().status.find("evicted 1 entry") != std::string::npos);
+    CHECK_FALSE(ui.ui().rect(Widget::confirm).valid);  // the dialog closed
+}
+
+TEST_CASE("panels: Delete asks to evict the selection; Cancel keeps it", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    auto key_at = [&](std::size_t i) { return std::string(ui.model().key(ui.model().visible(i))); };
+    const std::string first = key_at(0), middle = key_at(1), last = key_at(2);
+    ui.click_row(0);
+    ui.click_row(2, /*ctrl=*/true);
+    CHECK(ui.model().selected_count() == 2);
+    ui.press(kKeyDelete);
+    REQUIRE(ui.ui().rect(Widget::cancel).valid);
+    ui.click(Widget::cancel);
+    CHECK(ui.model().entry_count() == 3);
+    CHECK(db.exists(first));
+    CHECK(db.exists(last));
+
+    ui.press(kKeyDelete);
+    ui.press(kKeyEnter);  // confirms, as the button does
+    CHECK_FALSE(db.exists(first));
+    CHECK_FALSE(db.exists(last));
+    CHECK(db.exists(middle));
+}
+
+TEST_CASE("panels: Ctrl+F focuses the filter and typing filters the table", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    ui.press(kKeyF, /*ctrl=*/true);
+    ui.type("bbb");
+    CHECK(ui.model().filter() == "bbb");
+    REQUIRE(ui.model().visible_count() == 1);
+    CHECK(ui.model().key(ui.model().visible(0)) == "bbb222");
+    // Delete while typing edits the text; it never evicts.
+    ui.click_row(0);
+    ui.press(kKeyF, true);
+    ui.press(kKeyDelete);
+    CHECK(ui.ui().pending == gui::PendingAction::none);
+    CHECK(db.exists("bbb222"));
+}
+
+TEST_CASE("panels: clicking a header sorts by that column, again reverses", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    ui.click_header(Column::hits);
+    CHECK(ui.model().sort() == gui::SortSpec{Column::hits, true});
+    CHECK(ui.model().key(ui.model().visible(0)) == "bbb222");
+    ui.click_header(Column::hits);
+    CHECK(ui.model().sort() == gui::SortSpec{Column::hits, false});
+    CHECK(ui.model().key(ui.model().visible(0)) == "aaa111");
+    ui.click_header(Column::key);
+    CHECK(ui.model().sort().column == Column::key);
+    CHECK(ui.model().key(ui.model().visible(0)) == "aaa111");
+}
+
+TEST_CASE("panels: shift-click selects a range; pin and unpin are confirmed", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    ui.click_row(0);
+    ui.click_row(2, false, /*shift=*/true);
+    CHECK(ui.model().selected_count() == 3);
+    ui.click(Widget::pin);
+    ui.click(Widget::confirm);
+    {
+        auto txn = db.store().read();
+        CHECK(txn->entry(e.a)->pinned);
+        CHECK(txn->entry(e.b)->pinned);
+    }
+    // Pinned entries survive Clear.
+    ui.click(Widget::clear);
+    ui.click(Widget::confirm);
+    CHECK(db.exists("aaa111"));
+    ui.click(Widget::unpin);
+    ui.click(Widget::confirm);
+    CHECK_FALSE(db.store().read()->entry(e.a)->pinned);
+    ui.click(Widget::clear);
+    ui.click(Widget::confirm);
+    CHECK(ui.model().entry_count() == 0);
+    CHECK_FALSE(db.exists("bbb222"));
+}
+
+TEST_CASE("panels: evict older than evicts only idle entries", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    db.clock().advance(8 * kDayNs);
+    db.hit(e.b);
+    NullUi ui(db);
+    ui.click(Widget::evict_older);  // the default: 7 days
+    ui.click(Widget::confirm);
+    CHECK_FALSE(db.exists("aaa111"));
+    CHECK_FALSE(db.exists("ccc333"));
+    CHECK(db.exists("bbb222"));
+}
+
+TEST_CASE("panels: the entry window shows files, and a file's text", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    REQUIRE(gui::show_entry(ui.model(), ui.ui(), "bbb", "kernel.ptx"));
+    ui.frames(2);
+    REQUIRE(ui.ui().detail);
+    CHECK(ui.ui().detail->files().size() == 2);
+    REQUIRE(ui.ui().view);
+    CHECK(ui.ui().view->text.line(2) == "// b");
+    CHECK(ui.model().selected_count() == 1);
+
+    // The entry is evicted by someone else: the window says so.
+    db.evict(e.b);
+    REQUIRE(ui.model().refresh(true));
+    ui.frames(2);
+    CHECK_FALSE(ui.ui().detail);
+}
+
+TEST_CASE("panels: Find duplicates groups the shared binary", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    ui.click(Widget::find_duplicates);
+    for (int i = 0; i < 100 && !ui.model().duplicates().done(); ++i) ui.frames();
+    REQUIRE(ui.model().duplicates().done());
+    REQUIRE(ui.model().duplicates().groups().size() == 1);
+    CHECK(ui.model().duplicates().groups()[0].keys == std::vector<std::string>{"aaa111", "ccc333"});
+}
+
+TEST_CASE("panels: a change by another process shows without a click", "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    db.add_entry("ddd444", {{"kernel.ptx", "new"}});
+    REQUIRE(ui.model().refresh(true));  // the frame would poll within 250 ms
+    ui.frames();
+    CHECK(ui.model().visible_count() == 4);
+}
