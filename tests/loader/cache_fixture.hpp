@@ -16,6 +16,21 @@
 
 namespace kcache::test {
 
+// The value of a Result the test needs (REQUIRE: it holds one; the message if not).
+template <class T>
+T value(kcache::core::Result<T> r) {
+    INFO((r ? std::string() : r.error().message));
+    REQUIRE(r.has_value());
+    return std::move(*r);
+}
+
+// The error of a Result that must have failed (REQUIRE).
+template <class T>
+kcache::core::Error error(const kcache::core::Result<T>& r) {
+    REQUIRE_FALSE(r.has_value());
+    return r.error();
+}
+
 // name (relative to the entry, '/'-separated) -> bytes
 using Files = std::map<std::string, std::string>;
 

@@ -22,19 +22,6 @@ using loader::Arch;
 using loader::Cache;
 using loader::Format;
 
-template <class T>
-T value(core::Result<T> r) {
-    INFO((r ? std::string() : r.error().message));
-    REQUIRE(r.has_value());
-    return std::move(*r);
-}
-
-template <class T>
-core::Error error(const core::Result<T>& r) {
-    REQUIRE_FALSE(r.has_value());
-    return r.error();
-}
-
 const Files kTritonLike = {
     {"axpy.cubin", axpy_cubin(90)},
     {"axpy.ptx", axpy_ptx(90)},

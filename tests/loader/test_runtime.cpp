@@ -59,19 +59,6 @@ RuntimeOptions fake_options(std::size_t capacity = 16) {
     return options;
 }
 
-template <class T>
-T value(core::Result<T> r) {
-    INFO((r ? std::string() : r.error().message));
-    REQUIRE(r.has_value());
-    return std::move(*r);
-}
-
-template <class T>
-core::Error error(const core::Result<T>& r) {
-    REQUIRE_FALSE(r.has_value());
-    return r.error();
-}
-
 struct Entry {
     TempDir dir;
     std::shared_ptr<Cache> cache;
