@@ -85,13 +85,6 @@ void check_vector_add(const loader::Kernel& kernel) {
     memory.free(dout);
 }
 
-template <class T>
-T value(core::Result<T> r) {
-    INFO((r ? std::string() : r.error().message));
-    REQUIRE(r.has_value());
-    return std::move(*r);
-}
-
 }  // namespace
 
 TEST_CASE("gpu: a vector add stored through the mount runs from the db and the mount",
