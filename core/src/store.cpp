@@ -395,6 +395,11 @@ int open_lmdb(MDB_env** env, const OpenOptions& options, bool read_only) {
     if (const int rc = mdb_env_create(env); rc != 0) return rc;
     mdb_env_set_maxdbs(*env, 16);
     mdb_env_set_maxreaders(*env, options.max_readers);
+    // MDB_NORDAHEAD even for read-only opens: with kernel readahead each cold page
+    // fault reads up to 128 KiB around it, which on a 20,000-entry db (1.4 GB) loading
+    // 300 random entries read 2.1 MiB per entry and doubled the cold load time
+    // (bench/README.md, loader section). Multi-chunk blob reads ask for their own
+    // pages instead (prefetch in content.cpp).
     const unsigned flags = MDB_NOTLS | MDB_NORDAHEAD | durability_flags(options.durability) |
                            (read_only ? MDB_RDONLY : 0);
     // The map is address space, not disk. Where the reservation cannot be had
