@@ -31,6 +31,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The compat suite's real compilers (tests/compat/requirements.txt) in the project venv
+# .venv/ (ignored by git). Skipped when .venv already holds exactly those requirements;
+# KCACHE_SKIP_VENV=1 skips it altogether (the compat tests then skip, exit 77).
+if [ "${KCACHE_SKIP_VENV:-0}" != 1 ]; then
+  requirements=tests/compat/requirements.txt
+  stamp=.venv/.kcache-requirements
+  if [ ! -x .venv/bin/python ] || ! cmp -s "$requirements" "$stamp"; then
+    venv_python=$(command -v python3.11 || command -v python3)
+    echo "setup: installing the compat suite's compilers into .venv ($venv_python)"
+    "$venv_python" -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$stamp"
+  fi
+fi
+
 build_dir=${BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"

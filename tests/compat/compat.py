@@ -1,0 +1,940 @@
+#!/usr/bin/env python3
+"""kcache's compatibility suite: real compilers (Triton, Inductor, JAX, ccache) with
+their cache directories on a kcache-fsd mount, and the same flow on a plain directory
+in the same run, so a failure says whether kcache or the client is at fault.
+
+    compat.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache \
+              [--loader build/loader/libkcache_loader.so] [--python .venv/bin/python] SCENARIO
+
+SCENARIO: triton, inductor, jax, ccache, loader (see the functions scenario_*).
+Exit 0: every check passed; 1: a check failed (each failure is printed with where it
+happened: "plain" or "mount"); 77: skipped (no /dev/fuse, no fusermount3, no venv or
+no compiler), with the reason.
+
+The expected entry model (docs/quickstart.md): one mount, each compiler in its own
+subdirectory (triton/, inductor/, jax/, ccache/); `kcache ls --json` names entries by
+their path from the mount root, with a producer.
+
+Safety: every daemon is unmounted on exit, on failure, on SIGTERM/SIGINT, and dies with
+this process (PR_SET_PDEATHSIG); every subprocess has a timeout.
+"""
+
+import argparse
+import atexit
+import ctypes
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+REPO = HERE.parent.parent
+SKIP = 77
+
+sys.path.insert(0, str(HERE))
+import kcache_loader  # noqa: E402
+
+
+class Skip(Exception):
+    pass
+
+
+# ---- checks ------------------------------------------------------------------------
+
+class Checks:
+    """Collects failures instead of stopping at the first, each tagged with where it
+    happened, so the summary shows whether the plain directory fails too."""
+
+    def __init__(self):
+        self.failures = []
+        self.passed = 0
+        self.where = "setup"
+
+    def check(self, cond, what, detail=""):
+        if cond:
+            self.passed += 1
+            return True
+        msg = f"[{self.where}] FAIL: {what}"
+        if detail:
+            msg += f"\n    {detail}"
+        print(msg, flush=True)
+        self.failures.append((self.where, what))
+        return False
+
+    def equal(self, got, want, what):
+        return self.check(got == want, what, f"got {short(got)}, want {short(want)}")
+
+    def summary(self):
+        by_where = {}
+        for where, _ in self.failures:
+            by_where[where] = by_where.get(where, 0) + 1
+        print(f"compat: {self.passed} checks passed, {len(self.failures)} failed"
+              + (f" ({', '.join(f'{w}: {n}' for w, n in sorted(by_where.items()))})"
+                 if by_where else ""), flush=True)
+        return 0 if not self.failures else 1
+
+
+def short(value, limit=600):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+C = Checks()
+
+
+# ---- processes ---------------------------------------------------------------------
+
+def log(msg):
+    print(f"compat: {msg}", flush=True)
+
+
+def run(argv, env=None, cwd=None, timeout=300, check=True):
+    start = time.perf_counter()
+    try:
+        r = subprocess.run([str(a) for a in argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout,
+                           start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"{argv[:3]} ran past {timeout}s; stderr: {e.stderr}") from None
+    r.seconds = time.perf_counter() - start
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} exited {r.returncode}\n"
+                           f"stdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-5000:]}")
+    return r
+
+
+def _pdeathsig():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the daemon dies with the driver
+    os.setpgrp()
+
+
+def in_mountinfo(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+class Daemon:
+    """kcache-fsd -f --db <tmp>/db [ARGS] <tmp>/mnt, mounted until stop()."""
+
+    live = []
+
+    def __init__(self, cfg, root, args=()):
+        self.cfg = cfg
+        self.root = Path(root)
+        self.db = self.root / "db"
+        self.mnt = self.root / "mnt"
+        self.log_path = self.root / "fsd.log"
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        self.args = list(args) + cfg.daemon_args
+        self.proc = None
+
+    def start(self):
+        argv = [self.cfg.fsd, "-f", "--db", str(self.db), *self.args, str(self.mnt)]
+        self.log_file = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log_file,
+                                     stderr=subprocess.STDOUT, preexec_fn=_pdeathsig)
+        Daemon.live.append(self)
+        deadline = time.time() + 15
+        while not in_mountinfo(self.mnt):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"kcache-fsd did not mount {self.mnt}: {self.stderr()}")
+            time.sleep(0.02)
+        return self
+
+    def stderr(self):
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if in_mountinfo(self.mnt):
+            subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True,
+                           timeout=30)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if in_mountinfo(self.mnt):
+            subprocess.run(["fusermount3", "-uz", str(self.mnt)], capture_output=True)
+        code = self.proc.returncode
+        self.proc = None
+        self.log_file.close()
+        if self in Daemon.live:
+            Daemon.live.remove(self)
+        return code
+
+    def kcache(self, *args, timeout=60):
+        return run([self.cfg.kcache, "--db", self.db, *args], timeout=timeout)
+
+    def _raw_stats(self):
+        return json.loads(self.kcache("stats", "--json").stdout)
+
+    def settle(self, timeout=5.0):
+        """Waits until the daemon has saved its statistics (it batches them: every
+        200 ms): two reads 300 ms apart agree. Returns the last read."""
+        last = self._raw_stats()
+        deadline = time.time() + timeout
+        while True:
+            time.sleep(0.3)
+            now = self._raw_stats()
+            now_counters = {k: v for k, v in now.items() if isinstance(v, int)}
+            last_counters = {k: v for k, v in last.items() if isinstance(v, int)}
+            if now_counters == last_counters or time.time() > deadline:
+                return now
+            last = now
+
+    def ls(self):
+        self.settle()
+        return json.loads(self.kcache("ls", "--json").stdout)
+
+    def stats(self):
+        return self.settle()
+
+
+def stop_all_daemons(*_):
+    for d in list(Daemon.live):
+        try:
+            d.stop()
+        except Exception as e:  # never leave a mount behind because of one failure
+            print(f"compat: stopping daemon: {e}", file=sys.stderr)
+
+
+def _on_signal(signum, _frame):
+    stop_all_daemons()
+    os._exit(128 + signum)
+
+
+class Where:
+    """A place to run a compiler: a plain directory, or a fresh kcache mount."""
+
+    def __init__(self, cfg, tmp, kind, daemon_args=()):
+        self.kind = kind
+        self.root = Path(tmp) / kind
+        self.daemon = None
+        if kind == "mount":
+            self.daemon = Daemon(cfg, self.root, daemon_args).start()
+            self.base = self.daemon.mnt
+        else:
+            self.base = self.root / "dir"
+            self.base.mkdir(parents=True)
+
+    def close(self):
+        if self.daemon:
+            code = self.daemon.stop()
+            C.check(code == 0, f"the daemon exits 0 at unmount (it exited {code})",
+                    self.daemon.stderr())
+
+
+_place_counter = [0]
+
+
+def places(cfg, tmp, daemon_args=()):
+    """The plain directory first, then the mount (so a client failure shows first)."""
+    for kind in ("plain", "mount"):
+        C.where = kind
+        _place_counter[0] += 1
+        w = Where(cfg, Path(tmp) / f"place{_place_counter[0]}", kind, daemon_args)
+        try:
+            yield w
+        finally:
+            w.close()
+
+
+class Config:
+    pass
+
+
+def worker(cfg, script, args, env_extra=None, timeout=600):
+    env = dict(os.environ)
+    env.pop("KCACHE_DB", None)
+    env.update(env_extra or {})
+    out = Path(tempfile.mkstemp(prefix="compat-", suffix=".json", dir=cfg.tmp)[1])
+    r = run([cfg.python, WORKERS / script, "--out", out, *args], env=env, timeout=timeout,
+            check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"{script} {' '.join(map(str, args))} exited {r.returncode} "
+                           f"[{C.where}]\nstderr: {r.stderr[-6000:]}")
+    report = json.loads(out.read_text())
+    report["wall_seconds"] = r.seconds
+    report["stderr"] = r.stderr
+    return report
+
+
+def entries_under(ls, prefix):
+    return {e["name"]: e for e in ls if e["name"].startswith(prefix)}
+
+
+def check_stats(daemon, misses, hits, what):
+    s = daemon.stats()
+    C.equal(s.get("misses"), misses, f"{what}: kcache misses")
+    if hits is not None:
+        C.equal(s.get("hits"), hits, f"{what}: kcache hits")
+    return s
+
+
+# ---- Triton ------------------------------------------------------------------------
+
+def triton_param_sizes(types):
+    """Bytes per parameter as the cubin declares them: pointers 8, scalars their size,
+    then Triton's two scratch pointers (global and profile scratch)."""
+    size = {"i32": 4, "fp32": 4, "i64": 8, "fp64": 8, "i1": 1, "fp16": 2, "bf16": 2}
+    return [8 if t.startswith("*") else size[t] for t in types] + [8, 8]
+
+
+def check_triton_kernel_files(where, base, kernels):
+    for k in kernels:
+        d = Path(base) / k["dir"]
+        names = set(os.listdir(d)) if d.is_dir() else set()
+        want = {f"{k['name']}.{ext}" for ext in ("cubin", "json", "ptx", "ttir", "ttgir",
+                                                   "llir", "source")} | {
+            f"__grp__{k['name']}.json"}
+        C.check(want <= names, f"triton {k['label']}: files of {d.name}",
+                f"missing {sorted(want - names)}; has {sorted(names)}")
+        C.check(not any(n.startswith("tmp.") for n in names),
+                f"triton {k['label']}: no tmp.* left in {d.name}", str(sorted(names)))
+
+
+def check_triton_binaries(cfg, w, kernels, prefix):
+    """inspect-binary on every cubin through the mount, and the loader's reading of
+    every entry (cubin and Triton's metadata) from the db and from the mount."""
+    loader = kcache_loader.Loader(cfg.loader) if cfg.loader else None
+    for k in kernels:
+        cubin = Path(w.base) / prefix / k["dir"] / f"{k['name']}.cubin"
+        r = run([cfg.kcache, "inspect-binary", "--json", cubin], check=False)
+        if not C.check(r.returncode == 0, f"inspect-binary {k['label']}", r.stderr):
+            continue
+        info = json.loads(r.stdout)
+        C.equal((info.get("format"), info.get("arch")), ("cubin", "sm_90a"),
+                f"inspect-binary {k['label']}: format and arch")
+        names = [x["name"] for x in info.get("kernels", [])]
+        C.equal(names, [k["name"]], f"inspect-binary {k['label']}: kernels")
+        if names == [k["name"]]:
+            sizes = [p["size"] for p in info["kernels"][0]["params"]]
+            C.equal(sizes, triton_param_sizes(k["param_types"]),
+                    f"inspect-binary {k['label']}: parameter sizes")
+    if loader is None:
+        return
+    opened = [("mount", w.base)]
+    if w.daemon:
+        opened.insert(0, ("db", w.daemon.db))
+    for label, path in opened:
+        with loader.open_cache(path) as cache:
+            for k in kernels:
+                check_loader_entry(loader, cache, f"{prefix}{k['dir']}", k,
+                                   f"loader ({label}) {k['label']}")
+
+
+def check_loader_entry(loader, cache, key, k, what, deep=False):
+    try:
+        entry = cache.open_entry(key)
+    except kcache_loader.LoaderError as e:
+        C.check(False, f"{what}: open entry {key}", str(e))
+        return
+    with entry:
+        files = entry.files()
+        C.check(f"{k['name']}.cubin" in files and f"{k['name']}.json" in files,
+                f"{what}: entry files", str(sorted(files)))
+        status, sel = entry.select_binary(90)
+        if C.equal(status, kcache_loader.OK, f"{what}: select_binary(sm 90)"):
+            C.equal((sel["file"], sel["format"], sel["arch"], sel["jit"]),
+                    (f"{k['name']}.cubin", "cubin", "sm_90a", 0),
+                    f"{what}: the binary chosen for sm_90")
+        try:
+            sig = entry.signature()
+        except kcache_loader.LoaderError as e:
+            C.check(False, f"{what}: signature", str(e))
+            sig = None
+        if sig:
+            C.equal((sig["format"], sig["kernel"]), ("triton", k["name"]),
+                    f"{what}: signature format and kernel")
+            C.equal(sig["block"], [k["num_warps"] * 32, 1, 1], f"{what}: block from num_warps")
+            C.equal(sig["shared_memory"], k["shared"], f"{what}: shared memory")
+            C.equal(sig["grid"], [1, 1, 1], f"{what}: default grid")
+        if not deep or status != kcache_loader.OK:
+            return
+        # Parameter layout from the chosen cubin, and the argument check before a launch.
+        data = entry.read(sel["file"])
+        C.equal(len(data), files.get(sel["file"]), f"{what}: cubin bytes read")
+        with loader.inspect(data) as binary:
+            desc = binary.describe()
+            names = [x["name"] for x in desc["kernels"]]
+            if C.equal(names, [k["name"]], f"{what}: kernels in the cubin"):
+                params = desc["kernels"][0]["params"]
+                want = triton_param_sizes(k["param_types"])
+                C.equal([p["size"] for p in params], want, f"{what}: parameter sizes")
+                offsets, off = [], 0
+                for size in want:
+                    off = (off + size - 1) // size * size
+                    offsets.append(off)
+                    off += size
+                C.equal([p["offset"] for p in params], offsets, f"{what}: parameter offsets")
+                C.equal(binary.check_arguments(0, want), kcache_loader.OK,
+                        f"{what}: the right argument list is accepted")
+                C.equal(binary.check_arguments(0, want[:-1]),
+                        kcache_loader.ERROR_ARGUMENT_MISMATCH,
+                        f"{what}: a short argument list is refused")
+        meta = json.loads(entry.read(f"{k['name']}.json"))
+        C.equal((meta.get("name"), meta.get("shared"), meta.get("num_warps")),
+                (k["name"], k["shared"], k["num_warps"]), f"{what}: Triton's metadata JSON")
+
+
+def scenario_triton(cfg):
+    """>= 20 kernels AOT for sm_90; a fresh process loads all from the cache; one miss
+    and one hit per kernel; ls, inspect-binary and the loader; evicting one entry
+    recompiles that kernel only."""
+    for w in places(cfg, cfg.tmp):
+        cache_dir = Path(w.base) / "triton"
+        env = {"TRITON_CACHE_DIR": str(cache_dir)}
+        cold = worker(cfg, "triton_worker.py", [], env)
+        kernels = cold["kernels"]
+        n = len(kernels)
+        log(f"[{w.kind}] triton cold: {n} kernels in {cold['wall_seconds']:.1f}s")
+        C.check(n >= 20, f"at least 20 kernels (compiled {n})")
+        C.equal(len({k["dir"] for k in kernels}), n, "distinct cache keys")
+        C.check(all(k["stages"] for k in kernels), "cold run: every kernel compiled",
+                str([k["label"] for k in kernels if not k["stages"]]))
+        check_triton_kernel_files(w.kind, cache_dir, kernels)
+
+        warm = worker(cfg, "triton_worker.py", [], env)
+        log(f"[{w.kind}] triton warm: {warm['wall_seconds']:.1f}s")
+        compiled = [k["label"] for k in warm["kernels"] if k["stages"]]
+        C.equal(compiled, [], "warm run (fresh process): kernels that ran a compile stage")
+        C.equal([k["hash"] for k in warm["kernels"]], [k["hash"] for k in kernels],
+                "warm run: same kernel hashes")
+        C.equal([(k["shared"], k["num_warps"]) for k in warm["kernels"]],
+                [(k["shared"], k["num_warps"]) for k in kernels], "warm run: same metadata")
+
+        if w.daemon:
+            ls = w.daemon.ls()
+            want = {f"triton/{k['dir']}" for k in kernels}
+            got = entries_under(ls, "triton/")
+            C.equal(sorted(got), sorted(want), "kcache ls: one triton/<hash> entry per kernel")
+            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("triton/")), [],
+                    "kcache ls: no entries outside triton/")
+            C.equal(sorted({e["producer"] for e in got.values()}), ["triton"],
+                    "kcache ls: producer of the triton entries")
+            C.equal(sorted({e["hits"] for e in got.values()}), [1],
+                    "kcache ls: one hit per entry after one warm process")
+            check_stats(w.daemon, n, n, "after cold + warm")
+            check_triton_binaries(cfg, w, kernels, "triton/")
+
+        # Evict one kernel (kcache evict while mounted; rm -r on the plain directory).
+        victim = kernels[n // 2]
+        if w.daemon:
+            w.daemon.kcache("evict", f"triton/{victim['dir']}")
+        else:
+            shutil.rmtree(cache_dir / victim["dir"])
+        again = worker(cfg, "triton_worker.py", [], env)
+        compiled = [k["label"] for k in again["kernels"] if k["stages"]]
+        C.equal(compiled, [victim["label"]], "after evicting one entry: kernels recompiled")
+        check_triton_kernel_files(w.kind, cache_dir, again["kernels"])
+        if w.daemon:
+            check_stats(w.daemon, n + 1, 2 * n - 1, "after evict + third process")
+            C.equal(len(entries_under(w.daemon.ls(), "triton/")), n,
+                    "kcache ls: triton entries after the recompile")
+
+
+# ---- the loader on real Triton output ------------------------------------------------
+
+LOADER_KERNELS = "add_fp32_128,add_bf16_1024,scale_fp16_256,softmax_fp32_256,matmul_fp16_64"
+
+
+def scenario_loader(cfg):
+    """Finds Triton kernels by cache key in the db, the mount and a plain directory;
+    picks the cubin, reads Triton's metadata (launch config, shared memory) and the
+    parameter layout; GPU launch only where a driver and device exist."""
+    if not cfg.loader:
+        raise Skip("no --loader given")
+    loader = kcache_loader.Loader(cfg.loader)
+    for w in places(cfg, cfg.tmp):
+        env = {"TRITON_CACHE_DIR": str(Path(w.base) / "triton")}
+        kernels = worker(cfg, "triton_worker.py", ["--only", LOADER_KERNELS], env)["kernels"]
+        C.check(any(k["shared"] > 0 for k in kernels), "a kernel uses shared memory",
+                str([(k["label"], k["shared"]) for k in kernels]))
+        opened = [("plain" if not w.daemon else "mount", w.base)]
+        if w.daemon:
+            before = w.daemon.stats()
+            opened.insert(0, ("db", w.daemon.db))
+        for label, path in opened:
+            with loader.open_cache(path) as cache:
+                C.equal(cache.kind, "db" if label == "db" else "directory",
+                        f"loader ({label}): cache kind")
+                for k in kernels:
+                    check_loader_entry(loader, cache, f"triton/{k['dir']}", k,
+                                       f"loader ({label}) {k['label']}", deep=True)
+                    # The entry has no binary for an older GPU (sm_90a runs on sm_90 only).
+                    with cache.open_entry(f"triton/{k['dir']}") as entry:
+                        status, _ = entry.select_binary(80)
+                        C.equal(status, kcache_loader.ERROR_NO_BINARY,
+                                f"loader ({label}) {k['label']}: select_binary(sm 80)")
+                try:
+                    cache.open_entry("triton/NO_SUCH_KEY")
+                    C.check(False, f"loader ({label}): an unknown key is NOT_FOUND")
+                except kcache_loader.LoaderError as e:
+                    C.equal(e.status, kcache_loader.ERROR_NOT_FOUND,
+                            f"loader ({label}): an unknown key")
+            if label == "db":
+                after = w.daemon.stats()
+                C.equal(after.get("hits"), before.get("hits"),
+                        "reading the db directly counts no hits")
+        status, message, runtime = loader.runtime_open()
+        if runtime is None:
+            C.check(status in (kcache_loader.ERROR_NO_DRIVER, kcache_loader.ERROR_NO_DEVICE),
+                    "runtime without a GPU: NO_DRIVER or NO_DEVICE", f"{status}: {message}")
+            log(f"[{w.kind}] GPU launch part skipped: {message}")
+        else:
+            try:
+                with loader.open_cache(w.daemon.db if w.daemon else w.base) as cache:
+                    for k in kernels:
+                        handle = ctypes.c_void_p()
+                        st = loader.lib.kcache_runtime_get_kernel(
+                            runtime, cache.handle, f"triton/{k['dir']}".encode(),
+                            k["name"].encode(), ctypes.byref(handle))
+                        if C.equal(st, 0, f"GPU: load {k['label']}: {loader.last_error()}"):
+                            C.equal(loader.lib.kcache_kernel_param_count(handle),
+                                    len(triton_param_sizes(k["param_types"])),
+                                    f"GPU: {k['label']} parameter count")
+                            loader.lib.kcache_kernel_release(handle)
+            finally:
+                loader.lib.kcache_runtime_close(runtime)
+
+
+# ---- Inductor -----------------------------------------------------------------------
+
+def inductor_layout(base):
+    """What Inductor wrote under `base`, in the expected entry model's names."""
+    base = Path(base)
+    out = {"fxgraph": set(), "aotautograd": set(), "modules": set(), "triton": set(),
+           "files": []}
+    for root, dirs, files in os.walk(base):
+        rel = Path(root).relative_to(base)
+        parts = rel.parts
+        for f in files:
+            out["files"].append(str(rel / f))
+        if len(parts) == 3 and parts[0] in ("fxgraph",):
+            out["fxgraph"].add(f"inductor/{rel}")
+        elif len(parts) >= 2 and parts[0] == "aotautograd":
+            if len(parts) == 2:
+                out["aotautograd"].add(f"inductor/{rel}")
+        elif len(parts) == 3 and parts[0] == "triton":
+            out["triton"].add(f"inductor/{rel}")
+        elif len(parts) == 1 and parts[0] not in ("locks", "fxgraph", "aotautograd", "triton"):
+            for f in files:
+                out["modules"].add(f"inductor/{parts[0]}/{f.split('.')[0]}")
+    return out
+
+
+def scenario_inductor(cfg):
+    """torch.compile of a few models (4 graphs, static and dynamic shapes); a fresh
+    process hits the FX graph cache for every graph with the same results; entries per
+    graph / per module; four processes compiling at once."""
+    for w in places(cfg, cfg.tmp):
+        cache_dir = Path(w.base) / "inductor"
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+        cold = worker(cfg, "inductor_worker.py", [], env)
+        graphs = cold["fxgraph_cache_miss"]
+        log(f"[{w.kind}] inductor cold: {graphs} graphs in {cold['wall_seconds']:.1f}s")
+        C.check(graphs >= 4, f"cold run: at least 4 FX graphs compiled ({cold['counters']})")
+        C.check(all(cold["allclose"].values()), "cold run: compiled == eager",
+                str(cold["allclose"]))
+        warm = worker(cfg, "inductor_worker.py", [], env)
+        log(f"[{w.kind}] inductor warm: {warm['wall_seconds']:.1f}s")
+        C.equal((warm["fxgraph_cache_hit"], warm["fxgraph_cache_miss"]), (graphs, 0),
+                "warm run (fresh process): FX graph cache (hits, misses)")
+        C.check(all(warm["allclose"].values()), "warm run: compiled == eager",
+                str(warm["allclose"]))
+        C.equal(warm["outputs"], cold["outputs"], "warm run: same outputs as the cold run")
+        layout = inductor_layout(cache_dir)
+        C.equal(len(layout["fxgraph"]), graphs, "one fxgraph/<xx>/<key> directory per graph")
+        if w.daemon:
+            ls = w.daemon.ls()
+            got = entries_under(ls, "inductor/")
+            fx = {n for n in got if n.startswith("inductor/fxgraph/")}
+            aot = {n for n in got if n.startswith("inductor/aotautograd/")}
+            trit = {n for n in got if n.startswith("inductor/triton/")}
+            locks = {n for n in got if n.startswith("inductor/locks")}
+            modules = set(got) - fx - aot - trit - locks
+            C.equal(sorted(fx), sorted(layout["fxgraph"]), "kcache ls: one entry per FX graph")
+            C.equal(sorted(aot), sorted(layout["aotautograd"]),
+                    "kcache ls: AOTAutograd entries")
+            C.equal(sorted(modules), sorted(layout["modules"]),
+                    "kcache ls: one entry per generated module stem")
+            C.equal(sorted(trit), sorted(layout["triton"]), "kcache ls: Inductor's Triton")
+            C.equal(sorted(locks), [], "kcache ls: nothing under inductor/locks")
+            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("inductor/")), [],
+                    "kcache ls: no entries outside inductor/")
+            C.equal(sorted({got[n]["producer"] for n in fx | aot | modules}), ["inductor"],
+                    "kcache ls: producer of Inductor's entries")
+            C.equal(sorted({got[n]["hits"] for n in fx}), [1],
+                    "kcache ls: each FX graph entry hit once by the warm process")
+            s = w.daemon.stats()
+            C.equal(s.get("misses"), len(got), "kcache misses == entries populated")
+            C.check(len(fx) <= s.get("hits", 0) <= len(got),
+                    "kcache hits: at least one per FX graph, at most one per entry",
+                    f"hits {s.get('hits')}, fx graphs {len(fx)}, entries {len(got)}")
+
+    # Four processes compiling the same models at once, on a fresh cache each.
+    for w in places(cfg, cfg.tmp):
+        cache_dir = Path(w.base) / "inductor"
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+        results = [None] * 4
+        errors = []
+
+        def one(i):
+            try:
+                results[i] = worker(cfg, "inductor_worker.py", [], env)
+            except Exception as e:
+                errors.append(str(e))
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        log(f"[{w.kind}] inductor x4 at once: {time.perf_counter() - start:.1f}s")
+        C.equal(errors, [], "four concurrent processes: no error")
+        ok = [r for r in results if r]
+        C.check(all(all(r["allclose"].values()) for r in ok),
+                "four concurrent processes: compiled == eager")
+        C.check(len({json.dumps(r["outputs"], sort_keys=True) for r in ok}) <= 1,
+                "four concurrent processes: the same outputs")
+        after = worker(cfg, "inductor_worker.py", [], env)
+        C.equal(after["fxgraph_cache_miss"], 0, "after the concurrent runs: all cache hits")
+        if w.daemon:
+            got = entries_under(w.daemon.ls(), "inductor/")
+            s = w.daemon.stats()
+            C.equal(s.get("misses"), len(got),
+                    "concurrent: misses == entries (racing stores add none)")
+            r = run([cfg.kcache, "--db", w.daemon.db, "verify"], check=False)
+            C.check(r.returncode == 0, "kcache verify after the concurrent runs",
+                    r.stdout[-2000:] + r.stderr[-2000:])
+
+
+# ---- JAX ------------------------------------------------------------------------------
+
+def jax_pairs(cache_dir):
+    names = os.listdir(cache_dir) if os.path.isdir(cache_dir) else []
+    caches = {n[:-len("-cache")] for n in names if n.endswith("-cache")}
+    atimes = {n[:-len("-atime")] for n in names if n.endswith("-atime")}
+    return caches, atimes, names
+
+
+def scenario_jax(cfg):
+    """The persistent compilation cache: a fresh process hits for every function; then
+    JAX's own LRU eviction (small jax_compilation_cache_max_size) with kcache evicting
+    under it at the same time: no JAX error, no orphan half-pair."""
+    for w in places(cfg, cfg.tmp):
+        cache_dir = Path(w.base) / "jax"
+        cold = worker(cfg, "jax_worker.py", ["--cache-dir", cache_dir, "--count", "8"])
+        log(f"[{w.kind}] jax cold: {cold['requests']} compiles in {cold['wall_seconds']:.1f}s")
+        C.equal(cold["errors"], [], "cold run: no JAX error")
+        C.equal((cold["misses"], cold["hits"]), (cold["requests"], 0),
+                "cold run: (misses, hits)")
+        caches, _, names = jax_pairs(cache_dir)
+        warm = worker(cfg, "jax_worker.py", ["--cache-dir", cache_dir, "--count", "8"])
+        C.equal(warm["errors"], [], "warm run: no JAX error")
+        C.equal((warm["hits"], warm["misses"]), (warm["requests"], 0),
+                "warm run (fresh process): (hits, misses)")
+        C.equal(warm["results"], cold["results"], "warm run: same results")
+        if w.daemon:
+            ls = w.daemon.ls()
+            got = entries_under(ls, "jax/")
+            C.equal(sorted(got), sorted(f"jax/{k}" for k in caches),
+                    "kcache ls: one jax/<key> entry per compiled function")
+            C.equal(sorted({e["producer"] for e in got.values()}), ["jax"],
+                    "kcache ls: producer of the jax entries")
+            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("jax/")), [],
+                    "kcache ls: no entries outside jax/")
+            check_stats(w.daemon, len(caches), len(caches), "after cold + warm")
+
+    # JAX's LRU eviction, and kcache evicting under it at the same time.
+    for w in places(cfg, cfg.tmp, daemon_args=["--max-size", "96K"]):
+        cache_dir = Path(w.base) / "jax"
+        stop = threading.Event()
+        half_pairs_seen = []
+        evictions = [0]
+
+        def kcache_evictor():
+            rng = random.Random(1)
+            while not stop.is_set():
+                try:
+                    names = [e["name"] for e in w.daemon.ls() if e["name"].startswith("jax/")]
+                    if names:
+                        r = run([cfg.kcache, "--db", w.daemon.db, "evict", rng.choice(names)],
+                                check=False, timeout=30)
+                        evictions[0] += r.returncode == 0
+                except Exception as e:  # the driver's own trouble: report, go on
+                    log(f"evictor: {e}")
+                stop.wait(0.05)
+
+        def watcher():
+            # A pair half-present for longer than JAX's put takes is an orphan.
+            suspects = {}
+            while not stop.is_set():
+                caches, atimes, _ = jax_pairs(cache_dir)
+                now = time.time()
+                for key in caches ^ atimes:
+                    first = suspects.setdefault(key, now)
+                    if now - first > 2.0 and key not in half_pairs_seen:
+                        still = jax_pairs(cache_dir)
+                        if (key in still[0]) != (key in still[1]):
+                            half_pairs_seen.append(key)
+                for key in list(suspects):
+                    if key not in caches ^ atimes:
+                        del suspects[key]
+                stop.wait(0.1)
+
+        threads = [threading.Thread(target=watcher)]
+        if w.daemon:
+            threads.append(threading.Thread(target=kcache_evictor))
+        for t in threads:
+            t.start()
+        try:
+            runs = []
+            procs = []
+            # Two processes at once, each several rounds over 24 functions, with JAX's
+            # limit at about 4 entries: JAX evicts on almost every put.
+            def one(i):
+                runs.append(worker(cfg, "jax_worker.py", [
+                    "--cache-dir", cache_dir, "--count", "24", "--rounds", "3",
+                    "--max-size", "16000"]))
+            procs = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        log(f"[{w.kind}] jax eviction stress: {len(runs)} processes, "
+            f"kcache evictions {evictions[0]}")
+        C.equal(len(runs), 2, "eviction stress: both processes finished")
+        for r in runs:
+            C.equal(r["errors"], [], "eviction stress: no JAX error")
+            bad = [x for x in r["warnings"] if "cache" in x.lower()]
+            C.equal(bad, [], "eviction stress: no cache warning or error logged by JAX")
+        if len(runs) == 2:
+            C.equal(runs[0]["results"], runs[1]["results"], "eviction stress: same results")
+        caches, atimes, names = jax_pairs(cache_dir)
+        C.equal(sorted(caches ^ atimes), [], "eviction stress: no orphan half-pair at the end")
+        C.equal(half_pairs_seen, [], "eviction stress: no half-pair lasting over 2 s")
+        if w.daemon:
+            ls = w.daemon.ls()
+            got = entries_under(ls, "jax/")
+            C.equal(sorted(got), sorted(f"jax/{k}" for k in caches),
+                    "eviction stress: kcache entries == JAX's pairs")
+            C.check(all(e["files"] == 2 for e in got.values()),
+                    "eviction stress: every jax entry holds both files",
+                    str({n: e["files"] for n, e in got.items() if e["files"] != 2}))
+            C.check(evictions[0] > 0 or w.daemon.stats().get("evicted_entries", 0) > 0,
+                    "eviction stress: kcache did evict")
+            r = run([cfg.kcache, "--db", w.daemon.db, "verify"], check=False)
+            C.check(r.returncode == 0, "kcache verify after the eviction stress",
+                    r.stdout[-2000:] + r.stderr[-2000:])
+
+
+# ---- ccache ---------------------------------------------------------------------------
+
+CCACHE_SOURCES = {
+    "common.h": "int helper_a(int);\nint helper_b(int);\n",
+    "a.c": "#include \"common.h\"\nint helper_a(int x) { return x * 3; }\n",
+    "b.c": "#include \"common.h\"\nint helper_b(int x) { return helper_a(x) + 4; }\n",
+    "c.c": "#include <stdio.h>\n#include \"common.h\"\n"
+           "int main(void) { printf(\"%d\\n\", helper_b(5)); return 0; }\n",
+}
+
+
+def ccache_stats(env, cwd):
+    out = run(["ccache", "--print-stats"], env=env, cwd=cwd).stdout
+    stats = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            stats[parts[0]] = int(parts[1])
+    return stats
+
+
+def scenario_ccache(cfg):
+    """A real ccache with CCACHE_DIR on the mount: a rebuild is all direct hits; one
+    entry per result/manifest file; its bookkeeping files are no entries."""
+    if not shutil.which("ccache") or not shutil.which("gcc"):
+        raise Skip("ccache or gcc is not installed")
+    for w in places(cfg, cfg.tmp):
+        project = Path(cfg.tmp) / f"project-{w.kind}"
+        project.mkdir()
+        for name, text in CCACHE_SOURCES.items():
+            (project / name).write_text(text)
+        (project / "ccache.conf").write_text("")
+        ccache_dir = Path(w.base) / "ccache"
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("CCACHE_") and k != "KCACHE_DB"}
+        env.update({"CCACHE_DIR": str(ccache_dir),
+                    "CCACHE_CONFIGPATH": str(project / "ccache.conf"),
+                    "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime"})
+        objects = {}
+        for build in ("first", "second"):
+            run(["ccache", "-z"], env=env, cwd=project)
+            for s in ("a", "b", "c"):
+                run(["ccache", "gcc", "-O2", "-c", f"{s}.c", "-o", f"{s}.o"], env=env,
+                    cwd=project)
+            run(["gcc", "-o", "prog", "a.o", "b.o", "c.o"], env=env, cwd=project)
+            C.equal(run(["./prog"], cwd=project).stdout, "19\n", f"{build} build: output")
+            st = ccache_stats(env, project)
+            if build == "first":
+                C.equal(st.get("cache_miss"), 3, "first build: ccache misses")
+                objects = {s: (project / f"{s}.o").read_bytes() for s in ("a", "b", "c")}
+            else:
+                C.equal((st.get("direct_cache_hit"), st.get("cache_miss")), (3, 0),
+                        "second build: (direct hits, misses)")
+                C.equal({s: (project / f"{s}.o").read_bytes() for s in ("a", "b", "c")},
+                        objects, "second build: the same objects")
+            for s in ("a", "b", "c", "prog"):
+                (project / (s if s == "prog" else f"{s}.o")).unlink()
+        run(["ccache", "-s"], env=env, cwd=project)
+        results = sorted(
+            f"ccache/{p.relative_to(ccache_dir)}" for p in ccache_dir.rglob("*")
+            if p.is_file() and p.name[-1] in "RM" and len(p.relative_to(ccache_dir).parts) == 3)
+        C.equal(len(results), 6, "ccache stored 3 results and 3 manifests")
+        if w.daemon:
+            ls = w.daemon.ls()
+            got = entries_under(ls, "ccache/")
+            C.equal(sorted(got), results, "kcache ls: one entry per result/manifest file")
+            C.equal(sorted({e["producer"] for e in got.values()}), ["ccache"],
+                    "kcache ls: producer of the ccache entries")
+            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("ccache/")), [],
+                    "kcache ls: no entries outside ccache/")
+            check_stats(w.daemon, len(results), len(results),
+                        "after two builds (each file read once by a later ccache)")
+
+
+# ---- Wave -------------------------------------------------------------------------------
+
+def scenario_wave(cfg):
+    """Wave GEMMs compiled ahead of time for gfx942 (no GPU): a fresh process loads
+    every kernel from WAVE_CACHE_DIR; one wave/<hash> entry, one miss and one hit per
+    kernel."""
+    for w in places(cfg, cfg.tmp):
+        cache_dir = Path(w.base) / "wave"
+        env = {"WAVE_CACHE_DIR": str(cache_dir)}
+        cold = worker(cfg, "wave_worker.py", [], env)
+        kernels = cold["kernels"]
+        n = len(kernels)
+        log(f"[{w.kind}] wave cold: {n} kernels in {cold['wall_seconds']:.1f}s")
+        C.equal((cold["misses"], cold["hits"]), (n, 0), "cold run: Wave's (misses, hits)")
+        for k in kernels:
+            names = sorted(os.listdir(cache_dir / k["hash"]))
+            C.check(f"{k['hash']}.vmfb" in names, f"wave {k['label']}: .vmfb stored",
+                    str(names))
+        warm = worker(cfg, "wave_worker.py", [], env)
+        log(f"[{w.kind}] wave warm: {warm['wall_seconds']:.1f}s")
+        C.equal((warm["hits"], warm["misses"]), (n, 0),
+                "warm run (fresh process): Wave's (hits, misses)")
+        C.equal([k["hash"] for k in warm["kernels"]], [k["hash"] for k in kernels],
+                "warm run: same kernel hashes")
+        if w.daemon:
+            ls = w.daemon.ls()
+            got = entries_under(ls, "wave/")
+            C.equal(sorted(got), sorted(f"wave/{k['hash']}" for k in kernels),
+                    "kcache ls: one wave/<hash> entry per kernel")
+            C.equal(sorted({e["producer"] for e in got.values()}), ["wave"],
+                    "kcache ls: producer of the wave entries")
+            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("wave/")), [],
+                    "kcache ls: no entries outside wave/")
+            check_stats(w.daemon, n, n, "after cold + warm")
+
+
+# ---- main -------------------------------------------------------------------------------
+
+SCENARIOS = {
+    "triton": (scenario_triton, ["triton"]),
+    "loader": (scenario_loader, ["triton"]),
+    "inductor": (scenario_inductor, ["torch"]),
+    "jax": (scenario_jax, ["jax", "jaxlib"]),
+    "ccache": (scenario_ccache, []),
+    "wave": (scenario_wave, ["wave_lang"]),
+}
+
+
+def require(cfg, modules):
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise Skip("/dev/fuse is not available")
+    if not shutil.which("fusermount3"):
+        raise Skip("fusermount3 is not installed")
+    if not modules:
+        return
+    if not cfg.python or not os.access(cfg.python, os.X_OK):
+        raise Skip(f"no venv python at {cfg.python} (bash scripts/setup.sh installs .venv)")
+    probe = "import importlib.util, sys; sys.exit(0 if all(importlib.util.find_spec(m) " \
+            f"for m in {modules!r}) else 3)"
+    r = subprocess.run([cfg.python, "-c", probe], capture_output=True, timeout=120)
+    if r.returncode != 0:
+        raise Skip(f"{cfg.python} lacks {', '.join(modules)}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fsd", required=True)
+    parser.add_argument("--kcache", required=True)
+    parser.add_argument("--loader", default="")
+    parser.add_argument("--python", default=os.environ.get(
+        "KCACHE_COMPAT_PYTHON", str(REPO / ".venv" / "bin" / "python")))
+    parser.add_argument("--daemon-arg", action="append", default=[],
+                        help="extra kcache-fsd option for every mount (repeatable)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    args = parser.parse_args(argv)
+
+    cfg = Config()
+    cfg.fsd, cfg.kcache, cfg.loader, cfg.python = args.fsd, args.kcache, args.loader, args.python
+    cfg.daemon_args = args.daemon_arg
+    fn, modules = SCENARIOS[args.scenario]
+    try:
+        require(cfg, modules)
+    except Skip as e:
+        print(f"compat: SKIP {args.scenario}: {e}", flush=True)
+        return SKIP
+
+    atexit.register(stop_all_daemons)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    cfg.tmp = tempfile.mkdtemp(prefix=f"kcache-compat-{args.scenario}-")
+    start = time.perf_counter()
+    code = 1
+    try:
+        fn(cfg)
+        code = C.summary()
+    except Skip as e:
+        print(f"compat: SKIP {args.scenario}: {e}", flush=True)
+        code = SKIP
+    except Exception as e:
+        C.check(False, f"{args.scenario} aborted: {type(e).__name__}", str(e))
+        C.summary()
+        code = 1
+    finally:
+        stop_all_daemons()
+        if args.keep:
+            log(f"kept {cfg.tmp}")
+        else:
+            shutil.rmtree(cfg.tmp, ignore_errors=True)
+    log(f"{args.scenario}: {time.perf_counter() - start:.1f}s, exit {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
