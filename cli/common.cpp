@@ -90,40 +90,12 @@ core::EntryInfo find_entry(const core::Txn& txn, std::string_view name) {
                               matches.size() > kShown ? ", ..." : ""));
 }
 
-namespace {
-
-void walk(const core::Txn& txn, core::Ino dir, const std::string& prefix,
-          std::vector<EntryFile>& out) {
-    std::vector<std::pair<std::string, core::Ino>> children;
-    check(txn.readdir(dir, "", [&](const core::DirEntry& child) {
-        if (child.name != "." && child.name != "..") children.emplace_back(child.name, child.ino);
-        return true;
-    }));
-    for (const auto& [name, ino] : children) {
-        const std::string path = prefix.empty() ? name : prefix + "/" + name;
-        core::Attr attr = check(txn.getattr(ino));
-        if (attr.is_dir()) {
-            walk(txn, ino, path, out);
-            continue;
-        }
-        EntryFile file{path, attr, {}};
-        if (attr.is_symlink()) file.link_target = check(txn.readlink(ino));
-        out.push_back(std::move(file));
-    }
-}
-
-}  // namespace
-
 std::vector<EntryFile> entry_files(const core::Txn& txn, const core::EntryInfo& entry) {
     std::vector<EntryFile> files;
-    core::Attr attr = check(txn.getattr(entry.ino));
-    if (!attr.is_dir()) {
-        EntryFile file{"", attr, {}};
-        if (attr.is_symlink()) file.link_target = check(txn.readlink(entry.ino));
-        files.push_back(std::move(file));
-        return files;
-    }
-    walk(txn, entry.ino, "", files);
+    check(txn.for_each_entry_file(entry, [&](const core::EntryFile& file) {
+        if (!file.attr.is_dir()) files.push_back(file);
+        return true;
+    }));
     std::sort(files.begin(), files.end(),
               [](const EntryFile& a, const EntryFile& b) { return a.path < b.path; });
     return files;

@@ -81,10 +81,6 @@ int run_show(const Cli& cli, const ShowOptions& opts) {
     auto txn = check(store->read());
     const core::EntryInfo entry = find_entry(txn, opts.name);
     std::vector<EntryFile> files = entry_files(txn, entry);
-    // A flat-file entry is its own single file: its role comes from the entry's name.
-    for (auto& file : files) {
-        if (file.path.empty()) file.path = entry.name.substr(entry.name.rfind('/') + 1);
-    }
 
     if (opts.json) {
         nlohmann::json list = nlohmann::json::array();
@@ -175,27 +171,34 @@ int run_cat(const Cli& cli, const CatOptions& opts) {
     auto store = open_store(cli, Access::read);
     auto txn = check(store->read());
     const core::EntryInfo entry = find_entry(txn, opts.name);
-    const core::Attr top = check(txn.getattr(entry.ino));
-
-    core::Ino ino = entry.ino;
-    if (top.is_dir()) {
-        if (relative.empty()) {
-            throw UsageError(
-                fmt::format("entry {} is a directory: name a FILE in it (see `kcache show {}`)",
-                            entry.name, entry.name));
+    std::vector<EntryFile> nodes;  // directories too: naming one is an error of its own
+    check(txn.for_each_entry_file(entry, [&](const core::EntryFile& file) {
+        nodes.push_back(file);
+        return true;
+    }));
+    const EntryFile* chosen = nullptr;
+    if (relative.empty()) {
+        std::size_t files = 0;
+        for (const auto& node : nodes) {
+            if (!node.attr.is_dir()) {
+                chosen = &node;
+                ++files;
+            }
         }
-        auto found = txn.resolve(entry.name + "/" + relative);
-        if (!found && found.error().code == ENOENT) {
-            throw Failure(fmt::format("entry {} has no file {}", entry.name, relative));
+        if (files != 1) {
+            throw UsageError(fmt::format("entry {} has {} files: name a FILE in it (see `kcache show {}`)",
+                                         entry.name, files, entry.name));
         }
-        ino = check(std::move(found));
-    } else if (!relative.empty() && relative != entry.name.substr(entry.name.rfind('/') + 1)) {
-        throw Failure(
-            fmt::format("entry {} is a single file; it has no file {}", entry.name, relative));
+    } else {
+        for (const auto& node : nodes) {
+            if (node.path == relative) chosen = &node;
+        }
+        if (!chosen) throw Failure(fmt::format("entry {} has no file {}", entry.name, relative));
     }
-    if (!check(txn.getattr(ino)).is_regular()) {
-        throw Failure(fmt::format("{}/{} is not a regular file", entry.name, relative));
+    if (!chosen->attr.is_regular()) {
+        throw Failure(fmt::format("{}/{} is not a regular file", entry.name, chosen->path));
     }
+    const core::Ino ino = chosen->attr.ino;
     const core::Content content = check(txn.read(ino));
     write_stdout(content.bytes());
     return kExitOk;

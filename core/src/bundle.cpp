@@ -1,14 +1,16 @@
 // The bundle: entries exported to one file, imported only after all of it checks out.
 //
 // Layout (all integers little-endian):
-//   header   "KCBUNDL1" u32 format (1)
-//   records  'E' str16 entry-path                       an entry starts
+//   header   "KCBUNDL1" u32 format (2; format 1 is read too: it had no entry kind)
+//   records  'E' str16 entry-path u8 kind               an entry starts (kind: EntryKind)
 //            'N' str16 path u8 type u32 mode i64 mtime  a node of the current entry:
 //                file:    u64 raw-size u64 digest-high u64 digest-low u8 codec str32 bytes
 //                symlink: str16 target
 //   trailer  'Z' u64 entries u64 nodes, then 16 bytes: XXH3-128 of everything before them
-// Paths are relative to the cache root; an entry's nodes are its node first, then the
-// nodes below it in depth-first order, each path under the entry's path.
+// Paths are relative to the cache root, at any depth. A node entry's nodes are its
+// node first, then the nodes below it in depth-first order, each path under the
+// entry's path. A stem entry (path: its directory and stem) has its files, each a
+// sibling named with the stem, and nothing below them.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,7 +35,8 @@ using records::Codec;
 namespace {
 
 constexpr std::string_view kMagic = "KCBUNDL1";
-constexpr std::uint32_t kFormat = 1;
+constexpr std::uint32_t kFormat = 2;
+constexpr std::uint32_t kFormatNodeEntries = 1;  // before stem entries
 // Longest path a bundle record holds (str16). Longer than kMaxPathLength: the tree has
 // no path limit (clients build deep trees with openat), so neither has export/import.
 constexpr std::size_t kMaxBundlePath = 0xffff;
@@ -144,8 +147,17 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
     records::Writer w(rec);
     w.u8('E');
     w.str16(entry.name);
+    w.u8(static_cast<std::uint8_t>(entry.kind));
     if (auto s = out.put(rec); !s) return s;
-    std::vector<std::pair<Ino, std::string>> work{{entry.ino, entry.name}};
+    const auto slash = entry.name.rfind('/');
+    const std::string dir = slash == std::string::npos ? std::string() : entry.name.substr(0, slash + 1);
+    std::vector<std::pair<Ino, std::string>> work;
+    auto s = ops::for_each_member(tx, entry, [&](const records::Inode& member) {
+        work.emplace_back(member.ino, entry.kind == EntryKind::node ? entry.name : dir + member.name);
+        return true;
+    });
+    if (!s) return s;
+    std::reverse(work.begin(), work.end());  // name order on pop
     while (!work.empty()) {
         auto [ino, path] = std::move(work.back());
         work.pop_back();
@@ -274,8 +286,8 @@ Status check_symlink_target(std::string_view link_path, std::string_view target)
 
 // Parses the whole bundle, calling on_entry / on_node for each record; fails on the
 // first malformed record, wrong digest or a bad checksum.
-Status parse_bundle(const std::string& path, std::uint32_t entry_depth,
-                    const std::function<Status(const std::string&)>& on_entry,
+Status parse_bundle(const std::string& path,
+                    const std::function<Status(const std::string&, EntryKind)>& on_entry,
                     const std::function<Status(const BundleNode&)>& on_node,
                     const ProgressFn& progress) {
     auto opened = BundleReader::open(path);
@@ -285,9 +297,13 @@ Status parse_bundle(const std::string& path, std::uint32_t entry_depth,
     if (!magic || *magic != kMagic) return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
     auto format = in.le(4);
     if (!format) return tl::unexpected(format.error());
-    if (*format != kFormat) return in.bad(fmt::format("unsupported format {}", *format));
+    if (*format != kFormat && *format != kFormatNodeEntries) {
+        return in.bad(fmt::format("unsupported format {}", *format));
+    }
 
     std::string entry;  // current entry path
+    EntryKind kind = EntryKind::node;
+    std::string stem_dir, stem;  // stem entries: "dir/" and the stem
     std::uint64_t entries = 0, nodes = 0;
     std::unordered_map<std::string, FileType> seen;  // paths of this entry
     for (;;) {
@@ -300,13 +316,20 @@ Status parse_bundle(const std::string& path, std::uint32_t entry_depth,
             auto name = in.bytes(*len);
             if (!name) return tl::unexpected(name.error());
             if (auto s = check_path(*name); !s) return in.bad(s.error().message);
-            if (depth_of(*name) != entry_depth) {
-                return in.bad(fmt::format("entry '{}' is not at the db's entry depth {}", *name, entry_depth));
+            kind = EntryKind::node;
+            if (*format == kFormat) {
+                auto k = in.le(1);
+                if (!k) return tl::unexpected(k.error());
+                if (*k > static_cast<std::uint8_t>(EntryKind::stem)) return in.bad("unknown entry kind");
+                kind = static_cast<EntryKind>(*k);
             }
             entry = std::move(*name);
+            const auto slash = entry.rfind('/');
+            stem_dir = slash == std::string::npos ? std::string() : entry.substr(0, slash + 1);
+            stem = entry.substr(stem_dir.size());
             seen.clear();
             ++entries;
-            if (auto s = on_entry(entry); !s) return s;
+            if (auto s = on_entry(entry, kind); !s) return s;
             continue;
         }
         if (*tag != 'N' || entry.empty()) return in.bad("unexpected record");
@@ -325,9 +348,20 @@ Status parse_bundle(const std::string& path, std::uint32_t entry_depth,
         node.mode = static_cast<std::uint32_t>(*mode);
         node.mtime_ns = static_cast<std::int64_t>(*mtime);
         if (auto s = check_path(node.path); !s) return in.bad(s.error().message);
-        // The entry's node first, then nodes whose parent came before in this entry.
-        if (seen.empty() ? node.path != entry : false) return in.bad("entry must start with its own node");
-        if (!seen.empty()) {
+        // A node entry's node first, then nodes whose parent came before in this entry;
+        // a stem entry's files, siblings named with its stem.
+        const bool stem_file = kind == EntryKind::stem && node.type != FileType::directory &&
+                               node.path.size() > stem_dir.size() &&
+                               node.path.compare(0, stem_dir.size(), stem_dir) == 0 &&
+                               node.path.find('/', stem_dir.size()) == std::string::npos &&
+                               node.path.compare(stem_dir.size(), stem.size(), stem) == 0;
+        if (kind == EntryKind::stem) {
+            if (!stem_file || seen.count(node.path)) {
+                return in.bad(fmt::format("node '{}' is not a file of stem entry '{}'", node.path, entry));
+            }
+        } else if (seen.empty() ? node.path != entry : false) {
+            return in.bad("entry must start with its own node");
+        } else if (!seen.empty()) {
             const std::string parent = node.path.substr(0, node.path.rfind('/'));
             auto it = seen.find(parent);
             if (node.path.substr(0, entry.size() + 1) != entry + "/" || it == seen.end() ||
@@ -462,16 +496,10 @@ Result<ExportReport> export_bundle(const Store& store, const std::vector<std::st
 
 Result<ImportReport> import_bundle(Store& store, const std::string& path, bool replace,
                                    const ProgressFn& progress) {
-    std::uint32_t entry_depth = 1;
-    {
-        auto txn = store.read();
-        if (!txn) return tl::unexpected(txn.error());
-        entry_depth = txn->config().entry_depth;
-    }
     // Pass 1: validate everything; nothing is written.
-    auto noop_entry = [](const std::string&) -> Status { return {}; };
+    auto noop_entry = [](const std::string&, EntryKind) -> Status { return {}; };
     auto noop_node = [](const BundleNode&) -> Status { return {}; };
-    if (auto s = parse_bundle(path, entry_depth, noop_entry, noop_node, progress); !s) {
+    if (auto s = parse_bundle(path, noop_entry, noop_node, progress); !s) {
         return tl::unexpected(s.error());
     }
     // Pass 2: write all of it in one transaction (aborted as a whole on any error).
@@ -481,9 +509,11 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
     const Origin origin = Origin::current();
     bool skipping = false;
     std::unordered_map<std::string, Ino> made;  // path -> ino within the current entry
-    auto on_entry = [&](const std::string& entry) -> Status {
+    EntryKind kind = EntryKind::node;
+    auto on_entry = [&](const std::string& entry, EntryKind entry_kind) -> Status {
         made.clear();
         skipping = false;
+        kind = entry_kind;
         auto existing = txn->find_entry(entry);
         if (existing) {
             if (!replace) {
@@ -492,9 +522,15 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
                 return {};
             }
             Tx tx = TxnAccess::tx(*txn);
-            auto node = tx.inode(existing->ino);
-            if (!node) return tl::unexpected(node.error());
-            if (auto s = ops::remove_subtree(tx, node->parent, node->name, EventKind::remove); !s) return s;
+            std::vector<std::pair<Ino, std::string>> members;
+            auto listed = ops::for_each_member(tx, *existing, [&](const records::Inode& member) {
+                members.emplace_back(member.parent, member.name);
+                return true;
+            });
+            if (!listed) return listed;
+            for (const auto& [parent, name] : members) {
+                if (auto s = ops::remove_subtree(tx, parent, name, EventKind::remove); !s) return s;
+            }
             ++report.entries_replaced;
         } else if (existing.error().code != ENOENT) {
             return tl::unexpected(existing.error());
@@ -511,7 +547,8 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         if (skipping) return {};
         const std::size_t slash = node.path.rfind('/');
         Ino parent;
-        if (made.empty()) {
+        const bool top = made.empty() || kind == EntryKind::stem;  // an entry's own node, or a stem file
+        if (top) {
             auto p = ensure_parent_dirs(*txn, node.path);
             if (!p) return tl::unexpected(p.error());
             parent = *p;
@@ -535,14 +572,16 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         SetAttr times;
         times.mtime_ns = node.mtime_ns;
         if (auto a = txn->setattr(attr->ino, times); !a) return tl::unexpected(a.error());
-        if (made.empty()) {  // the entry's own node: the daemon learns of it from the log
+        if (top) {  // a name the daemon learns of from the log
             Tx tx = TxnAccess::tx(*txn);
-            if (auto l = tx.log(EventKind::import, attr->ino, parent, name); !l) return l;
+            if (auto l = tx.log(EventKind::import, attr->entry ? attr->entry : attr->ino, parent, name); !l) {
+                return l;
+            }
         }
         made[node.path] = attr->ino;
         return {};
     };
-    if (auto s = parse_bundle(path, entry_depth, on_entry, on_node, {}); !s) return tl::unexpected(s.error());
+    if (auto s = parse_bundle(path, on_entry, on_node, {}); !s) return tl::unexpected(s.error());
     if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
     return report;
 }

@@ -295,16 +295,9 @@ Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& o
     entry->bytes = entry->bytes + content.size() - std::min<std::uint64_t>(entry->bytes, static_cast<std::uint64_t>(old_size));
     entry->stored_bytes = entry->stored_bytes + records::footprint(*ref) - std::min(entry->stored_bytes, old_stored);
     if (entry->producer == Producer::unknown) entry->producer = producer_of(node->name);
-    if (!entry->populated) {  // absent or empty until now: this store is the miss
-        entry->populated = true;
-        entry->populated_by_pid = origin.pid;
-        entry->populated_by_name = origin.name.substr(0, 64);
-        if (auto a = tx.add(Counter::misses, 1); !a) return fail_with(a.error());
-        auto node_of_entry = tx.inode(entry->ino);
-        if (!node_of_entry) return tl::unexpected(node_of_entry.error());
-        if (auto a = tx.log(EventKind::populate, entry->ino, node_of_entry->parent, node_of_entry->name); !a) {
-            return fail_with(a.error());
-        }
+    // Absent or empty until now: this store is the miss. Temp files and locks are not.
+    if (!node->bookkeeping) {
+        if (auto a = ops::populate(tx, *entry, origin); !a) return fail_with(a.error());
     }
     if (auto a = ops::move_in_lru(tx, *entry, tx.now()); !a) return fail_with(a.error());
     if (auto a = tx.put_entry(*entry); !a) return fail_with(a.error());

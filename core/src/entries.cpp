@@ -42,9 +42,16 @@ bool no_leases(const Tx& tx) {
     return mdb_stat(tx.txn, tx.db.leases, &st) == 0 && st.ms_entries == 0;
 }
 
-Result<bool> entry_in_flight(const Tx& tx, Ino entry) {
+Result<bool> entry_in_flight(const Tx& tx, Ino entry_ino) {
     if (no_leases(tx)) return false;  // the common case costs one stat
-    std::vector<Ino> work{entry};
+    auto entry = tx.entry(entry_ino);
+    if (!entry) return tl::unexpected(entry.error());
+    std::vector<Ino> work;
+    auto members = ops::for_each_member(tx, *entry, [&](const Inode& member) {
+        work.push_back(member.ino);
+        return true;
+    });
+    if (!members) return tl::unexpected(members.error());
     while (!work.empty()) {
         const Ino ino = work.back();
         work.pop_back();
@@ -82,16 +89,105 @@ Status change_lease(Tx& tx, Ino file, int delta) {
 
 namespace ops {
 
-Status create_entry_record(Tx& tx, const Inode& node) {
+namespace {
+
+Status insert_entry(Tx& tx, EntryInfo& entry) {
+    entry.created_ns = entry.last_access_ns = tx.now();
+    if (auto s = tx.put_entry(entry); !s) return s;
+    if (auto s = tx.put(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino), {}); !s) return s;
+    return tx.add(Counter::entries, 1);
+}
+
+}  // namespace
+
+Status create_entry_record(Tx& tx, const Inode& node, Producer producer, bool by_rule) {
     auto path = tx.path_of(node.ino);
     if (!path) return tl::unexpected(path.error());
     EntryInfo entry;
     entry.ino = node.ino;
     entry.name = std::move(*path);
-    entry.created_ns = entry.last_access_ns = tx.now();
-    if (auto s = tx.put_entry(entry); !s) return s;
-    if (auto s = tx.put(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino), {}); !s) return s;
-    return tx.add(Counter::entries, 1);
+    entry.kind = EntryKind::node;
+    entry.parent = node.parent;
+    entry.producer = producer;
+    entry.by_rule = by_rule;
+    return insert_entry(tx, entry);
+}
+
+Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string_view stem) {
+    if (!tx.db.has_stems) return std::optional<Ino>{};
+    auto id = tx.get(tx.db.stems, records::stem_key(parent, stem));
+    if (!id) return tl::unexpected(id.error());
+    if (!*id) return std::optional<Ino>{};
+    auto value = records::decode_u64(**id, "stem");
+    if (!value) return tl::unexpected(value.error());
+    return std::optional<Ino>{*value};
+}
+
+Result<Ino> stem_entry(Tx& tx, const Inode& parent, std::string_view stem, Producer producer, bool by_rule) {
+    auto existing = find_stem_entry(tx, parent.ino, stem);
+    if (!existing) return tl::unexpected(existing.error());
+    if (*existing) return **existing;
+    if (!tx.db.has_stems) return fail(EROFS, fmt::format("db {}: schema 1, read-only", tx.db.path));
+    // Stem entries take their id from the inode numbers, so ids never collide.
+    auto id = tx.next_ino();
+    if (!id) return tl::unexpected(id.error());
+    auto dir = tx.path_of(parent.ino);
+    if (!dir) return tl::unexpected(dir.error());
+    EntryInfo entry;
+    entry.ino = *id;
+    entry.name = dir->empty() ? std::string(stem) : *dir + "/" + std::string(stem);
+    entry.kind = EntryKind::stem;
+    entry.parent = parent.ino;
+    entry.stem = stem;
+    entry.producer = producer;
+    entry.by_rule = by_rule;
+    if (auto s = tx.put(tx.db.stems, records::stem_key(parent.ino, stem), records::encode_u64(*id)); !s) {
+        return tl::unexpected(s.error());
+    }
+    if (auto s = insert_entry(tx, entry); !s) return tl::unexpected(s.error());
+    return *id;
+}
+
+Status for_each_member(const Tx& tx, const EntryInfo& entry, const std::function<bool(const Inode&)>& fn) {
+    if (entry.kind == EntryKind::node) {
+        auto node = tx.inode(entry.ino);
+        if (!node) return tl::unexpected(node.error());
+        fn(*node);
+        return {};
+    }
+    // The stem's files are the parent's children whose entry is this one. Their names
+    // start with the stem, so one range of the dirents holds them all.
+    std::vector<Ino> members;
+    const std::string prefix = records::stem_key(entry.parent, entry.stem);
+    auto s = tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view, std::string_view value) {
+        auto d = records::decode_dirent(value);
+        if (d) members.push_back(d->child);
+        return true;
+    });
+    if (!s) return s;
+    for (Ino ino : members) {
+        auto node = tx.inode(ino);
+        if (!node) return tl::unexpected(node.error());
+        if (node->entry == entry.ino && !fn(*node)) break;
+    }
+    return {};
+}
+
+std::pair<Ino, std::string> event_target(const Tx& tx, const EntryInfo& entry) {
+    if (entry.kind == EntryKind::stem) return {entry.parent, entry.stem};
+    auto node = tx.inode(entry.ino);
+    if (!node) return {0, {}};
+    return {node->parent, node->name};
+}
+
+Status populate(Tx& tx, EntryInfo& entry, const Origin& origin) {
+    if (entry.populated) return {};
+    entry.populated = true;
+    entry.populated_by_pid = origin.pid;
+    entry.populated_by_name = origin.name.substr(0, 64);
+    if (auto s = tx.add(Counter::misses, 1); !s) return s;
+    const auto [parent, name] = event_target(tx, entry);
+    return tx.log(EventKind::populate, entry.ino, parent, name);
 }
 
 Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::string_view name) {
@@ -101,6 +197,9 @@ Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::
     if (auto s = tx.del(tx.db.entries, records::u64_key(entry_ino)); !s) return s;
     if (!(*entry)->pinned) {
         if (auto s = tx.del(tx.db.lru, records::lru_key((*entry)->last_access_ns, entry_ino)); !s) return s;
+    }
+    if ((*entry)->kind == EntryKind::stem && tx.db.has_stems) {
+        if (auto s = tx.del(tx.db.stems, records::stem_key((*entry)->parent, (*entry)->stem)); !s) return s;
     }
     if (auto s = tx.add(Counter::entries, -1); !s) return s;
     return tx.log(why, entry_ino, parent, name);
@@ -137,12 +236,63 @@ Status drop_leases(Tx& tx, Ino file) {
 Result<EntryInfo> Txn::entry(Ino entry) const { return TxnAccess::tx(*this).entry(entry); }
 
 Result<EntryInfo> Txn::find_entry(std::string_view name) const {
-    auto ino = resolve(name);
-    if (!ino) return tl::unexpected(ino.error());
-    auto record = TxnAccess::tx(*this).find_entry_record(*ino);
-    if (!record) return tl::unexpected(record.error());
-    if (!*record) return fail(ENOENT, fmt::format("'{}' is not a cache entry", name));
-    return std::move(**record);
+    Tx tx = TxnAccess::tx(*this);
+    std::optional<Ino> id;
+    if (auto ino = resolve(name); ino) {
+        auto record = tx.find_entry_record(*ino);
+        if (!record) return tl::unexpected(record.error());
+        if (*record) return std::move(**record);
+    } else if (ino.error().code != ENOENT) {
+        return tl::unexpected(ino.error());
+    }
+    // A stem entry: its name is the directory's path and the stem its files share.
+    const auto slash = name.rfind('/');
+    const std::string_view dir = slash == std::string_view::npos ? std::string_view{} : name.substr(0, slash);
+    const std::string_view stem = slash == std::string_view::npos ? name : name.substr(slash + 1);
+    if (auto parent = resolve(dir); parent && !stem.empty()) {
+        auto found = ops::find_stem_entry(tx, *parent, stem);
+        if (!found) return tl::unexpected(found.error());
+        id = *found;
+    }
+    if (!id) return fail(ENOENT, fmt::format("'{}' is not a cache entry", name));
+    return tx.entry(*id);
+}
+
+Status Txn::for_each_entry_file(const EntryInfo& entry,
+                                const std::function<bool(const EntryFile&)>& fn) const {
+    Tx tx = TxnAccess::tx(*this);
+    // Depth-first below each member, in name order; paths relative to the entry's
+    // directory (stem members) or to the entry's own directory (node entries).
+    struct Item {
+        Inode node;
+        std::string path;
+    };
+    std::vector<Item> members;
+    auto s = ops::for_each_member(tx, entry, [&](const Inode& member) {
+        members.push_back({member, entry.kind == EntryKind::node ? std::string() : member.name});
+        return true;
+    });
+    if (!s) return s;
+    std::vector<Item> work(members.rbegin(), members.rend());
+    while (!work.empty()) {
+        Item item = std::move(work.back());
+        work.pop_back();
+        const std::uint32_t type = item.node.mode & S_IFMT;
+        if (type == S_IFDIR) {
+            auto children = tx.children(item.node.ino);
+            if (!children) return tl::unexpected(children.error());
+            if (!item.path.empty() && !fn(EntryFile{item.path, item.node.attr(), {}})) return {};
+            for (auto it = children->rbegin(); it != children->rend(); ++it) {
+                auto child = tx.inode(it->second.child);
+                if (!child) return tl::unexpected(child.error());
+                work.push_back({std::move(*child), item.path.empty() ? it->first : item.path + "/" + it->first});
+            }
+            continue;
+        }
+        if (item.path.empty()) item.path = item.node.name;  // a schema-1 file entry
+        if (!fn(EntryFile{item.path, item.node.attr(), item.node.target})) return {};
+    }
+    return {};
 }
 
 Status Txn::for_each_entry(const std::function<bool(const EntryInfo&)>& fn) const {
@@ -192,15 +342,14 @@ Status WriteTxn::record_hit(Ino entry_ino) {
     Tx tx = TxnAccess::tx(*this);
     auto entry = tx.entry(entry_ino);
     if (!entry) return tl::unexpected(entry.error());
-    auto node = tx.inode(entry_ino);
-    if (!node) return tl::unexpected(node.error());
     const std::int64_t now = tx.now();
     ++entry->hits;
     entry->last_hit_ns = now;
     if (auto s = ops::move_in_lru(tx, *entry, now); !s) return s;
     if (auto s = tx.put_entry(*entry); !s) return s;
     if (auto s = tx.add(Counter::hits, 1); !s) return s;
-    return tx.log(EventKind::hit, entry_ino, node->parent, node->name);
+    const auto [parent, name] = ops::event_target(tx, *entry);
+    return tx.log(EventKind::hit, entry_ino, parent, name);
 }
 
 Status WriteTxn::set_pinned(Ino entry_ino, bool pinned) {
@@ -208,14 +357,13 @@ Status WriteTxn::set_pinned(Ino entry_ino, bool pinned) {
     auto entry = tx.entry(entry_ino);
     if (!entry) return tl::unexpected(entry.error());
     if (entry->pinned == pinned) return {};
-    auto node = tx.inode(entry_ino);
-    if (!node) return tl::unexpected(node.error());
     const std::string key = records::lru_key(entry->last_access_ns, entry_ino);
     // Pinned entries leave the LRU index, so eviction never even looks at them.
     if (auto s = pinned ? tx.del(tx.db.lru, key) : tx.put(tx.db.lru, key, {}); !s) return s;
     entry->pinned = pinned;
     if (auto s = tx.put_entry(*entry); !s) return s;
-    return tx.log(pinned ? EventKind::pin : EventKind::unpin, entry_ino, node->parent, node->name);
+    const auto [parent, name] = ops::event_target(tx, *entry);
+    return tx.log(pinned ? EventKind::pin : EventKind::unpin, entry_ino, parent, name);
 }
 
 Status WriteTxn::evict_entry(Ino entry_ino, bool force) {
@@ -228,9 +376,22 @@ Status WriteTxn::evict_entry(Ino entry_ino, bool force) {
         if (!busy) return tl::unexpected(busy.error());
         if (*busy) return fail(EBUSY, fmt::format("entry '{}' has a write in flight", entry->name));
     }
-    auto node = tx.inode(entry_ino);
-    if (!node) return tl::unexpected(node.error());
-    if (auto s = ops::remove_subtree(tx, node->parent, node->name, EventKind::evict); !s) return s;
+    // Whole or nothing: every member goes in this transaction. A stem entry's record
+    // goes with its last file (logging the evict event), a directory's with it.
+    std::vector<std::pair<Ino, std::string>> members;
+    auto listed = ops::for_each_member(tx, *entry, [&](const Inode& member) {
+        members.emplace_back(member.parent, member.name);
+        return true;
+    });
+    if (!listed) return listed;
+    for (const auto& [parent, name] : members) {
+        if (auto s = ops::remove_subtree(tx, parent, name, EventKind::evict); !s) return s;
+    }
+    if (entry->kind == EntryKind::stem) {  // an entry with no file left (or none yet)
+        if (auto s = ops::drop_entry_record(tx, entry_ino, EventKind::evict, entry->parent, entry->stem); !s) {
+            return s;
+        }
+    }
     if (auto s = tx.add(Counter::evicted_entries, 1); !s) return s;
     return tx.add(Counter::evicted_bytes, static_cast<std::int64_t>(entry->bytes));
 }

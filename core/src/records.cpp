@@ -31,7 +31,16 @@ bool well_formed(Reader& r, std::uint8_t version) {
     return r.ok() && r.remaining() == 0 && version == kFormat;
 }
 
+// Inodes and entries gained fields with schema 2 (layouts): format 2 appends them to
+// format 1, which schema-1 dbs still hold and which decodes with their defaults.
+constexpr std::uint8_t kLayoutFormat = 2;
+bool well_formed_layout(Reader& r, std::uint8_t version) {
+    return r.ok() && r.remaining() == 0 && (version == kFormat || version == kLayoutFormat);
+}
+
 }  // namespace
+
+std::string stem_key(Ino parent, std::string_view stem) { return dirent_key(parent, stem); }
 
 std::string u64_key(std::uint64_t value) {
     std::string key;
@@ -118,6 +127,7 @@ Attr Inode::attr() const {
     a.entry = entry;
     a.depth = depth;
     a.digest = digest;
+    a.bookkeeping = bookkeeping;
     return a;
 }
 
@@ -125,7 +135,7 @@ std::string encode(const Inode& n) {
     std::string out;
     out.reserve(96 + n.name.size() + n.target.size());
     Writer w(out);
-    w.u8(kFormat);
+    w.u8(kLayoutFormat);
     w.u32(n.mode);
     w.u32(n.uid);
     w.u32(n.gid);
@@ -141,6 +151,7 @@ std::string encode(const Inode& n) {
     w.u64(n.digest.low);
     w.str16(n.name);
     w.str16(n.target);
+    w.u8(n.bookkeeping ? 1 : 0);
     return out;
 }
 
@@ -164,8 +175,11 @@ Result<Inode> decode_inode(Ino ino, std::string_view bytes) {
     n.digest.low = r.u64();
     n.name = r.str16();
     n.target = r.str16();
+    std::uint8_t flags = 0;
+    if (version == kLayoutFormat) flags = r.u8();
+    n.bookkeeping = flags & 1;
     const std::uint32_t type = n.mode & S_IFMT;
-    if (!well_formed(r, version) || (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) ||
+    if (!well_formed_layout(r, version) || (flags & ~1u) != 0 || (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) ||
         n.name.size() > kMaxNameLength) {
         return corrupt(fmt::format("inode {}", ino));
     }
@@ -233,9 +247,9 @@ Result<BlobRef> decode_blob_ref(std::string_view bytes) {
 
 std::string encode(const EntryInfo& e) {
     std::string out;
-    out.reserve(96 + e.name.size() + e.populated_by_name.size());
+    out.reserve(112 + e.name.size() + e.populated_by_name.size() + e.stem.size());
     Writer w(out);
-    w.u8(kFormat);
+    w.u8(kLayoutFormat);
     w.str16(e.name);
     w.u64(e.bytes);
     w.u64(e.stored_bytes);
@@ -248,6 +262,10 @@ std::string encode(const EntryInfo& e) {
     w.u32(e.populated_by_pid);
     w.str16(e.populated_by_name);
     w.u8(static_cast<std::uint8_t>(e.producer));
+    w.u8(static_cast<std::uint8_t>(e.kind));
+    w.u8(e.by_rule ? 1 : 0);
+    w.u64(e.parent);
+    w.str16(e.stem);
     return out;
 }
 
@@ -270,7 +288,16 @@ Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes) {
     e.populated_by_pid = r.u32();
     e.populated_by_name = r.str16();
     e.producer = static_cast<Producer>(r.u8());
-    if (!well_formed(r, version) || (flags & ~3u) != 0) {  // unknown flags: not ours
+    std::uint8_t rule = 0;
+    if (version == kLayoutFormat) {
+        e.kind = static_cast<EntryKind>(r.u8());
+        rule = r.u8();
+        e.parent = r.u64();
+        e.stem = r.str16();
+    }
+    e.by_rule = rule & 1;
+    const bool known_kind = e.kind == EntryKind::node || e.kind == EntryKind::stem;
+    if (!well_formed_layout(r, version) || (flags & ~3u) != 0 || (rule & ~1u) != 0 || !known_kind) {
         return corrupt(fmt::format("entry {}", ino));
     }
     return e;

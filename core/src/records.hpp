@@ -33,6 +33,7 @@ inline std::uint64_t chunk_count(std::uint64_t stored_size) {
     return (stored_size + kChunkSize - 1) / kChunkSize;
 }
 std::string counter_key(Counter counter);                     // 4 bytes, big-endian
+std::string stem_key(Ino parent, std::string_view stem);      // parent + stem
 
 // ---- values -----------------------------------------------------------------
 // An inode. Each node has exactly one parent and name (no hard links), kept here so
@@ -53,6 +54,7 @@ struct Inode {
     Digest digest;
     std::string name;
     std::string target;  // symlinks
+    bool bookkeeping = false;  // layout.hpp: never forms or populates an entry
 
     Attr attr() const;
 };

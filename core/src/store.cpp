@@ -95,6 +95,7 @@ std::string_view event_kind_name(EventKind k) {
         case EventKind::rename: return "rename";
         case EventKind::import: return "import";
         case EventKind::reset: return "reset";
+        case EventKind::member: return "member";
     }
     return "unknown";
 }
@@ -494,6 +495,7 @@ Status init_schema(Store& store, const OpenOptions& options) {
     }
     Config defaults;
     defaults.entry_depth = options.entry_depth ? options.entry_depth : 1;
+    defaults.max_bytes = kDefaultMaxBytes;  // a new cache is bounded; `kcache config` changes it
     WriteState state;
     Tx tx(store, txn, defaults, ro ? nullptr : &state);
     auto schema = tx.get(impl.meta, kMetaSchema);
@@ -506,6 +508,19 @@ Status init_schema(Store& store, const OpenOptions& options) {
                                                "supports ({})", impl.path, *version,
                                                kSchemaVersion)});
         }
+        // Schema 1 had no stem entries: the table is added (and the version raised)
+        // by the first process that opens the db for writing.
+        const bool writable = !ro && !options.read_only;
+        const int stems_rc = mdb_dbi_open(txn, "stems", *version < 2 && writable ? MDB_CREATE : 0, &impl.stems);
+        if (stems_rc != 0 && stems_rc != MDB_NOTFOUND) {
+            return abort(lmdb::error(stems_rc, fmt::format("db {}: open table stems", impl.path)));
+        }
+        impl.has_stems = stems_rc == 0;
+        if (*version < 2 && writable) {
+            if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
+                return abort(s.error());
+            }
+        }
         // Commit, not abort: aborting would close the table handles opened here.
         if (int rc = mdb_txn_commit(txn); rc != 0) {
             return tl::unexpected(lmdb::error(rc, fmt::format("db {}: open", impl.path)));
@@ -515,6 +530,10 @@ Status init_schema(Store& store, const OpenOptions& options) {
     if (ro || options.read_only || !options.create) {
         return abort({ENOENT, fmt::format("db {}: not a kcache db (no schema)", impl.path)});
     }
+    if (int rc = mdb_dbi_open(txn, "stems", MDB_CREATE, &impl.stems); rc != 0) {
+        return abort(lmdb::error(rc, fmt::format("db {}: create table stems", impl.path)));
+    }
+    impl.has_stems = true;
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;

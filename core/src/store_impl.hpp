@@ -29,6 +29,8 @@ struct Store::Impl {
     MDB_dbi stats = 0;      // counter id -> u64
     MDB_dbi events = 0;     // seq -> Event
     MDB_dbi meta = 0;       // name -> value
+    MDB_dbi stems = 0;      // parent ino + stem -> stem entry id (schema 2)
+    bool has_stems = false; // false: a schema-1 db opened read-only (no stem entries)
     int lock_fd = -1;       // shared flock on kcache.lock: compaction takes it exclusively
     bool read_only = false;
     std::string path;
@@ -116,8 +118,21 @@ Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size
 // A blob's bytes as stored (compressed or not), zero-copy when they fit one chunk.
 Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::BlobRef& ref);
 // entries.cpp
-Status create_entry_record(Tx& tx, const records::Inode& node);
+// Makes `node` (a directory, or a file of a schema-1 db) an entry of its own.
+Status create_entry_record(Tx& tx, const records::Inode& node, Producer producer = Producer::unknown,
+                           bool by_rule = false);
+// The stem entry `stem` of directory `parent`, made (empty) if it does not exist.
+Result<Ino> stem_entry(Tx& tx, const records::Inode& parent, std::string_view stem, Producer producer,
+                       bool by_rule);
+Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string_view stem);
+// Calls fn(member) for the top nodes of an entry: its directory, or its stem's files.
+Status for_each_member(const Tx& tx, const EntryInfo& entry,
+                       const std::function<bool(const records::Inode&)>& fn);
+// An entry's first published non-bookkeeping file populates it: one miss, one event.
+Status populate(Tx& tx, EntryInfo& entry, const Origin& origin);
 Status drop_entry_record(Tx& tx, Ino entry, EventKind why, Ino parent, std::string_view name);
+// Where an event about `entry` points the daemon: the directory and the entry's name in it.
+std::pair<Ino, std::string> event_target(const Tx& tx, const EntryInfo& entry);
 Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time);
 Status drop_leases(Tx& tx, Ino file);  // the file is gone
 }  // namespace ops

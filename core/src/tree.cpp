@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/layout.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -32,12 +33,62 @@ Status validate_name(std::string_view name) {
 
 namespace {
 
-// The entry a node at `depth` belongs to: none above the entry depth, itself at it,
-// its parent's below it.
-Ino entry_for(const Tx& tx, std::uint16_t depth, Ino self, const Inode& parent) {
-    if (depth < tx.config.entry_depth) return 0;
-    if (depth == tx.config.entry_depth) return self;
-    return parent.entry;
+// Where a node named `name` in `parent` belongs (layout.hpp): inside an entry it joins
+// it; in a container the layout rules say whether it forms an entry of its own (a
+// directory), joins the entry of its stem (a file; the entry is made if new), or
+// stays outside every entry.
+struct Place {
+    Ino entry = 0;           // the entry it joins; 0: none, or it forms its own
+    bool forms_entry = false;  // a directory that is an entry
+    bool bookkeeping = false;
+    Producer producer = Producer::unknown;
+    bool by_rule = false;
+};
+
+Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_view name, FileType type) {
+    // The ancestors' names, root first (each view points into `names`, which lives
+    // as long as this call: classify() keeps nothing).
+    std::vector<std::string> names;
+    for (Ino at = parent.ino; at != kRootIno;) {
+        auto node = tx.inode(at);
+        if (!node) return tl::unexpected(node.error());
+        names.push_back(std::move(node->name));
+        at = node->parent;
+        if (names.size() > kMaxPathLength) return fail(EIO, "corrupt tree: parent cycle");
+    }
+    LayoutContext context;
+    context.entry_depth = tx.config.entry_depth;
+    for (auto it = names.rbegin(); it != names.rend(); ++it) context.ancestors.push_back(*it);
+    return classify(context, name, type);
+}
+
+Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType type) {
+    Place p;
+    if (parent.entry) {
+        p.entry = parent.entry;
+        p.bookkeeping = parent.bookkeeping || is_bookkeeping_name(name);
+        return p;
+    }
+    if (parent.bookkeeping) {
+        p.bookkeeping = true;
+        return p;
+    }
+    auto c = classify_in(tx, parent, name, type);
+    if (!c) return tl::unexpected(c.error());
+    p.producer = c->producer;
+    p.by_rule = c->by_rule;
+    switch (c->placement) {
+        case Placement::container: break;
+        case Placement::bookkeeping: p.bookkeeping = true; break;
+        case Placement::entry_dir: p.forms_entry = true; break;
+        case Placement::entry_stem: {
+            auto id = ops::stem_entry(tx, parent, c->stem, c->producer, c->by_rule);
+            if (!id) return tl::unexpected(id.error());
+            p.entry = *id;
+            break;
+        }
+    }
+    return p;
 }
 
 Result<Inode> directory(const Tx& tx, Ino ino) {
@@ -61,11 +112,39 @@ FileType type_of(std::uint32_t mode) {
     }
 }
 
+Status retag(Tx& tx, Ino moved, const Origin* origin);
+
+// A directory the depth fallback made an entry turns out to hold a compiler's cache
+// (a kernel directory, an entry file or a known container is made in it): it becomes
+// a container and what it holds is placed again. `dir` is updated in place.
+Status dissolve_if_container(Tx& tx, Inode& dir, std::string_view name, FileType type) {
+    if (dir.entry == 0 || dir.entry != dir.ino) return {};
+    auto entry = tx.find_entry_record(dir.ino);
+    if (!entry) return tl::unexpected(entry.error());
+    if (!*entry || (*entry)->by_rule || (*entry)->kind != EntryKind::node) return {};
+    auto c = classify_in(tx, dir, name, type);
+    if (!c) return tl::unexpected(c.error());
+    if (!c->by_rule || c->placement == Placement::bookkeeping) return {};
+    if (auto s = ops::drop_entry_record(tx, dir.ino, EventKind::remove, dir.parent, dir.name); !s) return s;
+    dir.entry = 0;
+    if (auto s = tx.put_inode(dir); !s) return s;
+    auto children = tx.children(dir.ino);
+    if (!children) return tl::unexpected(children.error());
+    for (const auto& [child_name, child] : *children) {
+        if (auto s = retag(tx, child.child, nullptr); !s) return s;
+    }
+    return {};
+}
+
 // Creates a node named `name` in `parent` (which the caller checked is a directory
 // without that name).
 Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32_t mode,
                        std::uint32_t uid, std::uint32_t gid, std::string_view target) {
     if (parent.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
+    const FileType type = type_of(mode);
+    if (auto s = dissolve_if_container(tx, parent, name, type); !s) return tl::unexpected(s.error());
+    auto where = place(tx, parent, name, type);
+    if (!where) return tl::unexpected(where.error());
     auto ino = tx.next_ino();
     if (!ino) return tl::unexpected(ino.error());
     Inode node;
@@ -78,10 +157,10 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
     node.atime_ns = node.mtime_ns = node.ctime_ns = tx.now();
     node.parent = parent.ino;
     node.depth = static_cast<std::uint16_t>(parent.depth + 1);
-    node.entry = entry_for(tx, node.depth, node.ino, parent);
+    node.entry = where->forms_entry ? node.ino : where->entry;
+    node.bookkeeping = where->bookkeeping;
     node.name = name;
     node.target = target;
-    const FileType type = type_of(mode);
     if (auto s = tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
                         records::encode(Dirent{node.ino, type}));
         !s) {
@@ -91,8 +170,10 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
     if (auto s = touch_dir(tx, parent, type == FileType::directory ? 1 : 0); !s) {
         return tl::unexpected(s.error());
     }
-    if (node.entry == node.ino) {
-        if (auto s = ops::create_entry_record(tx, node); !s) return tl::unexpected(s.error());
+    if (where->forms_entry) {
+        if (auto s = ops::create_entry_record(tx, node, where->producer, where->by_rule); !s) {
+            return tl::unexpected(s.error());
+        }
     }
     if (type == FileType::regular) {
         if (auto s = tx.add(Counter::files, 1); !s) return tl::unexpected(s.error());
@@ -117,14 +198,44 @@ Result<std::pair<Inode, std::optional<Dirent>>> prepare_create(Tx& tx, Ino paren
     return std::pair{std::move(*dir), *existing};
 }
 
+// After `node` left stem entry `entry_ino` (removed, or moved elsewhere): the entry
+// goes when no file of it is left, unless `keep` (a rename replaces its file).
+Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, bool keep) {
+    auto entry = tx.find_entry_record(entry_ino);
+    if (!entry) return tl::unexpected(entry.error());
+    if (!*entry || (*entry)->kind != EntryKind::stem) return {};
+    // Another process evicted it: the daemon must forget this file's name too.
+    if (why == EventKind::evict) {
+        if (auto s = tx.log(EventKind::member, entry_ino, node.parent, node.name); !s) return s;
+    }
+    if (keep) return {};
+    bool empty = true;
+    auto s = ops::for_each_member(tx, **entry, [&](const Inode&) {
+        empty = false;
+        return false;
+    });
+    if (!s) return s;
+    if (!empty) return {};
+    return ops::drop_entry_record(tx, entry_ino, why, (*entry)->parent, (*entry)->stem);
+}
+
 // Removes one node that has no children: its dirent, inode, content and accounting.
-Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why) {
+// `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
+Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool keep_entry = false) {
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, node.name)); !s) return s;
     if (auto s = tx.del(tx.db.inodes, records::u64_key(node.ino)); !s) return s;
     const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
     if ((node.mode & S_IFMT) == S_IFREG) {
         if (node.entry && node.entry != node.ino) {
+            auto before = tx.find_entry_record(node.entry);
+            if (!before) return tl::unexpected(before.error());
             if (auto s = ops::add_file_to_entry(tx, node.entry, node, -1); !s) return s;
+            if (keep_entry && *before && (*before)->populated) {  // still populated: no new miss
+                auto after = tx.entry(node.entry);
+                if (!after) return tl::unexpected(after.error());
+                after->populated = true;
+                if (auto s = tx.put_entry(*after); !s) return s;
+            }
         }
         if (auto s = ops::release_blob(tx, node.digest); !s) return s;
         if (auto s = ops::drop_leases(tx, node.ino); !s) return s;
@@ -133,6 +244,8 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why) {
     }
     if (node.entry == node.ino) {
         if (auto s = ops::drop_entry_record(tx, node.ino, why, parent.ino, node.name); !s) return s;
+    } else if (node.entry && node.parent == parent.ino && !is_dir) {
+        if (auto s = left_stem_entry(tx, node.entry, node, why, keep_entry); !s) return s;
     }
     return touch_dir(tx, parent, is_dir ? -1 : 0);
 }
@@ -330,51 +443,51 @@ Status WriteTxn::rmdir(Ino parent, std::string_view name) {
 
 namespace {
 
-// After `moved` got its new parent and name, recomputes depth and entry for it and
-// its subtree: entries dissolve or form where nodes cross the entry depth, files
-// move their bytes from their old entry to their new one, entry names follow.
-Status retag(Tx& tx, Inode moved, const Inode& new_parent) {
-    struct Item {
-        Ino ino;
-        std::uint16_t depth;
-        Ino parent_entry;
-    };
-    std::vector<Item> work{{moved.ino, static_cast<std::uint16_t>(new_parent.depth + 1),
-                            new_parent.entry}};
-    const std::uint32_t entry_depth = tx.config.entry_depth;
+// After `moved` got its new parent and name (or its parent stopped being an entry),
+// places it and its subtree again: entries dissolve or form, files move their bytes
+// from their old entry to their new one, entry names follow. A file that joins an
+// entry under a name that is not bookkeeping populates it (a temp file renamed into
+// place is the store a compiler means), on behalf of `origin` (null: this process).
+Status retag(Tx& tx, Ino moved, const Origin* origin) {
+    std::vector<Ino> work{moved};
     while (!work.empty()) {
-        const Item item = work.back();
+        auto node = tx.inode(work.back());
         work.pop_back();
-        auto node = tx.inode(item.ino);
         if (!node) return tl::unexpected(node.error());
-        const std::uint16_t old_depth = node->depth;
+        auto parent = tx.inode(node->parent);
+        if (!parent) return tl::unexpected(parent.error());
+        const FileType type = type_of(node->mode);
+        const bool was_entry = node->entry == node->ino;
+        if (auto s = dissolve_if_container(tx, *parent, node->name, type); !s) return s;
+        auto where = place(tx, *parent, node->name, type);
+        if (!where) return tl::unexpected(where.error());
         const Ino old_entry = node->entry;
-        const Ino new_entry = item.depth < entry_depth ? 0
-                              : item.depth == entry_depth ? node->ino
-                                                          : item.parent_entry;
-        const bool was_entry = old_entry == node->ino && old_depth == entry_depth;
-        const bool is_entry = new_entry == node->ino;
-        if (was_entry && is_entry) {
+        const Ino new_entry = where->forms_entry ? node->ino : where->entry;
+        node->depth = static_cast<std::uint16_t>(parent->depth + 1);
+        node->bookkeeping = where->bookkeeping;
+        if (was_entry && where->forms_entry) {
             // Still the same entry: only its name (path) may have changed.
+            if (auto s = tx.put_inode(*node); !s) return s;
             auto e = tx.entry(node->ino);
             if (!e) return tl::unexpected(e.error());
             auto path = tx.path_of(node->ino);
             if (!path) return tl::unexpected(path.error());
             e->name = std::move(*path);
+            e->parent = node->parent;
             if (auto s = tx.put_entry(*e); !s) return s;
             continue;
         }
         if (was_entry) {
             if (auto s = ops::drop_entry_record(tx, node->ino, EventKind::remove, 0, {}); !s) return s;
         }
-        node->depth = item.depth;
         node->entry = new_entry;
         if (auto s = tx.put_inode(*node); !s) return s;
-        if (is_entry) {
-            if (auto s = ops::create_entry_record(tx, *node); !s) return s;
+        if (where->forms_entry) {
+            if (auto s = ops::create_entry_record(tx, *node, where->producer, where->by_rule); !s) return s;
         }
-        if ((node->mode & S_IFMT) == S_IFREG) {
-            if (old_entry && old_entry != node->ino && old_entry != new_entry) {
+        const bool moved_out = old_entry && old_entry != node->ino && old_entry != new_entry;
+        if (type == FileType::regular) {
+            if (moved_out) {
                 auto still = tx.find_entry_record(old_entry);
                 if (!still) return tl::unexpected(still.error());
                 if (*still) {
@@ -384,13 +497,22 @@ Status retag(Tx& tx, Inode moved, const Inode& new_parent) {
             if (new_entry && new_entry != old_entry) {  // incl. a flat file that became an entry
                 if (auto s = ops::add_file_to_entry(tx, new_entry, *node, +1); !s) return s;
             }
+            if (new_entry && !node->bookkeeping) {
+                auto e = tx.entry(new_entry);
+                if (!e) return tl::unexpected(e.error());
+                if (!e->populated) {
+                    if (auto s = ops::populate(tx, *e, origin ? *origin : Origin::current()); !s) return s;
+                    if (auto s = tx.put_entry(*e); !s) return s;
+                }
+            }
         }
-        if ((node->mode & S_IFMT) == S_IFDIR) {
+        if (moved_out) {
+            if (auto s = left_stem_entry(tx, old_entry, *node, EventKind::remove, false); !s) return s;
+        }
+        if (type == FileType::directory) {
             auto children = tx.children(node->ino);
             if (!children) return tl::unexpected(children.error());
-            for (const auto& [name, d] : *children) {
-                work.push_back({d.child, static_cast<std::uint16_t>(item.depth + 1), new_entry});
-            }
+            for (const auto& [name, d] : *children) work.push_back(d.child);
         }
     }
     return {};
@@ -399,7 +521,7 @@ Status retag(Tx& tx, Inode moved, const Inode& new_parent) {
 }  // namespace
 
 Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
-                        std::string_view new_name, unsigned flags) {
+                        std::string_view new_name, unsigned flags, const Origin* origin) {
     Tx tx = TxnAccess::tx(*this);
     if (flags & kRenameExchange) return fail(EINVAL, "RENAME_EXCHANGE is not supported");
     if (flags & ~kRenameNoReplace) return fail(EINVAL, "unknown rename flags");
@@ -427,6 +549,7 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     }
     auto dst_d = tx.child(new_parent, new_name);
     if (!dst_d) return tl::unexpected(dst_d.error());
+    Ino replaced_entry = 0;
     if (*dst_d) {
         if (flags & kRenameNoReplace) return fail(EEXIST, fmt::format("'{}' exists", new_name));
         const bool dst_is_dir = (*dst_d)->type == FileType::directory;
@@ -442,7 +565,11 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         if (!dst) return tl::unexpected(dst.error());
         auto container = tx.inode(new_parent);
         if (!container) return tl::unexpected(container.error());
-        if (auto s = remove_node(tx, *container, *dst, EventKind::remove); !s) return s;
+        // A file replaced in a stem entry keeps the entry for the one that takes its
+        // name (a racing duplicate store is not a new entry, nor a miss).
+        const bool replaced_in_stem = dst->entry && dst->entry != dst->ino && !dst_is_dir;
+        if (auto s = remove_node(tx, *container, *dst, EventKind::remove, replaced_in_stem); !s) return s;
+        replaced_entry = replaced_in_stem ? dst->entry : 0;
     }
 
     const std::string old_name = src->name;
@@ -466,14 +593,21 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     src->ctime_ns = tx.now();
     if (auto s = tx.put_inode(*src); !s) return s;
 
-    auto target_dir = tx.inode(new_parent);
-    if (!target_dir) return tl::unexpected(target_dir.error());
-    const auto new_depth = static_cast<std::uint16_t>(target_dir->depth + 1);
-    const bool same_place = new_depth == src->depth &&
-                            (new_depth > tx.config.entry_depth ? src->entry == target_dir->entry
-                                                               : false);
-    if (!same_place) {
-        if (auto s = retag(tx, *src, *target_dir); !s) return s;
+    if (auto s = retag(tx, src->ino, origin); !s) return s;
+    if (replaced_entry) {  // normally the renamed file joined it; if not, it is empty now
+        auto moved = tx.inode(src->ino);
+        if (!moved) return tl::unexpected(moved.error());
+        if (moved->entry != replaced_entry) {
+            auto gone = tx.find_entry_record(replaced_entry);
+            if (!gone) return tl::unexpected(gone.error());
+            if (*gone) {
+                if (auto s = ops::drop_entry_record(tx, replaced_entry, EventKind::remove, (*gone)->parent,
+                                                    (*gone)->stem);
+                    !s) {
+                    return s;
+                }
+            }
+        }
     }
     if (was_entry) {
         // The daemon invalidates the old name; the entry may live on under the new one.

@@ -40,7 +40,6 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     auto problem = [&](std::string text) {
         if (report.problems.size() < 1000) report.problems.push_back(std::move(text));
     };
-    const std::uint32_t entry_depth = tx.config.entry_depth;
 
     // 1. The tree: every inode is linked from its parent under its name, at the right
     //    depth and in the right entry; count references to blobs.
@@ -79,12 +78,14 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             problem(fmt::format("inode {} ('{}'): depth {} under a parent at depth {}", node.ino, node.name,
                                 node.depth, parent->second.depth));
         }
-        const Ino expected_entry = node.depth < entry_depth ? 0
-                                   : node.depth == entry_depth ? node.ino
-                                                               : parent->second.entry;
-        if (node.entry != expected_entry) {
+        // Inside an entry everything belongs to it; in a container a node is outside
+        // every entry, an entry of its own (directory) or in its stem's entry (file).
+        const Ino parent_entry = parent->second.entry;
+        if (parent_entry && node.entry != parent_entry) {
             problem(fmt::format("inode {} ('{}'): in entry {}, expected {}", node.ino, node.name, node.entry,
-                                expected_entry));
+                                parent_entry));
+        } else if (node.entry && !tx.find_entry_record(node.entry).value_or(std::nullopt)) {
+            problem(fmt::format("inode {} ('{}'): its entry {} has no record", node.ino, node.name, node.entry));
         }
         if ((node.mode & S_IFMT) != S_IFREG) continue;
         ++all.files;
@@ -185,8 +186,13 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             problem(fmt::format("entry '{}': records {} files/{} bytes/{} stored, tree has {}/{}/{}", entry->name,
                                 entry->files, entry->bytes, entry->stored_bytes, t.files, t.bytes, t.stored));
         }
-        auto node = tx.inode(ino);
-        if (!node || node->entry != ino) problem(fmt::format("entry '{}': its node is missing", entry->name));
+        if (entry->kind == EntryKind::node) {
+            auto node = tx.inode(ino);
+            if (!node || node->entry != ino) problem(fmt::format("entry '{}': its node is missing", entry->name));
+        } else {
+            auto id = ops::find_stem_entry(tx, entry->parent, entry->stem);
+            if (!id || !*id || **id != ino) problem(fmt::format("entry '{}': missing from the stem index", entry->name));
+        }
         if (!entry->pinned) {
             auto lru = tx.get(tx.db.lru, records::lru_key(entry->last_access_ns, ino));
             if (!lru || !*lru) problem(fmt::format("entry '{}': missing from the LRU index", entry->name));
@@ -194,11 +200,6 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         return true;
     });
     if (!s) return tl::unexpected(s.error());
-    for (const Inode& node : nodes) {
-        if (node.ino != kRootIno && node.depth == entry_depth && !tx.find_entry_record(node.ino).value_or(std::nullopt)) {
-            problem(fmt::format("node '{}' at the entry depth has no entry record", node.name));
-        }
-    }
 
     // 4. Gauges match what is there.
     auto gauge = [&](Counter c, std::uint64_t actual) {

@@ -472,9 +472,11 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     if (flags & RENAME_NOREPLACE) ours |= core::kRenameNoReplace;
     if (flags & RENAME_EXCHANGE) ours |= core::kRenameExchange;
     if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return reply_error(req, {EINVAL, "rename flags"});
-    // The file a rename replaces may still be open (or about to be): keep it.
+    // The file a rename replaces may still be open (or about to be): keep it. A file
+    // renamed into place populates its entry on behalf of the renaming process.
+    const core::Origin origin = origin_of(req);
     auto s = remove_keeping_orphan(new_parent, new_name, [&](core::WriteTxn& txn) {
-        return txn.rename(parent, name, new_parent, new_name, ours);
+        return txn.rename(parent, name, new_parent, new_name, ours, &origin);
     });
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
@@ -632,7 +634,7 @@ std::shared_ptr<const std::string> Filesystem::snapshot(const core::Digest& dige
 
 void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr& attr) {
     m_background.count(core::Counter::opens);
-    if (!attr.entry) return;
+    if (!attr.entry || attr.bookkeeping) return;  // locks and temp files are no kernel
     auto entry = txn.entry(attr.entry);
     if (!entry || !entry->populated) return;
     // Most opens come from a thread that opened this entry before: known without /proc.

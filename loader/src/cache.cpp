@@ -221,10 +221,24 @@ class DbCache final : public Cache {
 
     Result<std::unique_ptr<Entry>> entry(std::string_view raw_key) const override {
         if (auto s = check_key(raw_key); !s) return tl::unexpected(s.error());
-        const std::string key(trim_key(raw_key));
+        std::string key(trim_key(raw_key));
         auto txn = m_store->read();
         if (!txn) return tl::unexpected(txn.error());
         auto ino = txn->resolve(key);
+        if (!ino && ino.error().code == ENOENT && key.find('/') == std::string::npos) {
+            // A compiler's cache key alone (Triton's <hash>): the entry of that name
+            // wherever the compiler's directory sits in the cache (triton/<hash>).
+            const std::string suffix = "/" + key;
+            std::string found;
+            (void)txn->for_each_entry([&](const core::EntryInfo& e) {
+                if (e.kind == core::EntryKind::node && e.name.ends_with(suffix)) found = e.name;
+                return found.empty();
+            });
+            if (!found.empty()) {
+                key = std::move(found);
+                ino = txn->resolve(key);
+            }
+        }
         if (!ino) {
             if (ino.error().code == ENOENT || ino.error().code == ENOTDIR) {
                 return fail(ENOENT, fmt::format("no entry {} in db {}", key, m_path));

@@ -62,7 +62,7 @@ TEST_CASE("open: create makes the directory and an empty db", "[open]") {
     CHECK(store->data_file_bytes() > 0);
     auto txn = KC_MUST(store->read());
     CHECK(txn.config().entry_depth == 1);
-    CHECK(txn.config().max_bytes == 0);
+    CHECK(txn.config().max_bytes == core::kDefaultMaxBytes);  // bounded by default: 10 GiB
     CHECK(txn.config().max_events == 100000);
 }
 

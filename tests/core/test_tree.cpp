@@ -682,7 +682,9 @@ TEST_CASE("tree: the entry of a node is its ancestor at the entry depth", "[tree
         CHECK(ts.attr("k/sub").entry == k);
         CHECK(ts.attr("k/sub/f").entry == k);
         CHECK(ts.attr("k/sub/f").ino == f);
-        CHECK(ts.attr("flat").entry == flat);
+        CHECK(ts.attr("flat").ino == flat);
+        CHECK(ts.attr("flat").entry == ts.entry("flat").ino);  // a stem entry of its own
+        CHECK(ts.entry("flat").kind == core::EntryKind::stem);
         CHECK(ts.entry_names() == std::vector<std::string>{"k", "flat"});
         check_consistent(ts.store());
     }

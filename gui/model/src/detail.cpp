@@ -16,33 +16,6 @@ std::string_view base_name(std::string_view path) {
     return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-core::Status walk(const core::Txn& txn, core::Ino dir, const std::string& prefix,
-                  std::vector<EntryFile>& out) {
-    std::vector<std::pair<std::string, core::Ino>> children;
-    core::Status status = txn.readdir(dir, "", [&](const core::DirEntry& child) {
-        if (child.name != "." && child.name != "..") children.emplace_back(child.name, child.ino);
-        return true;
-    });
-    if (!status) return status;
-    for (const auto& [name, ino] : children) {
-        const std::string path = prefix.empty() ? name : prefix + "/" + name;
-        auto attr = txn.getattr(ino);
-        if (!attr) return tl::unexpected(attr.error());
-        if (attr->is_dir()) {
-            if (status = walk(txn, ino, path, out); !status) return status;
-            continue;
-        }
-        EntryFile file{path, *attr, core::role_of(name), {}};
-        if (attr->is_symlink()) {
-            auto target = txn.readlink(ino);
-            if (!target) return tl::unexpected(target.error());
-            file.link_target = std::move(*target);
-        }
-        out.push_back(std::move(file));
-    }
-    return {};
-}
-
 }  // namespace
 
 core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino entry) {
@@ -53,23 +26,13 @@ core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino 
     EntryDetail detail;
     detail.m_info = std::move(*info);
     detail.m_txn_id = txn->id();
-    auto attr = txn->getattr(entry);
-    if (!attr) return tl::unexpected(attr.error());
-    if (attr->is_dir()) {
-        if (auto status = walk(*txn, entry, "", detail.m_files); !status) {
-            return tl::unexpected(status.error());
+    auto listed = txn->for_each_entry_file(detail.m_info, [&](const core::EntryFile& file) {
+        if (!file.attr.is_dir()) {
+            detail.m_files.push_back({file.path, file.attr, core::role_of(base_name(file.path)), file.link_target});
         }
-    } else {
-        // A flat-file entry is its own single file, named like the entry.
-        const std::string name(base_name(detail.m_info.name));
-        EntryFile file{name, *attr, core::role_of(name), {}};
-        if (attr->is_symlink()) {
-            auto target = txn->readlink(entry);
-            if (!target) return tl::unexpected(target.error());
-            file.link_target = std::move(*target);
-        }
-        detail.m_files.push_back(std::move(file));
-    }
+        return true;
+    });
+    if (!listed) return tl::unexpected(listed.error());
     std::sort(detail.m_files.begin(), detail.m_files.end(),
               [](const EntryFile& a, const EntryFile& b) { return a.path < b.path; });
     return detail;

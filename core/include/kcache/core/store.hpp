@@ -65,16 +65,21 @@ struct OpenOptions {
 // $KCACHE_DB, else $XDG_CACHE_HOME/kcache/db, else $HOME/.cache/kcache/db.
 std::string default_db_path();
 
+// The size bound a new db gets (ccache's default is 5 GiB, sccache's 10 GiB).
+inline constexpr std::uint64_t kDefaultMaxBytes = std::uint64_t{10} << 30;
+
 // Settings persisted in the db (meta record); shared by every process using it.
 struct Config {
-    std::uint32_t entry_depth = 1;  // depth below the root at which entries live
+    std::uint32_t entry_depth = 1;  // the layout's depth fallback (layout.hpp): no entry above it
     std::uint64_t max_bytes = 0;    // bound on stored bytes; 0: none
     std::uint64_t max_entries = 0;  // bound on entries; 0: none
     std::uint32_t low_mark_percent = 90;  // eviction goes down to this share of a bound
     std::uint64_t max_events = 100000;    // the events log keeps this many newest
 };
 
-inline constexpr std::uint32_t kSchemaVersion = 1;
+// 2: layouts (stem entries, bookkeeping nodes); a schema-1 db is upgraded when first
+// opened for writing and still read as it is when opened read-only.
+inline constexpr std::uint32_t kSchemaVersion = 2;
 
 struct Stats {
     std::map<Counter, std::uint64_t> values;  // every known counter, 0 when unset
@@ -119,6 +124,14 @@ struct SetAttr {
 inline constexpr unsigned kRenameNoReplace = 1u << 0;
 inline constexpr unsigned kRenameExchange = 1u << 1;  // not supported: EINVAL
 
+// A file (or directory, or symlink) of an entry, as Txn::for_each_entry_file visits it.
+struct EntryFile {
+    std::string path;         // relative: below the entry's directory (node entries), or
+                              // the file's name in its directory (stem entries)
+    Attr attr;
+    std::string link_target;  // symlinks
+};
+
 // A snapshot of the db. Reads never block writers and see one consistent state.
 class Txn {
 public:
@@ -146,7 +159,11 @@ public:
     Status read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const;
 
     Result<EntryInfo> entry(Ino entry) const;
-    Result<EntryInfo> find_entry(std::string_view name) const;  // by path from root
+    // By name (EntryInfo::name): a directory's path, or a directory's path and a stem.
+    Result<EntryInfo> find_entry(std::string_view name) const;
+    // Every node of an entry, directories before what they hold, in name order; `fn`
+    // returns false to stop.
+    Status for_each_entry_file(const EntryInfo& entry, const std::function<bool(const EntryFile&)>& fn) const;
     // All entries in ino (creation) order; `fn` returns false to stop.
     Status for_each_entry(const std::function<bool(const EntryInfo&)>& fn) const;
     // Unpinned entries, least recently used first.
@@ -195,9 +212,11 @@ public:
     Status rmdir(Ino parent, std::string_view name);
     // rename(2): replaces a target of the same kind (a directory only if empty:
     // ENOTEMPTY), EEXIST with kRenameNoReplace, EINVAL when moving a directory into
-    // itself. Moving a subtree across entries moves its accounting with it.
+    // itself. Moving a subtree across entries moves its accounting with it; a file
+    // renamed into place populates its entry (a miss) on behalf of `origin` (null:
+    // this process), replacing a file of an entry keeps the entry (no miss).
     Status rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
-                  unsigned flags = 0);
+                  unsigned flags = 0, const Origin* origin = nullptr);
     Result<Attr> setattr(Ino ino, const SetAttr& changes);
     // Publishes the whole content of a regular file atomically: readers see the old
     // or the new content, never a mix. Identical content is stored once.

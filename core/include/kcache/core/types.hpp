@@ -38,9 +38,10 @@ struct Attr {
     std::int64_t mtime_ns = 0;
     std::int64_t ctime_ns = 0;
     Ino parent = 0;          // directory holding it (root: itself)
-    Ino entry = 0;           // the entry it belongs to; 0 above the entry depth
+    Ino entry = 0;           // the entry it belongs to; 0 outside every entry
     std::uint16_t depth = 0; // root is 0, its children 1, ...
     Digest digest;           // regular files: digest of the content
+    bool bookkeeping = false;  // a lock, stats, config or temp node: never counted (layout.hpp)
 
     FileType type() const;
     bool is_dir() const { return type() == FileType::directory; }
@@ -63,11 +64,21 @@ enum class Producer : std::uint8_t {
     helion = 7, kcache = 8,
 };
 
-// One cache entry: the node at the configured entry depth (a kernel-hash directory
-// or a flat file) and everything below it.
+// How an entry holds its files (layout.hpp says which one a compiler's tree gets).
+enum class EntryKind : std::uint8_t {
+    node = 0,  // a directory and everything below it (also a file of a schema-1 db)
+    stem = 1,  // the files of one directory that share a stem: JAX's <key>-cache and
+               // <key>-atime, Inductor's <key>.py/.cpp/.so, or a single file
+};
+
+// One cache entry (see layout.hpp): what a compiler reads and writes as one kernel.
 struct EntryInfo {
-    Ino ino = 0;
-    std::string name;               // path from the root, e.g. "4fd1...a9" or "ab/cdef"
+    Ino ino = 0;                    // its id: the directory's inode (node), else its own
+    std::string name;               // path from the root, e.g. "triton/4FD1...A9", "jax/jit_f-1a2b"
+    EntryKind kind = EntryKind::node;
+    Ino parent = 0;                 // the directory holding it (0: unknown, schema-1 record)
+    std::string stem;               // stem entries: the stem its files share
+    bool by_rule = false;           // a compiler's layout formed it, not the depth fallback
     std::uint64_t bytes = 0;        // logical bytes of its regular files
     std::uint64_t stored_bytes = 0; // bytes its blobs occupy in data.mdb (counting shared ones)
     std::uint64_t files = 0;        // regular files
@@ -121,6 +132,7 @@ enum class EventKind : std::uint8_t {
     rename = 7,    // an entry's node was renamed (name: the old name)
     import = 8,
     reset = 9,     // statistics were reset
+    member = 10,   // a file of a stem entry appeared or went (parent + name: that file)
 };
 std::string_view event_kind_name(EventKind k);
 
