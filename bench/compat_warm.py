@@ -7,7 +7,7 @@ test: it prints figures and ratios.
     python3 bench/compat_warm.py [--fsd build/fsd/kcache-fsd] [--kcache build/cli/kcache]
         [--python .venv/bin/python] [--rounds 5] [COMPILER ...]
 
-COMPILER: triton, inductor, jax, ccache, wave (default: all whose packages the venv has).
+COMPILER: triton, inductor, jax, ccache, wave, cutedsl (default: all whose packages the venv has).
 Each warm run is a fresh process (import included: "process"); the workers also time
 their compile section alone ("compile"), where the cache's reads are.
 """
@@ -56,6 +56,8 @@ def make_runner(cfg, name, tmp):
         return from_worker("inductor_worker.py", "TORCHINDUCTOR_CACHE_DIR")
     if name == "wave":
         return from_worker("wave_worker.py", "WAVE_CACHE_DIR")
+    if name == "cutedsl":
+        return from_worker("cutedsl_worker.py", "CUTE_DSL_CACHE_DIR")
     if name == "jax":
         return from_worker("jax_worker.py", None, ["--cache-dir", "{base}/jax", "--count", "16"])
     if name == "ccache":
@@ -76,7 +78,7 @@ def make_runner(cfg, name, tmp):
 
 
 MODULES = {"triton": ["triton"], "inductor": ["torch"], "jax": ["jax"], "ccache": [],
-           "wave": ["wave_lang"]}
+           "wave": ["wave_lang"], "cutedsl": ["cutlass"]}
 
 
 def main():

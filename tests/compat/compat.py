@@ -214,8 +214,10 @@ def stop_all_daemons(*_):
 
 
 def _on_signal(signum, _frame):
+    if signum == signal.SIGALRM:
+        print("compat: FAIL: the scenario ran past its --timeout; unmounting", flush=True)
     stop_all_daemons()
-    os._exit(128 + signum)
+    os._exit(1 if signum == signal.SIGALRM else 128 + signum)
 
 
 class Where:
@@ -876,6 +878,46 @@ def scenario_wave(cfg):
             check_stats(w.daemon, n, n, "after cold + warm")
 
 
+# ---- CuTe DSL ---------------------------------------------------------------------------
+
+def scenario_cutedsl(cfg):
+    """CuTe DSL kernels JIT-compiled for sm_90a: CuTe DSL caches only on its JIT path,
+    which compiles, stores the .mlir file, then launches; without a driver the launch
+    fails after the store (the worker records it). A fresh process loads every kernel
+    from CUTE_DSL_CACHE_DIR; one entry, one miss and one hit per .mlir file."""
+    for w in places(cfg, cfg.tmp):
+        cache_dir = Path(w.base) / "cutedsl"
+        env = {"CUTE_DSL_CACHE_DIR": str(cache_dir)}
+        cold = worker(cfg, "cutedsl_worker.py", [], env)
+        kernels = cold["kernels"]
+        n = len(kernels)
+        log(f"[{w.kind}] cutedsl cold: {n} kernels in {cold['wall_seconds']:.1f}s "
+            f"(launch: {kernels[0]['launch'] if kernels else '-'})")
+        C.equal([k["file_cache"] for k in kernels], [[False]] * n,
+                "cold run: every kernel compiled (file cache lookups)")
+        C.check(all(k["launch"] == "ok" or "Cuda" in k["launch"] or "CUDA" in k["launch"]
+                    for k in kernels), "launches ran, or failed only for want of a driver",
+                str([k["launch"] for k in kernels]))
+        files = sorted(os.listdir(cache_dir)) if cache_dir.is_dir() else []
+        mlir = [f for f in files if f.endswith(".mlir")]
+        C.equal(len(mlir), n, "one .mlir file per kernel")
+        C.equal([f for f in files if f.startswith("tmp.")], [], "no tmp.* directory left")
+        warm = worker(cfg, "cutedsl_worker.py", [], env)
+        log(f"[{w.kind}] cutedsl warm: {warm['wall_seconds']:.1f}s")
+        C.equal([k["file_cache"] for k in warm["kernels"]], [[True]] * n,
+                "warm run (fresh process): every kernel from the file cache")
+        if w.daemon:
+            ls = w.daemon.ls()
+            got = entries_under(ls, "cutedsl/")
+            # The entry is the .mlir file (named with or without its extension).
+            normalized = sorted(x if x.endswith(".mlir") else x + ".mlir" for x in got)
+            C.equal(normalized, sorted(f"cutedsl/{f}" for f in mlir),
+                    "kcache ls: one entry per .mlir file")
+            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("cutedsl/")), [],
+                    "kcache ls: no entries outside cutedsl/")
+            check_stats(w.daemon, n, n, "after cold + warm")
+
+
 # ---- main -------------------------------------------------------------------------------
 
 SCENARIOS = {
@@ -885,6 +927,7 @@ SCENARIOS = {
     "jax": (scenario_jax, ["jax", "jaxlib"]),
     "ccache": (scenario_ccache, []),
     "wave": (scenario_wave, ["wave_lang"]),
+    "cutedsl": (scenario_cutedsl, ["cutlass"]),
 }
 
 
@@ -914,6 +957,8 @@ def main(argv=None):
     parser.add_argument("--daemon-arg", action="append", default=[],
                         help="extra kcache-fsd option for every mount (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--timeout", type=int, default=0,
+                        help="fail (and unmount) after this many seconds; 0: never")
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     args = parser.parse_args(argv)
 
@@ -930,6 +975,9 @@ def main(argv=None):
     atexit.register(stop_all_daemons)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    if args.timeout > 0:
+        signal.signal(signal.SIGALRM, _on_signal)
+        signal.alarm(args.timeout)
     cfg.tmp = tempfile.mkdtemp(prefix=f"kcache-compat-{args.scenario}-")
     start = time.perf_counter()
     code = 1
