@@ -202,7 +202,7 @@ nlohmann::json config_json(const core::Config& config) {
     return {
         {"entry_depth", config.entry_depth}, {"max_bytes", config.max_bytes},
         {"max_entries", config.max_entries}, {"low_mark_percent", config.low_mark_percent},
-        {"max_events", config.max_events},
+        {"max_events", config.max_events}, {"layout_rules", config.layout_rules},
     };
 }
 
@@ -211,6 +211,8 @@ nlohmann::json entry_json(const core::Store& store, const core::EntryInfo& entry
     return {
         {"name", entry.name},
         {"ino", entry.ino},
+        {"kind", entry.kind == core::EntryKind::stem ? "stem" : "directory"},
+        {"layout", entry.by_rule ? "rule" : "fallback"},
         {"producer", core::producer_name(entry.producer)},
         {"files", entry.files},
         {"bytes", entry.bytes},

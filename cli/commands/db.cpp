@@ -1,5 +1,8 @@
 // The db as a whole: init, config, stats.
 
+#include <fstream>
+#include <sstream>
+
 #include <fmt/core.h>
 
 #include "commands.hpp"
@@ -28,6 +31,14 @@ struct Limits {
     }
 };
 
+std::string read_text_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Failure(fmt::format("cannot read {}", path));
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
 void print_config(const std::string& path, const core::Config& config) {
     Table table({"", ""});
     table.add({"db", path});
@@ -37,6 +48,10 @@ void print_config(const std::string& path, const core::Config& config) {
                config.max_entries ? std::to_string(config.max_entries) : std::string("none")});
     table.add({"low mark", fmt::format("{}%", config.low_mark_percent)});
     table.add({"max events", std::to_string(config.max_events)});
+    std::size_t rules = 0;
+    for (char c : config.layout_rules) rules += c == '\n';
+    table.add({"layout rules", config.layout_rules.empty() ? std::string("built-in only")
+                                                           : fmt::format("{} line(s), then built-in", rules)});
     table.print();
 }
 
@@ -79,11 +94,20 @@ int run_init(const Cli& cli, const InitOptions& opts) {
 
 struct ConfigOptions {
     Limits limits;
+    std::optional<std::string> layout_rules;  // a rules file (layout.hpp); empty file: none
     bool json = false;
 };
 
 int run_config(const Cli& cli, const ConfigOptions& opts) {
-    auto store = open_store(cli, opts.limits.any() ? Access::write : Access::read);
+    const bool changes = opts.limits.any() || opts.layout_rules;
+    auto store = open_store(cli, changes ? Access::write : Access::read);
+    if (opts.layout_rules) {
+        auto txn = check(store->write());
+        core::Config config = txn.config();
+        config.layout_rules = read_text_file(*opts.layout_rules);
+        check(txn.set_config(config));  // EINVAL naming the line of a bad rule
+        check(txn.commit());
+    }
     const core::Config config =
         opts.limits.any() ? set_limits(*store, opts.limits) : check(store->read()).config();
     if (opts.json) {
@@ -209,6 +233,10 @@ void add_db_commands(CLI::App& app, Cli& cli) {
         auto opts = std::make_shared<ConfigOptions>();
         auto* sub = app.add_subcommand("config", "print the db's settings, or set its limits");
         opts->limits.add_to(sub);
+        sub->add_option("--layout-rules", opts->layout_rules,
+                        "layout rules for compilers kcache does not know (docs/architecture.md); "
+                        "an empty file removes them")
+            ->type_name("FILE");
         sub->add_flag("--json", opts->json, "print as JSON");
         on_run(sub, cli, opts, &run_config);
     }

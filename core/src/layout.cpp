@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <fnmatch.h>
+
 #include <cctype>
+
+#include <fmt/format.h>
 
 namespace kcache::core {
 namespace {
@@ -105,6 +109,7 @@ bool is_bookkeeping_name(std::string_view name) {
     };
     if (std::find(kExact.begin(), kExact.end(), name) != kExact.end()) return true;
     if (starts_with(name, "tmp")) return true;  // Python's tempfile, CuTe DSL's temp dirs
+    if (starts_with(name, "_temp_")) return true;  // JAX's GFileCache: _temp_<key> renamed into place
     if (ends_with(name, ".lock") || ends_with(name, ".lck") || ends_with(name, ".lockfile")) return true;
     // Temp names: x.tmp, x.tmp.pid_1_2 (Triton), .1.2.tmp (Inductor), x.ABC.tmp (ccache).
     for (auto at = name.find(".tmp"); at != std::string_view::npos; at = name.find(".tmp", at + 1)) {
@@ -116,8 +121,53 @@ bool is_bookkeeping_name(std::string_view name) {
     return false;
 }
 
+Result<std::vector<LayoutRule>> parse_layout_rules(std::string_view text) {
+    std::vector<LayoutRule> rules;
+    std::size_t line_no = 0;
+    while (!text.empty()) {
+        const auto end = text.find('\n');
+        std::string_view line = text.substr(0, end);
+        text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
+        ++line_no;
+        if (const auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+        auto word = [&]() {
+            const auto from = line.find_first_not_of(" \t\r");
+            if (from == std::string_view::npos) return std::string_view{};
+            const auto to = line.find_first_of(" \t\r", from);
+            const std::string_view w = line.substr(from, to == std::string_view::npos ? line.npos : to - from);
+            line = to == std::string_view::npos ? std::string_view{} : line.substr(to);
+            return w;
+        };
+        const std::string_view kind = word();
+        if (kind.empty()) continue;
+        const std::string_view glob = word();
+        LayoutRule rule;
+        if (kind == "entry") rule.placement = Placement::entry_dir;
+        else if (kind == "container") rule.placement = Placement::container;
+        else if (kind == "ignore") rule.placement = Placement::bookkeeping;
+        else return fail(EINVAL, fmt::format("layout rules, line {}: '{}' is not entry, container or ignore", line_no, kind));
+        if (glob.empty() || !word().empty()) {
+            return fail(EINVAL, fmt::format("layout rules, line {}: expected one glob after '{}'", line_no, kind));
+        }
+        rule.glob = glob;
+        rules.push_back(std::move(rule));
+    }
+    return rules;
+}
+
 Classified classify(const LayoutContext& context, std::string_view name, FileType type) {
     const std::size_t depth = context.ancestors.size() + 1;
+    if (context.rules && !context.rules->empty()) {
+        std::string path;
+        for (std::string_view a : context.ancestors) path.append(a).push_back('/');
+        path.append(name);
+        for (const LayoutRule& rule : *context.rules) {
+            if (::fnmatch(rule.glob.c_str(), path.c_str(), FNM_PATHNAME) != 0) continue;
+            if (rule.placement != Placement::entry_dir) return entry(rule.placement, {}, Producer::unknown, true);
+            if (type == FileType::directory) return entry(Placement::entry_dir, {}, Producer::unknown, true);
+            return entry(Placement::entry_stem, std::string(name), Producer::unknown, true);
+        }
+    }
     const bool above_entries = depth < context.entry_depth;
     if (is_bookkeeping_name(name)) return entry(Placement::bookkeeping, {}, Producer::unknown, true);
 

@@ -332,12 +332,13 @@ Result<Event> decode_event(std::uint64_t seq, std::string_view bytes) {
 std::string encode(const Config& c) {
     std::string out;
     Writer w(out);
-    w.u8(kFormat);
+    w.u8(kLayoutFormat);
     w.u32(c.entry_depth);
     w.u64(c.max_bytes);
     w.u64(c.max_entries);
     w.u32(c.low_mark_percent);
     w.u64(c.max_events);
+    w.str32(c.layout_rules);
     return out;
 }
 
@@ -350,7 +351,8 @@ Result<Config> decode_config(std::string_view bytes) {
     c.max_entries = r.u64();
     c.low_mark_percent = r.u32();
     c.max_events = r.u64();
-    if (!well_formed(r, version) || c.entry_depth == 0 || c.low_mark_percent > 100) {
+    if (version == kLayoutFormat) c.layout_rules = r.str32();
+    if (!well_formed_layout(r, version) || c.entry_depth == 0 || c.low_mark_percent > 100) {
         return corrupt("config");
     }
     return c;

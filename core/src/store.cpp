@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "kcache/core/layout.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -800,6 +801,7 @@ Status WriteTxn::reset_stats() {
 
 Status WriteTxn::set_config(const Config& config) {
     Tx tx = TxnAccess::tx(*this);
+    if (auto rules = parse_layout_rules(config.layout_rules); !rules) return tl::unexpected(rules.error());
     if (config.entry_depth == 0 || config.entry_depth > 64) {
         return fail(EINVAL, "entry depth must be between 1 and 64");
     }

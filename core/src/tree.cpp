@@ -59,6 +59,13 @@ Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_vi
     LayoutContext context;
     context.entry_depth = tx.config.entry_depth;
     for (auto it = names.rbegin(); it != names.rend(); ++it) context.ancestors.push_back(*it);
+    std::vector<LayoutRule> rules;
+    if (!tx.config.layout_rules.empty()) {  // set_config checked them: a few lines, parsed here
+        auto parsed = parse_layout_rules(tx.config.layout_rules);
+        if (!parsed) return tl::unexpected(parsed.error());
+        rules = std::move(*parsed);
+        context.rules = &rules;
+    }
     return classify(context, name, type);
 }
 

@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
             if (options->max_bytes) config.max_bytes = options->max_bytes;
             if (options->max_entries) config.max_entries = options->max_entries;
             if (options->entry_depth) config.entry_depth = options->entry_depth;
+            if (options->layout_rules) config.layout_rules = *options->layout_rules;
             return txn.set_config(config);
         });
         if (!configured) startup.fail_startup(configured.error().message);

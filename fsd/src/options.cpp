@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -60,7 +61,12 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_option("--db", o.db, "cache db directory (default: $KCACHE_DB, else ~/.cache/kcache/db)");
     app.add_option("--max-size", max_size, "evict least-recently-used entries above this size (e.g. 10G)");
     app.add_option("--max-entries", o.max_entries, "evict least-recently-used entries above this count");
-    app.add_option("--entry-depth", o.entry_depth, "depth below the root at which entries live (new db: 1)");
+    app.add_option("--entry-depth", o.entry_depth,
+                   "the layout's depth fallback: no entry above it, an unknown directory at it is one (new db: 1)");
+    std::string layout_rules_file;
+    app.add_option("--layout-rules", layout_rules_file,
+                   "a layout rules file for compilers kcache does not know (docs/architecture.md); "
+                   "it becomes the db's");
     app.add_option("--max-file-size", max_file_size, "largest file a writer may store (default 2G; EFBIG past it)");
     app.add_option("--durability", durability, "full: sync every commit; batched: sync every second; none");
     app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
@@ -91,6 +97,13 @@ core::Result<Options> parse_options(int argc, char** argv) {
         if (!v) return tl::unexpected(v.error());
         o.max_file_size = *v;
     }
+    if (!layout_rules_file.empty()) {
+        std::ifstream in(layout_rules_file, std::ios::binary);
+        if (!in) return core::fail(ENOENT, "cannot read layout rules " + layout_rules_file);
+        std::ostringstream text;
+        text << in.rdbuf();
+        o.layout_rules = text.str();
+    }
     if (auto s = parse_durability(durability, o.durability); !s) return tl::unexpected(s.error());
     if (durability == "none") o.sync_interval_s = 0;
     if (durability == "full") o.sync_interval_s = 0;
@@ -115,7 +128,7 @@ core::Result<Options> parse_options(int argc, char** argv) {
     if (has("allow_other") && !has("default_permissions")) o.fuse_options.push_back("default_permissions");
     if (o.read_only) {
         if (!has("ro")) o.fuse_options.push_back("ro");
-        if (o.max_bytes || o.max_entries || o.entry_depth) {
+        if (o.max_bytes || o.max_entries || o.entry_depth || o.layout_rules) {
             return core::fail(EINVAL, "--max-size, --max-entries and --entry-depth change the db: "
                                       "not with --read-only");
         }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ struct Options {
     std::uint64_t max_bytes = 0;          // --max-size: 0 keeps the db's setting
     std::uint64_t max_entries = 0;        // --max-entries: 0 keeps the db's setting
     std::uint32_t entry_depth = 0;        // --entry-depth: 0 keeps the db's (1 for a new db)
+    std::optional<std::string> layout_rules;  // --layout-rules FILE: its text becomes the db's
     std::uint64_t max_file_size = std::uint64_t{2} << 30;  // --max-file-size: EFBIG past it
     core::Durability durability = core::Durability::none;  // --durability; see docs/operations.md
     double sync_interval_s = 1.0;         // batched durability: sync at least this often

@@ -95,7 +95,7 @@ TEST_CASE("layout: names classify as each compiler lays its cache out", "[layout
 
     for (const char* name : {".lockfile", "locks", "lock", "tmp", "stats", "ccache.conf", "CACHEDIR.TAG",
                              "tmpa1b2c3d4", "x.json.tmp.pid_12_34", ".1234.5678.tmp", "k.lock", "__pycache__",
-                             "c9a5f1c2b3d4e5f60718293a4b5c6d7eR.Xy12ab.tmp"}) {
+                             "c9a5f1c2b3d4e5f60718293a4b5c6d7eR.Xy12ab.tmp", "_temp_jit_f-0f3c6e8a1b2d4c5e6f70-cache"}) {
         INFO(name);
         CHECK(core::is_bookkeeping_name(name));
         CHECK(classify_path({"jax"}, name, D::regular).placement == Placement::bookkeeping);
@@ -314,4 +314,33 @@ TEST_CASE("layout: a schema-1 db opens, keeps its entries and takes stem entries
     const auto report = KC_MUST(core::verify(*store));
     INFO(report.problems.size() << " problems, first: " << (report.problems.empty() ? "" : report.problems[0]));
     CHECK(report.problems.empty());
+}
+
+TEST_CASE("layout: a user's rules place a compiler the built-in rules do not know", "[layout]") {
+    TestStore ts;
+    {
+        auto txn = ts.write();
+        core::Config config = txn.config();
+        config.layout_rules = "# mycc: <shard>/<name>/ per kernel\ncontainer mycc/*\nignore mycc/*/*.journal\nentry mycc/*/*\n";
+        KC_MUST(txn.set_config(config));
+        KC_MUST(txn.commit());
+    }
+    ts.put("mycc/s1/kernel_a/a.bin", "a");
+    ts.put("mycc/s1/kernel_a/b.bin", "b");
+    ts.put("mycc/s1/kernel_b/a.bin", "c");
+    ts.put("mycc/s1/x.journal", "log");
+    CHECK(sorted_entry_names(ts) == Names{"mycc/s1/kernel_a", "mycc/s1/kernel_b"});
+    CHECK(ts.entry("mycc/s1/kernel_a").files == 2);
+    CHECK(ts.entry("mycc/s1/kernel_a").by_rule);
+    CHECK(ts.attr("mycc/s1/x.journal").bookkeeping);
+    CHECK(ts.counter(Counter::misses) == 2);
+    check_consistent(ts.store());
+
+    auto txn = ts.write();
+    core::Config bad = txn.config();
+    bad.layout_rules = "entry a/*\nsometimes b/*\n";
+    const auto refused = txn.set_config(bad);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == EINVAL);
+    CHECK(refused.error().message.find("line 2") != std::string::npos);
 }

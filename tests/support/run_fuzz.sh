@@ -131,6 +131,8 @@ if [ "$relink" = 1 ]; then
 fi
 
 # The first corpus directory receives new inputs; the seeds come second, read-only.
+# libFuzzer exits 77 on a crash by default, which CTest would report as skipped:
+# a crash must fail the test.
 # shellcheck disable=SC2086  # KCACHE_FUZZ_ARGS is a list of options
-exec "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+exec "$binary" -error_exitcode=1 -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$work/" ${KCACHE_FUZZ_ARGS:-} "$work/corpus" "$seeds"

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -37,10 +38,21 @@ void check_decoded(const core::Result<T>& decoded, std::string_view in, const ch
         check(decoded.error().code == EIO && !decoded.error().message.empty(), "error is not EIO");
         return;
     }
-    if (records::encode(*decoded) != in) {
-        std::fprintf(stderr, "fuzz_records: %s does not re-encode to its input\n", what);
-        std::abort();
+    const std::string encoded = records::encode(*decoded);
+    if (encoded == in) return;
+    // Inodes, entries and config of format 1 (schema 1) re-encode as format 2: then the
+    // new encoding must decode to the same record.
+    if (!in.empty() && in[0] == 1) {
+        const auto again = [&] {
+            if constexpr (std::is_same_v<T, records::Inode>) return records::decode_inode(42, encoded);
+            else if constexpr (std::is_same_v<T, core::EntryInfo>) return records::decode_entry(42, encoded);
+            else if constexpr (std::is_same_v<T, core::Config>) return records::decode_config(encoded);
+            else return decoded;
+        }();
+        if (again && records::encode(*again) == encoded) return;
     }
+    std::fprintf(stderr, "fuzz_records: %s does not re-encode to its input\n", what);
+    std::abort();
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kcache/core/error.hpp"
 #include "kcache/core/types.hpp"
 
 namespace kcache::core {
@@ -46,11 +47,28 @@ struct Classified {
     bool by_rule = false;       // false: only the depth fallback made it an entry
 };
 
+// A user's rule, for a compiler the built-in rules do not know. A rules file
+// (`kcache config --layout-rules FILE`, `kcache-fsd --layout-rules FILE`, kept in the
+// db's Config) holds one rule per line, `#` starts a comment:
+//   entry GLOB       a directory or file whose path matches is an entry of its own
+//   container GLOB   a directory that only holds entries
+//   ignore GLOB      bookkeeping: never an entry, never counted
+// GLOB is matched against the node's path from the cache root with fnmatch(3) and
+// FNM_PATHNAME (`*` stays within one component), e.g. `entry mycc/*/*`. The first
+// matching rule wins; user rules are checked before the built-in ones.
+struct LayoutRule {
+    Placement placement = Placement::container;  // entry_dir stands for `entry`
+    std::string glob;
+};
+// EINVAL naming the line for an unknown word or a missing glob.
+Result<std::vector<LayoutRule>> parse_layout_rules(std::string_view text);
+
 // What is known of a node's place when it is classified. The parent is a container
 // (nodes inside an entry belong to it and are not classified).
 struct LayoutContext {
     std::vector<std::string_view> ancestors;  // names from the root down to the parent
     std::uint32_t entry_depth = 1;             // the depth fallback (Config::entry_depth)
+    const std::vector<LayoutRule>* rules = nullptr;  // the user's, if any
 };
 
 Classified classify(const LayoutContext& context, std::string_view name, FileType type);

@@ -75,6 +75,7 @@ struct Config {
     std::uint64_t max_entries = 0;  // bound on entries; 0: none
     std::uint32_t low_mark_percent = 90;  // eviction goes down to this share of a bound
     std::uint64_t max_events = 100000;    // the events log keeps this many newest
+    std::string layout_rules;  // the user's layout rules (layout.hpp), checked first
 };
 
 // 2: layouts (stem entries, bookkeeping nodes); a schema-1 db is upgraded when first
