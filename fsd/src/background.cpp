@@ -144,6 +144,7 @@ void Background::follow_events() {
                 case core::EventKind::rename:
                 case core::EventKind::import:
                 case core::EventKind::populate:
+                case core::EventKind::member:  // a file of a stem entry, by its own name
                     if (e.parent) entries.emplace_back(e.parent, e.name);
                     inodes.push_back(e.entry);
                     break;

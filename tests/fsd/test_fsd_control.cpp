@@ -125,6 +125,39 @@ TEST_CASE("kcache evict while mounted removes the entry from the mount", "[fsd][
     CHECK(stat_value(stats, "evicted_entries") == 1);
 }
 
+TEST_CASE("kcache evict of a JAX pair while mounted removes both files from the mount", "[fsd][control]") {
+    // A stem entry has no node of its own: the daemon learns each file's name from the
+    // events log, or the kernel would keep serving the names it cached.
+    MountedCache cache;
+    const std::string key = "jit_f-0f3c6e8a1b2d4c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
+    const std::string other = "jit_g-1f3c6e8a1b2d4c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
+    step("JAX stores two pairs", [&] {
+        if (mkdir(cache.p("jax").c_str(), 0755) != 0) return 1;
+        for (const auto& k : {key, other}) {
+            if (write_all(cache.p("jax/" + k + "-cache"), content_of(1)) != 0) return 2;
+            if (write_all(cache.p("jax/" + k + "-atime"), "12345678") != 0) return 3;
+        }
+        // Looked up (and cached by the kernel) before the eviction.
+        return read_all(cache.p("jax/" + key + "-cache")) == content_of(1) &&
+                       read_all(cache.p("jax/" + key + "-atime")) == "12345678"
+                   ? 0
+                   : 4;
+    }, cache);
+    kcache_ok(cache, {"evict", "jax/" + key});
+    step("both halves give ENOENT", [&] {
+        if (const int r = wait_gone(cache.p("jax/" + key + "-cache")); r != 0) return r;
+        return wait_gone(cache.p("jax/" + key + "-atime"));
+    }, cache);
+    step("the other pair is intact", [&] {
+        return names_in(cache.p("jax")) == std::vector<std::string>{other + "-atime", other + "-cache"} ? 0 : 1;
+    }, cache);
+    cache.unmount();
+    const auto stats = cache_stats(cache.db());
+    CHECK(stat_value(stats, "evicted_entries") == 1);
+    CHECK(stat_value(stats, "entries") == 1);
+    CHECK(stat_value(stats, "misses") == 2);
+}
+
 TEST_CASE("kcache clear while mounted empties the mount", "[fsd][control]") {
     MountedCache cache;
     populate(cache, 4);
