@@ -111,6 +111,9 @@ bool is_bookkeeping_name(std::string_view name) {
     if (starts_with(name, "tmp")) return true;  // Python's tempfile, CuTe DSL's temp dirs
     if (starts_with(name, "_temp_")) return true;  // JAX's GFileCache: _temp_<key> renamed into place
     if (ends_with(name, ".lock") || ends_with(name, ".lck") || ends_with(name, ".lockfile")) return true;
+    // SQLite's rollback journal, write-ahead log and shared-memory index: made and
+    // dropped per transaction beside a database that is itself one entry.
+    if (ends_with(name, "-journal") || ends_with(name, "-wal") || ends_with(name, "-shm")) return true;
     // Temp names: x.tmp, x.tmp.pid_1_2 (Triton), .1.2.tmp (Inductor), x.ABC.tmp (ccache).
     for (auto at = name.find(".tmp"); at != std::string_view::npos; at = name.find(".tmp", at + 1)) {
         const std::size_t after = at + 4;

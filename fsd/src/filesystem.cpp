@@ -646,11 +646,12 @@ void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr
     }
     const std::uint32_t pid = process_of(static_cast<pid_t>(tid));
     const std::string by_process = fmt::format("{}:{}", attr.entry, pid);
+    const bool own = same_compile(pid, entry->populated_by_pid);  // /proc: not under the lock
     {
         std::lock_guard lock(m_seen_mutex);
         if (m_seen.size() >= kMaxSeenPairs) m_seen.clear();  // bounded: may recount after this
         m_seen.insert(by_thread);
-        if (pid == entry->populated_by_pid) return;  // its own kernel, not a cache hit
+        if (own) return;  // its own kernel (or its compile's), not a cache hit
         if (!m_seen.insert(by_process).second) return;
     }
     m_background.hit(attr.entry);

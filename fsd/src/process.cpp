@@ -15,6 +15,37 @@ std::uint32_t process_of(pid_t tid) {
     return static_cast<std::uint32_t>(tid);
 }
 
+namespace {
+
+// The parent of `pid`, 0 when /proc cannot tell.
+std::uint32_t parent_of(std::uint32_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return 0;
+    const auto close = line.rfind(')');  // the command name may hold spaces and ')'
+    if (close == std::string::npos || close + 2 >= line.size()) return 0;
+    std::istringstream fields(line.substr(close + 2));  // state, ppid, ...
+    std::string state;
+    unsigned long ppid = 0;
+    if (!(fields >> state >> ppid)) return 0;
+    return static_cast<std::uint32_t>(ppid);
+}
+
+bool is_ancestor(std::uint32_t ancestor, std::uint32_t pid) {
+    for (int hops = 0; pid > 1 && hops < 64; ++hops) {  // bounded: /proc may change under us
+        pid = parent_of(pid);
+        if (pid == ancestor) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+bool same_compile(std::uint32_t a, std::uint32_t b) {
+    if (a == 0 || b == 0) return false;
+    return a == b || is_ancestor(a, b) || is_ancestor(b, a);
+}
+
 bool killed_by_signal(pid_t tid) {
     std::ifstream stat("/proc/" + std::to_string(tid) + "/stat");
     std::string line;

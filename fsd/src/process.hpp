@@ -18,6 +18,11 @@ struct Caller {
 std::uint32_t process_of(pid_t tid);
 // The same with the process's name.
 Caller caller_of(pid_t tid);
+// True when process `a` is process `b`, or one is an ancestor of the other (from
+// /proc, while both are alive): the processes of one compile (Inductor's workers, the
+// g++ it runs on the .cpp it wrote) reading what another of them wrote load nothing
+// from the cache. Processes that are gone, or unrelated, are not of one compile.
+bool same_compile(std::uint32_t a, std::uint32_t b);
 // True while thread `tid` is exiting because a signal killed it (SIGKILL, an unhandled
 // SIGTERM ...): the kernel sets PF_EXITING and the exit code before it closes the
 // task's files, so a FLUSH sent by that closing can tell a kill from a normal exit.

@@ -73,7 +73,7 @@ struct LayoutContext {
 
 Classified classify(const LayoutContext& context, std::string_view name, FileType type);
 
-// Locks, statistics, configuration and temp names (see the file comment).
+// Locks, statistics, configuration, temp names and SQLite's journals (see the file comment).
 bool is_bookkeeping_name(std::string_view name);
 // True when `name` carries a content hash: a run of at least 16 letters and digits
 // with both in it (hex, base32, base64url digests of any compiler).
