@@ -83,7 +83,11 @@ core::Status Background::flush_stats() {
         }
         for (core::Ino entry : hits) {
             auto h = txn.record_hit(entry);
-            if (!h && h.error().code != ENOENT) return h;  // an entry evicted since: no hit
+            if (h) continue;
+            if (h.error().code != ENOENT) return h;
+            // Evicted since: the process did load it from the cache; only the entry's
+            // own record is gone.
+            if (auto a = txn.add(core::Counter::hits, 1); !a) return a;
         }
         return {};
     });

@@ -666,6 +666,12 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto attr = txn->getattr(ino);
     if (!attr) {
         auto orphan = attr.error().code == ENOENT ? find_orphan(ino) : std::nullopt;
+        if (!orphan && attr.error().code == ENOENT) {
+            // Evicted by another process, and the kernel's name for it not yet
+            // invalidated: ESTALE makes the kernel look the name up again and open
+            // (or, with O_CREAT, create) what is there now, as NFS clients do.
+            return reply_error(req, {ESTALE, "evicted since the kernel looked it up"});
+        }
         if (!orphan) return reply_error(req, attr.error());
         // Removed since the kernel looked it up: open what it was, as a local disk would.
         handle->orphan = true;
