@@ -928,6 +928,79 @@ def scenario_cutedsl(cfg):
             check_stats(w.daemon, n, n, "after cold + warm")
 
 
+# ---- all of them in one mount -----------------------------------------------------------
+
+def scenario_shared(cfg):
+    """Triton, JAX and ccache sharing one mount, each in its own subdirectory (the
+    quickstart's recipe): each compiler's entries, producers, misses and hits are
+    right side by side, and evicting one entry of each makes only that one recompile."""
+    if not shutil.which("ccache") or not shutil.which("gcc"):
+        raise Skip("ccache or gcc is not installed")
+    for w in places(cfg, cfg.tmp):
+        base = Path(w.base)
+        triton_env = {"TRITON_CACHE_DIR": str(base / "triton")}
+        jax_args = ["--cache-dir", base / "jax", "--count", "6"]
+        project = Path(cfg.tmp) / f"shared-project-{w.kind}"
+        project.mkdir()
+        for name, text in CCACHE_SOURCES.items():
+            (project / name).write_text(text)
+        (project / "ccache.conf").write_text("")
+        ccache_env = {k: v for k, v in os.environ.items()
+                      if not k.startswith("CCACHE_") and k != "KCACHE_DB"}
+        ccache_env.update({"CCACHE_DIR": str(base / "ccache"),
+                           "CCACHE_CONFIGPATH": str(project / "ccache.conf")})
+
+        def ccache_build():
+            run(["ccache", "-z"], env=ccache_env, cwd=project)
+            run(["ccache", "gcc", "-O2", "-c", "a.c", "-o", "a.o"], env=ccache_env, cwd=project)
+            return ccache_stats(ccache_env, project)
+
+        triton_cold = worker(cfg, "triton_worker.py", [], triton_env)
+        jax_cold = worker(cfg, "jax_worker.py", jax_args)
+        cc_cold = ccache_build()
+        kernels = triton_cold["kernels"]
+        caches, _, _ = jax_pairs(base / "jax")
+        C.equal(cc_cold.get("cache_miss"), 1, "cold: ccache compiles")
+        triton_warm = worker(cfg, "triton_worker.py", [], triton_env)
+        jax_warm = worker(cfg, "jax_worker.py", jax_args)
+        cc_warm = ccache_build()
+        C.equal([k["label"] for k in triton_warm["kernels"] if k["stages"]], [],
+                "warm: Triton kernels that ran a compile stage")
+        C.equal((jax_warm["hits"], jax_warm["misses"], jax_warm["errors"]),
+                (jax_warm["requests"], 0, []), "warm: JAX (hits, misses, errors)")
+        C.equal(cc_warm.get("direct_cache_hit"), 1, "warm: ccache direct hit")
+        if not w.daemon:
+            continue
+        ls = w.daemon.ls()
+        by_producer = {}
+        for e in ls:
+            by_producer.setdefault(e["producer"], []).append(e["name"])
+        results = sorted(f"ccache/{p.relative_to(base / 'ccache')}" for p in (base / "ccache").rglob("*")
+                         if p.is_file() and p.name[-1] in "RM" and len(p.relative_to(base / "ccache").parts) == 3)
+        C.equal(sorted(by_producer.get("triton", [])), sorted(f"triton/{k['dir']}" for k in kernels),
+                "kcache ls: one triton entry per kernel")
+        C.equal(sorted(by_producer.get("jax", [])), sorted(f"jax/{k}" for k in caches),
+                "kcache ls: one jax entry per function")
+        C.equal(sorted(by_producer.get("ccache", [])), results, "kcache ls: one ccache entry per file")
+        C.equal(sorted(set(by_producer) - {"triton", "jax", "ccache"}), [], "kcache ls: no other producer")
+        total = len(kernels) + len(caches) + len(results)
+        C.equal(len(ls), total, "kcache ls: entries of the three compilers")
+        check_stats(w.daemon, total, total, "after cold + warm of all three")
+
+        before = w.daemon.stats()
+        victim = kernels[0]
+        w.daemon.kcache("evict", f"triton/{victim['dir']}", f"jax/{sorted(caches)[0]}")
+        again = worker(cfg, "triton_worker.py", [], triton_env)
+        C.equal([k["label"] for k in again["kernels"] if k["stages"]], [victim["label"]],
+                "after evicting one Triton and one JAX entry: Triton kernels recompiled")
+        jax_again = worker(cfg, "jax_worker.py", jax_args)
+        C.equal((jax_again["misses"], jax_again["errors"]), (1, []),
+                "after the eviction: JAX (misses, errors)")
+        after = check_stats(w.daemon, before["misses"] + 2, None, "after the eviction: two misses")
+        C.equal(after.get("evicted_entries", 0) - before.get("evicted_entries", 0), 2,
+                "kcache evicted two entries")
+
+
 # ---- main -------------------------------------------------------------------------------
 
 SCENARIOS = {
@@ -938,6 +1011,7 @@ SCENARIOS = {
     "ccache": (scenario_ccache, []),
     "wave": (scenario_wave, ["wave_lang"]),
     "cutedsl": (scenario_cutedsl, ["cutlass"]),
+    "shared": (scenario_shared, ["triton", "jax", "jaxlib"]),
 }
 
 
