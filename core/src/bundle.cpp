@@ -152,11 +152,11 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
     const auto slash = entry.name.rfind('/');
     const std::string dir = slash == std::string::npos ? std::string() : entry.name.substr(0, slash + 1);
     std::vector<std::pair<Ino, std::string>> work;
-    auto s = ops::for_each_member(tx, entry, [&](const records::Inode& member) {
+    auto listed = ops::for_each_member(tx, entry, [&](const records::Inode& member) {
         work.emplace_back(member.ino, entry.kind == EntryKind::node ? entry.name : dir + member.name);
         return true;
     });
-    if (!s) return s;
+    if (!listed) return listed;
     std::reverse(work.begin(), work.end());  // name order on pop
     while (!work.empty()) {
         auto [ino, path] = std::move(work.back());
