@@ -154,7 +154,9 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
     fuse_reply_err(req, error.code > 0 ? error.code : EIO);
 }
 
-void Filesystem::reply_entry(fuse_req_t req, const Attr& attr) {
+void Filesystem::reply_entry(fuse_req_t req, const Attr& stored) {
+    Attr attr = stored;
+    apply_live_size(attr);
     const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_entry(req, &e) != 0) forget(attr.ino, 1);  // the kernel never got it
@@ -329,6 +331,14 @@ void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
         version->ending = false;
     }
     m_version_ended.notify_all();
+}
+
+void Filesystem::apply_live_size(Attr& attr) {
+    if (!attr.is_regular()) return;
+    if (auto shared = shared_version(attr.ino)) {
+        std::lock_guard lock(shared->mutex);
+        attr.size = shared->staged.content().size();
+    }
 }
 
 bool Filesystem::has_rewrite(Ino ino) {
@@ -535,6 +545,7 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         m_background.invalidate_inode(ino);
     }
     if (version_size) result.size = *version_size;
+    else apply_live_size(result);
     struct stat st = to_stat(result);
     fuse_reply_attr(req, &st, attr_timeout(result));
 }
@@ -892,6 +903,7 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
     (void)enter_pages_as_writer(raw);  // no reader enters the page cache while it writes; see admit_writer
+    apply_live_size(attr);
     const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_create(req, &e, fi) != 0) {
@@ -1100,6 +1112,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         if (plus) {
             auto attr = txn->getattr(child.ino);
             if (!attr) continue;  // removed since the snapshot
+            apply_live_size(*attr);
             fuse_entry_param e{};
             if (child.name == "." || child.name == "..") {
                 e.attr = to_stat(*attr);  // no entry: the kernel takes no reference on these

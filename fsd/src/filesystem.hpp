@@ -143,6 +143,11 @@ private:
     void leave_version(fuse_req_t req, FileHandle* handle);
     std::shared_ptr<Version> shared_version(core::Ino ino);
     bool has_rewrite(core::Ino ino);
+    // Every size the kernel is told of a file with a shared version is that version's
+    // (lookup, readdirplus, create, setattr, getattr): the kernel applies it to the one
+    // inode whose pages the version's handles map, and a smaller one would cut them
+    // (SIGBUS in a MAP_SHARED mapping, such as SQLite's -shm).
+    void apply_live_size(core::Attr& attr);
     // A read-only handle follows the shared version that grew out of the version it
     // reads (caller holds handle->mutex).
     void follow_shared(FileHandle* handle);

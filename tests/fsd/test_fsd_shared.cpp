@@ -5,6 +5,7 @@
 // behave as on a local disk. (O_TRUNC rewrites keep their own guarantees:
 // test_fsd_publish.cpp.)
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -206,6 +207,42 @@ TEST_CASE("MAP_SHARED of a file open for writing works and is shared between pro
     REQUIRE(got->size() == 32768);
     CHECK(got->substr(100, 6) == "mapped");
     CHECK(got->substr(20000, 5) == "child");
+}
+
+TEST_CASE("listing the directory of a mapped file being written does not cut the mapping",
+          "[fsd][shared][mmap]") {
+    // readdirplus and lookup tell the kernel a file's size: it must be the live one, or
+    // the kernel cuts the pages a MAP_SHARED mapping uses (SIGBUS on SQLite's -shm).
+    MountedCache cache;
+    REQUIRE_SYS(mkdir(cache.p("d").c_str(), 0755));
+    const std::string path = cache.p("d/db-shm");
+    const std::string dir = cache.p("d");
+    const ChildResult r = run_child([&] {
+        const int fd = open(path.c_str(), O_RDWR | O_CREAT, 0644);
+        if (fd < 0) return 1;
+        if (ftruncate(fd, 32768) != 0) return 2;
+        void* m = mmap(nullptr, 32768, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) return 3;
+        auto* b = static_cast<char*>(m);
+        std::memset(b, 'm', 32768);
+        for (int i = 0; i < 3; ++i) {
+            DIR* d = opendir(dir.c_str());  // readdirplus: the size of each entry
+            if (!d) return 4;
+            while (readdir(d)) {
+            }
+            closedir(d);
+            b[30000 + i] = 'x';  // SIGBUS if the kernel was told a smaller size
+            struct stat st {};
+            if (stat(path.c_str(), &st) != 0 || st.st_size != 32768) return 5;
+        }
+        if (msync(m, 32768, MS_SYNC) != 0) return 6;
+        munmap(m, 32768);
+        return close(fd) == 0 ? 0 : 7;
+    });
+    CHECK(r.exit_code == 0);
+    const auto got = read_all(path);
+    REQUIRE(got.has_value());
+    CHECK(got->size() == 32768);
 }
 
 TEST_CASE("O_APPEND from several processes interleaves whole records and loses none",
