@@ -82,11 +82,11 @@ struct Filesystem::Version {
     bool ended = false;        // published and lease released by its last handle
     const core::Digest started_from;  // the stored version it grew from: its readers follow
     // Guarded by m_versions_mutex:
-    std::atomic<bool> shared;  // the inode's shared version (else a private rewrite); set under m_versions_mutex
+    std::atomic<bool> shared;  // the inode's shared version (else a private rewrite); read anywhere
     bool ending = false;       // its last handle left: publishing, then out of m_versions
     std::uint32_t handles = 0; // write-capable handles using it
     std::uint32_t opener;      // rewrites: the process that opened it
-    std::uint64_t touched = 0; // when it was last opened (m_write_clock): the newest rewrite is promoted
+    std::uint64_t touched = 0; // when it was made (m_write_clock): the newest rewrite is promoted
 };
 
 struct Filesystem::FileHandle {

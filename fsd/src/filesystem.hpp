@@ -130,7 +130,7 @@ private:
     core::Status remove_keeping_orphan(core::Ino parent, const char* name,
                                        const std::function<core::Status(core::WriteTxn&)>& remove);
     std::optional<Orphan> find_orphan(core::Ino ino);
-    // Attributes of a file removed from the db that a handle, orphan or writer still holds.
+    // Attributes of a file removed from the db that a handle or orphan still holds.
     std::optional<core::Attr> removed_attr(core::Ino ino, FileHandle* handle);
     // Gives `handle` (opened for writing, `truncate` for O_TRUNC) its version under
     // THE RULE. `made` is a StagedFile already begun for it (create), or null: then
