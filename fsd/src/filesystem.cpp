@@ -106,7 +106,6 @@ struct Filesystem::FileHandle {
     bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
     bool page_writer = false;  // a writer counted in m_pages (leave_pages_as_writer at release)
     bool killed = false;       // its writer died by a signal: its close publishes nothing
-    bool counted = false;      // a read-write handle counted its open for the hit statistics
 };
 
 struct Filesystem::DirHandle {
@@ -843,6 +842,10 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             }
         } else {
             handle->attr = *attr;
+            // A read-write open without O_TRUNC (a database) reads what it opens: it
+            // counts as an open for reading. Its reads may all come from the page cache,
+            // so the open, not a READ, is what the daemon sees.
+            if (handle->readable && !truncate) count_open(req, *txn, *attr);
         }
     }
     if (handle->writable && !handle->orphan) {
@@ -915,25 +918,15 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
 // Every handler replies only after it let go of the handle's lock: the reply may
 // let the kernel release the handle on another thread at once.
 
-void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
     std::shared_ptr<Version> version;
     std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
-    bool count = false;
     {
         std::lock_guard lock(handle->mutex);
         follow_shared(handle);
         version = handle->version;
         shared = handle->snapshot;
-        // A read-write handle (a database) reads what it opened: count it as an open for
-        // reading once, at its first read (a write-only or truncating open is no hit).
-        count = handle->writable && handle->readable && !handle->counted;
-        handle->counted = true;
-    }
-    if (count) {
-        if (auto txn = m_store.read()) {
-            if (auto attr = txn->getattr(ino)) count_open(req, *txn, *attr);
-        }
     }
     std::string copy;  // a version's bytes, which may change after the lock
     std::string_view slice;
