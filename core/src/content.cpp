@@ -311,7 +311,7 @@ StagedFile::StagedFile(Store* store, Ino ino, std::string content)
 
 StagedFile::StagedFile(StagedFile&& other) noexcept
     : m_store(other.m_store), m_ino(other.m_ino), m_content(std::move(other.m_content)),
-      m_dirty(other.m_dirty), m_open(std::exchange(other.m_open, false)),
+      m_stored(other.m_stored), m_dirty(other.m_dirty), m_open(std::exchange(other.m_open, false)),
       m_max_size(other.m_max_size) {}
 
 StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
@@ -320,6 +320,7 @@ StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
         m_store = other.m_store;
         m_ino = other.m_ino;
         m_content = std::move(other.m_content);
+        m_stored = other.m_stored;
         m_dirty = other.m_dirty;
         m_open = std::exchange(other.m_open, false);
         m_max_size = other.m_max_size;
@@ -346,6 +347,7 @@ Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
     }
     if (auto s = txn.begin_write(file); !s) return tl::unexpected(s.error());
     StagedFile staged(&txn.store(), file, std::move(content));
+    staged.m_stored = attr->digest;
     staged.m_dirty = truncate && attr->size > 0;
     return staged;
 }
@@ -394,8 +396,10 @@ Status StagedFile::truncate(std::uint64_t size) {
 
 Status StagedFile::publish(WriteTxn& txn, const Origin& origin) {
     if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
-    if (auto w = txn.write(m_ino, m_content, origin); !w) return tl::unexpected(w.error());
+    auto w = txn.write(m_ino, m_content, origin);
+    if (!w) return tl::unexpected(w.error());
     if (auto s = txn.end_write(m_ino); !s) return s;
+    m_stored = w->digest;
     m_open = false;
     m_dirty = false;
     return {};
@@ -418,12 +422,17 @@ Status StagedFile::publish(const Origin& origin) {
 Status StagedFile::commit(const Origin& origin) {
     if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
     if (!m_dirty) return {};
+    Digest stored;
     auto s = m_store->update([&](WriteTxn& txn) -> Status {
         auto w = txn.write(m_ino, m_content, origin);
         if (!w) return tl::unexpected(w.error());
+        stored = w->digest;
         return {};
     });
-    if (s) m_dirty = false;
+    if (s) {
+        m_dirty = false;
+        m_stored = stored;
+    }
     return s;
 }
 

@@ -73,24 +73,39 @@ Filesystem* self(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_user
 
 }  // namespace
 
+// A version of a file being written (THE RULE in filesystem.hpp).
+struct Filesystem::Version {
+    Version(core::StagedFile content, bool is_shared, std::uint32_t by)
+        : staged(std::move(content)), started_from(staged.stored_digest()), shared(is_shared), opener(by) {}
+    std::mutex mutex;          // guards staged and ended
+    core::StagedFile staged;   // the content, and the write lease while not ended
+    bool ended = false;        // published and lease released by its last handle
+    const core::Digest started_from;  // the stored version it grew from: its readers follow
+    // Guarded by m_versions_mutex:
+    std::atomic<bool> shared;  // the inode's shared version (else a private rewrite); read anywhere
+    bool ending = false;       // its last handle left: publishing, then out of m_versions
+    std::uint32_t handles = 0; // write-capable handles using it
+    std::uint32_t opener;      // rewrites: the process that opened it
+    std::uint64_t touched = 0; // when it was made (m_write_clock): the newest rewrite is promoted
+};
+
 struct Filesystem::FileHandle {
     Ino ino = 0;
-    Attr attr;         // as opened: answers getattr once the file is gone from the db
+    Attr attr;            // as opened: answers getattr once the file is gone from the db
     bool orphan = false;  // opened after its removal: writes are accepted and dropped
-    std::mutex mutex;  // threads sharing one descriptor may call concurrently
-    std::shared_ptr<const std::string> snapshot;  // readers
-    std::optional<core::StagedFile> staged;       // writers
-    std::uint64_t touched = 0;                    // writers: when last changed (m_write_clock)
+    bool writable = false;  // opened for writing (O_WRONLY or O_RDWR)
+    bool readable = false;  // opened for reading (O_RDONLY or O_RDWR)
+    std::mutex mutex;     // guards the fields below; threads sharing a descriptor call concurrently
+    std::shared_ptr<const std::string> snapshot;  // readers that do not read a version
+    core::Digest snapshot_digest;
+    // Writers: the version they write (fixed at open). Read-only handles: the shared
+    // version they read, once they follow one (follow_shared), else null.
+    std::shared_ptr<Version> version;
     std::uint32_t opener = 0;  // writers: the process that opened it; only its close publishes early
     pid_t reader_tid = 0;      // readers: the thread that opened it
     bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
     bool page_writer = false;  // a writer counted in m_pages (leave_pages_as_writer at release)
-    bool killed = false;       // its writer died by a signal: nothing is published
-    bool fresh = false;        // opened for writing, not yet written or truncated
-    std::string_view view() const {
-        if (staged) return staged->content();
-        return snapshot ? std::string_view(*snapshot) : std::string_view();
-    }
+    bool killed = false;       // its writer died by a signal: its close publishes nothing
 };
 
 struct Filesystem::DirHandle {
@@ -138,7 +153,9 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
     fuse_reply_err(req, error.code > 0 ? error.code : EIO);
 }
 
-void Filesystem::reply_entry(fuse_req_t req, const Attr& attr) {
+void Filesystem::reply_entry(fuse_req_t req, const Attr& stored) {
+    Attr attr = stored;
+    apply_live_size(attr);
     const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_entry(req, &e) != 0) forget(attr.ino, 1);  // the kernel never got it
@@ -213,10 +230,6 @@ std::optional<Attr> Filesystem::removed_attr(Ino ino, FileHandle* handle) {
     std::optional<Attr> attr;
     if (handle) attr = handle->attr;
     else if (auto orphan = find_orphan(ino)) attr = orphan->attr;
-    else {
-        std::lock_guard lock(m_writers_mutex);
-        if (auto it = m_writers.find(ino); it != m_writers.end()) attr = it->second.front()->attr;
-    }
     if (attr) attr->nlink = 0;
     return attr;
 }
@@ -228,78 +241,187 @@ std::optional<Filesystem::Orphan> Filesystem::find_orphan(Ino ino) {
     return it->second;
 }
 
-// ---- writers ------------------------------------------------------------------------
+// ---- versions (THE RULE in filesystem.hpp) ------------------------------------------
 
-void Filesystem::add_writer(FileHandle* handle) {
-    std::lock_guard lock(m_writers_mutex);
-    m_writers[handle->ino].push_back(handle);
+core::Status Filesystem::join_version(FileHandle* handle, bool truncate, std::optional<core::StagedFile> made) {
+    const Ino ino = handle->ino;
+    std::shared_ptr<Version> joined;
+    bool truncate_shared = false;
+    for (;;) {
+        {
+            std::unique_lock lock(m_versions_mutex);
+            auto ending = [&] {
+                auto it = m_versions.find(ino);
+                if (it == m_versions.end()) return false;
+                if (it->second.shared && it->second.shared->ending) return true;
+                return std::any_of(it->second.rewrites.begin(), it->second.rewrites.end(),
+                                   [](const auto& v) { return v->ending; });
+            };
+            m_version_ended.wait(lock, [&] { return !ending(); });
+            InodeVersions& versions = m_versions[ino];
+            if (versions.shared) {
+                joined = versions.shared;  // an O_TRUNC open truncates it, as on a local disk
+                truncate_shared = truncate;
+            } else if (!truncate && !versions.rewrites.empty()) {
+                // A handle that shares the file meets a rewrite at work: as on a local
+                // disk, they share one file from now on (the newest rewrite's content).
+                joined = versions.rewrites.back();
+                versions.rewrites.pop_back();
+                joined->shared = true;
+                versions.shared = joined;
+            } else if (made) {
+                joined = std::make_shared<Version>(std::move(*made), !truncate, handle->opener);
+                made.reset();
+                joined->touched = ++m_write_clock;
+                if (truncate) versions.rewrites.push_back(joined);
+                else versions.shared = joined;
+            }
+            if (joined) {
+                ++joined->handles;
+                break;
+            }
+            if (versions.rewrites.empty() && !versions.shared) m_versions.erase(ino);
+        }
+        // A new version: begin it outside the lock (a write transaction), then decide again.
+        auto staged = core::StagedFile::begin(m_store, ino, truncate);
+        if (!staged) return tl::unexpected(staged.error());
+        staged->set_max_size(m_options.max_file_size);
+        made = std::move(*staged);
+    }
+    if (made) (void)made->abandon();  // another handle's version was taken instead
+    handle->version = joined;
+    if (truncate_shared) {
+        std::lock_guard lock(joined->mutex);
+        if (auto s = joined->staged.truncate(0); !s) return s;
+    }
+    return {};
 }
 
-void Filesystem::remove_writer(FileHandle* handle) {
-    std::lock_guard lock(m_writers_mutex);
-    auto it = m_writers.find(handle->ino);
-    if (it == m_writers.end()) return;
-    std::erase(it->second, handle);
-    if (it->second.empty()) m_writers.erase(it);
+void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
+    const std::shared_ptr<Version> version = std::move(handle->version);
+    if (!version) return;
+    {
+        std::lock_guard lock(m_versions_mutex);
+        if (--version->handles > 0) return;
+        version->ending = true;  // no handle joins it any more; new ones wait for its end
+    }
+    {
+        std::lock_guard lock(version->mutex);
+        // A rewrite whose writer was killed publishes nothing; a shared version keeps
+        // every handle's writes, as a local disk does.
+        const bool keep = version->shared || !handle->killed;
+        if (keep) {
+            if (auto s = publish(req, *version); !s) {
+                std::fprintf(stderr, "kcache-fsd: content of inode %llu lost at release: %s\n",
+                             static_cast<unsigned long long>(handle->ino), s.error().message.c_str());
+            }
+        }
+        (void)version->staged.abandon();
+        version->ended = true;
+    }
+    {
+        std::lock_guard lock(m_versions_mutex);
+        if (auto it = m_versions.find(handle->ino); it != m_versions.end()) {
+            InodeVersions& versions = it->second;
+            if (versions.shared == version) versions.shared.reset();
+            std::erase(versions.rewrites, version);
+            if (!versions.shared && versions.rewrites.empty()) m_versions.erase(it);
+        }
+        version->ending = false;
+    }
+    m_version_ended.notify_all();
 }
 
-std::optional<std::uint64_t> Filesystem::staged_size(Ino ino, std::uint32_t process) {
-    std::lock_guard lock(m_writers_mutex);  // order: m_writers_mutex, then a handle's mutex
-    auto it = m_writers.find(ino);
-    if (it == m_writers.end()) return std::nullopt;
-    FileHandle* newest = nullptr;
-    for (FileHandle* h : it->second) {
-        if (h->opener == process && (!newest || h->touched > newest->touched)) newest = h;
+void Filesystem::apply_live_size(Attr& attr) {
+    if (!attr.is_regular()) return;
+    if (auto shared = shared_version(attr.ino)) {
+        std::lock_guard lock(shared->mutex);
+        attr.size = shared->staged.content().size();
+    }
+}
+
+bool Filesystem::has_rewrite(Ino ino) {
+    std::lock_guard lock(m_versions_mutex);
+    auto it = m_versions.find(ino);
+    return it != m_versions.end() && !it->second.rewrites.empty();
+}
+
+std::shared_ptr<Filesystem::Version> Filesystem::shared_version(Ino ino) {
+    std::lock_guard lock(m_versions_mutex);
+    auto it = m_versions.find(ino);
+    return it == m_versions.end() ? nullptr : it->second.shared;
+}
+
+void Filesystem::follow_shared(FileHandle* handle) {
+    if (handle->writable || handle->orphan) return;
+    auto current = shared_version(handle->ino);
+    if (!current || current == handle->version) return;
+    core::Digest reading = handle->snapshot_digest;
+    if (handle->version) {
+        std::lock_guard lock(handle->version->mutex);
+        if (!handle->version->ended) return;
+        reading = handle->version->staged.stored_digest();  // what it published last
+    }
+    if (current->started_from != reading) return;  // a reader of another version keeps it
+    handle->version = std::move(current);
+    handle->snapshot.reset();
+}
+
+std::optional<std::uint64_t> Filesystem::rewrite_size(Ino ino, std::uint32_t process) {
+    std::shared_ptr<Version> newest;
+    {
+        std::lock_guard lock(m_versions_mutex);
+        auto it = m_versions.find(ino);
+        if (it == m_versions.end()) return std::nullopt;
+        for (const auto& v : it->second.rewrites) {
+            if (v->opener == process && (!newest || v->touched > newest->touched)) newest = v;
+        }
     }
     if (!newest) return std::nullopt;
-    std::lock_guard handle_lock(newest->mutex);
-    return newest->view().size();
+    std::lock_guard lock(newest->mutex);
+    return newest->staged.content().size();
 }
 
-bool Filesystem::take_open_truncate(Ino ino, std::uint32_t process) {
-    std::lock_guard lock(m_writers_mutex);
-    auto it = m_writers.find(ino);
-    if (it == m_writers.end()) return false;
-    // The SETATTR follows its OPEN at once: it belongs to this process's newest
-    // fresh writer, not to an older descriptor it keeps open idle.
-    FileHandle* newest = nullptr;
-    for (FileHandle* h : it->second) {
-        std::lock_guard handle_lock(h->mutex);
-        if (h->opener == process && h->fresh && h->staged && (!newest || h->touched > newest->touched)) {
-            newest = h;
-        }
+bool Filesystem::truncate_versions(Ino ino, std::uint64_t size, std::uint64_t* shared_size) {
+    std::vector<std::shared_ptr<Version>> versions;
+    std::shared_ptr<Version> shared;
+    {
+        std::lock_guard lock(m_versions_mutex);
+        auto it = m_versions.find(ino);
+        if (it == m_versions.end()) return false;
+        shared = it->second.shared;
+        versions = it->second.rewrites;
     }
-    if (!newest) return false;
-    std::lock_guard handle_lock(newest->mutex);
-    newest->fresh = false;
-    newest->touched = ++m_write_clock;
-    return newest->staged->truncate(0).has_value();
-}
-
-void Filesystem::truncate_writers(Ino ino, std::uint64_t size) {
-    std::lock_guard lock(m_writers_mutex);
-    auto it = m_writers.find(ino);
-    if (it == m_writers.end()) return;
-    for (FileHandle* h : it->second) {
-        std::lock_guard handle_lock(h->mutex);
-        if (h->staged && h->staged->truncate(size)) {
-            h->fresh = false;
-            h->touched = ++m_write_clock;
-        }
+    // On a local disk a truncate by path cuts the one file every writer shares: the
+    // rewrites' staged copies are cut too.
+    for (const auto& v : versions) {
+        std::lock_guard lock(v->mutex);
+        (void)v->staged.truncate(size);
     }
+    if (!shared) return false;
+    std::lock_guard lock(shared->mutex);
+    (void)shared->staged.truncate(size);
+    *shared_size = shared->staged.content().size();
+    return true;
 }
 
 // ---- init and namespace ---------------------------------------------------------
 
 void Filesystem::init(fuse_conn_info* conn) {
-    // No atomic O_TRUNC: with it the kernel would set the size of the inode every
-    // reader shares to 0 when a writer opens with O_TRUNC, cutting their reads
-    // short. Without it, the truncation comes as a separate SETATTR from the opener,
-    // which setattr() stages for that writer only (see take_open_truncate()).
-    conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
+    // Atomic O_TRUNC: open() must know O_TRUNC to apply THE RULE (a rewrite or the
+    // shared version). The kernel then sets the inode's size to 0 after such an open;
+    // readers of the old version that it would cut short do not read through the
+    // page cache meanwhile (admit_writer, enter_pages), and the next getattr answers
+    // the size each one should see.
+    if (!(conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)) {
+        std::fprintf(stderr, "kcache-fsd: the kernel's FUSE lacks atomic O_TRUNC: an O_TRUNC open "
+                             "shares the file as any other writer (no private rewrite)\n");
+    }
+    conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
-    // Page-cache writeback would hold writes past close(): publish-on-close needs them.
+    // Page-cache writeback would hold writes past close() and fsync's reply to the
+    // kernel: publishing needs them. Writes go through the page cache to the daemon.
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit
     conn->max_write = 1 << 20;
@@ -330,21 +452,29 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
     if (!attr) return reply_error(req, attr.error());
     // The kernel applies every size it is told to the one inode all openers share.
-    // A writer is told its own staged size (no other process reads the inode through
-    // the page cache while it writes: admit_writer). Anyone else is told the size of
-    // the version read through the page cache while it is, else their own.
+    // The shared version's size, while there is one, is everybody's: its handles
+    // write through the page cache and append at the kernel's size. A rewrite is
+    // told its own size (no other process reads the inode through the page cache
+    // while it writes: admit_writer). Anyone else is told the size of the version
+    // read through the page cache while it is, else their own.
     if (attr->is_regular()) {
         std::optional<std::uint64_t> size;
-        if (handle && handle->staged) {
+        std::shared_ptr<Version> version;
+        std::shared_ptr<const std::string> snapshot;
+        if (handle) {
             std::lock_guard lock(handle->mutex);
-            size = handle->view().size();
+            follow_shared(handle);
+            version = handle->version;
+            snapshot = handle->snapshot;
+        }
+        if (!version) version = shared_version(ino);
+        if (version) {
+            std::lock_guard lock(version->mutex);
+            size = version->staged.content().size();
         }
         if (!size) size = page_cache_size(ino);
-        if (!size && handle) {
-            std::lock_guard lock(handle->mutex);
-            size = handle->view().size();
-        }
-        if (!size) size = staged_size(ino, process_of(fuse_req_ctx(req)->pid));  // fstat by path by a writer
+        if (!size && snapshot) size = snapshot->size();
+        if (!size) size = rewrite_size(ino, process_of(fuse_req_ctx(req)->pid));  // stat by path by a rewriter
         if (size) attr->size = *size;
     }
     struct stat st = to_stat(*attr);
@@ -354,22 +484,31 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                          fuse_file_info* fi) {
     FileHandle* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
-    if ((to_set & FUSE_SET_ATTR_SIZE) && !handle && attr->st_size == 0 &&
-        take_open_truncate(ino, process_of(fuse_req_ctx(req)->pid))) {
-        // open(O_TRUNC) of a file by a writer: staged for that writer only. The reply
-        // keeps the published size, so readers' view of the file stays whole.
-        to_set &= ~FUSE_SET_ATTR_SIZE;
+    std::optional<std::uint64_t> version_size;  // the size a truncated version now has
+    if ((to_set & FUSE_SET_ATTR_SIZE) && static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
+        return reply_error(req, {EFBIG, "file size over --max-file-size"});
     }
-    std::optional<std::uint64_t> staged_size;
     if ((to_set & FUSE_SET_ATTR_SIZE) && handle) {
-        std::lock_guard lock(handle->mutex);
-        if (handle->staged) {  // ftruncate on a file being written: part of the staged content
-            if (auto s = handle->staged->truncate(static_cast<std::uint64_t>(attr->st_size)); !s) {
+        std::shared_ptr<Version> version;
+        {
+            std::lock_guard lock(handle->mutex);
+            if (handle->writable) version = handle->version;
+        }
+        if (version) {  // ftruncate of a file being written: part of its version
+            std::lock_guard lock(version->mutex);
+            if (auto s = version->staged.truncate(static_cast<std::uint64_t>(attr->st_size)); !s) {
                 return reply_error(req, s.error());
             }
-            staged_size = handle->staged->content().size();
-            handle->touched = ++m_write_clock;
-            handle->fresh = false;
+            version_size = version->staged.content().size();
+            to_set &= ~FUSE_SET_ATTR_SIZE;
+        }
+    }
+    if ((to_set & FUSE_SET_ATTR_SIZE) && !handle) {
+        // truncate by path: the shared version is the file (stored when it is
+        // published); rewrites are cut too.
+        std::uint64_t shared_size = 0;
+        if (truncate_versions(ino, static_cast<std::uint64_t>(attr->st_size), &shared_size)) {
+            version_size = shared_size;
             to_set &= ~FUSE_SET_ATTR_SIZE;
         }
     }
@@ -377,12 +516,7 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
     if (to_set & FUSE_SET_ATTR_MODE) changes.mode = attr->st_mode;
     if (to_set & FUSE_SET_ATTR_UID) changes.uid = attr->st_uid;
     if (to_set & FUSE_SET_ATTR_GID) changes.gid = attr->st_gid;
-    if (to_set & FUSE_SET_ATTR_SIZE) {
-        if (static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
-            return reply_error(req, {EFBIG, "file size over --max-file-size"});
-        }
-        changes.size = static_cast<std::uint64_t>(attr->st_size);
-    }
+    if (to_set & FUSE_SET_ATTR_SIZE) changes.size = static_cast<std::uint64_t>(attr->st_size);
     const std::int64_t now = m_store.now_ns();
     if (to_set & FUSE_SET_ATTR_ATIME_NOW) changes.atime_ns = now;
     else if (to_set & FUSE_SET_ATTR_ATIME) changes.atime_ns = ns_of(attr->st_atim);
@@ -403,12 +537,14 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
     }
     if (!s) return reply_error(req, s.error());
     if (changes.size) {
-        // truncate(path) while the file is open for writing: on a local disk the
-        // writers share the truncated file, so their staged copies are cut too.
-        truncate_writers(ino, *changes.size);
+        // truncate(path) while rewrites are at work: cut them too (truncate_versions
+        // did, before the store; a rewrite that opened in between is cut here).
+        std::uint64_t unused = 0;
+        (void)truncate_versions(ino, *changes.size, &unused);
         m_background.invalidate_inode(ino);
     }
-    if (staged_size) result.size = *staged_size;
+    if (version_size) result.size = *version_size;
+    else apply_live_size(result);
     struct stat st = to_stat(result);
     fuse_reply_attr(req, &st, attr_timeout(result));
 }
@@ -490,9 +626,15 @@ void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
 
 Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Digest& digest) {
     std::lock_guard lock(m_pages_mutex);
-    const std::uint64_t size = reader->view().size();
+    const std::uint64_t size = reader->snapshot ? reader->snapshot->size() : 0;
     auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, 0});
     PageState& state = it->second;
+    if (!inserted && state.digest.empty() && state.readers.empty() && state.writers == 0) {
+        // The writers that were here left pages of no known version: refill them.
+        state.digest = digest;
+        state.size = size;
+        inserted = true;
+    }
     // A writer counts itself in (enter_pages_as_writer) under the same lock: a reader
     // either sees it here or is among the readers it waits for.
     if (state.writers > 0) return PageUse::direct;
@@ -538,6 +680,9 @@ std::vector<std::pair<Filesystem::FileHandle*, pid_t>> Filesystem::enter_pages_a
     std::lock_guard lock(m_pages_mutex);
     PageState& state = m_pages[writer->ino];
     ++state.writers;
+    // Writers write through the page cache: once they are gone it holds no known
+    // version (several rewrites may have mixed theirs), so the next reader refills it.
+    state.digest = {};
     writer->page_writer = true;
     std::vector<std::pair<FileHandle*, pid_t>> readers;
     for (FileHandle* r : state.readers) readers.emplace_back(r, r->reader_tid);
@@ -608,9 +753,9 @@ void Filesystem::run_writer_gate() {
 }
 
 void Filesystem::discard_open(FileHandle* handle) {
-    if (handle->staged) {
-        remove_writer(handle);
-        (void)handle->staged->abandon();
+    if (handle->writable) {
+        handle->killed = true;  // its opener never got it: a rewrite publishes nothing
+        leave_version(nullptr, handle);
     }
     if (handle->page_cached) leave_pages(handle);
     if (handle->page_writer) leave_pages_as_writer(handle);
@@ -660,59 +805,79 @@ void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr
 void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto handle = std::make_unique<FileHandle>();
     handle->ino = ino;
-    const bool writing = (fi->flags & O_ACCMODE) != O_RDONLY;
-    auto txn = m_store.read();
-    if (!txn) return reply_error(req, txn.error());
-    auto attr = txn->getattr(ino);
-    if (!attr) {
-        auto orphan = attr.error().code == ENOENT ? find_orphan(ino) : std::nullopt;
-        if (!orphan && attr.error().code == ENOENT) {
-            // Evicted by another process, and the kernel's name for it not yet
-            // invalidated: ESTALE makes the kernel look the name up again and open
-            // (or, with O_CREAT, create) what is there now, as NFS clients do.
-            return reply_error(req, {ESTALE, "evicted since the kernel looked it up"});
-        }
-        if (!orphan) return reply_error(req, attr.error());
-        // Removed since the kernel looked it up: open what it was, as a local disk would.
-        handle->orphan = true;
-        handle->attr = orphan->attr;
-        if (!(writing && (fi->flags & O_TRUNC))) handle->snapshot = orphan->content;
-        fi->direct_io = 1;
-    } else if (writing) {
-        handle->attr = *attr;
-        auto staged = core::StagedFile::begin(m_store, ino, (fi->flags & O_TRUNC) != 0);
-        if (!staged && staged.error().code == ENOENT) {
-            handle->orphan = true;  // replaced since the snapshot above: as for a removed file
-        } else if (!staged) {
-            return reply_error(req, staged.error());
+    handle->writable = (fi->flags & O_ACCMODE) != O_RDONLY;
+    handle->readable = (fi->flags & O_ACCMODE) != O_WRONLY;
+    const bool truncate = handle->writable && (fi->flags & O_TRUNC);
+    bool joined_existing = false;
+    {
+        auto txn = m_store.read();
+        if (!txn) return reply_error(req, txn.error());
+        auto attr = txn->getattr(ino);
+        if (!attr) {
+            auto orphan = attr.error().code == ENOENT ? find_orphan(ino) : std::nullopt;
+            if (!orphan && attr.error().code == ENOENT) {
+                // Evicted by another process, and the kernel's name for it not yet
+                // invalidated: ESTALE makes the kernel look the name up again and open
+                // (or, with O_CREAT, create) what is there now, as NFS clients do.
+                return reply_error(req, {ESTALE, "evicted since the kernel looked it up"});
+            }
+            if (!orphan) return reply_error(req, attr.error());
+            // Removed since the kernel looked it up: open what it was, as a local disk would.
+            handle->orphan = true;
+            handle->attr = orphan->attr;
+            if (!truncate) handle->snapshot = orphan->content;
+            handle->snapshot_digest = orphan->attr.digest;
+            fi->direct_io = 1;
+        } else if (attr->is_dir()) {
+            return reply_error(req, {EISDIR, "is a directory"});
+        } else if (!handle->writable) {
+            handle->attr = *attr;
+            count_open(req, *txn, *attr);
+            fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
+            if (auto shared = shared_version(ino)) {
+                // The file is being shared by writers: read it as they write it, through
+                // the page cache they write through.
+                handle->version = std::move(shared);
+                fi->keep_cache = 1;
+            } else {
+                auto content = txn->read(ino);
+                if (!content) return reply_error(req, content.error());
+                handle->snapshot = snapshot(attr->digest, content->bytes());
+                handle->snapshot_digest = attr->digest;
+                handle->reader_tid = fuse_req_ctx(req)->pid;
+                const PageUse use = enter_pages(handle.get(), attr->digest);
+                fi->direct_io = use == PageUse::direct;
+                fi->keep_cache = use == PageUse::keep;
+            }
         } else {
-            staged->set_max_size(m_options.max_file_size);
-            handle->staged = std::move(*staged);
+            handle->attr = *attr;
+            // A read-write open without O_TRUNC (a database) reads what it opens: it
+            // counts as an open for reading. Its reads may all come from the page cache,
+            // so the open, not a READ, is what the daemon sees.
+            if (handle->readable && !truncate) count_open(req, *txn, *attr);
         }
-        handle->touched = ++m_write_clock;
+    }
+    if (handle->writable && !handle->orphan) {
         handle->opener = process_of(fuse_req_ctx(req)->pid);
-        handle->fresh = true;
-        fi->direct_io = 1;  // its bytes stay out of the page cache readers share
-        add_writer(handle.get());
-    } else {
-        if (attr->is_dir()) return reply_error(req, {EISDIR, "is a directory"});
-        auto content = txn->read(ino);
-        if (!content) return reply_error(req, content.error());
-        handle->attr = *attr;
-        handle->snapshot = snapshot(attr->digest, content->bytes());
-        count_open(req, *txn, *attr);
-        fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
-        handle->reader_tid = fuse_req_ctx(req)->pid;
-        const PageUse use = enter_pages(handle.get(), attr->digest);
-        fi->direct_io = use == PageUse::direct;
-        fi->keep_cache = use == PageUse::keep;
+        joined_existing = shared_version(ino) != nullptr || (!truncate && has_rewrite(ino));
+        auto s = join_version(handle.get(), truncate, std::nullopt);
+        if (!s && s.error().code == ENOENT) {
+            handle->orphan = true;  // replaced since the snapshot above: as for a removed file
+            fi->direct_io = 1;
+        } else if (!s) {
+            return reply_error(req, s.error());
+        } else {
+            // Through the page cache: every handle of the version sees one page cache,
+            // and MAP_SHARED works. A new version drops what the cache held.
+            fi->keep_cache = joined_existing;
+        }
     }
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
     auto reply = [this, req, opened = *fi, raw]() mutable {
         if (fuse_reply_open(req, &opened) != 0) discard_open(raw);  // the opener is gone (interrupted)
     };
-    if (raw->staged) return admit_writer(raw, std::move(reply));
+    if (raw->version && raw->writable) return admit_writer(raw, std::move(reply));
     reply();
 }
 
@@ -720,29 +885,37 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
                         fuse_file_info* fi) {
     const fuse_ctx* ctx = fuse_req_ctx(req);
     auto handle = std::make_unique<FileHandle>();
+    const bool truncate = (fi->flags & O_TRUNC) != 0;
     Attr attr;
-    auto txn = m_store.write();
-    if (!txn) return reply_error(req, txn.error());
-    auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
-    if (!created) return reply_error(req, created.error());
-    auto staged = core::StagedFile::begin(*txn, created->ino, (fi->flags & O_TRUNC) != 0 || created->size == 0);
-    if (!staged) return reply_error(req, staged.error());
-    if (auto s = txn->commit(); !s) {
-        staged->forget();
-        return reply_error(req, s.error());
+    std::optional<core::StagedFile> made;
+    {
+        auto txn = m_store.write();
+        if (!txn) return reply_error(req, txn.error());
+        auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
+        if (!created) return reply_error(req, created.error());
+        auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
+        if (!staged) return reply_error(req, staged.error());
+        if (auto s = txn->commit(); !s) {
+            staged->forget();
+            return reply_error(req, s.error());
+        }
+        staged->set_max_size(m_options.max_file_size);
+        made = std::move(*staged);
+        attr = *created;
     }
-    staged->set_max_size(m_options.max_file_size);
-    attr = *created;
     handle->ino = attr.ino;
     handle->attr = attr;
-    handle->staged = std::move(*staged);
-    handle->touched = ++m_write_clock;
+    handle->writable = true;
+    handle->readable = (fi->flags & O_ACCMODE) == O_RDWR;
     handle->opener = process_of(ctx->pid);
-    fi->direct_io = 1;  // as in open() for writing
+    // After the commit: join_version may wait for another version to end.
+    const bool joined_existing = shared_version(attr.ino) != nullptr;
+    if (auto s = join_version(handle.get(), truncate, std::move(made)); !s) return reply_error(req, s.error());
+    fi->keep_cache = joined_existing;  // as in open() for writing
     FileHandle* raw = handle.release();
-    add_writer(raw);
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
     (void)enter_pages_as_writer(raw);  // no reader enters the page cache while it writes; see admit_writer
+    apply_live_size(attr);
     const fuse_entry_param e = entry_param(attr);
     remember_lookup(attr.ino);
     if (fuse_reply_create(req, &e, fi) != 0) {
@@ -756,20 +929,24 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
 
 void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::shared_ptr<Version> version;
     std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
-    std::string copy;                           // a writer's own bytes, which may change
-    std::string_view slice;
     {
         std::lock_guard lock(handle->mutex);
-        const std::string_view content = handle->view();
-        const auto from = std::min(static_cast<std::size_t>(off), content.size());
-        slice = content.substr(from, size);
-        if (handle->staged) {
-            copy.assign(slice);
-            slice = copy;
-        } else {
-            shared = handle->snapshot;
-        }
+        follow_shared(handle);
+        version = handle->version;
+        shared = handle->snapshot;
+    }
+    std::string copy;  // a version's bytes, which may change after the lock
+    std::string_view slice;
+    if (version) {
+        std::lock_guard lock(version->mutex);
+        const std::string_view content = version->staged.content();
+        copy.assign(content.substr(std::min(static_cast<std::size_t>(off), content.size()), size));
+        slice = copy;
+    } else if (shared) {
+        const std::string_view content = *shared;
+        slice = content.substr(std::min(static_cast<std::size_t>(off), content.size()), size);
     }
     m_background.count(core::Counter::bytes_read, slice.size());
     fuse_reply_buf(req, slice.data(), slice.size());
@@ -778,26 +955,29 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_f
 void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                        fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    core::Status s;
+    std::shared_ptr<Version> version;
+    bool orphan = false;
     {
         std::lock_guard lock(handle->mutex);
-        if (handle->orphan) {
-            // The file is gone: like an unlinked file's, its new bytes go nowhere.
-        } else if (!handle->staged) {
-            s = core::fail(EBADF, "not open for writing");
-        } else {
-            s = handle->staged->write(static_cast<std::uint64_t>(off), {buf, size});
-            handle->touched = ++m_write_clock;
-            handle->fresh = false;
-        }
+        orphan = handle->orphan;
+        if (handle->writable) version = handle->version;
+    }
+    core::Status s;
+    if (orphan) {
+        // The file is gone: like an unlinked file's, its new bytes go nowhere.
+    } else if (!version) {
+        s = core::fail(EBADF, "not open for writing");
+    } else {
+        std::lock_guard lock(version->mutex);
+        s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_write(req, size);
 }
 
-core::Status Filesystem::publish(fuse_req_t req, FileHandle& handle) {
-    if (!handle.staged || !handle.staged->dirty()) return {};
-    const std::uint64_t size = handle.staged->content().size();
+core::Status Filesystem::publish(fuse_req_t req, Version& version) {
+    if (version.ended || !version.staged.dirty()) return {};  // an unchanged file publishes nothing
+    const std::uint64_t size = version.staged.content().size();
     // Make room first. If the cache cannot get under its bound (everything left is
     // pinned or being written), the writer gets ENOSPC and nothing is published.
     std::uint64_t max = 0, stored = 0;
@@ -815,10 +995,12 @@ core::Status Filesystem::publish(fuse_req_t req, FileHandle& handle) {
                                                   "(the rest is pinned or being written)", size, max));
         }
     }
-    auto s = handle.staged->commit(origin_of(req));
+    auto s = version.staged.commit(req ? origin_of(req) : core::Origin{});
     if (!s && s.error().code == ENOENT) return {};  // removed while open: its bytes go nowhere
     if (!s) return s;
-    m_background.invalidate_inode(handle.ino);  // other openers' cached pages are stale
+    // A rewrite's pages may be cached by its own process's readers of the old version.
+    // A shared version's are the page cache its handles read: nothing is stale.
+    if (!version.shared) m_background.invalidate_inode(version.staged.ino());
     m_background.check_limits();
     return {};
 }
@@ -827,28 +1009,45 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     // Every close() of a descriptor flushes, also a forked child closing the copy it
     // inherited (at exec, or at exit) while the opener is still writing. Only the
     // opener's close publishes here; release (the last descriptor gone) always does.
-    // A process killed by a signal closes its files too: a writer killed mid-file
+    // A process killed by a signal closes its files too: a rewriter killed mid-file
     // must not publish what it had written so far.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
     const pid_t tid = fuse_req_ctx(req)->pid;
-    core::Status s;
+    std::shared_ptr<Version> version;
     {
         std::lock_guard lock(handle->mutex);
-        if (handle->staged && handle->staged->dirty() && !handle->killed) {
-            if (killed_by_signal(tid)) handle->killed = true;
-            else if (process_of(tid) == handle->opener) s = publish(req, *handle);
-        }
+        if (handle->writable && !handle->killed) version = handle->version;
+    }
+    bool dirty = false;
+    if (version) {
+        std::lock_guard lock(version->mutex);
+        dirty = version->staged.dirty();
+    }
+    core::Status s;
+    if (dirty && killed_by_signal(tid)) {
+        std::lock_guard lock(handle->mutex);
+        handle->killed = true;
+    } else if (dirty && process_of(tid) == handle->opener) {
+        std::lock_guard lock(version->mutex);
+        s = publish(req, *version);
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
 
 void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
+    // fsync and fdatasync alike publish the version the handle writes (every handle's
+    // writes, for the shared version); with durability=full the commit is synced.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    core::Status s;
+    std::shared_ptr<Version> version;
     {
         std::lock_guard lock(handle->mutex);
-        s = publish(req, *handle);
+        if (handle->writable) version = handle->version;
+    }
+    core::Status s;
+    if (version) {
+        std::lock_guard lock(version->mutex);
+        s = publish(req, *version);
     }
     if (s) s = m_store.sync();
     if (!s) return reply_error(req, s.error());
@@ -857,21 +1056,12 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
 
 void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+    // flush() published already unless a write came after it (or it failed, in which
+    // case the writer was told), or its writer was killed. The last handle of a
+    // version publishes it and ends its lease, before readers may use the page cache.
+    if (handle->writable) leave_version(req, handle.get());
     if (handle->page_cached) leave_pages(handle.get());
     if (handle->page_writer) leave_pages_as_writer(handle.get());
-    if (handle->staged) {
-        // flush() published already unless a write came after it (or it failed,
-        // in which case the writer was told), or its writer was killed. The lease
-        // ends here.
-        if (handle->killed) {
-            // Nothing of a killed writer's content is published.
-        } else if (auto s = publish(req, *handle); !s) {
-            std::fprintf(stderr, "kcache-fsd: content of inode %llu lost at release: %s\n",
-                         static_cast<unsigned long long>(handle->ino), s.error().message.c_str());
-        }
-        (void)handle->staged->abandon();
-        remove_writer(handle.get());
-    }
     fuse_reply_err(req, 0);
 }
 
@@ -924,6 +1114,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         if (plus) {
             auto attr = txn->getattr(child.ino);
             if (!attr) continue;  // removed since the snapshot
+            apply_live_size(*attr);
             fuse_entry_param e{};
             if (child.name == "." || child.name == "..") {
                 e.attr = to_stat(*attr);  // no entry: the kernel takes no reference on these

@@ -1,23 +1,38 @@
 // The FUSE filesystem over a kcache store (libfuse3 low-level API).
 //
 // Inode numbers are the store's: stable, never reused, so the daemon keeps no
-// per-inode state and needs no FORGET bookkeeping. State lives in open handles:
+// per-inode state and needs no FORGET bookkeeping. State lives in open handles and in
+// the versions writers build:
 // - a reader's handle holds a snapshot of the content it opened (shared between
 //   handles of the same content), so an unlink or eviction never breaks a read;
-// - a writer's handle holds a core::StagedFile: writes go to memory and are
-//   published atomically when the file is flushed (close), so readers see the old
-//   or the new complete content.
+// - a writer's handle writes a Version: content in memory (a core::StagedFile) that is
+//   published in one transaction at fsync, at close and at the last release.
+// - THE RULE (docs/architecture.md, "Several handles on one file"): an inode has at
+//   most one *shared* version. Every handle opened for writing without O_TRUNC uses
+//   it (it is made from the published content, or from a rewrite it promotes), and so
+//   does an O_TRUNC open while it exists (the truncation applies to it, as on a local
+//   disk). Read-only handles opened while it exists read it, and a read-only handle
+//   of the version it started from follows it. What one handle writes is therefore
+//   read by every handle afterwards, and no close or fsync ever discards another
+//   handle's writes: a close publishes the whole shared version. An O_TRUNC open (or
+//   a create with O_TRUNC) while there is no shared version is a *rewrite*: a private
+//   version, invisible to others until its opener closes it (the compilers' whole-file
+//   pattern; readers keep reading a complete version; a writer killed by a signal
+//   publishes nothing). Concurrent rewrites stay private to each other: the last
+//   close wins with one whole version.
 // - a file removed (unlink, rename over it) while the kernel still knows its inode
 //   stays readable as an orphan until the kernel forgets it, as an unlinked inode
 //   does on a local disk; writes to it are accepted and dropped.
 // Caching: entries and directory attributes are cached by the kernel for a long
 // time and invalidated explicitly (Background). File attributes are not cached
-// (timeout 0); getattr answers with the open handle's view, or the newest staged
-// writer's. Writers, and readers that open while a writer is at work, use direct
-// I/O: the writer's bytes never enter the page cache other readers share, and a
-// reader's reads end where its own version ends. The kernel's one size per inode is
-// the last shared thing: a writer's open waits (at most kWriterWait) until readers
-// of other processes that read the inode through the page cache have closed.
+// (timeout 0); getattr answers with the shared version, the open handle's view, or
+// the newest rewrite of the caller. Writers use the page cache (so MAP_SHARED works
+// and every handle sees one page cache); readers that open while a writer is at work
+// and do not read the shared version use direct I/O: a rewrite's bytes in the page
+// cache are never theirs, and their reads end where their own version ends. The
+// kernel's one size per inode is the last shared thing: a writer's open waits (at
+// most kWriterWait) until readers of other processes that read the inode through the
+// page cache have closed.
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -37,6 +52,7 @@
 #include <unordered_set>
 
 #include "background.hpp"
+#include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
 #include "options.hpp"
 
@@ -85,6 +101,12 @@ public:
 private:
     struct FileHandle;
     struct DirHandle;
+    struct Version;
+    // The versions being written of one inode (THE RULE above).
+    struct InodeVersions {
+        std::shared_ptr<Version> shared;                 // at most one
+        std::vector<std::shared_ptr<Version>> rewrites;  // private O_TRUNC versions, oldest first
+    };
 
     struct Orphan {
         core::Attr attr;
@@ -108,18 +130,35 @@ private:
     core::Status remove_keeping_orphan(core::Ino parent, const char* name,
                                        const std::function<core::Status(core::WriteTxn&)>& remove);
     std::optional<Orphan> find_orphan(core::Ino ino);
-    // Attributes of a file removed from the db that a handle, orphan or writer still holds.
+    // Attributes of a file removed from the db that a handle or orphan still holds.
     std::optional<core::Attr> removed_attr(core::Ino ino, FileHandle* handle);
-    // The size staged by the newest writer of `ino` that `process` opened, if any.
-    std::optional<std::uint64_t> staged_size(core::Ino ino, std::uint32_t process);
-    // Applies a SETATTR(size 0) that follows open(O_TRUNC) to the opener's fresh writer.
-    bool take_open_truncate(core::Ino ino, std::uint32_t process);
-    // Applies a truncate by path to every open writer's staged content.
-    void truncate_writers(core::Ino ino, std::uint64_t size);
-    void add_writer(FileHandle* handle);
-    void remove_writer(FileHandle* handle);
-    // Publishes a writer's content, first making room under the size bound.
-    core::Status publish(fuse_req_t req, FileHandle& handle);
+    // Gives `handle` (opened for writing, `truncate` for O_TRUNC) its version under
+    // THE RULE. `made` is a StagedFile already begun for it (create), or null: then
+    // one is begun here when a new version is needed. Waits while a version of the
+    // inode is ending (its last close is publishing), so that a new version starts
+    // from what that one published.
+    core::Status join_version(FileHandle* handle, bool truncate, std::optional<core::StagedFile> made);
+    // Takes `handle` out of its version; the last handle of a version publishes it
+    // (unless it is a rewrite whose writer was killed) and ends its lease.
+    void leave_version(fuse_req_t req, FileHandle* handle);
+    std::shared_ptr<Version> shared_version(core::Ino ino);
+    bool has_rewrite(core::Ino ino);
+    // Every size the kernel is told of a file with a shared version is that version's
+    // (lookup, readdirplus, create, setattr, getattr): the kernel applies it to the one
+    // inode whose pages the version's handles map, and a smaller one would cut them
+    // (SIGBUS in a MAP_SHARED mapping, such as SQLite's -shm).
+    void apply_live_size(core::Attr& attr);
+    // A read-only handle follows the shared version that grew out of the version it
+    // reads (caller holds handle->mutex).
+    void follow_shared(FileHandle* handle);
+    // The size the newest rewrite that `process` opened of `ino` has staged, if any.
+    std::optional<std::uint64_t> rewrite_size(core::Ino ino, std::uint32_t process);
+    // A truncate by path: applied to the shared version (then true: nothing to store)
+    // and to every rewrite; false when the db's content must be truncated too.
+    bool truncate_versions(core::Ino ino, std::uint64_t size, std::uint64_t* shared_size);
+    // Publishes a version's content, first making room under the size bound (caller
+    // holds version.mutex).
+    core::Status publish(fuse_req_t req, Version& version);
     // The page cache of an inode, and the kernel's size of it, are shared by all its
     // readers: at most one version at a time is read through them, and while it is,
     // the kernel's size must stay that version's. enter_pages says how `reader` (a new
@@ -181,8 +220,15 @@ private:
     std::unordered_map<core::Ino, std::uint64_t> m_lookups;
     std::unordered_map<core::Ino, Orphan> m_orphans;
 
-    std::mutex m_writers_mutex;  // open writer handles per inode
-    std::unordered_map<core::Ino, std::vector<FileHandle*>> m_writers;
+    // Versions being written, per inode. Lock order: a handle's mutex, then a
+    // version's mutex, then LMDB's writer lock (publish() holds a version's mutex
+    // across its write transaction). m_versions_mutex, like m_pages_mutex, is a leaf:
+    // nothing is locked while it is held. join_version() may wait for an ending version
+    // to publish, so it is never called with a write transaction open (create() calls
+    // it after its commit) nor with a version's mutex held.
+    std::mutex m_versions_mutex;
+    std::unordered_map<core::Ino, InodeVersions> m_versions;
+    std::condition_variable m_version_ended;  // a version of some inode finished ending
     std::atomic<std::uint64_t> m_write_clock{0};
 };
 

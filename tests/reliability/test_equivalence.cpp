@@ -17,17 +17,22 @@
 // The op sequence is a pure function of the seed: ops that name a descriptor slot that
 // is empty at that point do nothing, so any prefix or subsequence is a valid sequence.
 //
-// Excluded from generation, as documented differences (docs/operations.md, "Limits
-// worth knowing"): hard links, xattrs, mmap of files open for writing, timestamps, and
-// readers held open across a rewrite (a reader keeps the version it opened). Because a
-// file is published when its writer closes it, the content and size of a file that a
-// descriptor of this test has open for writing are compared only through that
+// Several descriptors per file (three slots, opened O_RDWR with or without O_TRUNC),
+// interleaved with writes, reads, truncates, fsyncs and closes, and other processes
+// writing (open, pwrite, fsync, close) and reading the same files: the mount must
+// behave as the local disk. Excluded from generation, as documented differences
+// (docs/operations.md, "Limits worth knowing"): hard links, xattrs, timestamps, a
+// second O_TRUNC rewrite of a file while one is at work, and read-only descriptors
+// held open across a rewrite (a reader keeps the version it opened). A file being
+// rewritten with O_TRUNC (and shared by no other descriptor) is published when its
+// writer closes it, so its content and size are compared only through that
 // descriptor (read-your-writes) and again after it is closed.
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -97,6 +103,9 @@ enum class Kind {
     Stat,             // stat and lstat
     Readdir,
     CheckTree,        // compare the whole trees
+    FdFsync,          // fsync through a slot (publishes its version)
+    ProcWrite,        // another process: open(p, O_WRONLY|O_CREAT), pwrite, fsync, close
+    ProcRead,         // another process: open(p, O_RDONLY), pread, close
 };
 
 const char* kind_name(Kind k) {
@@ -119,6 +128,9 @@ const char* kind_name(Kind k) {
         case Kind::Stat: return "stat";
         case Kind::Readdir: return "readdir";
         case Kind::CheckTree: return "check_tree";
+        case Kind::FdFsync: return "fd_fsync";
+        case Kind::ProcWrite: return "proc_write";
+        case Kind::ProcRead: return "proc_read";
     }
     return "?";
 }
@@ -164,7 +176,12 @@ std::string describe(const Op& op) {
             break;
         case Kind::FdRead: o << " slot" << op.slot << " off=" << op.off << " len=" << op.len; break;
         case Kind::FdTruncate: o << " slot" << op.slot << " len=" << op.len; break;
-        case Kind::FdClose: o << " slot" << op.slot; break;
+        case Kind::FdClose:
+        case Kind::FdFsync: o << " slot" << op.slot; break;
+        case Kind::ProcWrite:
+            o << " " << op.p << " off=" << op.off << " len=" << op.len << (op.pattern ? " (pattern)" : "");
+            break;
+        case Kind::ProcRead: o << " " << op.p << " off=" << op.off << " len=" << op.len; break;
         case Kind::Truncate: o << " " << op.p << " len=" << op.len; break;
         case Kind::Rename:
         case Kind::RenameNoReplace: o << " " << op.p << " -> " << op.q; break;
@@ -219,7 +236,7 @@ std::vector<Op> generate(std::uint64_t seed, std::size_t count) {
         op.pattern = rng.chance(30);
         const std::uint64_t r = rng.below(100);
         if (r < 14) {
-            op.kind = Kind::WriteFile;
+            op.kind = rng.chance(25) ? Kind::ProcWrite : Kind::WriteFile;
             op.p = random_path(rng);
             op.flags = O_CREAT;
             if (rng.chance(40)) op.flags |= O_TRUNC;
@@ -233,7 +250,7 @@ std::vector<Op> generate(std::uint64_t seed, std::size_t count) {
             if (rng.chance(40)) op.flags |= O_TRUNC;
             if (rng.chance(15)) op.flags |= O_EXCL;
         } else if (r < 27) {
-            op.kind = Kind::FdWrite;
+            op.kind = rng.chance(20) ? Kind::FdFsync : Kind::FdWrite;
             op.off = random_offset(rng);
             op.len = random_length(rng);
         } else if (r < 31) {
@@ -276,7 +293,7 @@ std::vector<Op> generate(std::uint64_t seed, std::size_t count) {
             op.kind = Kind::Readlink;
             op.p = random_path(rng);
         } else if (r < 89) {
-            op.kind = Kind::Read;
+            op.kind = rng.chance(30) ? Kind::ProcRead : Kind::Read;
             op.p = random_path(rng);
             op.off = random_offset(rng);
             op.len = random_length(rng);
@@ -469,12 +486,96 @@ public:
                 for (const auto& n : names) out.data += n + "\n";
                 break;
             }
+            case Kind::FdFsync:
+                if (fd < 0) return skipped();
+                out.sys(::fsync(fd));
+                break;
+            case Kind::ProcWrite:
+                out = in_child([&](Outcome& o) {
+                    const int f = ::open(abs(op.p).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+                    o.sys(f < 0 ? -1 : 0);
+                    if (f < 0) return;
+                    const std::string bytes = op_data(op);
+                    o.sys(static_cast<long>(::pwrite(f, bytes.data(), bytes.size(), static_cast<off_t>(op.off))));
+                    o.sys(::fsync(f));
+                    o.sys(::close(f));
+                });
+                break;
+            case Kind::ProcRead:
+                out = in_child([&](Outcome& o) {
+                    const int f = ::open(abs(op.p).c_str(), O_RDONLY | O_CLOEXEC);
+                    o.sys(f < 0 ? -1 : 0);
+                    if (f < 0) return;
+                    o.data = pread_all(f, op.off, op.len, o);
+                    o.sys(::close(f));
+                });
+                break;
             case Kind::CheckTree: break;
         }
         return out;
     }
 
+    // The slot an op uses (as apply() picks it).
+    int resolve_slot(const Op& op) const {
+        std::vector<int> open_slots, empty_slots;
+        for (int s = 0; s < kSlots; ++s) (m_fds[static_cast<std::size_t>(s)] >= 0 ? open_slots : empty_slots).push_back(s);
+        if (op.kind == Kind::OpenWriter && !empty_slots.empty())
+            return empty_slots[static_cast<std::size_t>(op.slot) % empty_slots.size()];
+        if (op.kind != Kind::OpenWriter && !open_slots.empty())
+            return open_slots[static_cast<std::size_t>(op.slot) % open_slots.size()];
+        return op.slot;
+    }
+
 private:
+    // Runs `fn` in a forked process (another process than the one holding the slots)
+    // and returns the outcome it recorded.
+    static Outcome in_child(const std::function<void(Outcome&)>& fn) {
+        int fds[2];
+        if (::pipe(fds) != 0) return Outcome{{-2}, {errno}, {}, false};
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            ::close(fds[0]);
+            Outcome o;
+            fn(o);
+            std::string wire;
+            auto put = [&](long v) { wire.append(reinterpret_cast<const char*>(&v), sizeof v); };
+            put(static_cast<long>(o.rets.size()));
+            for (std::size_t i = 0; i < o.rets.size(); ++i) {
+                put(o.rets[i]);
+                put(o.errs[i]);
+            }
+            wire += o.data;
+            std::size_t done = 0;
+            while (done < wire.size()) {
+                const ssize_t n = ::write(fds[1], wire.data() + done, wire.size() - done);
+                if (n <= 0) ::_exit(1);
+                done += static_cast<std::size_t>(n);
+            }
+            ::_exit(0);
+        }
+        ::close(fds[1]);
+        std::string wire;
+        char buf[65536];
+        for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) wire.append(buf, static_cast<std::size_t>(n));
+        ::close(fds[0]);
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        Outcome o;
+        std::size_t at = 0;
+        auto get = [&] {
+            long v = -3;
+            if (at + sizeof v <= wire.size()) std::memcpy(&v, wire.data() + at, sizeof v);
+            at += sizeof v;
+            return v;
+        };
+        const long count = get();
+        for (long i = 0; i < count && at < wire.size(); ++i) {
+            const long ret = get();
+            o.add(ret, static_cast<int>(get()));
+        }
+        if (at < wire.size()) o.data = wire.substr(at);
+        return o;
+    }
     static Outcome skipped() {
         Outcome o;
         o.skipped = true;
@@ -522,18 +623,6 @@ std::string hexdiff(const std::string& a, const std::string& b) {
 class Differ {
 public:
     Differ(Root& a, Root& b) : m_a(a), m_b(b) {}
-
-    // The inodes (in the plain root) that a slot (other than `except`) has open for
-    // writing.
-    std::set<ino_t> open_inodes(int except = -1) const {
-        std::set<ino_t> inos;
-        for (int s = 0; s < kSlots; ++s) {
-            if (s == except) continue;
-            struct stat st {};
-            if (m_b.slot_fd(s) >= 0 && ::fstat(m_b.slot_fd(s), &st) == 0) inos.insert(st.st_ino);
-        }
-        return inos;
-    }
 
     // Compares the node at `rel` (lstat, and content, target or listing); `recurse`
     // walks directories. Returns the first difference, empty if none.
@@ -672,29 +761,56 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
         return f;
     };
 
-    // One writer per file at a time (the default): an op that would write a file another
-    // descriptor has open for writing is not run. Concurrent writers of one file differ
-    // from a local disk by design (docs/operations.md: each publishes a whole version at
-    // its close, the last close wins, nothing is interleaved); KCACHE_FSX_SINGLE_WRITER=0
-    // generates them anyway. The idle-second-writer and truncate-by-path cases below
-    // keep the parts of that which must match a local disk.
-    const bool single_writer = env_u64("KCACHE_FSX_SINGLE_WRITER", 1) != 0;
-    auto second_writer = [&](const Op& op) {
-        if (op.kind != Kind::WriteFile && op.kind != Kind::OpenWriter && op.kind != Kind::Truncate)
-            return false;
+    // Several handles per file behave as on a local disk (docs/architecture.md, "Several
+    // handles on one file"), with the documented exception of O_TRUNC rewrites: a
+    // descriptor opened with O_TRUNC while no descriptor shares the file without it
+    // writes a private version, published when it is closed. Until then a new
+    // descriptor, or a stat by path, sees the previous version (not compared; the
+    // rewrite is compared through its descriptor and once closed), and a second
+    // O_TRUNC rewrite of the same file at the same time is not generated (concurrent
+    // rewrites each publish a whole version: the last close wins). A descriptor that
+    // opens the file without O_TRUNC meanwhile shares it with the rewrite from then on.
+    // mode[slot]: 0 closed, 1 shares its file, 2 a private rewrite (tracked on the plain
+    // root's descriptors, by inode).
+    std::array<int, kSlots> mode{};
+    auto slot_ino = [&](int slot) -> std::optional<ino_t> {
         struct stat st {};
-        if (::stat(b.abs(op.p).c_str(), &st) != 0) return false;
-        return differ.open_inodes().count(st.st_ino) > 0;
+        if (b.slot_fd(slot) < 0 || ::fstat(b.slot_fd(slot), &st) != 0) return std::nullopt;
+        return st.st_ino;
     };
-
-    // Publish on close: a new descriptor, or a stat by path, sees the previous version
-    // of a file that is open for writing, so such ops are not compared (the writer's own
-    // descriptor is, by FdRead, and so is the file once it is closed).
-    auto unpublished = [&](const Op& op) {
-        if (op.kind != Kind::Read && op.kind != Kind::Stat) return false;
+    auto path_ino = [&](const std::string& p) -> std::optional<ino_t> {
         struct stat st {};
-        if (::stat(b.abs(op.p).c_str(), &st) != 0) return false;
-        return differ.open_inodes().count(st.st_ino) > 0;
+        if (::stat(b.abs(p).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+        return st.st_ino;
+    };
+    auto slots_of = [&](ino_t ino, int which_mode) {
+        std::vector<int> found;
+        for (int s = 0; s < kSlots; ++s)
+            if (mode[static_cast<std::size_t>(s)] == which_mode && slot_ino(s) == ino) found.push_back(s);
+        return found;
+    };
+    auto rewritten = [&](const std::optional<ino_t>& ino) { return ino && !slots_of(*ino, 2).empty(); };
+    auto shared_open = [&](const std::optional<ino_t>& ino) { return ino && !slots_of(*ino, 1).empty(); };
+    auto promote = [&](const std::optional<ino_t>& ino) {
+        if (ino)
+            for (int s : slots_of(*ino, 2)) mode[static_cast<std::size_t>(s)] = 1;
+    };
+    auto rewrite_inodes = [&] {
+        std::set<ino_t> inos;
+        for (int s = 0; s < kSlots; ++s)
+            if (mode[static_cast<std::size_t>(s)] == 2)
+                if (auto ino = slot_ino(s)) inos.insert(*ino);
+        return inos;
+    };
+    // Why an op is not run, or empty.
+    auto not_run = [&](const Op& op) -> std::string {
+        const bool truncating = (op.kind == Kind::WriteFile || op.kind == Kind::OpenWriter) && (op.flags & O_TRUNC);
+        const auto ino = path_ino(op.p);
+        if ((op.kind == Kind::Read || op.kind == Kind::Stat || op.kind == Kind::ProcRead) && rewritten(ino))
+            return "the file is being rewritten (O_TRUNC: published on close)";
+        if (truncating && rewritten(ino) && !shared_open(ino))
+            return "a second O_TRUNC rewrite while one is at work (each publishes a whole version)";
+        return {};
     };
 
     for (std::size_t pos = 0; pos <= which.size(); ++pos) {
@@ -714,18 +830,25 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
         if (last) {
             a.close_all();
             b.close_all();
+            mode = {};
             line = "[end] close all, check_tree";
-        } else if (unpublished(op)) {
-            line = "#" + std::to_string(which[pos]) + " " + describe(op) +
-                   "  => not run: the file is open for writing (publish on close)";
-            log.push_back(line);
-        } else if (single_writer && second_writer(op)) {
-            line = "#" + std::to_string(which[pos]) + " " + describe(op) +
-                   "  => not run: another descriptor has the file open for writing";
+        } else if (const std::string why = not_run(op); !why.empty()) {
+            line = "#" + std::to_string(which[pos]) + " " + describe(op) + "  => not run: " + why;
             log.push_back(line);
         } else {
+            // THE RULE, mirrored: what the op makes of the descriptors of its file.
+            const int slot = b.resolve_slot(op);
+            const auto ino = path_ino(op.p);
+            const bool opens = op.kind == Kind::OpenWriter && b.slot_fd(slot) < 0;
+            const bool closes = op.kind == Kind::FdClose && b.slot_fd(slot) >= 0;
+            const bool truncating = (op.kind == Kind::WriteFile || op.kind == Kind::OpenWriter) && (op.flags & O_TRUNC);
+            const bool shares_before = shared_open(ino);
             const Outcome oa = a.apply(op);
             const Outcome ob = b.apply(op);
+            const bool ok = !ob.skipped && !ob.rets.empty() && ob.rets.front() >= 0;
+            if (ok && (op.kind == Kind::WriteFile || op.kind == Kind::ProcWrite || opens) && !truncating) promote(ino);
+            if (ok && opens) mode[static_cast<std::size_t>(slot)] = truncating && !shares_before ? 2 : 1;
+            if (closes) mode[static_cast<std::size_t>(slot)] = 0;
             auto& c = g_counts[kind_name(op.kind)];
             ++(ob.skipped ? c[2] : ob.rets.empty() || ob.rets.front() >= 0 ? c[0] : c[1]);
             line = "#" + std::to_string(which[pos]) + " " + describe(op) + "  => mount: " +
@@ -742,7 +865,7 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
             }
         }
         if (last) log.push_back(line);
-        const auto open = differ.open_inodes();
+        const auto open = rewrite_inodes();
         std::string diff;
         if (last || op.kind == Kind::CheckTree || pos % 16 == 15) {
             diff = differ.compare("", true, open);

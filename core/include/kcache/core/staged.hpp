@@ -36,6 +36,10 @@ public:
     Status truncate(std::uint64_t size);  // EFBIG past the limits
     std::string_view content() const { return m_content; }
     bool dirty() const { return m_dirty; }
+    // The digest of the stored content this one last matched: the content it began
+    // from (empty digest when it began truncated from an empty file), then the content
+    // it last published. Readers of that stored version may follow this one.
+    const Digest& stored_digest() const { return m_stored; }
     void set_max_size(std::uint64_t max_size) { m_max_size = max_size; }
 
     // Publishes the content and releases the lease in one transaction of its own, or
@@ -55,6 +59,7 @@ private:
     Store* m_store = nullptr;
     Ino m_ino = 0;
     std::string m_content;
+    Digest m_stored;
     bool m_dirty = false;
     bool m_open = false;  // holds a lease
     std::uint64_t m_max_size = 0;
