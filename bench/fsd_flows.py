@@ -1,24 +1,35 @@
 #!/usr/bin/env python3
-"""Compiler-like cache flows on a kcache mount against a plain directory.
+"""Compiler-like cache flows: plain directory, the FUSE floor, and kcache-fsd.
 
-Starts kcache-fsd on a fresh db next to a plain directory on the same disk, then
-runs each phase on both, alternating, several rounds, and prints the median time
-per phase and the ratio mount / plain. Phases:
+Mounts kcache-fsd on a fresh db and the floor (bench/floor/floor_fsd.cpp: an
+in-memory FUSE daemon with kcache-fsd's protocol choices and nothing else) next to
+a plain directory on the same disk, then runs each phase on the three, alternated
+(the order rotates every round), several rounds, and prints the median time per
+phase, the ratios against the plain directory and against the floor, and the FUSE
+round trips per file by opcode for each daemon. Phases:
   store  one process stores N Triton-style entries (tmp dir, write, os.replace,
          os.removedirs; three files: 8 KiB binary, 1 KiB JSON, 16 KiB IR)
-  hit    P fresh processes each look up and read every entry
+  hit-py P fresh Python processes each look up and read every entry
+  hit-c  P fresh native processes (kcache-bench-c-reader) each open, fstat and read
+         every file, as nvcc or ccache do
   miss   one process looks up N keys that are absent (os.path.exists)
-Usage: bench/fsd_flows.py --fsd build/fsd/kcache-fsd [--entries 200] [--procs 4] [--rounds 3]
+Round trips: the floor's from its own counters (SIGUSR1 dumps, over the timed
+rounds); kcache-fsd's from a separate, untimed pass with `-d` (libfuse logs every
+request as `unique: N, opcode: NAME (..)`) on a fresh db, parsed here.
+Usage: bench/fsd_flows.py [--fsd build/fsd/kcache-fsd] [--floor build/bench/kcache-bench-floor-fsd]
+       [--c-reader build/bench/kcache-bench-c-reader] [--entries 200] [--procs 4] [--rounds 3]
 """
 import argparse
+import collections
 import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 STORE = r'''
 import os, sys, uuid
@@ -56,6 +67,9 @@ root, n, salt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for i in range(n):
     assert not os.path.exists(os.path.join(root, f"absent{salt}{i:06d}", "k.json"))
 '''
+PHASES = ("store", "hit-py", "hit-c", "miss")
+WHERE = ("plain", "floor", "kcache")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def timed(cmds):
@@ -67,49 +81,161 @@ def timed(cmds):
     return time.perf_counter() - start
 
 
-def wait_mounted(path, timeout=10):
+def phase_cmds(args, phase, root, salt):
+    py, n = sys.executable, str(args.entries)
+    if phase == "store":
+        return [[py, "-c", STORE, root, n, salt]]
+    if phase == "hit-py":
+        return [[py, "-c", HIT, root, n, salt]] * args.procs
+    if phase == "hit-c":
+        return [[args.c_reader, root, n, salt]] * args.procs
+    return [[py, "-c", MISS, root, n, salt]]
+
+
+def files_per_phase(args, phase):
+    """What the round trips are divided by: files stored, files read, keys missed."""
+    return {"store": 3 * args.entries, "hit-py": 3 * args.entries * args.procs,
+            "hit-c": 3 * args.entries * args.procs, "miss": args.entries}[phase]
+
+
+def wait_mounted(path, proc=None, timeout=10):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if os.path.ismount(path):
             return
+        if proc is not None and proc.poll() is not None:
+            sys.exit(f"the daemon for {path} exited with {proc.returncode}")
         time.sleep(0.05)
     sys.exit(f"{path} did not mount")
 
 
+def unmount(path, proc=None):
+    """Always called (finally): unmount if mounted, then reap a foreground daemon."""
+    if os.path.ismount(path):
+        subprocess.call(["fusermount3", "-u", path])
+    if proc is not None:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def floor_counts(proc, path):
+    """The floor's cumulative counters: remove the file, SIGUSR1, wait for it again."""
+    time.sleep(0.05)  # RELEASE and FORGET arrive asynchronously after the flow exits
+    if os.path.exists(path):
+        os.remove(path)
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.time() + 5
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            sys.exit("the floor did not write its counts")
+        time.sleep(0.01)
+    with open(path) as f:
+        return collections.Counter({k: int(v) for k, v in (line.split() for line in f if line.strip())})
+
+
+OPCODE = re.compile(r"^unique: \d+, opcode: (\w+) ")
+
+
+def debug_counts(log, start):
+    """Requests per opcode in a libfuse -d log from byte offset `start`; new offset."""
+    time.sleep(0.2)  # asynchronous RELEASE/FORGET; -d slows the daemon down
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read()
+    counts = collections.Counter()
+    for line in text.decode(errors="replace").splitlines():
+        if m := OPCODE.match(line):
+            counts[m.group(1)] += 1
+    return counts, start + len(text)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--fsd", required=True)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fsd", default=os.path.join(REPO, "build/fsd/kcache-fsd"))
+    ap.add_argument("--floor", default=os.path.join(REPO, "build/bench/kcache-bench-floor-fsd"))
+    ap.add_argument("--c-reader", default=os.path.join(REPO, "build/bench/kcache-bench-c-reader"))
     ap.add_argument("--entries", type=int, default=200)
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--durability", default="batched")
     ap.add_argument("--dir", default=None, help="where to put the db and the plain dir (default: a temp dir)")
+    ap.add_argument("--no-count-pass", action="store_true", help="skip kcache-fsd's -d counting pass")
     args = ap.parse_args()
-    py = sys.executable
+    for exe in (args.fsd, args.floor, args.c_reader):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"{exe}: not built (see bench/README.md)")
+    load_before = loadavg()
     work = tempfile.mkdtemp(prefix="kcache-bench-", dir=args.dir)
-    db, mnt, plain = (os.path.join(work, x) for x in ("db", "mnt", "plain"))
-    os.makedirs(mnt)
-    os.makedirs(plain)
-    subprocess.check_call([args.fsd, "--db", db, "--durability", args.durability, mnt])
-    wait_mounted(mnt)
-    results = {(phase, where): [] for phase in ("store", "hit", "miss") for where in ("mount", "plain")}
+    p = {x: os.path.join(work, x) for x in ("db", "db-count", "kcache", "floor", "plain", "kcache-count")}
+    for d in ("kcache", "floor", "plain", "kcache-count"):
+        os.makedirs(p[d])
+    counts_file = os.path.join(work, "floor.counts")
+    floor = count_proc = None
+    results = {(ph, w): [] for ph in PHASES for w in WHERE}
+    floor_rt = {ph: collections.Counter() for ph in PHASES}
+    kcache_rt = {ph: collections.Counter() for ph in PHASES}
     try:
+        subprocess.check_call([args.fsd, "--db", p["db"], "--durability", args.durability, p["kcache"]])
+        wait_mounted(p["kcache"])
+        floor = subprocess.Popen([args.floor, "--counts", counts_file, p["floor"]])
+        wait_mounted(p["floor"], floor)
         for r in range(args.rounds):
-            for where, root in (("mount", mnt), ("plain", plain)) if r % 2 == 0 else (("plain", plain), ("mount", mnt)):
+            order = WHERE[r % 3:] + WHERE[:r % 3]  # each target goes first in turn
+            for where in order:
                 salt = f"r{r}x"
-                n = str(args.entries)
-                results[("store", where)].append(timed([[py, "-c", STORE, root, n, salt]]))
-                results[("hit", where)].append(timed([[py, "-c", HIT, root, n, salt]] * args.procs))
-                results[("miss", where)].append(timed([[py, "-c", MISS, root, n, salt]]))
+                for phase in PHASES:
+                    before = floor_counts(floor, counts_file) if where == "floor" else None
+                    results[(phase, where)].append(timed(phase_cmds(args, phase, p[where], salt)))
+                    if where == "floor":
+                        floor_rt[phase] += floor_counts(floor, counts_file) - before
+        if not args.no_count_pass:
+            log = os.path.join(work, "kcache-d.log")
+            with open(log, "wb") as err:
+                count_proc = subprocess.Popen([args.fsd, "--db", p["db-count"], "--durability", args.durability,
+                                               "-d", p["kcache-count"]], stdout=subprocess.DEVNULL, stderr=err)
+            wait_mounted(p["kcache-count"], count_proc)
+            _, offset = debug_counts(log, 0)  # INIT and the mount's own requests
+            for phase in PHASES:
+                timed(phase_cmds(args, phase, p["kcache-count"], "cx"))
+                kcache_rt[phase], offset = debug_counts(log, offset)
     finally:
-        subprocess.call(["fusermount3", "-u", mnt])
-    print(f"kcache-fsd flows: {args.entries} entries x 3 files, {args.procs} reader processes, "
-          f"{args.rounds} rounds alternated, durability {args.durability}, dir {work}")
-    print(f"{'phase':8} {'mount s':>10} {'plain s':>10} {'ratio':>8}")
-    for phase in ("store", "hit", "miss"):
-        m = statistics.median(results[(phase, "mount")])
-        p = statistics.median(results[(phase, "plain")])
-        print(f"{phase:8} {m:10.3f} {p:10.3f} {m / p:7.2f}x")
+        unmount(p["kcache"])
+        unmount(p["floor"], floor)
+        unmount(p["kcache-count"], count_proc)
+    load_after = loadavg()
+
+    print(f"fsd flows: {args.entries} entries x 3 files, {args.procs} reader processes, {args.rounds} rounds "
+          f"alternated, kcache-fsd durability {args.durability}, dir {work}")
+    print(f"load average (1/5/15 min) before {load_before}, after {load_after}; {os.cpu_count()} CPUs")
+    print(f"\n{'phase':7} {'plain ms':>9} {'floor ms':>9} {'kcache ms':>10} {'floor/plain':>12} "
+          f"{'kcache/plain':>13} {'kcache/floor':>13}")
+    for phase in PHASES:
+        m = {w: statistics.median(results[(phase, w)]) * 1000 for w in WHERE}
+        print(f"{phase:7} {m['plain']:9.1f} {m['floor']:9.1f} {m['kcache']:10.1f} {m['floor'] / m['plain']:11.2f}x "
+              f"{m['kcache'] / m['plain']:12.2f}x {m['kcache'] / m['floor']:12.2f}x")
+
+    per = {ph: files_per_phase(args, ph) for ph in PHASES}
+    print("\nFUSE requests per file (store: per file stored; hit: per file read by one process; "
+          "miss: per absent key).\nfloor: its counters over the timed rounds; kcache: one -d pass"
+          + (" (skipped)" if args.no_count_pass else ""))
+    ops = sorted({op for ph in PHASES for c in (floor_rt[ph], kcache_rt[ph]) for op, v in c.items() if v})
+    header = "".join(f" {ph + ' fl':>10} {ph + ' kc':>10}" for ph in PHASES)
+    print(f"{'opcode':13}{header}")
+    for op in ops + ["total"]:
+        row = ""
+        for ph in PHASES:
+            fl = (sum(floor_rt[ph].values()) if op == "total" else floor_rt[ph][op]) / (per[ph] * args.rounds)
+            kc = (sum(kcache_rt[ph].values()) if op == "total" else kcache_rt[ph][op]) / per[ph]
+            row += f" {fl:10.2f} {kc:10.2f}"
+        print(f"{op:13}{row}")
     shutil.rmtree(work, ignore_errors=True)
 
 
