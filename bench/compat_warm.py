@@ -26,12 +26,8 @@ sys.path.insert(0, str(REPO / "tests" / "compat"))
 import compat  # noqa: E402
 
 
-def ccache_build(cfg, base, project):
+def ccache_build(project, env):
     """Three ccache compiles; returns (process seconds, same)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE_")}
-    env.update({"CCACHE_DIR": str(Path(base) / "ccache"),
-                "CCACHE_CONFIGPATH": str(project / "ccache.conf"),
-                "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime"})
     start = time.perf_counter()
     for s in ("a", "b", "c"):
         compat.run(["ccache", "gcc", "-O2", "-c", f"{s}.c", "-o", f"{s}.o"], env=env,
@@ -61,18 +57,13 @@ def make_runner(cfg, name, tmp):
     if name == "jax":
         return from_worker("jax_worker.py", None, ["--cache-dir", "{base}/jax", "--count", "16"])
     if name == "ccache":
-        projects = {}
+        projects = {}  # base directory -> (project, env)
 
         def go(base):
-            project = projects.get(base)
-            if project is None:
-                project = Path(tmp) / f"project{len(projects)}"
-                project.mkdir()
-                for f, text in compat.CCACHE_SOURCES.items():
-                    (project / f).write_text(text)
-                (project / "ccache.conf").write_text("")
-                projects[base] = project
-            return ccache_build(cfg, base, project)
+            if base not in projects:
+                projects[base] = compat.ccache_project(Path(tmp) / f"project{len(projects)}",
+                                                       Path(base) / "ccache")
+            return ccache_build(*projects[base])
         return go
     raise ValueError(name)
 

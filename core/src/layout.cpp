@@ -11,12 +11,6 @@
 namespace kcache::core {
 namespace {
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-bool starts_with(std::string_view s, std::string_view prefix) {
-    return s.substr(0, prefix.size()) == prefix;
-}
 bool is_alnum(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
@@ -39,7 +33,7 @@ bool is_shard_name(std::string_view name, std::size_t depth) {
 }
 
 bool is_container_name(std::string_view name) {
-    if (starts_with(name, "torchinductor_")) return true;  // Inductor's default directory
+    if (name.starts_with("torchinductor_")) return true;  // Inductor's default directory
     return std::find(kContainerNames.begin(), kContainerNames.end(), name) != kContainerNames.end();
 }
 
@@ -75,7 +69,7 @@ Producer stem_producer(const LayoutContext& context, std::string_view extension)
 // ccache keeps results (R) and manifests (M) two one-letter levels down.
 bool is_ccache_file(const LayoutContext& context, std::string_view name) {
     const auto n = context.ancestors.size();
-    return (ends_with(name, "R") || ends_with(name, "M")) && n >= 2 &&
+    return (name.ends_with("R") || name.ends_with("M")) && n >= 2 &&
            context.ancestors[n - 1].size() == 1 && context.ancestors[n - 2].size() == 1;
 }
 
@@ -108,12 +102,12 @@ bool is_bookkeeping_name(std::string_view name) {
         std::string_view("CACHEDIR.TAG"), std::string_view("__pycache__"),
     };
     if (std::find(kExact.begin(), kExact.end(), name) != kExact.end()) return true;
-    if (starts_with(name, "tmp")) return true;  // Python's tempfile, CuTe DSL's temp dirs
-    if (starts_with(name, "_temp_")) return true;  // JAX's GFileCache: _temp_<key> renamed into place
-    if (ends_with(name, ".lock") || ends_with(name, ".lck") || ends_with(name, ".lockfile")) return true;
+    if (name.starts_with("tmp")) return true;  // Python's tempfile, CuTe DSL's temp dirs
+    if (name.starts_with("_temp_")) return true;  // JAX's GFileCache: _temp_<key> renamed into place
+    if (name.ends_with(".lock") || name.ends_with(".lck") || name.ends_with(".lockfile")) return true;
     // SQLite's rollback journal, write-ahead log and shared-memory index: made and
     // dropped per transaction beside a database that is itself one entry.
-    if (ends_with(name, "-journal") || ends_with(name, "-wal") || ends_with(name, "-shm")) return true;
+    if (name.ends_with("-journal") || name.ends_with("-wal") || name.ends_with("-shm")) return true;
     // Temp names: x.tmp, x.tmp.pid_1_2 (Triton), .1.2.tmp (Inductor), x.ABC.tmp (ccache).
     for (auto at = name.find(".tmp"); at != std::string_view::npos; at = name.find(".tmp", at + 1)) {
         const std::size_t after = at + 4;
@@ -186,7 +180,7 @@ Classified classify(const LayoutContext& context, std::string_view name, FileTyp
 
     // Files: the entry of their stem. JAX's pair first: its keys may hold dots.
     for (std::string_view suffix : {std::string_view("-cache"), std::string_view("-atime")}) {
-        if (ends_with(name, suffix) && looks_like_hash(name.substr(0, name.size() - suffix.size()))) {
+        if (name.ends_with(suffix) && looks_like_hash(name.substr(0, name.size() - suffix.size()))) {
             return entry(Placement::entry_stem, std::string(name.substr(0, name.size() - suffix.size())),
                          Producer::jax, true);
         }

@@ -5,12 +5,6 @@
 namespace kcache::core {
 namespace {
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-bool starts_with(std::string_view s, std::string_view prefix) {
-    return s.substr(0, prefix.size()) == prefix;
-}
 
 struct Suffix {
     std::string_view suffix;
@@ -37,25 +31,25 @@ constexpr std::array kRoles{
 
 Role role_of(std::string_view name) {
     // Triton's group file lists the files of a kernel; it is not a kernel's signature.
-    if (starts_with(name, "__grp__")) return Role::other;
+    if (name.starts_with("__grp__")) return Role::other;
     for (const auto& [suffix, role] : kRoles) {
-        if (ends_with(name, suffix)) return role;
+        if (name.ends_with(suffix)) return role;
     }
     return Role::other;
 }
 
 Producer producer_of(std::string_view name) {
-    if (starts_with(name, "__grp__") || ends_with(name, ".ttir") || ends_with(name, ".ttgir") ||
-        ends_with(name, ".llir") || ends_with(name, ".amdgcn")) {
+    if (name.starts_with("__grp__") || name.ends_with(".ttir") || name.ends_with(".ttgir") ||
+        name.ends_with(".llir") || name.ends_with(".amdgcn")) {
         return Producer::triton;
     }
-    if (ends_with(name, ".vmfb")) return Producer::wave;
-    if (ends_with(name, "-cache") || ends_with(name, "-atime")) return Producer::jax;
-    if (ends_with(name, ".manifest") || ends_with(name, "R") || ends_with(name, "M") ||
+    if (name.ends_with(".vmfb")) return Producer::wave;
+    if (name.ends_with("-cache") || name.ends_with("-atime")) return Producer::jax;
+    if (name.ends_with(".manifest") || name.ends_with("R") || name.ends_with("M") ||
         name == "stats") {
         return Producer::ccache;
     }
-    if (ends_with(name, ".py") || ends_with(name, ".best_config")) return Producer::inductor;
+    if (name.ends_with(".py") || name.ends_with(".best_config")) return Producer::inductor;
     if (name == "kernel.json" || name == "kernel.cubin" || name == "kernel.fatbin" ||
         name == "kernel.ptx") {
         return Producer::kcache;

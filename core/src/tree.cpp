@@ -46,19 +46,15 @@ struct Place {
 };
 
 Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_view name, FileType type) {
-    // The ancestors' names, root first (each view points into `names`, which lives
-    // as long as this call: classify() keeps nothing).
-    std::vector<std::string> names;
-    for (Ino at = parent.ino; at != kRootIno;) {
-        auto node = tx.inode(at);
-        if (!node) return tl::unexpected(node.error());
-        names.push_back(std::move(node->name));
-        at = node->parent;
-        if (names.size() > kMaxPathLength) return fail(EIO, "corrupt tree: parent cycle");
-    }
+    auto path = tx.path_of(parent.ino);  // the ancestors' names, root first
+    if (!path) return tl::unexpected(path.error());
     LayoutContext context;
     context.entry_depth = tx.config.entry_depth;
-    for (auto it = names.rbegin(); it != names.rend(); ++it) context.ancestors.push_back(*it);
+    for (std::string_view rest = *path; !rest.empty();) {  // views into `path`, alive for this call
+        const auto slash = rest.find('/');
+        context.ancestors.push_back(rest.substr(0, slash));
+        rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
+    }
     std::vector<LayoutRule> rules;
     if (!tx.config.layout_rules.empty()) {  // set_config checked them: a few lines, parsed here
         auto parsed = parse_layout_rules(tx.config.layout_rules);
@@ -251,7 +247,8 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool
     }
     if (node.entry == node.ino) {
         if (auto s = ops::drop_entry_record(tx, node.ino, why, parent.ino, node.name); !s) return s;
-    } else if (node.entry && node.parent == parent.ino && !is_dir) {
+    } else if (node.entry && node.entry != parent.entry && !is_dir) {
+        // In a container, not inside a directory entry: a file of a stem entry.
         if (auto s = left_stem_entry(tx, node.entry, node, why, keep_entry); !s) return s;
     }
     return touch_dir(tx, parent, is_dir ? -1 : 0);

@@ -276,6 +276,19 @@ def worker(cfg, script, args, env_extra=None, timeout=600):
     return report
 
 
+def check_compiler_entries(w, compiler, want, what):
+    """kcache ls on the mount: exactly `want` entries under <compiler>/, all of that
+    compiler's producer, nothing outside its directory. Returns those entries."""
+    ls = w.daemon.ls()
+    got = entries_under(ls, f"{compiler}/")
+    C.equal(sorted(got), sorted(want), f"kcache ls: {what}")
+    C.equal(sorted({e["producer"] for e in got.values()}), [compiler],
+            f"kcache ls: producer of the {compiler} entries")
+    C.equal(sorted(e["name"] for e in ls if not e["name"].startswith(f"{compiler}/")), [],
+            f"kcache ls: no entries outside {compiler}/")
+    return got
+
+
 def entries_under(ls, prefix):
     return {e["name"]: e for e in ls if e["name"].startswith(prefix)}
 
@@ -421,14 +434,8 @@ def scenario_triton(cfg):
                 [(k["shared"], k["num_warps"]) for k in kernels], "warm run: same metadata")
 
         if w.daemon:
-            ls = w.daemon.ls()
-            want = {f"triton/{k['dir']}" for k in kernels}
-            got = entries_under(ls, "triton/")
-            C.equal(sorted(got), sorted(want), "kcache ls: one triton/<hash> entry per kernel")
-            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("triton/")), [],
-                    "kcache ls: no entries outside triton/")
-            C.equal(sorted({e["producer"] for e in got.values()}), ["triton"],
-                    "kcache ls: producer of the triton entries")
+            got = check_compiler_entries(w, "triton", {f"triton/{k['dir']}" for k in kernels},
+                                            "one triton/<hash> entry per kernel")
             C.equal(sorted({e["hits"] for e in got.values()}), [1],
                     "kcache ls: one hit per entry after one warm process")
             check_stats(w.daemon, n, n, "after cold + warm")
@@ -664,14 +671,8 @@ def scenario_jax(cfg):
                 "warm run (fresh process): (hits, misses)")
         C.equal(warm["results"], cold["results"], "warm run: same results")
         if w.daemon:
-            ls = w.daemon.ls()
-            got = entries_under(ls, "jax/")
-            C.equal(sorted(got), sorted(f"jax/{k}" for k in caches),
-                    "kcache ls: one jax/<key> entry per compiled function")
-            C.equal(sorted({e["producer"] for e in got.values()}), ["jax"],
-                    "kcache ls: producer of the jax entries")
-            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("jax/")), [],
-                    "kcache ls: no entries outside jax/")
+            check_compiler_entries(w, "jax", {f"jax/{k}" for k in caches},
+                                   "one jax/<key> entry per compiled function")
             check_stats(w.daemon, len(caches), len(caches), "after cold + warm")
 
     # JAX's LRU eviction, and kcache evicting under it at the same time.
@@ -799,23 +800,28 @@ def ccache_stats(env, cwd):
     return stats
 
 
+def ccache_project(project, ccache_dir):
+    """A small C project in `project` (made here) and the environment that compiles it
+    with ccache into `ccache_dir`, free of the caller's CCACHE_* settings."""
+    project.mkdir(parents=True)
+    for name, text in CCACHE_SOURCES.items():
+        (project / name).write_text(text)
+    (project / "ccache.conf").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE_") and k != "KCACHE_DB"}
+    env.update({"CCACHE_DIR": str(ccache_dir),
+                "CCACHE_CONFIGPATH": str(project / "ccache.conf"),
+                "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime"})
+    return project, env
+
+
 def scenario_ccache(cfg):
     """A real ccache with CCACHE_DIR on the mount: a rebuild is all direct hits; one
     entry per result/manifest file; its bookkeeping files are no entries."""
     if not shutil.which("ccache") or not shutil.which("gcc"):
         raise Skip("ccache or gcc is not installed")
     for w in places(cfg, cfg.tmp):
-        project = Path(cfg.tmp) / f"project-{w.kind}"
-        project.mkdir()
-        for name, text in CCACHE_SOURCES.items():
-            (project / name).write_text(text)
-        (project / "ccache.conf").write_text("")
         ccache_dir = Path(w.base) / "ccache"
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("CCACHE_") and k != "KCACHE_DB"}
-        env.update({"CCACHE_DIR": str(ccache_dir),
-                    "CCACHE_CONFIGPATH": str(project / "ccache.conf"),
-                    "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime"})
+        project, env = ccache_project(Path(cfg.tmp) / f"project-{w.kind}", ccache_dir)
         objects = {}
         for build in ("first", "second"):
             run(["ccache", "-z"], env=env, cwd=project)
@@ -841,13 +847,7 @@ def scenario_ccache(cfg):
             if p.is_file() and p.name[-1] in "RM" and len(p.relative_to(ccache_dir).parts) == 3)
         C.equal(len(results), 6, "ccache stored 3 results and 3 manifests")
         if w.daemon:
-            ls = w.daemon.ls()
-            got = entries_under(ls, "ccache/")
-            C.equal(sorted(got), results, "kcache ls: one entry per result/manifest file")
-            C.equal(sorted({e["producer"] for e in got.values()}), ["ccache"],
-                    "kcache ls: producer of the ccache entries")
-            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("ccache/")), [],
-                    "kcache ls: no entries outside ccache/")
+            check_compiler_entries(w, "ccache", results, "one entry per result/manifest file")
             check_stats(w.daemon, len(results), len(results),
                         "after two builds (each file read once by a later ccache)")
 
@@ -877,14 +877,8 @@ def scenario_wave(cfg):
         C.equal([k["hash"] for k in warm["kernels"]], [k["hash"] for k in kernels],
                 "warm run: same kernel hashes")
         if w.daemon:
-            ls = w.daemon.ls()
-            got = entries_under(ls, "wave/")
-            C.equal(sorted(got), sorted(f"wave/{k['hash']}" for k in kernels),
-                    "kcache ls: one wave/<hash> entry per kernel")
-            C.equal(sorted({e["producer"] for e in got.values()}), ["wave"],
-                    "kcache ls: producer of the wave entries")
-            C.equal(sorted(e["name"] for e in ls if not e["name"].startswith("wave/")), [],
-                    "kcache ls: no entries outside wave/")
+            check_compiler_entries(w, "wave", {f"wave/{k['hash']}" for k in kernels},
+                                   "one wave/<hash> entry per kernel")
             check_stats(w.daemon, n, n, "after cold + warm")
 
 
@@ -940,15 +934,7 @@ def scenario_shared(cfg):
         base = Path(w.base)
         triton_env = {"TRITON_CACHE_DIR": str(base / "triton")}
         jax_args = ["--cache-dir", base / "jax", "--count", "6"]
-        project = Path(cfg.tmp) / f"shared-project-{w.kind}"
-        project.mkdir()
-        for name, text in CCACHE_SOURCES.items():
-            (project / name).write_text(text)
-        (project / "ccache.conf").write_text("")
-        ccache_env = {k: v for k, v in os.environ.items()
-                      if not k.startswith("CCACHE_") and k != "KCACHE_DB"}
-        ccache_env.update({"CCACHE_DIR": str(base / "ccache"),
-                           "CCACHE_CONFIGPATH": str(project / "ccache.conf")})
+        project, ccache_env = ccache_project(Path(cfg.tmp) / f"shared-project-{w.kind}", base / "ccache")
 
         def ccache_build():
             run(["ccache", "-z"], env=ccache_env, cwd=project)
