@@ -757,8 +757,13 @@ def scenario_jax(cfg):
             C.equal(r["errors"], [], "eviction stress: no JAX error")
             bad = sorted({x.split(": ")[0] + ": " + x.split(": ")[1] if ": " in x else x
                           for x in r["warnings"] if "cache" in x.lower()})
-            C.equal(bad, [], "eviction stress: no cache warning or error logged by JAX "
-                    f"({len([x for x in r['warnings'] if 'cache' in x.lower()])} in all)")
+            if w.daemon:
+                C.equal(bad, [], "eviction stress: no cache warning or error logged by JAX "
+                        f"({len([x for x in r['warnings'] if 'cache' in x.lower()])} in all)")
+            elif bad:
+                # The control: an outside cleaner on a plain directory removes a pair in
+                # two unlinks, racing JAX's own eviction; JAX may log it (seen in CI).
+                log(f"[plain] JAX logged under the outside cleaner (the control): {bad}")
         if len(runs) == 2:
             C.equal(runs[0]["results"], runs[1]["results"], "eviction stress: same results")
         caches, atimes, names = jax_pairs(cache_dir)
