@@ -25,6 +25,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -646,6 +647,12 @@ def scenario_inductor(cfg):
 
 # ---- JAX ------------------------------------------------------------------------------
 
+# What JAX logs when an entry vanishes between its listing and its reading (an outside
+# eviction racing JAX's own LRU scan or a get): the compile stands, the put or hit is lost.
+EVICTION_RACE = re.compile(
+    r"Error (writing|reading) persistent compilation cache entry .*: FileNotFoundError")
+
+
 def jax_pairs(cache_dir):
     names = os.listdir(cache_dir) if os.path.isdir(cache_dir) else []
     caches = {n[:-len("-cache")] for n in names if n.endswith("-cache")}
@@ -755,15 +762,21 @@ def scenario_jax(cfg):
         C.equal(len(runs), 2, "eviction stress: both processes finished")
         for r in runs:
             C.equal(r["errors"], [], "eviction stress: no JAX error")
+            cache_warnings = [x for x in r["warnings"] if "cache" in x.lower()]
+            raced = [x for x in cache_warnings if EVICTION_RACE.search(x)]
             bad = sorted({x.split(": ")[0] + ": " + x.split(": ")[1] if ": " in x else x
-                          for x in r["warnings"] if "cache" in x.lower()})
-            if w.daemon:
-                C.equal(bad, [], "eviction stress: no cache warning or error logged by JAX "
-                        f"({len([x for x in r['warnings'] if 'cache' in x.lower()])} in all)")
-            elif bad:
-                # The control: an outside cleaner on a plain directory removes a pair in
-                # two unlinks, racing JAX's own eviction; JAX may log it (seen in CI).
-                log(f"[plain] JAX logged under the outside cleaner (the control): {bad}")
+                          for x in cache_warnings if x not in raced})
+            C.equal(bad, [], "eviction stress: no cache warning or error logged by JAX "
+                    "other than its own eviction scan racing an outside eviction "
+                    f"({len(cache_warnings)} in all)")
+            if raced:
+                # JAX's _evict_if_needed globs *-cache, then stats each and reads its
+                # -atime: an entry removed from outside in between (kcache's eviction,
+                # or a cleaner on a plain directory) is a FileNotFoundError that JAX
+                # logs and survives (the put is skipped, the compile stands). Seen on
+                # both sides in CI; the pair checks below are what kcache must keep.
+                log(f"[{w.kind}] JAX logged {len(raced)} eviction race(s) with the "
+                    f"outside evictor: {sorted(set(raced))}")
         if len(runs) == 2:
             C.equal(runs[0]["results"], runs[1]["results"], "eviction stress: same results")
         caches, atimes, names = jax_pairs(cache_dir)
