@@ -1,7 +1,8 @@
 // The bundle: entries exported to one file, imported only after all of it checks out.
 //
 // Layout (all integers little-endian):
-//   header   "KCBUNDL1" u32 format (2; format 1 is read too: it had no entry kind)
+//   header   "KCBUNDL1" u32 format (3; 2 is read too: its files of 1 MiB or more carry
+//            flat digests (flat_digest_of); 1 also: it had no entry kind either)
 //   records  'E' str16 entry-path u8 kind               an entry starts (kind: EntryKind)
 //            'N' str16 path u8 type u32 mode i64 mtime  a node of the current entry:
 //                file:    u64 raw-size u64 digest-high u64 digest-low u8 codec str32 bytes
@@ -35,7 +36,8 @@ using records::Codec;
 namespace {
 
 constexpr std::string_view kMagic = "KCBUNDL1";
-constexpr std::uint32_t kFormat = 2;
+constexpr std::uint32_t kFormat = 3;
+constexpr std::uint32_t kFormatFlatDigests = 2;  // files of any size digested flat
 constexpr std::uint32_t kFormatNodeEntries = 1;  // before stem entries
 // Longest path a bundle record holds (str16). Longer than kMaxPathLength: the tree has
 // no path limit (clients build deep trees with openat), so neither has export/import.
@@ -115,21 +117,31 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
     w.i64(node->mtime_ns);
     if (attr.is_regular()) {
         Content stored_content;
-        records::BlobRef ref;
+        Codec codec = Codec::raw;
         if (!node->digest.empty()) {
             auto r = tx.blob_ref(node->digest);
             if (!r) return tl::unexpected(r.error());
             if (!*r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
-            ref = **r;
-            auto data = ops::stored_form(tx, node->digest, ref);
-            if (!data) return tl::unexpected(with_context(data.error(), path));
-            stored_content = std::move(*data);
+            codec = (*r)->codec;
+            if (codec == Codec::segments) {
+                // Segments stay in the db: the bundle carries the content, compressed
+                // whole when that saves space.
+                auto raw = ops::read_blob(tx, node->digest, node->size);
+                if (!raw) return tl::unexpected(with_context(raw.error(), path));
+                std::string compressed = ops::compressed_form(raw->bytes());
+                codec = compressed.empty() ? Codec::raw : Codec::zstd;
+                stored_content = compressed.empty() ? std::move(*raw) : Content::owned(std::move(compressed));
+            } else {
+                auto data = ops::stored_form(tx, node->digest, **r);
+                if (!data) return tl::unexpected(with_context(data.error(), path));
+                stored_content = std::move(*data);
+            }
         }
         const std::string_view stored = stored_content.bytes();
         w.u64(node->size);
         w.u64(node->digest.high);
         w.u64(node->digest.low);
-        w.u8(static_cast<std::uint8_t>(ref.codec));
+        w.u8(static_cast<std::uint8_t>(codec));
         w.u32(static_cast<std::uint32_t>(stored.size()));
         if (auto s = out.put(rec); !s) return s;
         if (auto s = out.put(stored); !s) return s;  // no copy of the content
@@ -297,7 +309,7 @@ Status parse_bundle(const std::string& path,
     if (!magic || *magic != kMagic) return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
     auto format = in.le(4);
     if (!format) return tl::unexpected(format.error());
-    if (*format != kFormat && *format != kFormatNodeEntries) {
+    if (*format != kFormat && *format != kFormatFlatDigests && *format != kFormatNodeEntries) {
         return in.bad(fmt::format("unsupported format {}", *format));
     }
 
@@ -317,7 +329,7 @@ Status parse_bundle(const std::string& path,
             if (!name) return tl::unexpected(name.error());
             if (auto s = check_path(*name); !s) return in.bad(s.error().message);
             kind = EntryKind::node;
-            if (*format == kFormat) {
+            if (*format >= kFormatFlatDigests) {
                 auto k = in.le(1);
                 if (!k) return tl::unexpected(k.error());
                 if (*k > static_cast<std::uint8_t>(EntryKind::stem)) return in.bad("unknown entry kind");
@@ -390,7 +402,8 @@ Status parse_bundle(const std::string& path,
             } else {
                 return in.bad("unknown codec");
             }
-            if (node.content.size() != *raw_size || !(digest_of(node.content) == Digest{*high, *low})) {
+            const Digest digest = *format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
+            if (node.content.size() != *raw_size || !(digest == Digest{*high, *low})) {
                 return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
             }
         } else if (node.type == FileType::symlink) {

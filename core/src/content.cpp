@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -93,21 +95,32 @@ void prefetch(const std::vector<std::string_view>& pieces) {
 
 namespace ops {
 
-Result<BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view content) {
-    if (digest.empty()) return BlobRef{};
-    auto existing = tx.blob_ref(digest);
-    if (!existing) return tl::unexpected(existing.error());
-    const std::string key = records::digest_key(digest);
-    if (*existing) {
-        BlobRef ref = **existing;
-        ++ref.refcount;
-        if (auto s = tx.put(tx.db.blob_refs, key, records::encode(ref)); !s) return tl::unexpected(s.error());
-        if (auto s = tx.add(Counter::dedup_hits, 1); !s) return tl::unexpected(s.error());
-        return ref;
+std::string compressed_form(std::string_view content) { return compress(content); }
+
+ContentDigests digests_of(std::string_view content) {
+    ContentDigests d;
+    if (content.size() < kSegmentedSize) {
+        d.digest = flat_digest_of(content);
+        return d;
     }
-    const std::string compressed = compress(content);
-    const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
-    BlobRef ref{1, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
+    d.segments.reserve(segment_count(content.size()));
+    for (std::uint64_t at = 0; at < content.size(); at += kSegmentSize) {
+        d.segments.push_back(flat_digest_of(content.substr(at, kSegmentSize)));
+    }
+    d.digest = digest_of_segments(d.segments);
+    return d;
+}
+
+namespace {
+
+// `n` more references to an existing blob.
+Status add_refs(Tx& tx, const Digest& digest, BlobRef ref, std::uint64_t n) {
+    ref.refcount += n;
+    return tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref));
+}
+
+// Stores `stored` (the bytes of a new blob) in chunks, and its reference.
+Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const BlobRef& ref) {
     for (std::uint64_t i = 0; i < records::chunk_count(stored.size()); ++i) {
         const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
         auto place = tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
@@ -115,16 +128,84 @@ Result<BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view cont
         if (!place) return tl::unexpected(place.error());
         std::memcpy(*place, chunk.data(), chunk.size());
     }
-    if (auto s = tx.put(tx.db.blob_refs, key, records::encode(ref)); !s) return tl::unexpected(s.error());
+    if (auto s = tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref)); !s) return s;
     Status s = tx.add(Counter::blobs, 1);
     if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
-    if (s) s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(ref.raw_size));
-    if (!s) return tl::unexpected(s.error());
+    if (s) s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
+    return s;
+}
+
+// Deletes a blob's own bytes and reference (not a list's segments).
+Status drop_blob(Tx& tx, const Digest& digest, const BlobRef& ref) {
+    Status s = tx.del(tx.db.blob_refs, records::digest_key(digest));
+    for (std::uint64_t i = 0; s && i < records::chunk_count(ref.stored_size); ++i) {
+        s = tx.del(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)));
+    }
+    if (s) s = tx.add(Counter::blobs, -1);
+    if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(records::footprint(ref)));
+    if (s) s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(records::raw_counted(ref)));
+    return s;
+}
+
+// `n` more references to the flat blob `digest` of `content`, stored if new.
+Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view content, std::uint64_t n) {
+    auto existing = tx.blob_ref(digest);
+    if (!existing) return tl::unexpected(existing.error());
+    if (*existing) {
+        if (auto s = add_refs(tx, digest, **existing, n); !s) return tl::unexpected(s.error());
+        return **existing;
+    }
+    const std::string compressed = compress(content);
+    const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
+    const BlobRef ref{n, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
+    if (auto s = put_blob(tx, digest, stored, ref); !s) return tl::unexpected(s.error());
     return ref;
 }
 
-Status release_blob(Tx& tx, const Digest& digest) {
-    if (digest.empty()) return {};
+// References `n` fewer to `digest` (n at most its refcount); frees it at zero.
+// `footprint_out`, when given, receives the blob's footprint.
+Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t* footprint_out = nullptr);
+
+std::string_view segment_of(std::string_view content, std::size_t i) {
+    return content.substr(i * kSegmentSize, kSegmentSize);
+}
+
+// How often each segment digest occurs (a sparse file repeats its zero segment).
+std::unordered_map<Digest, std::uint64_t, DigestHash> occurrences(const std::vector<Digest>& segments) {
+    std::unordered_map<Digest, std::uint64_t, DigestHash> counts;
+    for (const Digest& d : segments) ++counts[d];
+    return counts;
+}
+
+// Stores the list blob of segmented content; `segment_footprint` is the sum of its
+// segments' footprints, one per occurrence.
+Result<BlobRef> put_list(Tx& tx, const ContentDigests& d, std::uint64_t raw_size, std::uint64_t segment_footprint) {
+    std::string list;
+    list.reserve(d.segments.size() * 16);
+    for (const Digest& seg : d.segments) list += records::digest_key(seg);
+    const BlobRef ref{1, raw_size, list.size(), Codec::segments, segment_footprint};
+    if (auto s = put_blob(tx, d.digest, list, ref); !s) return tl::unexpected(s.error());
+    return ref;
+}
+
+// Stores new segmented content: a reference per occurrence to each segment (stored if
+// new), then its list.
+Result<BlobRef> put_segmented(Tx& tx, const ContentDigests& d, std::string_view content) {
+    auto counts = occurrences(d.segments);
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < d.segments.size(); ++i) {
+        auto n = counts.find(d.segments[i]);
+        if (n->second == 0) continue;  // taken at its first occurrence
+        auto ref = acquire_flat(tx, d.segments[i], segment_of(content, i), n->second);
+        if (!ref) return ref;
+        sum += n->second * records::footprint(*ref);
+        n->second = 0;
+    }
+    return put_list(tx, d, content.size(), sum);
+}
+
+Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t* footprint_out) {
+    if (digest.empty() || n == 0) return {};
     auto existing = tx.blob_ref(digest);
     if (!existing) return tl::unexpected(existing.error());
     if (!*existing) {
@@ -133,20 +214,82 @@ Status release_blob(Tx& tx, const Digest& digest) {
         return tx.add(Counter::errors_io, 1);
     }
     BlobRef ref = **existing;
-    const std::string key = records::digest_key(digest);
-    if (ref.refcount > 1) {
-        --ref.refcount;
-        return tx.put(tx.db.blob_refs, key, records::encode(ref));
+    if (footprint_out) *footprint_out = records::footprint(ref);
+    if (ref.refcount > n) {
+        ref.refcount -= n;
+        return tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref));
     }
-    Status s = tx.del(tx.db.blob_refs, key);
-    for (std::uint64_t i = 0; s && i < records::chunk_count(ref.stored_size); ++i) {
-        s = tx.del(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)));
+    if (ref.codec == Codec::segments) {
+        auto list = segment_list(tx, digest);
+        if (!list) return tl::unexpected(list.error());
+        if (*list) {
+            for (const auto& [seg, count] : occurrences(**list)) {
+                if (auto s = release_refs(tx, seg, count); !s) return s;
+            }
+        }
     }
-    if (s) s = tx.add(Counter::blobs, -1);
-    if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(records::footprint(ref)));
-    if (s) s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(ref.raw_size));
-    return s;
+    return drop_blob(tx, digest, ref);
 }
+
+// Replaces the last reference to the segmented blob `old` by new segmented content
+// that is not stored yet: the new list takes over the old one's segment references,
+// so only segments that differ are stored or released (a change of a few pages in a
+// big file costs a few segments, not the file). Nullopt when that does not apply.
+Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, const ContentDigests& d,
+                                                 std::string_view content) {
+    if (old.empty() || d.segments.empty() || old == d.digest) return std::nullopt;
+    auto old_ref = tx.blob_ref(old);
+    if (!old_ref) return tl::unexpected(old_ref.error());
+    if (!*old_ref || (*old_ref)->codec != Codec::segments || (*old_ref)->refcount != 1) return std::nullopt;
+    auto existing = tx.blob_ref(d.digest);
+    if (!existing) return tl::unexpected(existing.error());
+    if (*existing) return std::nullopt;
+    auto old_list = segment_list(tx, old);
+    if (!old_list) return tl::unexpected(old_list.error());
+    if (!*old_list) return std::nullopt;
+
+    std::unordered_map<Digest, std::int64_t, DigestHash> delta;
+    for (const Digest& seg : d.segments) ++delta[seg];
+    for (const Digest& seg : **old_list) --delta[seg];
+    std::int64_t sum = static_cast<std::int64_t>((*old_ref)->segment_footprint);
+    for (std::size_t i = 0; i < d.segments.size(); ++i) {  // new segments, at their first occurrence
+        auto n = delta.find(d.segments[i]);
+        if (n->second <= 0) continue;
+        auto ref = acquire_flat(tx, d.segments[i], segment_of(content, i), static_cast<std::uint64_t>(n->second));
+        if (!ref) return tl::unexpected(ref.error());
+        sum += n->second * static_cast<std::int64_t>(records::footprint(*ref));
+        n->second = 0;
+    }
+    for (const auto& [seg, n] : delta) {  // segments gone
+        if (n >= 0) continue;
+        std::uint64_t fp = 0;
+        if (auto s = release_refs(tx, seg, static_cast<std::uint64_t>(-n), &fp); !s) return tl::unexpected(s.error());
+        sum += n * static_cast<std::int64_t>(fp);
+    }
+    if (auto s = drop_blob(tx, old, **old_ref); !s) return tl::unexpected(s.error());
+    auto ref = put_list(tx, d, content.size(), static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0)));
+    if (!ref) return tl::unexpected(ref.error());
+    return std::optional<BlobRef>(*ref);
+}
+
+}  // namespace
+
+Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view content) {
+    if (d.digest.empty()) return BlobRef{};
+    auto existing = tx.blob_ref(d.digest);
+    if (!existing) return tl::unexpected(existing.error());
+    if (*existing) {
+        if (auto s = add_refs(tx, d.digest, **existing, 1); !s) return tl::unexpected(s.error());
+        if (auto s = tx.add(Counter::dedup_hits, 1); !s) return tl::unexpected(s.error());
+        BlobRef ref = **existing;
+        ++ref.refcount;
+        return ref;
+    }
+    if (d.segments.empty()) return acquire_flat(tx, d.digest, content, 1);
+    return put_segmented(tx, d, content);
+}
+
+Status release_blob(Tx& tx, const Digest& digest) { return release_refs(tx, digest, 1); }
 
 // The views of a blob's stored chunks, in order, their pages not yet touched.
 static Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest, const BlobRef& ref) {
@@ -177,26 +320,109 @@ Result<Content> stored_form(const Tx& tx, const Digest& digest, const BlobRef& r
     return Content::owned(std::move(assembled));
 }
 
-Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
-    if (digest.empty()) return Content::view({});
+Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Digest& digest) {
     auto ref = tx.blob_ref(digest);
     if (!ref) return tl::unexpected(ref.error());
-    if (!*ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
+    if (!*ref || (*ref)->codec != Codec::segments) return std::nullopt;
     const BlobRef& r = **ref;
-    if (r.raw_size != size) {
-        return fail(EIO, fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
+    if (r.stored_size != segment_count(r.raw_size) * 16 || r.raw_size < kSegmentedSize) {
+        return fail(EIO, fmt::format("db {}: blob {} has a segment list of the wrong size", tx.db.path, digest.hex()));
     }
-    auto stored_content = stored_form(tx, digest, r);
-    if (!stored_content) return stored_content;
-    if (r.codec == Codec::raw) return stored_content;
-    const std::string_view stored = stored_content->bytes();
-    std::string raw(r.raw_size, '\0');
+    auto stored = stored_form(tx, digest, r);
+    if (!stored) return tl::unexpected(stored.error());
+    const std::string_view list = stored->bytes();
+    std::vector<Digest> segments;
+    segments.reserve(list.size() / 16);
+    for (std::size_t at = 0; at < list.size(); at += 16) segments.push_back(records::digest_from_key(list.substr(at, 16)));
+    return std::optional<std::vector<Digest>>(std::move(segments));
+}
+
+namespace {
+
+// The raw content of a zstd blob.
+Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobRef& r) {
+    auto stored = stored_form(tx, digest, r);
+    if (!stored) return tl::unexpected(stored.error());
+    std::string raw;
+    try {
+        raw.assign(r.raw_size, '\0');
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to read {} bytes", r.raw_size));
+    }
     const std::size_t n = ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(),
-                                              stored.data(), stored.size());
+                                              stored->bytes().data(), stored->bytes().size());
     if (ZSTD_isError(n) || n != r.raw_size) {
         return fail(EIO, fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
     }
-    return Content::owned(std::move(raw));
+    return raw;
+}
+
+// The reference of a blob holding `size` bytes, or EIO.
+Result<BlobRef> sized_ref(const Tx& tx, const Digest& digest, std::uint64_t size) {
+    auto ref = tx.blob_ref(digest);
+    if (!ref) return tl::unexpected(ref.error());
+    if (!*ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
+    if ((*ref)->raw_size != size) {
+        return fail(EIO, fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
+    }
+    return **ref;
+}
+
+// Calls fn with the pieces of a blob's content in order: zero-copy views of raw
+// chunks, decompressed blobs, a list's segments. Checks sizes, not digests. A
+// segment is never a list itself (`in_list`).
+Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
+                      const std::function<void(std::string_view)>& fn, bool in_list = false) {
+    if (digest.empty()) return {};
+    auto r = sized_ref(tx, digest, size);
+    if (!r) return tl::unexpected(r.error());
+    switch (r->codec) {
+        case Codec::segments: {
+            if (in_list) return fail(EIO, fmt::format("db {}: segment {} is a list", tx.db.path, digest.hex()));
+            auto list = segment_list(tx, digest);
+            if (!list) return tl::unexpected(list.error());
+            for (std::size_t i = 0; i < (*list)->size(); ++i) {
+                const std::uint64_t seg_size = std::min<std::uint64_t>(kSegmentSize, size - i * kSegmentSize);
+                if (auto s = for_each_piece(tx, (**list)[i], seg_size, fn, true); !s) return s;
+            }
+            return {};
+        }
+        case Codec::zstd: {
+            auto raw = decompressed(tx, digest, *r);
+            if (!raw) return tl::unexpected(raw.error());
+            fn(*raw);
+            return {};
+        }
+        case Codec::raw: break;
+    }
+    auto pieces = chunk_views(tx, digest, *r);
+    if (!pieces) return tl::unexpected(pieces.error());
+    if (pieces->size() > 1) prefetch(*pieces);
+    for (const std::string_view piece : *pieces) fn(piece);
+    return {};
+}
+
+}  // namespace
+
+Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
+    if (digest.empty()) return Content::view({});
+    auto r = sized_ref(tx, digest, size);
+    if (!r) return tl::unexpected(r.error());
+    if (r->codec == Codec::raw) return stored_form(tx, digest, *r);  // zero-copy when one chunk
+    if (r->codec == Codec::zstd) {
+        auto raw = decompressed(tx, digest, *r);
+        if (!raw) return tl::unexpected(raw.error());
+        return Content::owned(std::move(*raw));
+    }
+    std::string assembled;
+    try {
+        assembled.reserve(size);
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to read {} bytes", size));
+    }
+    auto s = for_each_piece(tx, digest, size, [&](std::string_view piece) { assembled.append(piece); });
+    if (!s) return tl::unexpected(s.error());
+    return Content::owned(std::move(assembled));
 }
 
 Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
@@ -206,7 +432,7 @@ Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
     if (!file.digest.empty()) {
         auto ref = tx.blob_ref(file.digest);
         if (!ref) return tl::unexpected(ref.error());
-        if (*ref) stored = records::footprint(**ref);
+        if (*ref) stored = records::file_footprint(**ref);
     }
     auto apply = [sign](std::uint64_t& value, std::uint64_t delta) {
         value = sign > 0 ? value + delta : (value > delta ? value - delta : 0);
@@ -217,6 +443,58 @@ Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
     if (entry->files == 0) entry->populated = false;  // empty again: the next store is a miss
     if (sign > 0 && entry->producer == Producer::unknown) entry->producer = producer_of(file.name);
     return tx.put_entry(*entry);
+}
+
+Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const ContentDigests& digests,
+                        const Origin& origin) {
+    if (content.size() > kMaxFileSize) {
+        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}", content.size(), kMaxFileSize));
+    }
+    auto fail_with = [](const Error& e) { return tl::unexpected(e); };
+    std::uint64_t old_stored = 0;
+    if (!node.digest.empty()) {
+        auto old_ref = tx.blob_ref(node.digest);
+        if (!old_ref) return tl::unexpected(old_ref.error());
+        if (*old_ref) old_stored = records::file_footprint(**old_ref);
+    }
+    auto replaced = replace_segmented(tx, node.digest, digests, content);
+    if (!replaced) return tl::unexpected(replaced.error());
+    BlobRef ref;
+    if (*replaced) {
+        ref = **replaced;
+    } else {
+        // Take the new reference before dropping the old one: rewriting the same
+        // content must not free the blob in between.
+        auto acquired = acquire_blob(tx, digests, content);
+        if (!acquired) return tl::unexpected(acquired.error());
+        ref = *acquired;
+        if (auto s = release_blob(tx, node.digest); !s) return fail_with(s.error());
+    }
+    const auto old_size = static_cast<std::int64_t>(node.size);
+    node.digest = digests.digest;
+    node.size = content.size();
+    node.mtime_ns = node.ctime_ns = tx.now();
+    if (auto s = tx.put_inode(node); !s) return fail_with(s.error());
+
+    Status s = tx.add(Counter::bytes, static_cast<std::int64_t>(content.size()) - old_size);
+    if (s) s = tx.add(Counter::stores, 1);
+    if (s) s = tx.add(Counter::bytes_written, static_cast<std::int64_t>(content.size()));
+    if (!s) return fail_with(s.error());
+    if (!node.entry) return node.attr();
+
+    auto entry = tx.entry(node.entry);
+    if (!entry) return tl::unexpected(entry.error());
+    // The file stays in its entry: only its bytes change.
+    entry->bytes = entry->bytes + content.size() - std::min<std::uint64_t>(entry->bytes, static_cast<std::uint64_t>(old_size));
+    entry->stored_bytes = entry->stored_bytes + records::file_footprint(ref) - std::min(entry->stored_bytes, old_stored);
+    if (entry->producer == Producer::unknown) entry->producer = producer_of(node.name);
+    // Absent or empty until now: this store is the miss. Temp files and locks are not.
+    if (!node.bookkeeping) {
+        if (auto a = populate(tx, *entry, origin); !a) return fail_with(a.error());
+    }
+    if (auto a = move_in_lru(tx, *entry, tx.now()); !a) return fail_with(a.error());
+    if (auto a = tx.put_entry(*entry); !a) return fail_with(a.error());
+    return node.attr();
 }
 
 }  // namespace ops
@@ -235,84 +513,39 @@ Status Txn::read_pieces(Ino file, const std::function<void(std::string_view)>& f
     auto node = tx.inode(file);
     if (!node) return tl::unexpected(node.error());
     if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
-    if (node->digest.empty()) return {};
-    auto ref = tx.blob_ref(node->digest);
-    if (!ref) return tl::unexpected(ref.error());
-    if (!*ref || (*ref)->raw_size != node->size) {
-        return fail(EIO, fmt::format("db {}: blob {} is missing or has the wrong size", tx.db.path, node->digest.hex()));
-    }
-    if ((*ref)->codec != Codec::raw) {
-        auto content = ops::read_blob(tx, node->digest, node->size);
-        if (!content) return tl::unexpected(content.error());
-        fn(content->bytes());
-        return {};
-    }
-    auto pieces = ops::chunk_views(tx, node->digest, **ref);
-    if (!pieces) return tl::unexpected(pieces.error());
-    if (pieces->size() > 1) prefetch(*pieces);
-    for (const std::string_view piece : *pieces) fn(piece);
-    return {};
+    return ops::for_each_piece(tx, node->digest, node->size, fn);
 }
 
-Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
-    Tx tx = TxnAccess::tx(*this);
+// The checks every write to an inode makes before its content changes.
+static Result<Inode> writable_file(const Tx& tx, Ino file) {
     auto node = tx.inode(file);
     if (!node) return tl::unexpected(node.error());
     if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
     if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    return node;
+}
 
-    if (content.size() > kMaxFileSize) {
+Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
+    Tx tx = TxnAccess::tx(*this);
+    auto node = writable_file(tx, file);
+    if (!node) return tl::unexpected(node.error());
+    if (content.size() > kMaxFileSize) {  // before hashing it
         return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}", content.size(), kMaxFileSize));
     }
-    const Digest digest = digest_of(content);
-    auto fail_with = [](const Error& e) { return tl::unexpected(e); };
-    std::uint64_t old_stored = 0;
-    if (!node->digest.empty()) {
-        auto old_ref = tx.blob_ref(node->digest);
-        if (!old_ref) return tl::unexpected(old_ref.error());
-        if (*old_ref) old_stored = records::footprint(**old_ref);
-    }
-    // Take the new reference before dropping the old one: rewriting the same content
-    // must not free the blob in between.
-    auto ref = ops::acquire_blob(tx, digest, content);
-    if (!ref) return tl::unexpected(ref.error());
-    if (auto s = ops::release_blob(tx, node->digest); !s) return fail_with(s.error());
-    const auto old_size = static_cast<std::int64_t>(node->size);
-    node->digest = digest;
-    node->size = content.size();
-    node->mtime_ns = node->ctime_ns = tx.now();
-    if (auto s = tx.put_inode(*node); !s) return fail_with(s.error());
-
-    Status s = tx.add(Counter::bytes, static_cast<std::int64_t>(content.size()) - old_size);
-    if (s) s = tx.add(Counter::stores, 1);
-    if (s) s = tx.add(Counter::bytes_written, static_cast<std::int64_t>(content.size()));
-    if (!s) return fail_with(s.error());
-    if (!node->entry) return node->attr();
-
-    auto entry = tx.entry(node->entry);
-    if (!entry) return tl::unexpected(entry.error());
-    // The file stays in its entry: only its bytes change.
-    entry->bytes = entry->bytes + content.size() - std::min<std::uint64_t>(entry->bytes, static_cast<std::uint64_t>(old_size));
-    entry->stored_bytes = entry->stored_bytes + records::footprint(*ref) - std::min(entry->stored_bytes, old_stored);
-    if (entry->producer == Producer::unknown) entry->producer = producer_of(node->name);
-    // Absent or empty until now: this store is the miss. Temp files and locks are not.
-    if (!node->bookkeeping) {
-        if (auto a = ops::populate(tx, *entry, origin); !a) return fail_with(a.error());
-    }
-    if (auto a = ops::move_in_lru(tx, *entry, tx.now()); !a) return fail_with(a.error());
-    if (auto a = tx.put_entry(*entry); !a) return fail_with(a.error());
-    return node->attr();
+    return ops::write_file(tx, *node, content, ops::digests_of(content), origin);
 }
 
 // ---- StagedFile ---------------------------------------------------------------------
 
-StagedFile::StagedFile(Store* store, Ino ino, std::string content)
-    : m_store(store), m_ino(ino), m_content(std::move(content)), m_open(true) {}
+StagedFile::StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments)
+    : m_store(store), m_ino(ino), m_content(std::move(content)), m_segments(std::move(segments)), m_open(true) {
+    m_segments.resize(segment_count(m_content.size()));  // unknown ones are empty
+}
 
 StagedFile::StagedFile(StagedFile&& other) noexcept
     : m_store(other.m_store), m_ino(other.m_ino), m_content(std::move(other.m_content)),
-      m_stored(other.m_stored), m_dirty(other.m_dirty), m_open(std::exchange(other.m_open, false)),
-      m_max_size(other.m_max_size) {}
+      m_segments(std::move(other.m_segments)), m_stored(other.m_stored), m_dirty(other.m_dirty),
+      m_open(std::exchange(other.m_open, false)), m_max_size(other.m_max_size) {}
 
 StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
     if (this != &other) {
@@ -320,6 +553,7 @@ StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
         m_store = other.m_store;
         m_ino = other.m_ino;
         m_content = std::move(other.m_content);
+        m_segments = std::move(other.m_segments);
         m_stored = other.m_stored;
         m_dirty = other.m_dirty;
         m_open = std::exchange(other.m_open, false);
@@ -340,13 +574,19 @@ Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
     if (attr->is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
     if (!attr->is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     std::string content;
+    std::vector<Digest> segments;
     if (!truncate) {
         auto current = txn.read(file);
         if (!current) return tl::unexpected(current.error());
         content.assign(current->bytes());
+        // Segmented content: its segment digests are known, so a publish re-hashes
+        // only the segments written since.
+        auto list = ops::segment_list(TxnAccess::tx(txn), attr->digest);
+        if (!list) return tl::unexpected(list.error());
+        if (*list) segments = std::move(**list);
     }
     if (auto s = txn.begin_write(file); !s) return tl::unexpected(s.error());
-    StagedFile staged(&txn.store(), file, std::move(content));
+    StagedFile staged(&txn.store(), file, std::move(content), std::move(segments));
     staged.m_stored = attr->digest;
     staged.m_dirty = truncate && attr->size > 0;
     return staged;
@@ -364,19 +604,27 @@ Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
     return staged;
 }
 
+void StagedFile::changed(std::uint64_t from, std::uint64_t to) {
+    m_segments.resize(segment_count(m_content.size()));
+    const std::uint64_t last = std::min<std::uint64_t>(segment_count(to), m_segments.size());
+    for (std::uint64_t i = from / kSegmentSize; i < last; ++i) m_segments[i] = {};
+    m_dirty = true;
+}
+
 Status StagedFile::write(std::uint64_t offset, std::string_view data) {
     const std::uint64_t end = offset + data.size();
     const std::uint64_t limit = m_max_size ? std::min(m_max_size, kMaxFileSize) : kMaxFileSize;
     if (end < offset || end > limit) {
         return fail(EFBIG, fmt::format("file would grow to {} bytes, over the limit of {}", end, limit));
     }
+    const std::uint64_t old_size = m_content.size();
     try {
         if (end > m_content.size()) m_content.resize(end, '\0');
     } catch (const std::bad_alloc&) {
         return fail(ENOMEM, fmt::format("no memory to stage {} bytes", end));
     }
     std::memcpy(m_content.data() + offset, data.data(), data.size());
-    m_dirty = true;
+    changed(std::min(offset, old_size), end);  // a gap filled with zeros changed too
     return {};
 }
 
@@ -385,18 +633,40 @@ Status StagedFile::truncate(std::uint64_t size) {
     if (size > kMaxFileSize || (m_max_size && size > m_max_size)) {
         return fail(EFBIG, fmt::format("cannot extend a file to {} bytes", size));
     }
+    const std::uint64_t old_size = m_content.size();
     try {
         m_content.resize(size, '\0');
     } catch (const std::bad_alloc&) {
         return fail(ENOMEM, fmt::format("no memory to stage {} bytes", size));
     }
-    m_dirty = true;
+    // The segment that now ends the file (cut or extended), and any added after it.
+    const std::uint64_t from = std::min(old_size, size) / kSegmentSize * kSegmentSize;
+    changed(from, std::max(old_size, size));
     return {};
+}
+
+// The digests of the staged content: only segments changed since they were last
+// known are hashed again.
+ops::ContentDigests StagedFile::digests() {
+    if (m_content.size() < kSegmentedSize) return ops::digests_of(m_content);
+    m_segments.resize(segment_count(m_content.size()));
+    const std::string_view content = m_content;
+    for (std::size_t i = 0; i < m_segments.size(); ++i) {
+        if (m_segments[i].empty()) m_segments[i] = flat_digest_of(content.substr(i * kSegmentSize, kSegmentSize));
+    }
+    return {digest_of_segments(m_segments), m_segments};
+}
+
+Result<Attr> StagedFile::store_content(WriteTxn& txn, const Origin& origin) {
+    Tx tx = TxnAccess::tx(txn);
+    auto node = writable_file(tx, m_ino);
+    if (!node) return tl::unexpected(node.error());
+    return ops::write_file(tx, *node, m_content, digests(), origin);
 }
 
 Status StagedFile::publish(WriteTxn& txn, const Origin& origin) {
     if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
-    auto w = txn.write(m_ino, m_content, origin);
+    auto w = store_content(txn, origin);
     if (!w) return tl::unexpected(w.error());
     if (auto s = txn.end_write(m_ino); !s) return s;
     m_stored = w->digest;
@@ -424,7 +694,7 @@ Status StagedFile::commit(const Origin& origin) {
     if (!m_dirty) return {};
     Digest stored;
     auto s = m_store->update([&](WriteTxn& txn) -> Status {
-        auto w = txn.write(m_ino, m_content, origin);
+        auto w = store_content(txn, origin);
         if (!w) return tl::unexpected(w.error());
         stored = w->digest;
         return {};

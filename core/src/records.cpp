@@ -229,6 +229,7 @@ std::string encode(const BlobRef& b) {
     w.u64(b.raw_size);
     w.u64(b.stored_size);
     w.u8(static_cast<std::uint8_t>(b.codec));
+    if (b.codec == Codec::segments) w.u64(b.segment_footprint);
     return out;
 }
 
@@ -240,7 +241,8 @@ Result<BlobRef> decode_blob_ref(std::string_view bytes) {
     b.raw_size = r.u64();
     b.stored_size = r.u64();
     const std::uint8_t codec = r.u8();
-    if (!well_formed(r, version) || codec > 1) return corrupt("blob reference");
+    if (codec == static_cast<std::uint8_t>(Codec::segments)) b.segment_footprint = r.u64();
+    if (!well_formed(r, version) || codec > 2) return corrupt("blob reference");
     b.codec = static_cast<Codec>(codec);
     return b;
 }

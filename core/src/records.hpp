@@ -68,20 +68,31 @@ struct Dirent {
 std::string encode(const Dirent& dirent);
 Result<Dirent> decode_dirent(std::string_view bytes);
 
-enum class Codec : std::uint8_t { raw = 0, zstd = 1 };
+// How a blob's bytes are stored. `segments` (schema 3): content of kSegmentedSize or
+// more, stored as the list of its segments' digests (16 bytes each, digest_key form);
+// each segment is a blob of its own, holding one reference per occurrence in a list.
+enum class Codec : std::uint8_t { raw = 0, zstd = 1, segments = 2 };
 
 struct BlobRef {
     std::uint64_t refcount = 0;
-    std::uint64_t raw_size = 0;
-    std::uint64_t stored_size = 0;
+    std::uint64_t raw_size = 0;     // the content's size
+    std::uint64_t stored_size = 0;  // bytes in blob_data (for segments: the list's)
     Codec codec = Codec::raw;
+    std::uint64_t segment_footprint = 0;  // segments: the sum of its segments' footprints
 };
 std::string encode(const BlobRef& ref);
 // Bytes a blob of `stored_size` occupies in data.mdb: each full chunk one page, a
 // small last chunk its share of a leaf page (LMDB's layout for 4 KiB pages). This,
 // not the byte count, is what the disk holds and the size bound counts.
 std::uint64_t footprint(std::uint64_t stored_size);
+// A blob's own pages (what Counter::stored_bytes sums over all blobs, each once).
 inline std::uint64_t footprint(const BlobRef& ref) { return footprint(ref.stored_size); }
+// The pages behind a file of this content (what its entry's stored_bytes counts): for
+// segmented content, its list and its segments.
+inline std::uint64_t file_footprint(const BlobRef& ref) { return footprint(ref) + ref.segment_footprint; }
+// The raw bytes a blob adds to Counter::blob_raw_bytes: a list adds none of its own
+// (its segments count theirs).
+inline std::uint64_t raw_counted(const BlobRef& ref) { return ref.codec == Codec::segments ? 0 : ref.raw_size; }
 Result<BlobRef> decode_blob_ref(std::string_view bytes);
 
 std::string encode(const EntryInfo& entry);  // ino is the key, not encoded

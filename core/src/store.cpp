@@ -35,12 +35,37 @@ std::int64_t system_clock_ns() {
 
 std::string Digest::hex() const { return fmt::format("{:016x}{:016x}", high, low); }
 
-Digest digest_of(std::string_view bytes) {
-    if (bytes.empty()) return {};
-    const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+namespace {
+Digest from_xxh(XXH128_hash_t h) {
     Digest d{h.high64, h.low64};
     if (d.empty()) d.low = 1;  // all-zero is reserved for empty content
     return d;
+}
+// Separates segment-list digests from flat ones: a small file that holds some big
+// file's segment list does not share its digest (and so its blob).
+constexpr XXH64_hash_t kSegmentListSeed = 0x6b63616368655347;  // "kcacheSG"
+}  // namespace
+
+Digest flat_digest_of(std::string_view bytes) {
+    if (bytes.empty()) return {};
+    return from_xxh(XXH3_128bits(bytes.data(), bytes.size()));
+}
+
+Digest digest_of_segments(const std::vector<Digest>& segments) {
+    std::string list;
+    list.reserve(segments.size() * 16);
+    for (const Digest& d : segments) list += records::digest_key(d);
+    return from_xxh(XXH3_128bits_withSeed(list.data(), list.size(), kSegmentListSeed));
+}
+
+Digest digest_of(std::string_view bytes) {
+    if (bytes.size() < kSegmentedSize) return flat_digest_of(bytes);
+    std::vector<Digest> segments;
+    segments.reserve(segment_count(bytes.size()));
+    for (std::uint64_t at = 0; at < bytes.size(); at += kSegmentSize) {
+        segments.push_back(flat_digest_of(bytes.substr(at, kSegmentSize)));
+    }
+    return digest_of_segments(segments);
 }
 
 FileType Attr::type() const {
@@ -517,7 +542,7 @@ Status init_schema(Store& store, const OpenOptions& options) {
             return abort(lmdb::error(stems_rc, fmt::format("db {}: open table stems", impl.path)));
         }
         impl.has_stems = stems_rc == 0;
-        if (*version < 2 && writable) {
+        if (*version < kSchemaVersion && writable) {
             if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
                 return abort(s.error());
             }

@@ -7,12 +7,17 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kcache/core/store.hpp"
 #include "lmdb.hpp"
 #include "records.hpp"
 
 namespace kcache::core {
+
+struct DigestHash {
+    std::size_t operator()(const Digest& d) const { return static_cast<std::size_t>(d.low ^ d.high); }
+};
 
 // One per LMDB environment per process: LMDB forbids opening an environment twice
 // in one process (closing the second would drop the first's locks), so every Store
@@ -112,11 +117,30 @@ Status validate_name(std::string_view name);
 Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);
 // content.cpp
 Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign);
-Result<records::BlobRef> acquire_blob(Tx& tx, const Digest& digest, std::string_view content);
+// The digests content is keyed by: its digest_of, and for segmented content (size of
+// kSegmentedSize or more) its segments' digests, in order.
+struct ContentDigests {
+    Digest digest;
+    std::vector<Digest> segments;
+};
+ContentDigests digests_of(std::string_view content);
+// One more reference to the blob of `content` (stored if new: compressed, or by
+// segment). Counts a dedup hit when it was there.
+Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests, std::string_view content);
+// One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);
+// Replaces `file`'s content (inode record, statistics, entry accounting, population;
+// the caller checked it is a regular file). `digests` must be digests_of(content).
+Result<Attr> write_file(Tx& tx, records::Inode& file, std::string_view content,
+                        const ContentDigests& digests, const Origin& origin);
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// A segmented blob's segment digests, in order; nullopt for a blob stored whole.
+Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Digest& digest);
 // A blob's bytes as stored (compressed or not), zero-copy when they fit one chunk.
+// Not for Codec::segments (its stored bytes are a list, not content).
 Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::BlobRef& ref);
+// The zstd form of `content` when it saves space, else empty (content.cpp's rule).
+std::string compressed_form(std::string_view content);
 // entries.cpp
 // Makes `node` (a directory, or a file of a schema-1 db) an entry of its own.
 Status create_entry_record(Tx& tx, const records::Inode& node, Producer producer = Producer::unknown,

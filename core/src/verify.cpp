@@ -22,13 +22,31 @@ using records::Inode;
 
 namespace {
 
-struct DigestHash {
-    std::size_t operator()(const Digest& d) const { return static_cast<std::size_t>(d.low ^ d.high); }
-};
-
 struct Totals {
     std::uint64_t files = 0, bytes = 0, stored = 0;
 };
+
+// A segmented blob: its digest is its list's, its size the list's span, and each
+// segment a stored blob (never a list) of its share of the size.
+template <typename Problem>
+void verify_list(const Tx& tx, const Digest& digest, const records::BlobRef& ref, const std::vector<Digest>& list,
+                 Problem& problem, std::unordered_map<Digest, bool, DigestHash>& damaged) {
+    if (!(digest_of_segments(list) == digest)) {
+        problem(fmt::format("blob {}: segment list does not match its digest", digest.hex()));
+        damaged[digest] = true;
+        return;
+    }
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const std::uint64_t size = std::min<std::uint64_t>(kSegmentSize, ref.raw_size - i * kSegmentSize);
+        auto seg = tx.blob_ref(list[i]);
+        if (!seg || !*seg || (*seg)->raw_size != size || (*seg)->codec == records::Codec::segments) {
+            problem(fmt::format("blob {}: segment {} ({}) is missing or not {} bytes", digest.hex(), i,
+                                list[i].hex(), size));
+            damaged[digest] = true;
+            return;
+        }
+    }
+}
 
 }  // namespace
 
@@ -95,7 +113,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             ++refs[node.digest];
             auto ref = tx.blob_ref(node.digest);
             if (ref && *ref) {
-                stored = records::footprint(**ref);
+                stored = records::file_footprint(**ref);
                 if ((*ref)->raw_size != node.size) {
                     problem(fmt::format("inode {} ('{}'): size {} but its blob holds {} bytes", node.ino,
                                         node.name, node.size, (*ref)->raw_size));
@@ -123,9 +141,26 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         problem(fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
     }
 
-    // 2. Blobs: content matches digest and size, refcounts match references.
+    // 2. Blobs: content matches digest and size, refcounts match references (a
+    // segment list holds one per occurrence of a segment: counted first).
     std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0, chunks_expected = 0;
     std::unordered_map<Digest, bool, DigestHash> damaged;  // blobs whose content is bad
+    std::unordered_map<Digest, std::vector<Digest>, DigestHash> lists;  // segmented blobs
+    s = tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
+        auto ref = records::decode_blob_ref(value);
+        if (!ref || ref->codec != records::Codec::segments) return true;
+        const Digest digest = records::digest_from_key(key);
+        auto list = ops::segment_list(tx, digest);
+        if (!list || !*list) {
+            problem(fmt::format("blob {}: {}", digest.hex(), list ? "no segment list" : list.error().message));
+            damaged[digest] = true;
+            return true;
+        }
+        for (const Digest& seg : **list) ++refs[seg];
+        lists.emplace(digest, std::move(**list));
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
     MDB_stat st{};
     mdb_stat(tx.txn, tx.db.blob_refs, &st);
     const std::uint64_t total_blobs = st.ms_entries;
@@ -140,17 +175,22 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         ++blob_count;
         chunks_expected += records::chunk_count(ref->stored_size);
         stored_total += records::footprint(*ref);
-        raw_total += ref->raw_size;
+        raw_total += records::raw_counted(*ref);
         const auto it = refs.find(digest);
         const std::uint64_t counted = it == refs.end() ? 0 : it->second;
         if (ref->refcount != counted) {
             problem(fmt::format("blob {}: refcount {} but {} files refer to it", digest.hex(), ref->refcount, counted));
         }
-        auto content = ops::read_blob(tx, digest, ref->raw_size);
-        if (!content) {
+        if (ref->codec == records::Codec::segments) {
+            // Its segments are blobs checked on their own: check the list and sizes.
+            const auto list = lists.find(digest);
+            if (list != lists.end()) verify_list(tx, digest, *ref, list->second, problem, damaged);
+        } else if (auto content = ops::read_blob(tx, digest, ref->raw_size); !content) {
             problem(fmt::format("blob {}: {}", digest.hex(), content.error().message));
             damaged[digest] = true;
-        } else if (!(digest_of(content->bytes()) == digest)) {
+        } else if (!(digest_of(content->bytes()) == digest) &&
+                   !(content->bytes().size() >= kSegmentedSize && flat_digest_of(content->bytes()) == digest)) {
+            // (A big file stored before schema 3 keeps its flat digest.)
             problem(fmt::format("blob {}: content does not match its digest", digest.hex()));
             damaged[digest] = true;
         }
@@ -158,6 +198,12 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         return true;
     });
     if (!s) return tl::unexpected(s.error());
+    // A damaged segment damages every list holding it.
+    for (const auto& [digest, list] : lists) {
+        for (const Digest& seg : list) {
+            if (damaged.count(seg)) damaged[digest] = true;
+        }
+    }
     // Name what a damaged blob breaks, so a person knows which entries to evict.
     for (const Inode& node : nodes) {
         if (node.digest.empty() || !damaged.count(node.digest)) continue;

@@ -9,10 +9,14 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kcache/core/store.hpp"
 
 namespace kcache::core {
+namespace ops {
+struct ContentDigests;  // content.cpp
+}
 
 class StagedFile {
 public:
@@ -55,10 +59,16 @@ public:
     void forget() { m_open = false; }
 
 private:
-    StagedFile(Store* store, Ino ino, std::string content);
+    StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments);
+    void changed(std::uint64_t from, std::uint64_t to);  // bytes [from, to) changed
+    ops::ContentDigests digests();
+    Result<Attr> store_content(WriteTxn& txn, const Origin& origin);
     Store* m_store = nullptr;
     Ino m_ino = 0;
     std::string m_content;
+    // Segmented content (kSegmentedSize or more): each segment's digest while it is
+    // known unchanged since begin or the last publish, empty once written to.
+    std::vector<Digest> m_segments;
     Digest m_stored;
     bool m_dirty = false;
     bool m_open = false;  // holds a lease

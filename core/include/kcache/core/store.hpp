@@ -78,9 +78,11 @@ struct Config {
     std::string layout_rules;  // the user's layout rules (layout.hpp), checked first
 };
 
-// 2: layouts (stem entries, bookkeeping nodes); a schema-1 db is upgraded when first
-// opened for writing and still read as it is when opened read-only.
-inline constexpr std::uint32_t kSchemaVersion = 2;
+// 2: layouts (stem entries, bookkeeping nodes); 3: segmented content (files of
+// kSegmentedSize or more stored by segment, Codec::segments). An older db is upgraded
+// when first opened for writing (nothing is rewritten: its big files keep their flat
+// digests and blobs until they change) and still read as it is when opened read-only.
+inline constexpr std::uint32_t kSchemaVersion = 3;
 
 struct Stats {
     std::map<Counter, std::uint64_t> values;  // every known counter, 0 when unset

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kcache::core {
 
@@ -14,7 +15,7 @@ inline constexpr std::size_t kMaxPathLength = 4095;  // bytes in a path below th
 // Largest file content: LMDB's largest value (and the bundle's 32-bit lengths).
 inline constexpr std::uint64_t kMaxFileSize = 0xffffffffull;
 
-// 128-bit content digest (XXH3-128) of a file's raw bytes. All zero for empty content.
+// 128-bit content digest of a file's raw bytes. All zero for empty content.
 struct Digest {
     std::uint64_t high = 0;
     std::uint64_t low = 0;
@@ -22,7 +23,20 @@ struct Digest {
     std::string hex() const;  // 32 lower-case hex digits
     friend bool operator==(const Digest&, const Digest&) = default;
 };
+
+// Content of kSegmentedSize bytes or more is stored, and digested, as a list of
+// kSegmentSize segments (the last one shorter), so that a change of a few pages
+// re-hashes, recompresses and rewrites a few segments, not the whole file.
+inline constexpr std::uint64_t kSegmentSize = 64 * 1024;
+inline constexpr std::uint64_t kSegmentedSize = 1024 * 1024;
+inline std::uint64_t segment_count(std::uint64_t size) { return (size + kSegmentSize - 1) / kSegmentSize; }
+
+// The digest kcache keys content by: XXH3-128 of the bytes below kSegmentedSize (the
+// flat digest); at or above it, a seeded XXH3-128 of the concatenated digests of its
+// segments (digest_of_segments), a different domain from any flat digest.
 Digest digest_of(std::string_view bytes);
+Digest flat_digest_of(std::string_view bytes);  // XXH3-128 of all bytes: schema <= 2 keyed every file so
+Digest digest_of_segments(const std::vector<Digest>& segments);
 
 enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3 };
 
