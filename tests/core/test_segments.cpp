@@ -1,8 +1,10 @@
 // Segmented content: files of kSegmentedSize or more are stored as lists of
 // kSegmentSize segments, each a blob of its own, so that a change of a few pages
 // stores a few segments, not the whole file (issue 11: cost proportional to change).
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 
@@ -225,4 +227,65 @@ TEST_CASE("segments: bundles carry big files whole and import them segmented", "
     CHECK(to.attr("t/abc/kernel.so").digest == core::digest_of(content));
     CHECK(to.counter(Counter::blobs) == from.counter(Counter::blobs));
     check_consistent(to.store());
+}
+
+namespace {
+// The one 1.7 MiB file in tests/core/data/schema2 (a db written by kcache-fsd of
+// schema 2, and format2.kcb, a bundle of it written by `kcache export` of then).
+std::string schema2_file() {
+    std::string expected;
+    for (int i = 0; i < 60000; ++i) {
+        char line[40];
+        std::snprintf(line, sizeof line, "segment fixture line %07d\n", i);
+        expected += line;
+    }
+    return expected;
+}
+}  // namespace
+
+TEST_CASE("segments: a format-2 bundle's big file (a flat digest) imports, segmented", "[segments][bundle]") {
+    TestStore to;
+    auto report = KC_MUST(core::import_bundle(to.store(), std::string(KCACHE_TEST_DATA_DIR) + "/schema2/format2.kcb"));
+    CHECK(report.files == 1);
+    const std::string expected = schema2_file();
+    CHECK(to.get("0123456789abcdef0123456789abcdef/big.so") == expected);
+    CHECK(to.attr("0123456789abcdef0123456789abcdef/big.so").digest == core::digest_of(expected));
+    check_consistent(to.store());
+}
+
+TEST_CASE("segments: a schema-2 db's big file keeps its flat digest until it changes", "[segments][open]") {
+    std::string expected = schema2_file();
+    const std::string path = "0123456789abcdef0123456789abcdef/big.so";
+    TempDir dir;
+    const std::string db = dir.str() + "/db";
+    std::filesystem::create_directories(db);
+    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb", db + "/data.mdb");
+    std::ofstream(db + "/kcache.lock").flush();
+    core::OpenOptions options;
+    options.path = db;
+    {  // read-only: read and verified as it is
+        options.read_only = true;
+        auto store = KC_MUST(core::Store::open(options));
+        auto txn = KC_MUST(store->read());
+        const auto file = KC_MUST(txn.resolve(path));
+        CHECK(KC_MUST(txn.read(file)).bytes() == expected);
+        CHECK(KC_MUST(txn.getattr(file)).digest == core::flat_digest_of(expected));
+        CHECK(KC_MUST(core::verify(*store)).ok());
+    }
+    options.read_only = false;
+    auto store = KC_MUST(core::Store::open(options));
+    CHECK(KC_MUST(core::verify(*store)).ok());
+    core::Ino file = 0;
+    {
+        auto txn = KC_MUST(store->read());
+        file = KC_MUST(txn.resolve(path));
+    }
+    auto staged = KC_MUST(StagedFile::begin(*store, file, false));
+    KC_MUST(staged.write(100, "CHANGED"));
+    KC_MUST(staged.publish(test_origin()));
+    model_write(expected, 100, "CHANGED");
+    auto txn = KC_MUST(store->read());
+    CHECK(KC_MUST(txn.read(file)).bytes() == expected);
+    CHECK(KC_MUST(txn.getattr(file)).digest == core::digest_of(expected));
+    check_consistent(*store);  // the flat blob is gone, the segments are counted
 }
