@@ -44,7 +44,7 @@ int read_like_a_compiler(const std::string& path, const std::string& content) {
 
 }  // namespace
 
-TEST_CASE("--read-only serves every file without OPEN, FLUSH or RELEASE and counts nothing",
+TEST_CASE("read-only serving serves every file without OPEN, FLUSH or RELEASE and counts nothing",
           "[fsd][readonly]") {
     TempDir dir;
     const fs::path db = dir.path() / "db";
