@@ -3,6 +3,7 @@
 
 #include <fuse_lowlevel.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace kcache::fsd {
@@ -45,6 +46,12 @@ void Background::stop() {
     m_wake.notify_all();
     if (m_thread.joinable()) m_thread.join();
     m_session = nullptr;
+    std::vector<std::function<void()>> after;  // replies still owed (their notification no longer matters)
+    {
+        std::lock_guard lock(m_mutex);
+        after.swap(m_after_invalidation);
+    }
+    run_all(after);
     if (auto s = flush_stats(); !s) std::fprintf(stderr, "kcache-fsd: %s\n", s.error().message.c_str());
     if (m_sync_interval_s > 0) (void)m_store.sync();
 }
@@ -55,6 +62,20 @@ void Background::invalidate_inode(core::Ino ino) {
         m_inodes_to_invalidate.push_back(ino);
     }
     m_wake.notify_all();
+}
+
+void Background::invalidate_attr(core::Ino ino, std::function<void()> then) {
+    {
+        std::lock_guard lock(m_mutex);
+        m_attrs_to_invalidate.push_back(ino);
+        if (then) m_after_invalidation.push_back(std::move(then));
+    }
+    m_wake.notify_all();
+}
+
+void Background::run_all(std::vector<std::function<void()>>& after) {
+    for (auto& f : after) f();
+    after.clear();
 }
 
 void Background::count(core::Counter counter, std::uint64_t n) {
@@ -101,13 +122,22 @@ core::Status Background::flush_stats() {
 
 void Background::run() {
     for (int tick = 1;; ++tick) {
-        std::vector<core::Ino> inodes;
+        std::vector<core::Ino> inodes, attrs;
+        std::vector<std::function<void()>> after;
         {
             std::unique_lock lock(m_mutex);
-            m_wake.wait_for(lock, kPeriod, [&] { return m_stop || !m_inodes_to_invalidate.empty(); });
+            m_wake.wait_for(lock, kPeriod, [&] {
+                return m_stop || !m_inodes_to_invalidate.empty() || !m_attrs_to_invalidate.empty();
+            });
             if (m_stop) return;
             inodes.swap(m_inodes_to_invalidate);
+            attrs.swap(m_attrs_to_invalidate);
+            after.swap(m_after_invalidation);
         }
+        // Attributes first, and the replies that wait for them: a notification of
+        // attributes only takes no lock a request holds, so it never waits on one.
+        notify_attrs(std::move(attrs));
+        run_all(after);
         notify(inodes, {});
         follow_events();
         if (m_check_limits.exchange(false)) {
@@ -158,6 +188,15 @@ void Background::follow_events() {
         });
     }  // the snapshot ends before the kernel is told anything
     notify(inodes, entries);
+}
+
+void Background::notify_attrs(std::vector<core::Ino> inodes) {
+    if (!m_session) return;
+    std::sort(inodes.begin(), inodes.end());
+    inodes.erase(std::unique(inodes.begin(), inodes.end()), inodes.end());
+    // A negative offset: attributes only, the page cache stays (ENOENT when the
+    // kernel holds nothing of the inode: harmless).
+    for (core::Ino ino : inodes) fuse_lowlevel_notify_inval_inode(m_session, ino, -1, 0);
 }
 
 void Background::notify(const std::vector<core::Ino>& inodes,

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -40,6 +41,9 @@ public:
 
     // ---- for request handlers: thread-safe, never block on the kernel ----
     void invalidate_inode(core::Ino ino);
+    // The kernel forgets the inode's attributes only (its pages stay), then `then`
+    // runs on the background thread (a reply that must follow the invalidation).
+    void invalidate_attr(core::Ino ino, std::function<void()> then = {});
     void check_limits() { m_check_limits = true; }
     void count(core::Counter counter, std::uint64_t n = 1);
     void hit(core::Ino entry);
@@ -52,6 +56,8 @@ private:
     void follow_events();
     void notify(const std::vector<core::Ino>& inodes,
                 const std::vector<std::pair<core::Ino, std::string>>& entries);
+    void notify_attrs(std::vector<core::Ino> inodes);
+    static void run_all(std::vector<std::function<void()>>& after);
 
     core::Store& m_store;
     fuse_session* m_session = nullptr;
@@ -60,6 +66,8 @@ private:
     std::condition_variable m_wake;
     bool m_stop = false;
     std::vector<core::Ino> m_inodes_to_invalidate;
+    std::vector<core::Ino> m_attrs_to_invalidate;
+    std::vector<std::function<void()>> m_after_invalidation;
     std::vector<core::Ino> m_hits;
     std::atomic<bool> m_check_limits{false};
 public:

@@ -24,8 +24,9 @@ namespace {
 constexpr double kEntryTimeout = 86400;
 constexpr double kDirAttrTimeout = 86400;
 constexpr double kNegativeTimeout = 86400;
-// Regular files: not cached; see filesystem.hpp.
-constexpr double kFileAttrTimeout = 0;
+// Regular files: cached long while every caller gets the same answer (attr_settled),
+// invalidated by notification when that answer changes; see filesystem.hpp.
+constexpr double kFileAttrTimeout = 86400;
 constexpr std::size_t kMaxSeenPairs = 1 << 20;
 
 struct stat to_stat(const Attr& a) {
@@ -47,15 +48,13 @@ struct stat to_stat(const Attr& a) {
     return st;
 }
 
-double attr_timeout(const Attr& a) { return a.is_regular() ? kFileAttrTimeout : kDirAttrTimeout; }
-
 // What the kernel caches about a name it looked up (or created).
-fuse_entry_param entry_param(const Attr& a) {
+fuse_entry_param entry_param(const Attr& a, double attr_timeout) {
     fuse_entry_param e{};
     e.ino = a.ino;
     e.generation = 1;
     e.attr = to_stat(a);
-    e.attr_timeout = attr_timeout(a);
+    e.attr_timeout = attr_timeout;
     e.entry_timeout = kEntryTimeout;
     return e;
 }
@@ -98,6 +97,9 @@ struct Filesystem::FileHandle {
     std::mutex mutex;     // guards the fields below; threads sharing a descriptor call concurrently
     std::shared_ptr<const std::string> snapshot;  // readers that do not read a version
     core::Digest snapshot_digest;
+    // A reader opened with the kernel's pages of its version kept: its content is
+    // loaded at its first READ (load_content), if one comes; null snapshot until then.
+    bool lazy = false;
     // Writers: the version they write (fixed at open). Read-only handles: the shared
     // version they read, once they follow one (follow_shared), else null.
     std::shared_ptr<Version> version;
@@ -156,7 +158,7 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
 void Filesystem::reply_entry(fuse_req_t req, const Attr& stored) {
     Attr attr = stored;
     apply_live_size(attr);
-    const fuse_entry_param e = entry_param(attr);
+    const fuse_entry_param e = entry_param(attr, attr_timeout(attr));
     remember_lookup(attr.ino);
     if (fuse_reply_entry(req, &e) != 0) forget(attr.ino, 1);  // the kernel never got it
 }
@@ -223,6 +225,7 @@ core::Status Filesystem::remove_keeping_orphan(Ino parent, const char* name,
     adopt(orphan);
     auto s = txn->commit();
     if (!s) disown(orphan);
+    else if (orphan) m_background.invalidate_attr(orphan->first);  // nlink 0 now
     return s;
 }
 
@@ -330,6 +333,7 @@ void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
         version->ending = false;
     }
     m_version_ended.notify_all();
+    m_background.invalidate_attr(handle->ino);  // no writer: the answer is everybody's again
 }
 
 void Filesystem::apply_live_size(Attr& attr) {
@@ -393,13 +397,16 @@ bool Filesystem::truncate_versions(Ino ino, std::uint64_t size, std::uint64_t* s
         versions = it->second.rewrites;
     }
     // On a local disk a truncate by path cuts the one file every writer shares: the
-    // rewrites' staged copies are cut too.
+    // rewrites' staged copies are cut too. A version that ended (its last release
+    // published it; it leaves m_versions just after) is the stored file now: cutting
+    // its staged copy would cut nothing, so the db's content is truncated instead.
     for (const auto& v : versions) {
         std::lock_guard lock(v->mutex);
-        (void)v->staged.truncate(size);
+        if (!v->ended) (void)v->staged.truncate(size);
     }
     if (!shared) return false;
     std::lock_guard lock(shared->mutex);
+    if (shared->ended) return false;
     (void)shared->staged.truncate(size);
     *shared_size = shared->staged.content().size();
     return true;
@@ -425,6 +432,8 @@ void Filesystem::init(fuse_conn_info* conn) {
     conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit
     conn->max_write = 1 << 20;
+    // Read-only serving at the floor: OPEN answered ENOSYS (open()).
+    m_no_open = m_options.read_only && (conn->capable & FUSE_CAP_NO_OPEN_SUPPORT);
 }
 
 void Filesystem::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -457,6 +466,9 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     // told its own size (no other process reads the inode through the page cache
     // while it writes: admit_writer). Anyone else is told the size of the version
     // read through the page cache while it is, else their own.
+    // The kernel keeps an answer only while every caller would get it (attr_timeout):
+    // a handle reading another version than the stored one is told its own, uncached.
+    bool own_view = false;
     if (attr->is_regular()) {
         std::optional<std::uint64_t> size;
         std::shared_ptr<Version> version;
@@ -466,6 +478,8 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             follow_shared(handle);
             version = handle->version;
             snapshot = handle->snapshot;
+            own_view = version || (!handle->orphan && handle->snapshot_digest != attr->digest);
+            if (handle->lazy && !snapshot) size = handle->attr.size;  // its version's, not yet loaded
         }
         if (!version) version = shared_version(ino);
         if (version) {
@@ -478,7 +492,7 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (size) attr->size = *size;
     }
     struct stat st = to_stat(*attr);
-    fuse_reply_attr(req, &st, attr_timeout(*attr));
+    fuse_reply_attr(req, &st, own_view ? 0 : attr_timeout(*attr));
 }
 
 void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
@@ -545,8 +559,11 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
     }
     if (version_size) result.size = *version_size;
     else apply_live_size(result);
+    // The reply updates the caller's view; the notification reaches answers to
+    // requests that were in flight meanwhile (the kernel drops those it overtakes).
+    m_background.invalidate_attr(ino);
     struct stat st = to_stat(result);
-    fuse_reply_attr(req, &st, attr_timeout(result));
+    fuse_reply_attr(req, &st, version_size ? 0 : attr_timeout(result));
 }
 
 void Filesystem::readlink(fuse_req_t req, fuse_ino_t ino) {
@@ -624,11 +641,15 @@ void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
 
 // ---- files ----------------------------------------------------------------------
 
-Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Digest& digest) {
+Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Digest& digest, std::uint64_t size,
+                                            bool* stale_attr) {
     std::lock_guard lock(m_pages_mutex);
-    const std::uint64_t size = reader->snapshot ? reader->snapshot->size() : 0;
     auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, 0});
     PageState& state = it->second;
+    // The kernel may still hold the attributes (the size) of another version, told
+    // before it was replaced: it must forget them before this reader reads (open()).
+    *stale_attr = state.told && *state.told != digest;
+    if (*stale_attr) state.told.reset();
     if (!inserted && state.digest.empty() && state.readers.empty() && state.writers == 0) {
         // The writers that were here left pages of no known version: refill them.
         state.digest = digest;
@@ -644,6 +665,7 @@ Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Dige
         if (!state.readers.empty()) return PageUse::direct;
         state.digest = digest;
         state.size = size;
+        state.kept.reset();
         use = PageUse::refill;  // the kernel drops the other version's pages first
     }
     state.readers.push_back(reader);
@@ -655,7 +677,10 @@ void Filesystem::leave_pages(FileHandle* reader) {
     std::vector<std::function<void()>> admitted;
     {
         std::lock_guard lock(m_pages_mutex);
-        if (auto it = m_pages.find(reader->ino); it != m_pages.end()) std::erase(it->second.readers, reader);
+        if (auto it = m_pages.find(reader->ino); it != m_pages.end()) {
+            std::erase(it->second.readers, reader);
+            if (it->second.readers.empty()) it->second.kept.reset();
+        }
         for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
             std::erase(w->readers, reader);
             if (!w->readers.empty()) {
@@ -667,6 +692,58 @@ void Filesystem::leave_pages(FileHandle* reader) {
         }
     }
     for (auto& reply : admitted) reply();  // replies never under a lock handlers take
+}
+
+double Filesystem::attr_timeout(const Attr& a) {
+    if (!a.is_regular()) return kDirAttrTimeout;
+    if (a.nlink == 0) return 0;  // removed: answered from a handle or an orphan
+    {
+        std::lock_guard lock(m_versions_mutex);
+        if (m_versions.count(a.ino)) return 0;  // a writer at work: the answer depends on the caller
+    }
+    std::lock_guard lock(m_pages_mutex);
+    PageState& state = m_pages[a.ino];  // an empty state is one of no known version (enter_pages)
+    if (state.writers > 0 || (!state.readers.empty() && state.digest != a.digest)) return 0;
+    state.told = a.digest;
+    return kFileAttrTimeout;
+}
+
+void Filesystem::keep_for_readers(Ino ino) {
+    core::Digest digest;
+    {
+        std::lock_guard lock(m_pages_mutex);
+        auto it = m_pages.find(ino);
+        if (it == m_pages.end() || it->second.readers.empty() || it->second.kept) return;
+        digest = it->second.digest;
+    }
+    auto txn = m_store.read();
+    if (!txn) return;
+    auto attr = txn->getattr(ino);
+    if (!attr || attr->digest != digest) return;
+    auto content = txn->read(ino);
+    if (!content) return;
+    auto kept = snapshot(digest, content->bytes());
+    std::lock_guard lock(m_pages_mutex);
+    if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.digest == digest && !it->second.readers.empty()) {
+        it->second.kept = std::move(kept);
+    }
+}
+
+std::shared_ptr<const std::string> Filesystem::load_content(Ino ino, const core::Digest& digest) {
+    if (auto live = find_snapshot(digest)) return live;
+    if (auto txn = m_store.read()) {
+        auto attr = txn->getattr(ino);
+        if (attr && attr->digest == digest) {
+            if (auto content = txn->read(ino)) return snapshot(digest, content->bytes());
+        }
+    }
+    // Replaced or removed since the open: by this daemon, which kept it.
+    if (auto orphan = find_orphan(ino); orphan && orphan->attr.digest == digest) return orphan->content;
+    std::lock_guard lock(m_pages_mutex);
+    if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.kept && it->second.digest == digest) {
+        return it->second.kept;
+    }
+    return nullptr;
 }
 
 std::optional<std::uint64_t> Filesystem::page_cache_size(Ino ino) {
@@ -762,6 +839,12 @@ void Filesystem::discard_open(FileHandle* handle) {
     delete handle;
 }
 
+std::shared_ptr<const std::string> Filesystem::find_snapshot(const core::Digest& digest) {
+    std::lock_guard lock(m_snapshots_mutex);
+    auto it = m_snapshots.find(digest.hex());
+    return it == m_snapshots.end() ? nullptr : it->second.lock();
+}
+
 std::shared_ptr<const std::string> Filesystem::snapshot(const core::Digest& digest,
                                                         std::string_view bytes) {
     const std::string key = digest.hex();
@@ -803,12 +886,17 @@ void Filesystem::count_open(fuse_req_t req, const core::ReadTxn& txn, const Attr
 }
 
 void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    // Read-only serving: no handles. The kernel takes ENOSYS as "opens always
+    // succeed" and sends no OPEN, FLUSH or RELEASE from now on (read() serves
+    // the stored content by inode; docs/stats.md says what is not counted).
+    if (m_no_open) return (void)fuse_reply_err(req, ENOSYS);
     auto handle = std::make_unique<FileHandle>();
     handle->ino = ino;
     handle->writable = (fi->flags & O_ACCMODE) != O_RDONLY;
     handle->readable = (fi->flags & O_ACCMODE) != O_WRONLY;
     const bool truncate = handle->writable && (fi->flags & O_TRUNC);
     bool joined_existing = false;
+    bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
     {
         auto txn = m_store.read();
         if (!txn) return reply_error(req, txn.error());
@@ -840,14 +928,22 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                 handle->version = std::move(shared);
                 fi->keep_cache = 1;
             } else {
-                auto content = txn->read(ino);
-                if (!content) return reply_error(req, content.error());
-                handle->snapshot = snapshot(attr->digest, content->bytes());
                 handle->snapshot_digest = attr->digest;
                 handle->reader_tid = fuse_req_ctx(req)->pid;
-                const PageUse use = enter_pages(handle.get(), attr->digest);
+                const PageUse use = enter_pages(handle.get(), attr->digest, attr->size, &stale_attr);
                 fi->direct_io = use == PageUse::direct;
                 fi->keep_cache = use == PageUse::keep;
+                // The kernel's pages hold this version: a READ comes only for pages it
+                // dropped, so the content is loaded then (read()), not copied here.
+                handle->lazy = use == PageUse::keep;
+                if (!handle->lazy) {
+                    auto content = txn->read(ino);
+                    if (!content) {
+                        if (handle->page_cached) leave_pages(handle.get());
+                        return reply_error(req, content.error());
+                    }
+                    handle->snapshot = snapshot(attr->digest, content->bytes());
+                }
             }
         } else {
             handle->attr = *attr;
@@ -870,6 +966,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             // Through the page cache: every handle of the version sees one page cache,
             // and MAP_SHARED works. A new version drops what the cache held.
             fi->keep_cache = joined_existing;
+            m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
         }
     }
     FileHandle* raw = handle.release();
@@ -878,6 +975,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (fuse_reply_open(req, &opened) != 0) discard_open(raw);  // the opener is gone (interrupted)
     };
     if (raw->version && raw->writable) return admit_writer(raw, std::move(reply));
+    if (stale_attr) return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
     reply();
 }
 
@@ -916,8 +1014,10 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
     (void)enter_pages_as_writer(raw);  // no reader enters the page cache while it writes; see admit_writer
     apply_live_size(attr);
-    const fuse_entry_param e = entry_param(attr);
+    const fuse_entry_param e = entry_param(attr, attr_timeout(attr));  // 0: its version is at work
     remember_lookup(attr.ino);
+    // O_CREAT of a file that existed: the kernel may hold its settled attributes.
+    m_background.invalidate_attr(attr.ino);
     if (fuse_reply_create(req, &e, fi) != 0) {
         forget(attr.ino, 1);
         discard_open(raw);
@@ -927,16 +1027,25 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
 // Every handler replies only after it let go of the handle's lock: the reply may
 // let the kernel release the handle on another thread at once.
 
-void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    if (!handle) return read_unopened(req, ino, size, off);
     std::shared_ptr<Version> version;
     std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
+    bool lost = false;
     {
         std::lock_guard lock(handle->mutex);
         follow_shared(handle);
         version = handle->version;
+        if (!version && handle->lazy && !handle->snapshot) {
+            handle->snapshot = load_content(ino, handle->snapshot_digest);
+            // Removed by another process since the open, and the kernel dropped the
+            // pages that held it: nothing is left to read (docs/architecture.md).
+            lost = !handle->snapshot;
+        }
         shared = handle->snapshot;
     }
+    if (lost) return reply_error(req, {EIO, "content removed by another process before its first read"});
     std::string copy;  // a version's bytes, which may change after the lock
     std::string_view slice;
     if (version) {
@@ -950,6 +1059,17 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_f
     }
     m_background.count(core::Counter::bytes_read, slice.size());
     fuse_reply_buf(req, slice.data(), slice.size());
+}
+
+void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) {
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto content = txn->read(ino);
+    if (!content) return reply_error(req, content.error());
+    const std::string_view bytes = content->bytes();
+    const std::string_view slice = bytes.substr(std::min(static_cast<std::size_t>(off), bytes.size()), size);
+    m_background.count(core::Counter::bytes_read, slice.size());
+    fuse_reply_buf(req, slice.data(), slice.size());  // from the map: before the snapshot ends
 }
 
 void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
@@ -995,12 +1115,16 @@ core::Status Filesystem::publish(fuse_req_t req, Version& version) {
                                                   "(the rest is pinned or being written)", size, max));
         }
     }
+    // Readers of the stored version that load it lazily (open()) may still need it.
+    keep_for_readers(version.staged.ino());
     auto s = version.staged.commit(req ? origin_of(req) : core::Origin{});
     if (!s && s.error().code == ENOENT) return {};  // removed while open: its bytes go nowhere
     if (!s) return s;
     // A rewrite's pages may be cached by its own process's readers of the old version.
-    // A shared version's are the page cache its handles read: nothing is stale.
+    // A shared version's are the page cache its handles read: nothing is stale, but
+    // its attributes (times) changed.
     if (!version.shared) m_background.invalidate_inode(version.staged.ino());
+    else m_background.invalidate_attr(version.staged.ino());
     m_background.check_limits();
     return {};
 }
@@ -1012,6 +1136,7 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     // A process killed by a signal closes its files too: a rewriter killed mid-file
     // must not publish what it had written so far.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    if (!handle) return (void)fuse_reply_err(req, m_no_open ? ENOSYS : 0);  // read-only: never again
     const pid_t tid = fuse_req_ctx(req)->pid;
     std::shared_ptr<Version> version;
     {
@@ -1040,7 +1165,7 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
     // writes, for the shared version); with durability=full the commit is synced.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
     std::shared_ptr<Version> version;
-    {
+    if (handle) {
         std::lock_guard lock(handle->mutex);
         if (handle->writable) version = handle->version;
     }
@@ -1056,6 +1181,7 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
 
 void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+    if (!handle) return (void)fuse_reply_err(req, 0);
     // flush() published already unless a write came after it (or it failed, in which
     // case the writer was told), or its writer was killed. The last handle of a
     // version publishes it and ends its lease, before readers may use the page cache.
@@ -1119,7 +1245,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
             if (child.name == "." || child.name == "..") {
                 e.attr = to_stat(*attr);  // no entry: the kernel takes no reference on these
             } else {
-                e = entry_param(*attr);
+                e = entry_param(*attr, attr_timeout(*attr));
             }
             n = fuse_add_direntry_plus(req, buf.data() + used, size - used, child.name.c_str(), &e, next);
             if (n <= size - used && e.ino) remember_lookup(e.ino);  // the kernel takes a reference

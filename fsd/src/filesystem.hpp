@@ -24,9 +24,15 @@
 //   stays readable as an orphan until the kernel forgets it, as an unlinked inode
 //   does on a local disk; writes to it are accepted and dropped.
 // Caching: entries and directory attributes are cached by the kernel for a long
-// time and invalidated explicitly (Background). File attributes are not cached
-// (timeout 0); getattr answers with the shared version, the open handle's view, or
-// the newest rewrite of the caller. Writers use the page cache (so MAP_SHARED works
+// time and invalidated explicitly (Background). File attributes too, while the
+// answer is everybody's (attr_timeout): no writer at work, no page-cache reader of
+// another version; otherwise timeout 0 and getattr answers with the shared version,
+// the open handle's view, or the newest rewrite of the caller. Every change of a
+// settled answer (a writer's open and close, publish, setattr, a removal, another
+// version entering the page cache, events of other processes) is followed by an
+// attribute invalidation from the background thread; a reader that opens another
+// version than the kernel was told of is answered only after that invalidation.
+// A reader opened onto the kernel's kept pages loads its content at its first READ. Writers use the page cache (so MAP_SHARED works
 // and every handle sees one page cache); readers that open while a writer is at work
 // and do not read the shared version use direct I/O: a rewrite's bytes in the page
 // cache are never theirs, and their reads end where their own version ends. The
@@ -164,9 +170,24 @@ private:
     // the kernel's size must stay that version's. enter_pages says how `reader` (a new
     // handle of `digest`) may use them: not at all while a writer is at work (its
     // writes move the kernel's size) or another version's readers read.
+    // `stale_attr`: the kernel may hold attributes told of another version of the
+    // inode (PageState::told); the reader's open is answered only once they are gone.
     enum class PageUse { keep, refill, direct };
-    PageUse enter_pages(FileHandle* reader, const core::Digest& digest);
+    PageUse enter_pages(FileHandle* reader, const core::Digest& digest, std::uint64_t size, bool* stale_attr);
     void leave_pages(FileHandle* reader);
+    // How long the kernel may keep the attributes `a` of an inode: long (and recorded
+    // in PageState::told) while every caller gets that answer (no writer at work, no
+    // page-cache reader of another version, not removed), else 0. Every change of that
+    // answer is followed by Background::invalidate_attr.
+    double attr_timeout(const core::Attr& a);
+    // Before the stored content of `ino` is replaced by a publish: page-cache readers
+    // of it that load lazily keep it (PageState::kept) until the last one closes.
+    void keep_for_readers(core::Ino ino);
+    // A lazy reader's content (`digest` of `ino`): a live snapshot, the stored one, or
+    // what this daemon kept when it replaced or removed it; null when gone.
+    std::shared_ptr<const std::string> load_content(core::Ino ino, const core::Digest& digest);
+    // READ without a handle (read-only serving, no OPEN): the stored content.
+    void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
     // The size of the version being read through the page cache of `ino`, if any.
     std::optional<std::uint64_t> page_cache_size(core::Ino ino);
     // Answers a writer's open (`reply`) now, or once the readers that other processes
@@ -184,17 +205,23 @@ private:
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
     void discard_open(FileHandle* handle);
     std::shared_ptr<const std::string> snapshot(const core::Digest& digest, std::string_view bytes);
+    std::shared_ptr<const std::string> find_snapshot(const core::Digest& digest);
     void count_open(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr);
 
     core::Store& m_store;
     const Options m_options;
     Background m_background;
+    bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
 
     struct PageState {
         core::Digest digest;                // the version whose pages the kernel caches
         std::uint64_t size = 0;             // its size
         std::vector<FileHandle*> readers;   // open handles reading through the page cache
         std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
+        // The version whose attributes the kernel was last told to keep (attr_timeout);
+        // a reader of another one waits for their invalidation (enter_pages).
+        std::optional<core::Digest> told;
+        std::shared_ptr<const std::string> kept;  // `digest`'s content once replaced (keep_for_readers)
     };
     struct WaitingWriter {
         FileHandle* writer;

@@ -14,7 +14,8 @@ struct Caller {
 };
 
 // The process (thread group) of thread `tid`, from /proc; the thread itself if /proc
-// cannot tell (the thread may be gone already).
+// cannot tell (the thread may be gone already). Cached per thread id and validated by
+// the thread's start time: one read of /proc/<tid>/stat per call. Thread-safe.
 std::uint32_t process_of(pid_t tid);
 // The same with the process's name.
 Caller caller_of(pid_t tid);
