@@ -147,7 +147,7 @@ TEST_CASE("panels: the evict button evicts the clicked entry, after confirmation
     CHECK_FALSE(ui.ui().rect(Widget::confirm).valid);  // the dialog closed
 }
 
-TEST_CASE("panels: Delete asks to evict the selection; Cancel keeps it", "[gui][panels]") {
+TEST_CASE("panels: Delete asks to evict the selection, Cancel keeps it", "[gui][panels]") {
     GuiDb db;
     Entries e(db);
     NullUi ui(db);
@@ -202,7 +202,7 @@ TEST_CASE("panels: clicking a header sorts by that column, again reverses", "[gu
     CHECK(ui.model().key(ui.model().visible(0)) == "aaa111");
 }
 
-TEST_CASE("panels: shift-click selects a range; pin and unpin are confirmed", "[gui][panels]") {
+TEST_CASE("panels: shift-click selects a range, pin and unpin are confirmed", "[gui][panels]") {
     GuiDb db;
     Entries e(db);
     NullUi ui(db);
