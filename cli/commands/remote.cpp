@@ -5,6 +5,7 @@
 // the command: the others are still tried (fast, once a server's circuit is open), and
 // the command exits 1 if any entry could not be moved.
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <sstream>
 
@@ -44,6 +45,28 @@ struct RemoteStatsOptions {
     std::shared_ptr<RemoteCommon> common;
     bool json = false;
 };
+
+// Deadlines: "250ms", or any core duration ("2s"; a bare number is seconds).
+CLI::Validator deadline_transform() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            if (text.size() > 2 && text.ends_with("ms")) {
+                std::int64_t ms = 0;
+                const std::string digits = text.substr(0, text.size() - 2);
+                const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ms);
+                if (ec != std::errc() || end != digits.data() + digits.size() || ms <= 0 || ms > 86'400'000) {
+                    return "invalid deadline '" + text + "'";
+                }
+                text = std::to_string(ms * 1'000'000);
+                return {};
+            }
+            auto ns = core::parse_duration(text);
+            if (!ns || *ns <= 0) return "invalid deadline '" + text + "'";
+            text = std::to_string(*ns);
+            return {};
+        },
+        "", "deadline");
+}
 
 std::vector<std::string> configured_urls(const RemoteCommon& c) {
     if (!c.urls.empty()) return c.urls;
@@ -134,7 +157,8 @@ int run_push(const Cli& cli, const PushOptions& opts) {
 int run_pull(const Cli& cli, const PullOptions& opts) {
     if (!opts.job_tag.empty() && !opts.entries.empty()) throw UsageError("give --job-tag or entries, not both");
     if (opts.job_tag.empty() && opts.entries.empty()) throw UsageError("give --job-tag TAG or the entries to pull");
-    auto store = open_store(cli, Access::write);
+    // A fresh node prefetches into a db that does not exist yet.
+    auto store = open_store(cli, Access::create);
     auto r = make_remote(*opts.common);
     CountsRecorder recorder(*store, *r);
     std::vector<std::string> names = opts.entries;
@@ -228,11 +252,11 @@ void add_remote_commands(CLI::App& app, Cli& cli) {
         ->type_name("VAR");
     group->add_option("--remote-password-file", common->password_file, "read the password from this file")
         ->type_name("FILE");
-    group->add_option("--remote-timeout", common->timeout_ns, "deadline of each remote operation (default 2s)")
-        ->transform(duration_transform())
+    group->add_option("--remote-timeout", common->timeout_ns, "deadline of each remote operation: 250ms, 2s ... (default 2s)")
+        ->transform(deadline_transform())
         ->type_name("DURATION");
     group->add_option("--remote-connect-timeout", common->connect_timeout_ns, "deadline of a connect (default 1s)")
-        ->transform(duration_transform())
+        ->transform(deadline_transform())
         ->type_name("DURATION");
     group->add_flag("--remote-read-only", common->read_only, "never write to the remote");
 

@@ -11,8 +11,9 @@
 
 namespace kcache::remote {
 
-// One server. `mutex` guards every other member: the connection is used by one
-// operation at a time, and the breaker changes only under it.
+// One server. `endpoint` and `id` are set once, before the Remote is shared; `mutex`
+// guards every other member: the connection is used by one operation at a time, and
+// the breaker and the OOM pause change only under it.
 struct Remote::Server {
     enum class Breaker : std::uint8_t { closed, open, half_open };
     Endpoint endpoint;
