@@ -131,15 +131,23 @@ TEST_CASE("entries pushed from one db are pulled into another byte-exact", "[rem
 
 TEST_CASE("a read-only ACL user never writes to Redis", "[remote]") {
     RedisServer redis;
-    // The writer is the default user here; the reader may only read kcache's keys.
+    // The two users of docs/operations.md.
+    REQUIRE(redis.command({"ACL", "SETUSER", "writer", "on", ">writerpw", "~kc1:*", "resetchannels", "-@all",
+                           "+get", "+set", "+exists", "+del", "+sadd", "+smembers", "+ping", "+select"})
+                .is_ok());
     REQUIRE(redis.command({"ACL", "SETUSER", "reader", "on", ">readerpw", "~kc1:*", "resetchannels", "-@all",
-                           "+get", "+exists", "+smembers", "+ping"})
+                           "+get", "+exists", "+smembers", "+ping", "+select"})
                 .is_ok());
     TestDb a, b;
     add_jax(a);
     a.put("other/ABCDEF0123456789ABCD/kernel.cubin", kcache::test::random_bytes(20'000, 9));
     REQUIRE(a.has_entry("other/ABCDEF0123456789ABCD"));
-    REQUIRE(kc(a, redis, {"push", "--job-tag", "j"}).exit_code == 0);
+    a.close();
+    auto push_a = run_cli({"--db", a.path(), "remote", "--remote", redis.url() + "?user=writer", "--remote-namespace",
+                           "test", "--remote-password-env", "WRITER_PW", "push", "--job-tag", "j"},
+                          {{"WRITER_PW", "writerpw"}});
+    INFO(push_a.out << push_a.err);
+    REQUIRE(push_a.exit_code == 0);
     const auto dbsize = redis.command({"DBSIZE"}).integer;
     REQUIRE(redis.command({"CONFIG", "RESETSTAT"}).is_ok());
 
