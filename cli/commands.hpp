@@ -143,5 +143,6 @@ void add_evict_commands(CLI::App& app, Cli& cli);        // evict, clear, pin, u
 void add_maintenance_commands(CLI::App& app, Cli& cli);  // verify, gc
 void add_bundle_commands(CLI::App& app, Cli& cli);       // export, import
 void add_inspect_commands(CLI::App& app, Cli& cli);      // inspect-binary
+void add_remote_commands(CLI::App& app, Cli& cli);       // remote push, pull, stats
 
 }  // namespace kcache::cli

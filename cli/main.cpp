@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     add_maintenance_commands(app, cli);
     add_bundle_commands(app, cli);
     add_inspect_commands(app, cli);
+    add_remote_commands(app, cli);
 
     if (argc <= 1) {
         std::fputs(app.help().c_str(), stderr);

@@ -15,6 +15,8 @@ packages=(
   # the inspector (gui/): Dear ImGui, GLFW, stb_image_write for --screenshot; Xvfb,
   # xauth and Mesa's llvmpipe for its screenshot test without a display
   libimgui-dev libglfw3-dev libstb-dev xvfb xauth libgl1-mesa-dri
+  # the shared tier (remote/): the hiredis client, and redis-server for its tests
+  libhiredis-dev redis-server
 )
 
 sudo_cmd=()

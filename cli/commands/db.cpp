@@ -126,7 +126,8 @@ struct StatsOptions {
 bool counts_bytes(core::Counter c) {
     using core::Counter;
     return c == Counter::bytes_read || c == Counter::bytes_written || c == Counter::evicted_bytes ||
-           c == Counter::bytes || c == Counter::stored_bytes || c == Counter::blob_raw_bytes;
+           c == Counter::bytes || c == Counter::stored_bytes || c == Counter::blob_raw_bytes ||
+           c == Counter::remote_bytes_up || c == Counter::remote_bytes_down;
 }
 
 std::string label_of(core::Counter c) {

@@ -92,6 +92,16 @@ std::string_view counter_name(Counter c) {
         case Counter::errors_io: return "errors_io";
         case Counter::errors_other: return "errors_other";
         case Counter::imported_entries: return "imported_entries";
+        case Counter::remote_hits: return "remote_hits";
+        case Counter::remote_misses: return "remote_misses";
+        case Counter::remote_errors: return "remote_errors";
+        case Counter::remote_timeouts: return "remote_timeouts";
+        case Counter::remote_corrupt: return "remote_corrupt";
+        case Counter::remote_dangling: return "remote_dangling";
+        case Counter::remote_bytes_up: return "remote_bytes_up";
+        case Counter::remote_bytes_down: return "remote_bytes_down";
+        case Counter::remote_uploads: return "remote_uploads";
+        case Counter::remote_upload_skipped: return "remote_upload_skipped";
         case Counter::entries: return "entries";
         case Counter::bytes: return "bytes";
         case Counter::stored_bytes: return "stored_bytes";
@@ -106,7 +116,11 @@ static constexpr Counter kAllCounters[] = {
     Counter::hits, Counter::misses, Counter::stores, Counter::negative_lookups, Counter::opens,
     Counter::bytes_read, Counter::bytes_written, Counter::evicted_entries,
     Counter::evicted_bytes, Counter::dedup_hits, Counter::errors_nospc, Counter::errors_io,
-    Counter::errors_other, Counter::imported_entries, Counter::entries, Counter::bytes,
+    Counter::errors_other, Counter::imported_entries, Counter::remote_hits,
+    Counter::remote_misses, Counter::remote_errors, Counter::remote_timeouts,
+    Counter::remote_corrupt, Counter::remote_dangling, Counter::remote_bytes_up,
+    Counter::remote_bytes_down, Counter::remote_uploads, Counter::remote_upload_skipped,
+    Counter::entries, Counter::bytes,
     Counter::stored_bytes, Counter::blobs, Counter::files, Counter::blob_raw_bytes,
 };
 

@@ -125,6 +125,17 @@ enum class Counter : std::uint32_t {
     errors_io = 12,
     errors_other = 13,
     imported_entries = 14,
+    // the shared tier (remote/): counted by `kcache remote` (and later the daemon)
+    remote_hits = 40,        // entries pulled from the remote tier into this db
+    remote_misses = 41,      // entries asked for that the remote tier does not hold
+    remote_errors = 42,      // remote operations that failed (I/O, refused, circuit open, server error)
+    remote_timeouts = 43,    // remote operations that ran past their deadline
+    remote_corrupt = 44,     // blobs or manifests whose bytes did not match: dropped, never stored
+    remote_dangling = 45,    // manifests whose blob is gone (a miss)
+    remote_bytes_up = 46,    // bytes of values sent to the remote tier
+    remote_bytes_down = 47,  // bytes of values received from it
+    remote_uploads = 48,     // entries uploaded (their manifest written by this db)
+    remote_upload_skipped = 49,  // entries not uploaded: already there (first writer won)
     // gauges
     entries = 100,
     bytes = 101,           // logical bytes of all regular files

@@ -1,0 +1,288 @@
+// kcache remote push / pull / stats: the shared tier on Redis (remote/).
+//
+// Every command records what the remote did (remote_* counters of `kcache stats`) in
+// the db before it returns, also when it fails. A remote failure fails the entry, not
+// the command: the others are still tried (fast, once a server's circuit is open), and
+// the command exits 1 if any entry could not be moved.
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <sstream>
+
+#include <fmt/core.h>
+
+#include "commands.hpp"
+#include "kcache/core/units.hpp"
+#include "kcache/remote/remote.hpp"
+
+namespace kcache::cli {
+
+namespace {
+
+struct RemoteCommon {
+    std::vector<std::string> urls;  // --remote; empty: $KCACHE_REMOTE
+    std::string ns;
+    std::string password_env;
+    std::string password_file;
+    std::int64_t timeout_ns = 2'000'000'000;
+    std::int64_t connect_timeout_ns = 1'000'000'000;
+    bool read_only = false;
+};
+
+struct PushOptions {
+    std::shared_ptr<RemoteCommon> common;
+    std::string job_tag;
+    std::vector<std::string> entries;
+};
+
+struct PullOptions {
+    std::shared_ptr<RemoteCommon> common;
+    std::string job_tag;
+    std::vector<std::string> entries;
+};
+
+struct RemoteStatsOptions {
+    std::shared_ptr<RemoteCommon> common;
+    bool json = false;
+};
+
+// Deadlines: "250ms", or any core duration ("2s"; a bare number is seconds).
+CLI::Validator deadline_transform() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            if (text.size() > 2 && text.ends_with("ms")) {
+                std::int64_t ms = 0;
+                const std::string digits = text.substr(0, text.size() - 2);
+                const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ms);
+                if (ec != std::errc() || end != digits.data() + digits.size() || ms <= 0 || ms > 86'400'000) {
+                    return "invalid deadline '" + text + "'";
+                }
+                text = std::to_string(ms * 1'000'000);
+                return {};
+            }
+            auto ns = core::parse_duration(text);
+            if (!ns || *ns <= 0) return "invalid deadline '" + text + "'";
+            text = std::to_string(*ns);
+            return {};
+        },
+        "", "deadline");
+}
+
+std::vector<std::string> configured_urls(const RemoteCommon& c) {
+    if (!c.urls.empty()) return c.urls;
+    std::vector<std::string> urls;
+    if (const char* env = std::getenv("KCACHE_REMOTE"); env && *env) {
+        std::string text(env);
+        for (char& ch : text) {
+            if (ch == ',') ch = ' ';
+        }
+        std::istringstream in(text);
+        for (std::string url; in >> url;) urls.push_back(url);
+    }
+    return urls;
+}
+
+std::unique_ptr<remote::Remote> make_remote(const RemoteCommon& c) {
+    const std::vector<std::string> urls = configured_urls(c);
+    if (urls.empty()) throw UsageError("no remote server: give --remote URL or set KCACHE_REMOTE");
+    remote::Options options;
+    for (const std::string& url : urls) options.servers.push_back(check(remote::parse_endpoint(url)));
+    if (!c.password_env.empty() && !c.password_file.empty()) {
+        throw UsageError("--remote-password-env and --remote-password-file exclude each other");
+    }
+    std::string env = c.password_env;
+    if (env.empty() && c.password_file.empty() && std::getenv("KCACHE_REMOTE_PASSWORD")) env = "KCACHE_REMOTE_PASSWORD";
+    options.password = check(remote::load_password(env, c.password_file));
+    const char* ns_env = std::getenv("KCACHE_REMOTE_NAMESPACE");
+    options.ns = !c.ns.empty() ? c.ns : (ns_env && *ns_env ? ns_env : "default");
+    options.op_timeout_ns = c.timeout_ns;
+    options.connect_timeout_ns = c.connect_timeout_ns;
+    options.read_only = c.read_only;
+    return check(remote::Remote::create(std::move(options)));
+}
+
+// Records the remote's counts in the db when the command ends, however it ends.
+class CountsRecorder {
+public:
+    CountsRecorder(core::Store& store, const remote::Remote& r) : m_store(store), m_remote(r) {}
+    ~CountsRecorder() {
+        if (auto s = remote::record_counts(m_store, m_remote.counts()); !s) {
+            fmt::print(stderr, "kcache: recording remote statistics: {}\n", s.error().message);
+        }
+    }
+    CountsRecorder(const CountsRecorder&) = delete;
+    CountsRecorder& operator=(const CountsRecorder&) = delete;
+
+private:
+    core::Store& m_store;
+    const remote::Remote& m_remote;
+};
+
+std::string describe(const remote::EntryResult& r) {
+    return fmt::format("{}, {}", count(r.files, "file", "files"), core::format_size(r.bytes));
+}
+
+int run_push(const Cli& cli, const PushOptions& opts) {
+    if (!opts.job_tag.empty()) check(remote::validate_job_tag(opts.job_tag));
+    auto store = open_store(cli, Access::write);
+    auto r = make_remote(*opts.common);
+    CountsRecorder recorder(*store, *r);
+    std::vector<std::string> names;
+    {
+        auto txn = check(store->read());
+        if (opts.entries.empty()) {
+            check(txn.for_each_entry([&](const core::EntryInfo& e) {
+                if (e.files > 0) names.push_back(e.name);
+                return true;
+            }));
+        } else {
+            for (const std::string& name : opts.entries) names.push_back(find_entry(txn, name).name);
+        }
+    }
+    std::uint64_t uploaded = 0, already = 0, failed = 0;
+    for (const std::string& name : names) {
+        auto result = r->push(*store, name, opts.job_tag);
+        if (!result) {
+            ++failed;
+            fmt::print(stderr, "kcache: push {}: {}\n", name, result.error().message);
+            continue;
+        }
+        (result->outcome == remote::Outcome::uploaded ? uploaded : already) += 1;
+        fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name, describe(*result));
+    }
+    fmt::print("pushed {}, already remote {}, failed {}\n", uploaded, already, failed);
+    return failed ? kExitError : kExitOk;
+}
+
+int run_pull(const Cli& cli, const PullOptions& opts) {
+    if (!opts.job_tag.empty() && !opts.entries.empty()) throw UsageError("give --job-tag or entries, not both");
+    if (opts.job_tag.empty() && opts.entries.empty()) throw UsageError("give --job-tag TAG or the entries to pull");
+    // A fresh node prefetches into a db that does not exist yet.
+    auto store = open_store(cli, Access::create);
+    auto r = make_remote(*opts.common);
+    CountsRecorder recorder(*store, *r);
+    std::vector<std::string> names = opts.entries;
+    if (!opts.job_tag.empty()) names = check(r->job_entries(opts.job_tag), "job " + opts.job_tag);
+    std::uint64_t pulled = 0, present = 0, missing = 0, failed = 0;
+    for (const std::string& name : names) {
+        auto result = r->pull(*store, name);
+        if (!result) {
+            ++failed;
+            fmt::print(stderr, "kcache: pull {}: {}\n", name, result.error().message);
+            continue;
+        }
+        switch (result->outcome) {
+            case remote::Outcome::pulled: ++pulled; break;
+            case remote::Outcome::already_local: ++present; break;
+            default: ++missing; break;
+        }
+        if (result->detail.empty()) {
+            fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name, describe(*result));
+        } else {
+            fmt::print("{:<15} {}: {}\n", remote::outcome_name(result->outcome), name, result->detail);
+        }
+    }
+    fmt::print("pulled {}, already local {}, not available {}, failed {}\n", pulled, present, missing, failed);
+    return failed || missing ? kExitError : kExitOk;
+}
+
+constexpr core::Counter kRemoteCounters[] = {
+    core::Counter::remote_hits,     core::Counter::remote_misses,    core::Counter::remote_errors,
+    core::Counter::remote_timeouts, core::Counter::remote_corrupt,   core::Counter::remote_dangling,
+    core::Counter::remote_bytes_up, core::Counter::remote_bytes_down, core::Counter::remote_uploads,
+    core::Counter::remote_upload_skipped,
+};
+
+int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
+    auto store = open_store(cli, Access::read);
+    const core::Stats stats = check(check(store->read()).stats());
+    // Servers only when one is configured: the counters need no network.
+    std::unique_ptr<remote::Remote> r;
+    if (!configured_urls(*opts.common).empty()) r = make_remote(*opts.common);
+    std::vector<std::string> pings = r ? r->ping() : std::vector<std::string>{};
+    const std::vector<remote::ServerState> servers = r ? r->servers() : std::vector<remote::ServerState>{};
+    if (opts.json) {
+        nlohmann::json out;
+        for (core::Counter c : kRemoteCounters) out[std::string(core::counter_name(c))] = stats.get(c);
+        out["servers"] = nlohmann::json::array();
+        for (std::size_t i = 0; i < servers.size(); ++i) {
+            out["servers"].push_back({{"id", servers[i].id},
+                                      {"reachable", pings[i].empty()},
+                                      {"error", pings[i]},
+                                      {"breaker", servers[i].breaker},
+                                      {"uploads_paused", servers[i].uploads_paused}});
+        }
+        print_json(out);
+    } else {
+        Table counters({"", ""}, {false, true});
+        for (core::Counter c : kRemoteCounters) {
+            const bool bytes = c == core::Counter::remote_bytes_up || c == core::Counter::remote_bytes_down;
+            std::string label(core::counter_name(c));
+            for (char& ch : label) {
+                if (ch == '_') ch = ' ';
+            }
+            counters.add({label, bytes ? core::format_size(stats.get(c)) : std::to_string(stats.get(c))});
+        }
+        counters.print();
+        for (std::size_t i = 0; i < servers.size(); ++i) {
+            fmt::print("\nserver {}: {}\n", servers[i].id, pings[i].empty() ? "reachable" : pings[i]);
+        }
+    }
+    for (const std::string& p : pings) {
+        if (!p.empty()) return kExitError;
+    }
+    return kExitOk;
+}
+
+}  // namespace
+
+void add_remote_commands(CLI::App& app, Cli& cli) {
+    auto common = std::make_shared<RemoteCommon>();
+    auto* group = app.add_subcommand("remote", "push entries to and pull them from the shared tier (Redis)");
+    group->require_subcommand(1);
+    group->add_option("--remote", common->urls,
+                      "redis://[user@]host:port[/db] or unix:/path[?db=N&user=U]; repeat to shard "
+                      "over several (default: $KCACHE_REMOTE)")
+        ->type_name("URL");
+    group->add_option("--remote-namespace", common->ns,
+                      "keys live under kc1:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
+        ->type_name("NS");
+    group->add_option("--remote-password-env", common->password_env,
+                      "read the password from this environment variable (default: KCACHE_REMOTE_PASSWORD when set)")
+        ->type_name("VAR");
+    group->add_option("--remote-password-file", common->password_file, "read the password from this file")
+        ->type_name("FILE");
+    group->add_option("--remote-timeout", common->timeout_ns, "deadline of each remote operation: 250ms, 2s ... (default 2s)")
+        ->transform(deadline_transform())
+        ->type_name("DURATION");
+    group->add_option("--remote-connect-timeout", common->connect_timeout_ns, "deadline of a connect (default 1s)")
+        ->transform(deadline_transform())
+        ->type_name("DURATION");
+    group->add_flag("--remote-read-only", common->read_only, "never write to the remote");
+
+    {
+        auto opts = std::make_shared<PushOptions>();
+        opts->common = common;
+        auto* sub = group->add_subcommand("push", "upload entries (default: all) to the shared tier");
+        sub->add_option("--job-tag", opts->job_tag, "also add them to this job's set")->type_name("TAG");
+        sub->add_option("entries", opts->entries, "entry names (a unique prefix will do)")->type_name("ENTRY");
+        on_run(sub, cli, opts, &run_push);
+    }
+    {
+        auto opts = std::make_shared<PullOptions>();
+        opts->common = common;
+        auto* sub = group->add_subcommand("pull", "fetch entries (or a job's entries) into the db, verified");
+        sub->add_option("--job-tag", opts->job_tag, "every entry of this job's set")->type_name("TAG");
+        sub->add_option("entries", opts->entries, "exact entry names")->type_name("ENTRY");
+        on_run(sub, cli, opts, &run_pull);
+    }
+    {
+        auto opts = std::make_shared<RemoteStatsOptions>();
+        opts->common = common;
+        auto* sub = group->add_subcommand("stats", "the remote counters of the db, and each server's state");
+        sub->add_flag("--json", opts->json, "print JSON");
+        on_run(sub, cli, opts, &run_remote_stats);
+    }
+}
+
+}  // namespace kcache::cli

@@ -1,0 +1,162 @@
+// The shared tier: entries of a local db pushed to and pulled from Redis servers
+// (protocol in docs/architecture.md and src/protocol.hpp; docs/operations.md says how
+// to run it).
+//
+// Contract:
+//  - Every remote operation has a deadline (Options::op_timeout_ns; connecting has
+//    Options::connect_timeout_ns) kept by kcache itself over non-blocking sockets, so a
+//    dead or frozen Redis costs at most one deadline per operation and server. A
+//    server that keeps failing opens its circuit breaker: its operations then fail at
+//    once (EAGAIN) until a cool-down has passed, when one trial operation may close it.
+//  - A failed remote operation changes nothing in the local db. A pull verifies every
+//    file against its XXH3-128 digest before anything is written and writes a whole
+//    entry in one transaction; a corrupt blob is dropped (never stored, and deleted
+//    from Redis unless read-only), a manifest whose blob is gone is a miss.
+//  - The password is held in memory only: it never appears in a message, a URL or a
+//    log line.
+//  - A Remote is thread-safe: each server's connection and breaker are guarded by that
+//    server's mutex, so operations on one server are serialized; counts are atomic.
+//  - SIGPIPE is set to be ignored when a Remote is created (unless a handler is
+//    installed): a write to a connection the server closed must be an error, not death.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kcache/core/error.hpp"
+#include "kcache/core/store.hpp"
+
+namespace kcache::remote {
+
+struct Reply;  // src/client.hpp
+using core::Result;
+using core::Status;
+
+// One Redis server: `redis://[user@]host:port[/db]` or `unix:/path/to/socket[?db=N]`.
+// A password inside the URL (`user:password@`) is refused: it would show in process
+// listings and logs; give it through an environment variable or a file instead.
+struct Endpoint {
+    bool unix_socket = false;
+    std::string host;   // tcp
+    std::uint16_t port = 6379;
+    std::string path;   // unix socket
+    std::string user;   // ACL user; empty: the default user
+    unsigned db = 0;    // SELECT db
+    // The canonical form, without any secret: the server's identity for sharding
+    // (every node must name a server the same way) and its name in messages.
+    std::string id() const;
+};
+Result<Endpoint> parse_endpoint(std::string_view url);
+
+// The password from the environment variable `env_name` (when non-empty and set) or
+// else the first line of `file` (when non-empty). EINVAL when an explicitly named
+// variable is unset or the file cannot be read; the message never holds the secret.
+Result<std::string> load_password(const std::string& env_name, const std::string& file);
+
+struct Options {
+    std::vector<Endpoint> servers;  // keys are sharded over them by rendezvous hashing
+    std::string password;           // AUTH [user] password; empty: no AUTH
+    std::string ns = "default";     // namespace: keys live under kc1:<ns>:
+    std::int64_t connect_timeout_ns = 1'000'000'000;
+    std::int64_t op_timeout_ns = 2'000'000'000;  // one round trip (or one pipeline)
+    bool read_only = false;         // never write (push refused, corrupt blobs kept)
+    unsigned breaker_threshold = 2;  // consecutive failures that open a server's circuit
+    std::int64_t breaker_cooldown_ns = 5'000'000'000;  // first cool-down; doubles, capped
+    std::int64_t oom_pause_ns = 30'000'000'000;  // uploads pause this long after an OOM reply
+};
+// EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]) or a
+// non-positive timeout.
+Status validate(const Options& options);
+
+// What a Remote has done since it was made. Add them to a db's statistics with
+// record_counts(); the names match core::Counter's remote_* counters.
+struct Counts {
+    std::uint64_t hits = 0, misses = 0, errors = 0, timeouts = 0, corrupt = 0, dangling = 0,
+                  bytes_up = 0, bytes_down = 0, uploads = 0, upload_skipped = 0;
+};
+
+enum class Outcome : std::uint8_t {
+    uploaded,        // push: its manifest was written by us
+    already_remote,  // push: the manifest was there (first writer wins): nothing sent
+    pulled,          // pull: written into the local db
+    already_local,   // pull: the local db already had an entry of that name
+    miss,            // pull: no manifest
+    dangling,        // pull: the manifest names a blob that is gone (a miss)
+    corrupt,         // pull: a blob or the manifest failed its check: nothing stored
+};
+std::string_view outcome_name(Outcome o);
+
+struct EntryResult {
+    Outcome outcome = Outcome::miss;
+    std::uint64_t files = 0;
+    std::uint64_t bytes = 0;   // logical bytes of the entry's files
+    std::string detail;        // why, for dangling / corrupt
+};
+
+// A server's state, for `kcache remote stats`.
+struct ServerState {
+    std::string id;
+    std::string breaker;        // "closed", "open", "half-open"
+    bool uploads_paused = false;  // after an OOM reply, until the pause ends
+    std::uint64_t failures = 0;   // consecutive
+};
+
+class Remote {
+public:
+    static Result<std::unique_ptr<Remote>> create(Options options);
+    ~Remote();
+    Remote(const Remote&) = delete;
+    Remote& operator=(const Remote&) = delete;
+
+    // Uploads one entry of `store` (by its exact name): blobs the remote lacks first,
+    // then the manifest with SET NX (first writer wins), then adds the entry to the
+    // job's set when `job_tag` is non-empty. EROFS when read-only, ENOSPC while uploads
+    // are paused by an OOM reply, ETIMEDOUT / EIO / EAGAIN (circuit open) on failure.
+    Result<EntryResult> push(const core::Store& store, std::string_view entry,
+                             std::string_view job_tag = {});
+    // Fetches one entry by name into `store`, verified, in one write transaction.
+    Result<EntryResult> pull(core::Store& store, std::string_view entry);
+    // The entry names of a job's set (in no particular order).
+    Result<std::vector<std::string>> job_entries(std::string_view job_tag);
+    // PING every server: per server, empty on success or the error message.
+    std::vector<std::string> ping();
+
+    Counts counts() const;
+    std::vector<ServerState> servers() const;
+    const Options& options() const { return m_options; }
+
+    struct Server;  // a connection, its breaker and its mutex (remote.cpp)
+
+private:
+    explicit Remote(Options options);
+    // The server that holds `key`: highest rendezvous score of (server id, key).
+    Server& shard(std::string_view key);
+    // One pipeline on one server under the breaker and the deadline; counts failures,
+    // timeouts and bytes, pauses uploads on an OOM reply. Error replies are replies.
+    Result<std::vector<Reply>> exec(Server& server, const std::vector<std::vector<std::string>>& commands);
+    // A server's error reply as an Error (ENOSPC for OOM, EACCES for NOPERM), counted.
+    core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
+    bool uploads_paused(Server& server);
+    Status upload_blob(Server& server, const core::Digest& digest, std::string_view content);
+    Result<std::string> fetch_blob(Server& server, const core::Digest& digest, std::uint64_t size,
+                                   EntryResult& result);
+    struct AtomicCounts {
+        std::atomic<std::uint64_t> hits{0}, misses{0}, errors{0}, timeouts{0}, corrupt{0},
+            dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0};
+    };
+    Options m_options;
+    std::vector<std::unique_ptr<Server>> m_servers;
+    AtomicCounts m_counts;  // Server operations count errors, timeouts and bytes here
+};
+
+// Adds `counts` to the db's remote_* statistics in one write transaction.
+Status record_counts(core::Store& store, const Counts& counts);
+
+// Names accepted for a job tag: 1-128 of [A-Za-z0-9._:-].
+Status validate_job_tag(std::string_view tag);
+
+}  // namespace kcache::remote

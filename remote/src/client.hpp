@@ -1,0 +1,66 @@
+// A Redis connection over hiredis 0.14 with kcache's own deadlines.
+//
+// hiredis 0.14's blocking mode cannot tell a timeout from an I/O error and its
+// timeouts do not cover the whole exchange, so the socket is non-blocking and every
+// exchange (connect, AUTH/SELECT, one pipeline of commands) runs under one deadline
+// kept here with poll(2). Failures: ETIMEDOUT when the deadline passes, EIO (or the
+// socket's errno) for a connection that fails or closes, EPROTO for a reply hiredis
+// cannot parse. After any failure the connection is unusable (replies may be pending)
+// and must be dropped. Error replies of the server are replies, not failures.
+//
+// Not thread-safe: one thread at a time (Remote::Server's mutex guards it).
+// Internal to kcache_remote; tests use it to reach Redis directly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kcache/remote/remote.hpp"
+
+struct redisContext;
+
+namespace kcache::remote {
+
+std::int64_t steady_ns();
+
+struct Reply {
+    enum class Type : std::uint8_t { string, array, integer, nil, status, error };
+    Type type = Type::nil;
+    std::string str;  // string, status, error
+    long long integer = 0;
+    std::vector<Reply> elements;
+
+    bool is_error() const { return type == Type::error; }
+    bool is_ok() const { return type == Type::status && str == "OK"; }
+};
+
+using Command = std::vector<std::string>;  // binary-safe arguments
+
+class Connection {
+public:
+    // Connects and authenticates (AUTH [user] password when `password` is non-empty)
+    // and selects the endpoint's db, all before `deadline_ns` (steady_ns clock).
+    // EACCES when the server refuses the credentials.
+    static Result<std::unique_ptr<Connection>> open(const Endpoint& endpoint,
+                                                   const std::string& password,
+                                                   std::int64_t deadline_ns);
+    ~Connection();
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    // Sends the commands as one pipeline and returns their replies in order.
+    // `sent` / `received` add the bytes of arguments and reply values moved.
+    Result<std::vector<Reply>> exec(const std::vector<Command>& commands, std::int64_t deadline_ns,
+                                    std::uint64_t* sent = nullptr, std::uint64_t* received = nullptr);
+
+private:
+    explicit Connection(redisContext* context, std::string name)
+        : m_context(context), m_name(std::move(name)) {}
+    redisContext* m_context = nullptr;
+    std::string m_name;  // the endpoint's id, for messages
+};
+
+}  // namespace kcache::remote

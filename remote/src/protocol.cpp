@@ -1,0 +1,278 @@
+#include "protocol.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/core.h>
+#include <zstd.h>
+
+namespace kcache::remote::proto {
+
+namespace {
+
+constexpr std::string_view kManifestMagic = "KCM1";
+constexpr std::string_view kBlobMagic = "KCB1";
+constexpr std::uint8_t kRaw = 0;
+constexpr std::uint8_t kZstd = 1;
+constexpr int kZstdLevel = 3;  // as core stores content
+
+tl::unexpected<core::Error> bad(std::string_view what) {
+    return core::fail(EBADMSG, fmt::format("corrupt remote value: {}", what));
+}
+
+class Writer {
+public:
+    explicit Writer(std::string& out) : m_out(out) {}
+    void u8(std::uint8_t v) { m_out.push_back(static_cast<char>(v)); }
+    void le(std::uint64_t v, int bytes) {
+        for (int i = 0; i < bytes; ++i) m_out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    }
+    void u32(std::uint32_t v) { le(v, 4); }
+    void u64(std::uint64_t v) { le(v, 8); }
+    void bytes(std::string_view b) { m_out.append(b); }
+    void str16(std::string_view s) {
+        le(s.size(), 2);
+        bytes(s);
+    }
+    void str32(std::string_view s) {
+        u32(static_cast<std::uint32_t>(s.size()));
+        bytes(s);
+    }
+
+private:
+    std::string& m_out;
+};
+
+// Reads with bounds checks: a read past the end sets failed() and yields zeros.
+class Reader {
+public:
+    explicit Reader(std::string_view in) : m_in(in) {}
+    bool failed() const { return m_failed; }
+    bool at_end() const { return m_pos == m_in.size(); }
+    std::uint64_t le(int bytes) {
+        if (!take(static_cast<std::size_t>(bytes))) return 0;
+        std::uint64_t v = 0;
+        for (int i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<unsigned char>(m_in[m_pos - bytes + i])} << (8 * i);
+        return v;
+    }
+    std::uint8_t u8() { return static_cast<std::uint8_t>(le(1)); }
+    std::uint32_t u32() { return static_cast<std::uint32_t>(le(4)); }
+    std::uint64_t u64() { return le(8); }
+    std::string_view bytes(std::size_t n) {
+        if (!take(n)) return {};
+        return m_in.substr(m_pos - n, n);
+    }
+    std::string str16() { return std::string(bytes(static_cast<std::size_t>(le(2)))); }
+    std::string str32() { return std::string(bytes(static_cast<std::size_t>(le(4)))); }
+
+private:
+    bool take(std::size_t n) {
+        if (m_failed || n > m_in.size() - m_pos) {
+            m_failed = true;
+            return false;
+        }
+        m_pos += n;
+        return true;
+    }
+    std::string_view m_in;
+    std::size_t m_pos = 0;
+    bool m_failed = false;
+};
+
+std::string prefix(std::string_view ns, char kind) {
+    return fmt::format("kc1:{}:{}:", ns, kind);
+}
+
+// zstd when it is smaller, else raw: [codec u8][raw length u32][payload].
+std::string pack(std::string_view raw) {
+    std::string out;
+    Writer w(out);
+    std::string compressed(ZSTD_compressBound(raw.size()), '\0');
+    const std::size_t n = ZSTD_compress(compressed.data(), compressed.size(), raw.data(), raw.size(), kZstdLevel);
+    const bool use_zstd = !ZSTD_isError(n) && n < raw.size();
+    w.u8(use_zstd ? kZstd : kRaw);
+    w.u32(static_cast<std::uint32_t>(raw.size()));
+    w.bytes(use_zstd ? std::string_view(compressed.data(), n) : raw);
+    return out;
+}
+
+// The inverse of pack(), refusing a raw length over `limit`.
+core::Status unpack(std::string_view value, std::size_t limit, std::string& out) {
+    Reader r(value);
+    const std::uint8_t codec = r.u8();
+    const std::uint32_t raw = r.u32();
+    if (r.failed()) return bad("truncated header");
+    if (raw > limit) return bad(fmt::format("{} raw bytes is over the limit of {}", raw, limit));
+    const std::string_view payload = value.substr(5);
+    const std::size_t at = out.size();
+    if (codec == kRaw) {
+        if (payload.size() != raw) return bad("raw length does not match");
+        out.append(payload);
+        return {};
+    }
+    if (codec != kZstd) return bad(fmt::format("unknown codec {}", codec));
+    const unsigned long long frame = ZSTD_getFrameContentSize(payload.data(), payload.size());
+    if (frame != raw) return bad("compressed frame does not declare its raw length");
+    out.resize(at + raw);
+    const std::size_t n = ZSTD_decompress(out.data() + at, raw, payload.data(), payload.size());
+    if (ZSTD_isError(n) || n != raw) {
+        out.resize(at);
+        return bad("does not decompress");
+    }
+    return {};
+}
+
+}  // namespace
+
+std::string manifest_key(std::string_view ns, std::string_view entry) {
+    return prefix(ns, 'm').append(entry);
+}
+std::string blob_key(std::string_view ns, const core::Digest& digest) {
+    return prefix(ns, 'b').append(digest.hex());
+}
+std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index) {
+    return prefix(ns, 'c').append(fmt::format("{}:{}", digest.hex(), index));
+}
+std::string job_key(std::string_view ns, std::string_view tag) {
+    return prefix(ns, 'j').append(tag);
+}
+
+std::uint32_t chunk_count(std::uint64_t raw_size) {
+    return static_cast<std::uint32_t>((raw_size + kChunkBytes - 1) / kChunkBytes);
+}
+
+std::string encode(const Manifest& m) {
+    std::string body;
+    Writer w(body);
+    w.str16(m.entry);
+    w.u8(static_cast<std::uint8_t>(m.kind));
+    w.str16(m.stem);
+    w.u32(m.dir_mode);
+    w.u8(static_cast<std::uint8_t>(m.producer));
+    w.str16(m.writer);
+    w.u64(static_cast<std::uint64_t>(m.created_ns));
+    w.u32(static_cast<std::uint32_t>(m.nodes.size()));
+    for (const Node& n : m.nodes) {
+        w.str16(n.path);
+        w.u8(static_cast<std::uint8_t>(n.type));
+        w.u32(n.mode);
+        w.u64(static_cast<std::uint64_t>(n.mtime_ns));
+        if (n.type == core::FileType::regular) {
+            w.u64(n.size);
+            w.u64(n.digest.high);
+            w.u64(n.digest.low);
+            w.u8(n.inlined ? 1 : 0);
+            if (n.inlined) w.str32(n.content);
+        } else if (n.type == core::FileType::symlink) {
+            w.str16(n.target);
+        }
+    }
+    const core::Digest sum = core::digest_of(body);
+    w.u64(sum.high);
+    w.u64(sum.low);
+    std::string out(kManifestMagic);
+    out += pack(body);
+    return out;
+}
+
+Result<Manifest> decode_manifest(std::string_view value) {
+    if (!value.starts_with(kManifestMagic)) return bad("manifest: bad magic");
+    std::string body;
+    if (auto s = unpack(value.substr(kManifestMagic.size()), kMaxManifestBytes, body); !s) {
+        return tl::unexpected(core::with_context(s.error(), "manifest"));
+    }
+    if (body.size() < 16) return bad("manifest: too short");
+    {
+        Reader sum(std::string_view(body).substr(body.size() - 16));
+        const core::Digest stored{sum.u64(), sum.u64()};
+        if (!(stored == core::digest_of(std::string_view(body).substr(0, body.size() - 16)))) {
+            return bad("manifest: checksum mismatch");
+        }
+    }
+    Reader r(std::string_view(body).substr(0, body.size() - 16));
+    Manifest m;
+    m.entry = r.str16();
+    const std::uint8_t kind = r.u8();
+    m.stem = r.str16();
+    m.dir_mode = r.u32();
+    const std::uint8_t producer = r.u8();
+    m.writer = r.str16();
+    m.created_ns = static_cast<std::int64_t>(r.u64());
+    const std::uint32_t count = r.u32();
+    if (r.failed()) return bad("manifest: truncated header");
+    if (kind > static_cast<std::uint8_t>(core::EntryKind::stem)) return bad("manifest: unknown entry kind");
+    m.kind = static_cast<core::EntryKind>(kind);
+    m.producer = producer <= static_cast<std::uint8_t>(core::Producer::kcache) ? static_cast<core::Producer>(producer)
+                                                                               : core::Producer::unknown;
+    if (count > kMaxNodes) return bad(fmt::format("manifest: {} nodes is over the limit", count));
+    m.nodes.reserve(count);
+    for (std::uint32_t i = 0; i < count; ++i) {
+        Node n;
+        n.path = r.str16();
+        const std::uint8_t type = r.u8();
+        n.mode = r.u32() & 07777;
+        n.mtime_ns = static_cast<std::int64_t>(r.u64());
+        if (r.failed()) return bad("manifest: truncated node");
+        if (type < 1 || type > 3) return bad("manifest: unknown node type");
+        n.type = static_cast<core::FileType>(type);
+        if (n.type == core::FileType::regular) {
+            n.size = r.u64();
+            n.digest.high = r.u64();
+            n.digest.low = r.u64();
+            const std::uint8_t inl = r.u8();
+            if (r.failed()) return bad("manifest: truncated file");
+            if (n.size > core::kMaxFileSize) return bad("manifest: file size over the limit");
+            if (inl > 1) return bad("manifest: bad inline flag");
+            n.inlined = inl == 1;
+            if (n.inlined) {
+                n.content = r.str32();
+                if (r.failed()) return bad("manifest: truncated inline content");
+                // Empty content has no digest to check (core keeps it all-zero).
+                if (n.content.size() != n.size || (n.size != 0 && !(core::digest_of(n.content) == n.digest))) {
+                    return bad("manifest: inline content does not match its digest");
+                }
+            }
+        } else if (n.type == core::FileType::symlink) {
+            n.target = r.str16();
+            if (r.failed()) return bad("manifest: truncated symlink");
+        }
+        m.nodes.push_back(std::move(n));
+    }
+    if (r.failed() || !r.at_end()) return bad("manifest: trailing or missing bytes");
+    return m;
+}
+
+std::string encode(const BlobHeader& h) {
+    std::string out(kBlobMagic);
+    Writer w(out);
+    w.u64(h.raw_size);
+    w.u32(h.chunks);
+    return out;
+}
+
+Result<BlobHeader> decode_blob_header(std::string_view value) {
+    if (!value.starts_with(kBlobMagic)) return bad("blob header: bad magic");
+    Reader r(value.substr(kBlobMagic.size()));
+    BlobHeader h;
+    h.raw_size = r.u64();
+    h.chunks = r.u32();
+    if (r.failed() || !r.at_end()) return bad("blob header: wrong length");
+    if (h.raw_size > core::kMaxFileSize || h.chunks != chunk_count(h.raw_size)) {
+        return bad("blob header: size and chunk count do not fit");
+    }
+    return h;
+}
+
+std::string encode_chunk(std::string_view raw_chunk) { return pack(raw_chunk); }
+
+core::Status decode_chunk(std::string_view value, std::size_t expected_raw, std::string& out) {
+    const std::size_t before = out.size();
+    if (auto s = unpack(value, kChunkBytes, out); !s) return s;
+    if (out.size() - before != expected_raw) {
+        out.resize(before);
+        return bad("chunk: wrong raw length");
+    }
+    return {};
+}
+
+}  // namespace kcache::remote::proto

@@ -1,0 +1,83 @@
+// The shared tier's protocol, version 1: keys and value formats in Redis.
+//
+// Keys (all under a versioned prefix and a namespace, so they coexist with other
+// tools' keys such as `triton:` or `ccache:` on one server):
+//   kc1:<ns>:m:<entry name>      manifest of an entry (written last, SET NX)
+//   kc1:<ns>:b:<digest hex>      blob header: raw size and chunk count (written after
+//                                every chunk of the blob)
+//   kc1:<ns>:c:<digest hex>:<i>  chunk i of a blob (1 MiB of raw bytes, zstd or raw)
+//   kc1:<ns>:j:<job tag>         set of entry names a job pushed
+// Values are little-endian with a magic word. Decoding treats every value as hostile:
+// every length is bounds-checked against the value and against fixed limits, and a
+// value that fails is EBADMSG (corrupt), never a crash or an unbounded allocation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kcache/core/error.hpp"
+#include "kcache/core/types.hpp"
+
+namespace kcache::remote::proto {
+
+using core::Result;
+
+inline constexpr std::size_t kChunkBytes = std::size_t{1} << 20;  // raw bytes per chunk
+inline constexpr std::size_t kInlineMax = 8 * 1024;   // files up to this size ride in the manifest
+inline constexpr std::size_t kMaxManifestBytes = std::size_t{64} << 20;  // decoded
+inline constexpr std::uint32_t kMaxNodes = 100'000;
+
+std::string manifest_key(std::string_view ns, std::string_view entry);
+std::string blob_key(std::string_view ns, const core::Digest& digest);
+std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index);
+std::string job_key(std::string_view ns, std::string_view tag);
+
+// Chunks a blob of `raw_size` bytes takes (0 for empty content).
+std::uint32_t chunk_count(std::uint64_t raw_size);
+
+struct Node {
+    std::string path;  // node entry: below the entry's directory; stem entry: the file's name
+    core::FileType type = core::FileType::regular;
+    std::uint32_t mode = 0;  // permission bits
+    std::int64_t mtime_ns = 0;
+    std::uint64_t size = 0;   // regular files
+    core::Digest digest;      // regular files
+    bool inlined = false;     // the content is `content`, else the blob `digest`
+    std::string content;      // inlined files
+    std::string target;       // symlinks
+};
+
+struct Manifest {
+    std::string entry;   // the entry's name in the cache (EntryInfo::name)
+    core::EntryKind kind = core::EntryKind::node;
+    std::string stem;    // stem entries
+    std::uint32_t dir_mode = 0755;  // node entries: the entry directory's permission bits
+    core::Producer producer = core::Producer::unknown;
+    std::string writer;  // host (and mount point, from the daemon) that wrote it
+    std::int64_t created_ns = 0;
+    std::vector<Node> nodes;  // directories before what they hold
+};
+
+// The manifest's value: body zstd-compressed, with an XXH3-128 checksum of the body.
+std::string encode(const Manifest& manifest);
+// EBADMSG naming the fault for anything malformed: bad magic, lengths past the end,
+// counts over the limits, an inlined file whose bytes do not match its digest, or a
+// checksum mismatch. Paths and targets are checked by the writer of the entry.
+Result<Manifest> decode_manifest(std::string_view value);
+
+struct BlobHeader {
+    std::uint64_t raw_size = 0;
+    std::uint32_t chunks = 0;
+};
+std::string encode(const BlobHeader& header);
+Result<BlobHeader> decode_blob_header(std::string_view value);
+
+// Chunk i of `raw`: [i*kChunkBytes, ...), zstd-compressed when that is smaller.
+std::string encode_chunk(std::string_view raw_chunk);
+// Appends the chunk's raw bytes to `out`; EBADMSG unless it decodes to exactly
+// `expected_raw` bytes.
+core::Status decode_chunk(std::string_view value, std::size_t expected_raw, std::string& out);
+
+}  // namespace kcache::remote::proto

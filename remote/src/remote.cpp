@@ -1,0 +1,341 @@
+// Servers, URLs, passwords, the circuit breaker and sharding. Moving entries is in
+// transfer.cpp.
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+
+#include <fmt/core.h>
+
+#include "client.hpp"
+#include "server.hpp"
+#include "kcache/remote/remote.hpp"
+
+namespace kcache::remote {
+
+namespace {
+
+constexpr std::int64_t kMaxCooldownNs = 60'000'000'000;
+
+bool all_of_charset(std::string_view s, std::string_view extra) {
+    return std::all_of(s.begin(), s.end(), [&](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               extra.find(c) != std::string_view::npos;
+    });
+}
+
+template <class T>
+bool parse_number(std::string_view s, T& out, T max) {
+    if (s.empty()) return false;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+    return ec == std::errc() && end == s.data() + s.size() && out <= max;
+}
+
+tl::unexpected<core::Error> bad_url(std::string_view url, std::string_view why) {
+    return core::fail(EINVAL, fmt::format("bad remote URL '{}': {}", url, why));
+}
+
+void ignore_sigpipe() {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+        struct sigaction ign {};
+        ign.sa_handler = SIG_IGN;
+        sigemptyset(&ign.sa_mask);
+        sigaction(SIGPIPE, &ign, nullptr);
+    }
+}
+
+}  // namespace
+
+std::string Endpoint::id() const {
+    // No user: a read-only node logs in as another user but must shard keys exactly
+    // as the writers do.
+    if (unix_socket) return db ? fmt::format("unix:{}?db={}", path, db) : fmt::format("unix:{}", path);
+    const bool v6 = host.find(':') != std::string::npos;
+    return fmt::format("redis://{}{}{}:{}/{}", v6 ? "[" : "", host, v6 ? "]" : "", port, db);
+}
+
+Result<Endpoint> parse_endpoint(std::string_view url) {
+    Endpoint e;
+    constexpr unsigned kMaxDb = 1'000'000;
+    if (url.starts_with("unix:")) {
+        e.unix_socket = true;
+        std::string_view rest = url.substr(5);
+        if (rest.starts_with("//")) rest.remove_prefix(2);  // unix:///path
+        const std::size_t q = rest.find('?');
+        e.path = std::string(rest.substr(0, q));
+        if (e.path.empty() || e.path.front() != '/') return bad_url(url, "a unix socket path must be absolute");
+        std::string_view params = q == std::string_view::npos ? std::string_view() : rest.substr(q + 1);
+        while (!params.empty()) {
+            const std::size_t amp = params.find('&');
+            const std::string_view p = params.substr(0, amp);
+            params = amp == std::string_view::npos ? std::string_view() : params.substr(amp + 1);
+            if (p.starts_with("db=")) {
+                if (!parse_number(p.substr(3), e.db, kMaxDb)) return bad_url(url, "db must be a number");
+            } else if (p.starts_with("user=")) {
+                e.user = std::string(p.substr(5));
+            } else if (p.starts_with("password=")) {
+                return bad_url(url, "a password in the URL is refused; use --remote-password-env or --remote-password-file");
+            } else {
+                return bad_url(url, fmt::format("unknown parameter '{}'", p.substr(0, p.find('='))));
+            }
+        }
+        return e;
+    }
+    if (!url.starts_with("redis://")) return bad_url(url, "expected redis://[user@]host:port[/db] or unix:/path");
+    std::string_view rest = url.substr(8);
+    const std::size_t at = rest.rfind('@');
+    if (at != std::string_view::npos) {
+        const std::string_view userinfo = rest.substr(0, at);
+        if (userinfo.find(':') != std::string_view::npos) {
+            // Not echoed: the part after ':' is a secret.
+            return core::fail(EINVAL, "bad remote URL: a password in the URL is refused; use "
+                                      "--remote-password-env or --remote-password-file");
+        }
+        e.user = std::string(userinfo);
+        rest.remove_prefix(at + 1);
+    }
+    const std::size_t slash = rest.find('/');
+    std::string_view hostport = rest.substr(0, slash);
+    if (slash != std::string_view::npos) {
+        const std::string_view db = rest.substr(slash + 1);
+        if (!db.empty() && !parse_number(db, e.db, kMaxDb)) return bad_url(url, "db must be a number");
+    }
+    std::string_view port;
+    if (hostport.starts_with('[')) {  // [IPv6]:port
+        const std::size_t close = hostport.find(']');
+        if (close == std::string_view::npos) return bad_url(url, "unclosed '['");
+        e.host = std::string(hostport.substr(1, close - 1));
+        const std::string_view after = hostport.substr(close + 1);
+        if (!after.empty() && !after.starts_with(':')) return bad_url(url, "expected ':' after ']'");
+        if (!after.empty()) port = after.substr(1);
+    } else {
+        const std::size_t colon = hostport.find(':');
+        e.host = std::string(hostport.substr(0, colon));
+        if (colon != std::string_view::npos) port = hostport.substr(colon + 1);
+    }
+    if (e.host.empty()) return bad_url(url, "no host");
+    if (!port.empty() && (!parse_number(port, e.port, std::uint16_t{65535}) || e.port == 0)) {
+        return bad_url(url, "port must be a number from 1 to 65535");
+    }
+    return e;
+}
+
+Result<std::string> load_password(const std::string& env_name, const std::string& file) {
+    if (!env_name.empty()) {
+        const char* value = std::getenv(env_name.c_str());
+        if (value == nullptr) return core::fail(EINVAL, fmt::format("password variable {} is not set", env_name));
+        return std::string(value);
+    }
+    if (file.empty()) return std::string();
+    std::ifstream in(file);
+    std::string line;
+    if (!in || !std::getline(in, line)) {
+        return core::fail(EINVAL, fmt::format("cannot read the password file {}", file));
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return line;
+}
+
+Status validate(const Options& o) {
+    if (o.servers.empty()) return core::fail(EINVAL, "no remote server given (--remote URL)");
+    if (o.ns.empty() || o.ns.size() > 64 || !all_of_charset(o.ns, "._-")) {
+        return core::fail(EINVAL, fmt::format("bad remote namespace '{}': 1-64 of A-Z a-z 0-9 . _ -", o.ns));
+    }
+    if (o.connect_timeout_ns <= 0 || o.op_timeout_ns <= 0 || o.breaker_cooldown_ns <= 0 || o.oom_pause_ns < 0) {
+        return core::fail(EINVAL, "remote timeouts must be positive");
+    }
+    if (o.breaker_threshold == 0) return core::fail(EINVAL, "the breaker threshold must be at least 1");
+    return {};
+}
+
+Status validate_job_tag(std::string_view tag) {
+    if (tag.empty() || tag.size() > 128 || !all_of_charset(tag, "._:-")) {
+        return core::fail(EINVAL, fmt::format("bad job tag '{}': 1-128 of A-Z a-z 0-9 . _ : -", tag));
+    }
+    return {};
+}
+
+std::string_view outcome_name(Outcome o) {
+    switch (o) {
+        case Outcome::uploaded: return "uploaded";
+        case Outcome::already_remote: return "already remote";
+        case Outcome::pulled: return "pulled";
+        case Outcome::already_local: return "already local";
+        case Outcome::miss: return "miss";
+        case Outcome::dangling: return "dangling";
+        case Outcome::corrupt: return "corrupt";
+    }
+    return "unknown";
+}
+
+Remote::Remote(Options options) : m_options(std::move(options)) {}
+Remote::~Remote() = default;
+
+Result<std::unique_ptr<Remote>> Remote::create(Options options) {
+    if (auto s = validate(options); !s) return tl::unexpected(s.error());
+    ignore_sigpipe();
+    std::unique_ptr<Remote> remote(new Remote(std::move(options)));
+    for (const Endpoint& e : remote->m_options.servers) {
+        auto server = std::make_unique<Server>();
+        server->endpoint = e;
+        server->id = e.id();
+        server->cooldown = remote->m_options.breaker_cooldown_ns;
+        for (const auto& other : remote->m_servers) {
+            if (other->id == server->id) return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
+        }
+        remote->m_servers.push_back(std::move(server));
+    }
+    return remote;
+}
+
+Remote::Server& Remote::shard(std::string_view key) {
+    Server* best = m_servers.front().get();
+    if (m_servers.size() == 1) return *best;
+    std::uint64_t best_score = 0;
+    for (const auto& s : m_servers) {
+        std::string probe = s->id;
+        probe.push_back('\n');
+        probe.append(key);
+        const std::uint64_t score = core::digest_of(probe).low;
+        if (score >= best_score) {
+            best_score = score;
+            best = s.get();
+        }
+    }
+    return *best;
+}
+
+Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Command>& commands) {
+    std::lock_guard lock(server.mutex);
+    std::int64_t now = steady_ns();
+    if (server.breaker == Server::Breaker::open) {
+        if (now < server.open_until) {
+            m_counts.errors.fetch_add(1);
+            return core::fail(EAGAIN, fmt::format("redis {}: circuit open after {} failures (retry in {} ms)",
+                                                  server.id, server.failures,
+                                                  (server.open_until - now + 999'999) / 1'000'000));
+        }
+        server.breaker = Server::Breaker::half_open;  // this operation is the trial
+    }
+    auto failed = [&](core::Error e) -> tl::unexpected<core::Error> {
+        server.connection.reset();  // replies may be pending: never reuse it
+        (e.code == ETIMEDOUT ? m_counts.timeouts : m_counts.errors).fetch_add(1);
+        ++server.failures;
+        if (server.breaker == Server::Breaker::half_open || server.failures >= m_options.breaker_threshold) {
+            server.breaker = Server::Breaker::open;
+            server.open_until = steady_ns() + server.cooldown;
+            e.message += fmt::format(" (circuit opened for {} ms)", server.cooldown / 1'000'000);
+            server.cooldown = std::min(server.cooldown * 2, kMaxCooldownNs);
+        }
+        return tl::unexpected(std::move(e));
+    };
+    if (!server.connection) {
+        auto conn = Connection::open(server.endpoint, m_options.password, now + m_options.connect_timeout_ns);
+        if (!conn) return failed(std::move(conn.error()));
+        server.connection = std::move(*conn);
+        now = steady_ns();
+    }
+    std::uint64_t sent = 0;
+    std::uint64_t received = 0;
+    auto replies = server.connection->exec(commands, now + m_options.op_timeout_ns, &sent, &received);
+    if (!replies) return failed(std::move(replies.error()));
+    m_counts.bytes_up.fetch_add(sent);
+    m_counts.bytes_down.fetch_add(received);
+    server.failures = 0;
+    server.breaker = Server::Breaker::closed;
+    server.cooldown = m_options.breaker_cooldown_ns;
+    for (const Reply& r : *replies) {
+        if (r.is_error() && r.str.starts_with("OOM")) server.uploads_paused_until = steady_ns() + m_options.oom_pause_ns;
+    }
+    return replies;
+}
+
+core::Error Remote::reply_error(const Server& server, const Reply& reply, std::string_view what) {
+    m_counts.errors.fetch_add(1);
+    int code = EPROTO;
+    std::string text = reply.is_error() ? reply.str : "unexpected reply";
+    if (text.starts_with("OOM")) {
+        code = ENOSPC;
+        text += fmt::format(" (uploads paused for {} s)", m_options.oom_pause_ns / 1'000'000'000);
+    } else if (text.starts_with("NOPERM") || text.starts_with("NOAUTH") || text.starts_with("WRONGPASS")) {
+        code = EACCES;
+    }
+    return {code, fmt::format("redis {}: {}: {}", server.id, what, text)};
+}
+
+bool Remote::uploads_paused(Server& server) {
+    std::lock_guard lock(server.mutex);
+    return steady_ns() < server.uploads_paused_until;
+}
+
+std::vector<std::string> Remote::ping() {
+    std::vector<std::string> out;
+    for (const auto& s : m_servers) {
+        auto r = exec(*s, {{"PING"}});
+        if (!r) {
+            out.push_back(r.error().message);
+        } else if (r->front().type != Reply::Type::status || r->front().str != "PONG") {
+            out.push_back(reply_error(*s, r->front(), "PING").message);
+        } else {
+            out.emplace_back();
+        }
+    }
+    return out;
+}
+
+Counts Remote::counts() const {
+    Counts c;
+    c.hits = m_counts.hits.load();
+    c.misses = m_counts.misses.load();
+    c.errors = m_counts.errors.load();
+    c.timeouts = m_counts.timeouts.load();
+    c.corrupt = m_counts.corrupt.load();
+    c.dangling = m_counts.dangling.load();
+    c.bytes_up = m_counts.bytes_up.load();
+    c.bytes_down = m_counts.bytes_down.load();
+    c.uploads = m_counts.uploads.load();
+    c.upload_skipped = m_counts.upload_skipped.load();
+    return c;
+}
+
+std::vector<ServerState> Remote::servers() const {
+    std::vector<ServerState> out;
+    const std::int64_t now = steady_ns();
+    for (const auto& s : m_servers) {
+        std::lock_guard lock(s->mutex);
+        ServerState st;
+        st.id = s->id;
+        st.breaker = s->breaker == Server::Breaker::closed ? "closed"
+                     : s->breaker == Server::Breaker::half_open ? "half-open"
+                     : now < s->open_until                     ? "open"
+                                                               : "half-open";
+        st.uploads_paused = now < s->uploads_paused_until;
+        st.failures = s->failures;
+        out.push_back(std::move(st));
+    }
+    return out;
+}
+
+Status record_counts(core::Store& store, const Counts& c) {
+    using core::Counter;
+    const std::pair<Counter, std::uint64_t> deltas[] = {
+        {Counter::remote_hits, c.hits},          {Counter::remote_misses, c.misses},
+        {Counter::remote_errors, c.errors},      {Counter::remote_timeouts, c.timeouts},
+        {Counter::remote_corrupt, c.corrupt},    {Counter::remote_dangling, c.dangling},
+        {Counter::remote_bytes_up, c.bytes_up},  {Counter::remote_bytes_down, c.bytes_down},
+        {Counter::remote_uploads, c.uploads},    {Counter::remote_upload_skipped, c.upload_skipped},
+    };
+    return store.update([&](core::WriteTxn& txn) -> Status {
+        for (const auto& [counter, delta] : deltas) {
+            if (delta == 0) continue;
+            if (auto s = txn.add(counter, delta); !s) return s;
+        }
+        return {};
+    });
+}
+
+}  // namespace kcache::remote

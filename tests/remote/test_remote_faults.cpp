@@ -1,0 +1,252 @@
+// A dead Redis (SIGKILL), a frozen one (SIGSTOP: a black hole), corrupt and missing
+// blobs, hostile manifests: every one is a clear error or a counted miss, fails within
+// its deadline, and leaves nothing bad in the local db.
+
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "kcache/remote/remote.hpp"
+#include "protocol.hpp"
+#include "redis_fixture.hpp"
+
+using kcache::test::RedisServer;
+using kcache::test::run_cli;
+using kcache::test::TestDb;
+namespace core = kcache::core;
+namespace proto = kcache::remote::proto;
+namespace remote = kcache::remote;
+
+namespace {
+
+const std::string kEntryA = "ABCDEF0123456789ABCDEF01";
+const std::string kEntryB = "BCDEF0123456789ABCDEF012";
+
+std::vector<std::string> args(TestDb& db, const RedisServer& redis, std::vector<std::string> tail) {
+    db.close();
+    std::vector<std::string> a = {"--db", db.path(), "remote", "--remote", redis.url(), "--remote-namespace", "t",
+                                  "--remote-timeout", "300ms", "--remote-connect-timeout", "300ms"};
+    a.insert(a.end(), tail.begin(), tail.end());
+    return a;
+}
+
+void fill(TestDb& db) {
+    db.put(kEntryA + "/kernel.cubin", kcache::test::random_bytes(3 * proto::kChunkBytes + 7, 1));
+    db.put(kEntryA + "/kernel.json", "{}");
+    db.put(kEntryB + "/kernel.cubin", kcache::test::random_bytes(40'000, 2));
+}
+
+remote::Options options(const RedisServer& redis) {
+    remote::Options o;
+    o.servers.push_back(redis.endpoint());
+    o.ns = "t";
+    o.op_timeout_ns = 300'000'000;
+    o.connect_timeout_ns = 300'000'000;
+    o.breaker_threshold = 1;
+    o.breaker_cooldown_ns = 100'000'000;
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("a frozen Redis (SIGSTOP) fails commands within their deadline and SIGCONT recovers", "[remote]") {
+    RedisServer redis;
+    TestDb a, b;
+    fill(a);
+    REQUIRE(run_cli(args(a, redis, {"push"})).exit_code == 0);
+    const auto a_before = a.snapshot(kEntryA);
+
+    redis.signal(SIGSTOP);
+    // The kernel still accepts the connection: only kcache's own deadline ends the wait.
+    auto pull = run_cli(args(b, redis, {"pull", kEntryA, kEntryB}));
+    INFO(pull.out << pull.err);
+    CHECK(!pull.timed_out);
+    CHECK(pull.exit_code == 1);
+    CHECK(pull.err.find("deadline") != std::string::npos);
+    CHECK(pull.err.find("circuit open") != std::string::npos);  // the breaker opened: later entries fail at once
+    CHECK(b.entries() == 0);
+    CHECK(b.counter(core::Counter::remote_timeouts) == 2);  // one per entry, told apart from errors
+    CHECK(b.counter(core::Counter::remote_errors) == 0);
+
+    auto push = run_cli(args(a, redis, {"push"}));
+    CHECK(!push.timed_out);
+    CHECK(push.exit_code == 1);
+    CHECK(a.snapshot(kEntryA) == a_before);
+    CHECK(a.counter(core::Counter::remote_timeouts) >= 1);
+
+    redis.signal(SIGCONT);
+    auto again = run_cli(args(b, redis, {"pull", kEntryA, kEntryB}));
+    INFO(again.out << again.err);
+    CHECK(again.exit_code == 0);
+    CHECK(b.snapshot(kEntryA) == a_before);
+}
+
+TEST_CASE("a killed Redis (SIGKILL) is a clear error and nothing local is lost", "[remote]") {
+    RedisServer redis;
+    TestDb a, b;
+    fill(a);
+    REQUIRE(run_cli(args(a, redis, {"push"})).exit_code == 0);
+    const auto a_before = a.snapshot(kEntryA);
+    redis.signal(SIGKILL);
+    auto pull = run_cli(args(b, redis, {"pull", kEntryA}));
+    INFO(pull.err);
+    CHECK(pull.exit_code == 1);
+    CHECK(pull.err.find("redis unix:") != std::string::npos);
+    CHECK(pull.err.find("connect") != std::string::npos);
+    CHECK(b.entries() == 0);
+    CHECK(b.counter(core::Counter::remote_errors) >= 1);
+    auto push = run_cli(args(a, redis, {"push"}));
+    CHECK(push.exit_code == 1);
+    CHECK(a.snapshot(kEntryA) == a_before);
+}
+
+TEST_CASE("Redis frozen or killed under a live connection: timeout, open circuit, recovery", "[remote]") {
+    RedisServer redis;
+    TestDb a, b;
+    fill(a);
+    auto r = remote::Remote::create(options(redis));
+    REQUIRE(r);
+    REQUIRE((*r)->push(a.store(), kEntryA)->outcome == remote::Outcome::uploaded);
+    REQUIRE((*r)->push(a.store(), kEntryB)->outcome == remote::Outcome::uploaded);
+
+    redis.signal(SIGSTOP);  // the connection is open and idle: the next request falls into a black hole
+    auto frozen = (*r)->pull(b.store(), kEntryA);
+    REQUIRE(!frozen);
+    CHECK(frozen.error().code == ETIMEDOUT);
+    CHECK((*r)->counts().timeouts == 1);
+    CHECK((*r)->servers().front().breaker == "open");
+    auto refused = (*r)->pull(b.store(), kEntryB);  // no wait at all while the circuit is open
+    REQUIRE(!refused);
+    CHECK(refused.error().code == EAGAIN);
+    CHECK(b.entries() == 0);
+
+    redis.signal(SIGCONT);
+    bool recovered = false;
+    for (int i = 0; i < 200 && !recovered; ++i) {  // the cool-down ends; a trial closes the circuit
+        auto p = (*r)->pull(b.store(), kEntryA);
+        recovered = p && p->outcome == remote::Outcome::pulled;
+        if (!recovered) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(recovered);
+    CHECK((*r)->servers().front().breaker == "closed");
+    CHECK(b.snapshot(kEntryA) == a.snapshot(kEntryA));
+
+    redis.signal(SIGKILL);
+    auto dead = (*r)->pull(b.store(), kEntryB);
+    REQUIRE(!dead);
+    CHECK(dead.error().code != ETIMEDOUT);  // an I/O error, told apart from a timeout
+    CHECK(!b.has_entry(kEntryB));
+}
+
+TEST_CASE("a flipped byte and a deleted blob in Redis are detected and nothing bad is stored", "[remote]") {
+    RedisServer redis;
+    TestDb a, b;
+    fill(a);
+    REQUIRE(run_cli(args(a, redis, {"push"})).exit_code == 0);
+    const std::string cubin = a.snapshot(kEntryA).at("kernel.cubin");
+    const core::Digest big = core::digest_of(cubin.substr(cubin.find(' ', 2) + 1));
+    REQUIRE(redis.command({"EXISTS", proto::blob_key("t", big)}).integer == 1);
+
+    // One byte of the second chunk flipped (random bytes are stored raw).
+    const std::string chunk1 = proto::chunk_key("t", big, 1);
+    std::string value = redis.command({"GET", chunk1}).str;
+    REQUIRE(value.size() > 1000);
+    value[1000] = static_cast<char>(value[1000] ^ 1);
+    REQUIRE(redis.command({"SET", chunk1, value}).is_ok());
+
+    auto pull = run_cli(args(b, redis, {"pull", kEntryA}));
+    INFO(pull.out << pull.err);
+    CHECK(pull.exit_code == 1);
+    CHECK(pull.out.find("corrupt") != std::string::npos);
+    CHECK(!b.has_entry(kEntryA));
+    CHECK(b.counter(core::Counter::remote_corrupt) == 1);
+    // The corrupt blob was dropped from Redis: its manifest is now dangling, a counted
+    // miss that drops the manifest, and A's next push uploads the entry whole again.
+    CHECK(redis.command({"EXISTS", proto::blob_key("t", big)}).integer == 0);
+    auto dangling = run_cli(args(b, redis, {"pull", kEntryA}));
+    CHECK(dangling.exit_code == 1);
+    CHECK(dangling.out.find("dangling") != std::string::npos);
+    CHECK(b.counter(core::Counter::remote_dangling) == 1);
+    CHECK(!b.has_entry(kEntryA));
+    REQUIRE(run_cli(args(a, redis, {"push", kEntryA})).exit_code == 0);
+    REQUIRE(run_cli(args(b, redis, {"pull", kEntryA})).exit_code == 0);
+    CHECK(b.snapshot(kEntryA) == a.snapshot(kEntryA));
+
+    // A deleted blob: a dangling manifest, a miss; nothing stored.
+    const std::string small = a.snapshot(kEntryB).at("kernel.cubin");
+    const core::Digest d = core::digest_of(small.substr(small.find(' ', 2) + 1));
+    REQUIRE(redis.command({"DEL", proto::chunk_key("t", d, 0)}).integer == 1);
+    auto gone = run_cli(args(b, redis, {"pull", kEntryB}));
+    CHECK(gone.exit_code == 1);
+    CHECK(gone.out.find("dangling") != std::string::npos);
+    CHECK(!b.has_entry(kEntryB));
+    CHECK(b.counter(core::Counter::remote_dangling) == 2);
+    CHECK(b.counter(core::Counter::remote_misses) >= 2);
+
+    // A flipped byte in a manifest: corrupt, dropped.
+    const std::string mkey = proto::manifest_key("t", kEntryA);
+    std::string m = redis.command({"GET", mkey}).str;
+    m[m.size() / 2] = static_cast<char>(m[m.size() / 2] ^ 0x40);
+    REQUIRE(redis.command({"SET", mkey, m}).is_ok());
+    TestDb c;
+    auto bad = run_cli(args(c, redis, {"pull", kEntryA}));
+    CHECK(bad.exit_code == 1);
+    CHECK(bad.out.find("corrupt") != std::string::npos);
+    CHECK(c.entries() == 0);
+}
+
+TEST_CASE("hostile manifests are refused before anything is fetched or stored", "[remote]") {
+    RedisServer redis;
+    TestDb b;
+    auto plant = [&](const std::string& name, const std::function<void(proto::Manifest&)>& edit) {
+        proto::Manifest m;
+        m.entry = name;
+        proto::Node f;
+        f.path = "kernel.json";
+        f.mode = 04755;
+        f.content = "{}";
+        f.size = 2;
+        f.digest = core::digest_of("{}");
+        f.inlined = true;
+        m.nodes.push_back(f);
+        edit(m);
+        REQUIRE(redis.command({"SET", proto::manifest_key("t", name), proto::encode(m)}).is_ok());
+    };
+    const std::string good = "CDEF0123456789ABCDEF0123";
+    plant("escape1", [](proto::Manifest& m) { m.nodes[0].path = "../../etc/x"; });
+    plant("escape2", [](proto::Manifest& m) {
+        proto::Node l;
+        l.path = "link";
+        l.type = core::FileType::symlink;
+        l.target = "../../../etc/passwd";
+        m.nodes.push_back(l);
+    });
+    plant("escape3", [](proto::Manifest& m) {
+        proto::Node l;
+        l.path = "abs";
+        l.type = core::FileType::symlink;
+        l.target = "/etc/passwd";
+        m.nodes.push_back(l);
+    });
+    plant("orphan", [](proto::Manifest& m) { m.nodes[0].path = "nodir/kernel.json"; });
+    plant("twice", [](proto::Manifest& m) { m.nodes.push_back(m.nodes[0]); });
+    plant("other-name", [](proto::Manifest& m) { m.entry = "something-else"; });
+    plant("../up", [](proto::Manifest&) {});
+    plant(good, [](proto::Manifest&) {});
+    for (const char* name : {"escape1", "escape2", "escape3", "orphan", "twice", "other-name", "../up"}) {
+        auto r = run_cli(args(b, redis, {"pull", name}));
+        INFO(name << ": " << r.out << r.err);
+        CHECK(r.exit_code == 1);
+        CHECK(r.out.find("corrupt") != std::string::npos);
+    }
+    CHECK(b.entries() == 0);
+    CHECK(b.counter(core::Counter::remote_corrupt) == 7);
+    // A manifest that passes every check lands, with set-uid bits dropped.
+    auto ok = run_cli(args(b, redis, {"pull", good}));
+    INFO(ok.out << ok.err);
+    REQUIRE(ok.exit_code == 0);
+    CHECK(b.snapshot(good).at("kernel.json") == "1 " + std::to_string(0100755) + " {}");
+}
