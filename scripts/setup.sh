@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev
+  liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev liblz4-dev
   libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3

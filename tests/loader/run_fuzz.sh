@@ -53,7 +53,7 @@ if [ "$stale" = 1 ]; then
   echo "building $binary" >&2
   "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
     -I"$src/loader/include" -I"$src/loader/src" -I"$src/core/include" \
-    "${sources[@]}" "$target" -lfmt -lzstd -o "$binary.tmp"
+    "${sources[@]}" "$target" -lfmt -lzstd -llz4 -o "$binary.tmp"
   mv "$binary.tmp" "$binary"
 fi
 
