@@ -51,7 +51,8 @@ std::uint64_t mapped_bytes(const fs::path& file) {
     std::ifstream maps("/proc/self/maps");
     std::uint64_t total = 0;
     for (std::string line; std::getline(maps, line);) {
-        if (line.size() < name.size() || line.compare(line.size() - name.size(), name.size(), name) != 0) {
+        if (line.size() < name.size() ||
+            line.compare(line.size() - name.size(), name.size(), name) != 0) {
             continue;
         }
         const auto dash = line.find('-');

@@ -42,7 +42,8 @@ std::string zstd(std::string_view text) {
 // A raw LZ4 block as liblz4's compressor makes it (what nvcc -compress-mode=speed
 // writes): many matches, overlapping and not, unlike builders.hpp's lz4_block.
 std::string lz4(std::string_view text) {
-    std::string out(static_cast<std::size_t>(LZ4_compressBound(static_cast<int>(text.size()))), '\0');
+    const int bound = LZ4_compressBound(static_cast<int>(text.size()));
+    std::string out(static_cast<std::size_t>(bound), '\0');
     const int n = LZ4_compress_default(text.data(), out.data(), static_cast<int>(text.size()),
                                        static_cast<int>(out.size()));
     REQUIRE(n > 0);
@@ -234,8 +235,8 @@ TEST_CASE("synthetic fatbin: an LZ4 block from liblz4's compressor", "[loader][f
     std::vector<ExpectedKernel> expected;
     for (int i = 0; i < 64; ++i) {
         const std::string name = "k" + std::to_string(i);
-        ptx += ".visible .entry " + name + "(\n\t.param .u64 " + name + "_param_0,\n\t.param .u32 " +
-               name + "_param_1\n)\n{\n\tret;\n}\n";
+        ptx += ".visible .entry " + name + "(\n\t.param .u64 " + name +
+               "_param_0,\n\t.param .u32 " + name + "_param_1\n)\n{\n\tret;\n}\n";
         expected.push_back({name, {{0, 0, 8}, {1, 8, 4}}, 12});
     }
     const std::string block = lz4(ptx);
