@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core_test_util.hpp"
+#include "scoped_env.hpp"
 
 using namespace kcache;
 using namespace kcache::test;
@@ -17,32 +18,6 @@ using core::Counter;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Sets an environment variable for one scope.
-class ScopedEnv {
-  public:
-    ScopedEnv(const char* name, const char* value) : m_name(name) {
-        if (const char* old = std::getenv(name)) m_old = old;
-        if (value) {
-            setenv(name, value, 1);
-        } else {
-            unsetenv(name);
-        }
-    }
-    ~ScopedEnv() {
-        if (m_old) {
-            setenv(m_name.c_str(), m_old->c_str(), 1);
-        } else {
-            unsetenv(m_name.c_str());
-        }
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-  private:
-    std::string m_name;
-    std::optional<std::string> m_old;
-};
 
 // The bytes this process maps of `file`: LMDB maps data.mdb once, the length of its
 // map size, so this is the reservation the environment got.

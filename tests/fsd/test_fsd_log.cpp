@@ -5,9 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <ctime>
-#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -15,32 +13,14 @@
 #include <vector>
 
 #include "log.hpp"
+#include "scoped_env.hpp"
 #include "temp_dir.hpp"
 
 namespace {
 
 namespace log = kcache::fsd::log;
+using kcache::test::ScopedEnv;
 using std::chrono::system_clock;
-
-// Runs the test in time zone `tz`, restoring the process's afterwards.
-class ScopedTimeZone {
-  public:
-    explicit ScopedTimeZone(const char* tz) {
-        if (const char* old = std::getenv("TZ")) m_old = old;
-        setenv("TZ", tz, 1);
-        tzset();
-    }
-    ~ScopedTimeZone() {
-        if (m_old) setenv("TZ", m_old->c_str(), 1);
-        else unsetenv("TZ");
-        tzset();
-    }
-    ScopedTimeZone(const ScopedTimeZone&) = delete;
-    ScopedTimeZone& operator=(const ScopedTimeZone&) = delete;
-
-  private:
-    std::optional<std::string> m_old;
-};
 
 const system_clock::time_point kNoonUtc =
     system_clock::from_time_t(1740830400) + std::chrono::milliseconds(7);  // 2025-03-01 12:00
@@ -49,20 +29,27 @@ const system_clock::time_point kNoonUtc =
 
 TEST_CASE("log: a line has the local time with its offset, the pid and the level", "[log]") {
     const std::string pid = std::to_string(getpid());
+    // localtime_r reads TZ only at tzset().
     {
-        ScopedTimeZone utc("UTC0");
+        ScopedEnv tz("TZ", "UTC0");
+        tzset();
         CHECK(log::format_line(log::Level::warning, "eviction failed: EIO", kNoonUtc) ==
               "2025-03-01 12:00:00.007 +0000 kcache-fsd[" + pid +
                   "] warning: eviction failed: EIO\n");
     }
     {
-        ScopedTimeZone cet("CET-1");  // POSIX TZ: one hour east of UTC, no DST rule
+        ScopedEnv tz("TZ", "CET-1");  // POSIX TZ: one hour east of UTC, no DST rule
+        tzset();
         CHECK(log::format_line(log::Level::error, "x", kNoonUtc) ==
               "2025-03-01 13:00:00.007 +0100 kcache-fsd[" + pid + "] error: x\n");
     }
-    ScopedTimeZone utc("UTC0");
-    CHECK(log::format_line(log::Level::info, "", kNoonUtc + std::chrono::milliseconds(993)) ==
-          "2025-03-01 12:00:01.000 +0000 kcache-fsd[" + pid + "] info: \n");
+    {
+        ScopedEnv tz("TZ", "UTC0");
+        tzset();
+        CHECK(log::format_line(log::Level::info, "", kNoonUtc + std::chrono::milliseconds(993)) ==
+              "2025-03-01 12:00:01.000 +0000 kcache-fsd[" + pid + "] info: \n");
+    }
+    tzset();  // back to the process's zone
 }
 
 TEST_CASE("log: lines written from many threads stay whole", "[log]") {
