@@ -7,11 +7,11 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev
+  liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev liblz4-dev
   libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3
-  clang-14 libclang-rt-14-dev  # the loader's libFuzzer target (tests/loader/run_fuzz.sh)
+  clang-14 libclang-rt-14-dev  # the libFuzzer targets (tests/support/run_fuzz.sh)
   # the inspector (gui/): Dear ImGui, GLFW, stb_image_write for --screenshot; Xvfb,
   # xauth and Mesa's llvmpipe for its screenshot test without a display
   libimgui-dev libglfw3-dev libstb-dev xvfb xauth libgl1-mesa-dri

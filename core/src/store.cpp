@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "kcache/core/layout.hpp"
+#include "kcache/core/units.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -418,10 +419,14 @@ unsigned durability_flags(Durability d) {
     return 0;
 }
 
-std::uint64_t requested_map_size(const OpenOptions& options) {
+// A size as people write it ("1T" is a tebibyte); a value that is not one is an
+// error rather than a silently different reservation.
+Result<std::uint64_t> requested_map_size(const OpenOptions& options) {
     if (options.map_size) return options.map_size;
     if (const char* env = std::getenv("KCACHE_MAP_SIZE"); env && *env) {
-        if (const std::uint64_t v = std::strtoull(env, nullptr, 0); v) return v;
+        auto v = parse_size(env);
+        if (!v) return tl::unexpected(with_context(v.error(), "KCACHE_MAP_SIZE"));
+        if (*v) return *v;
     }
     return kDefaultMapSize;
 }
@@ -432,7 +437,7 @@ bool denied(int code) { return code == EACCES || code == EROFS || code == EPERM;
 // even for a read-only Store (read-only is enforced by Store::write), so that one
 // environment can serve every Store of the process. Only where writing is denied
 // (a read-only filesystem or directory) is it opened MDB_RDONLY.
-int open_lmdb(MDB_env** env, const OpenOptions& options, bool read_only) {
+int open_lmdb(MDB_env** env, const OpenOptions& options, std::uint64_t map_size, bool read_only) {
     if (const int rc = mdb_env_create(env); rc != 0) return rc;
     mdb_env_set_maxdbs(*env, 16);
     mdb_env_set_maxreaders(*env, options.max_readers);
@@ -446,7 +451,7 @@ int open_lmdb(MDB_env** env, const OpenOptions& options, bool read_only) {
     // The map is address space, not disk. Where the reservation cannot be had
     // (ulimit -v, valgrind), fall back to smaller ones down to 1 GiB.
     int rc = ENOMEM;
-    for (std::uint64_t size = requested_map_size(options);; size /= 2) {
+    for (std::uint64_t size = map_size;; size /= 2) {
         mdb_env_set_mapsize(*env, size);
         rc = mdb_env_open(*env, options.path.c_str(), flags, 0644);
         if (rc != ENOMEM || size / 2 < (1ull << 30)) break;
@@ -482,9 +487,11 @@ Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
         return fail(EBUSY, fmt::format("db {}: locked by a compaction in progress", path));
     }
 
-    int rc = open_lmdb(&impl->env, options, false);
+    auto map_size = requested_map_size(options);
+    if (!map_size) return tl::unexpected(map_size.error());
+    int rc = open_lmdb(&impl->env, options, *map_size, false);
     if (rc != 0 && options.read_only && denied(rc)) {
-        rc = open_lmdb(&impl->env, options, true);
+        rc = open_lmdb(&impl->env, options, *map_size, true);
         impl->read_only = true;
     }
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == MDB_CORRUPTED) {

@@ -4,7 +4,8 @@
 #include <fuse_lowlevel.h>
 
 #include <algorithm>
-#include <cstdio>
+
+#include "log.hpp"
 
 namespace kcache::fsd {
 namespace {
@@ -52,7 +53,7 @@ void Background::stop() {
         after.swap(m_after_invalidation);
     }
     run_all(after);
-    if (auto s = flush_stats(); !s) std::fprintf(stderr, "kcache-fsd: %s\n", s.error().message.c_str());
+    if (auto s = flush_stats(); !s) log::error("statistics lost at stop: {}", s.error().message);
     if (m_sync_interval_s > 0) (void)m_store.sync();
 }
 
@@ -142,13 +143,13 @@ void Background::run() {
         follow_events();
         if (m_check_limits.exchange(false)) {
             if (auto r = m_store.enforce_limits(); !r) {
-                std::fprintf(stderr, "kcache-fsd: eviction failed: %s\n", r.error().message.c_str());
+                log::error("eviction failed: {}", r.error().message);
             }
             follow_events();  // what eviction removed leaves the kernel's caches at once
         }
         if (tick % kFlushEvery == 0) {
             if (auto s = flush_stats(); !s) {
-                std::fprintf(stderr, "kcache-fsd: statistics not saved yet: %s\n", s.error().message.c_str());
+                log::warning("statistics not saved yet: {}", s.error().message);
             }
         }
         const auto now = std::chrono::steady_clock::now();

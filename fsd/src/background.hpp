@@ -35,8 +35,8 @@ public:
 
     // Starts following events from the newest one; `session` receives notifications.
     void start(fuse_session* session);
-    // Stops the thread, then flushes statistics and syncs. Call before the session
-    // is destroyed.
+    // Stops the thread, then flushes statistics and, when it syncs on a timer
+    // (batched durability), syncs. Call before the session is destroyed.
     void stop();
 
     // ---- for request handlers: thread-safe, never block on the kernel ----

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "kcache/core/staged.hpp"
+#include "log.hpp"
 #include "process.hpp"
 
 namespace kcache::fsd {
@@ -150,7 +151,7 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
         default: break;  // ENOENT, EEXIST, ENOTEMPTY ... are answers, not failures
     }
     if (error.code == EIO || error.code == ENOSPC) {
-        std::fprintf(stderr, "kcache-fsd: %s\n", error.message.c_str());
+        log::error("{}", error.message);
     }
     fuse_reply_err(req, error.code > 0 ? error.code : EIO);
 }
@@ -315,8 +316,8 @@ void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
         const bool keep = version->shared || !handle->killed;
         if (keep) {
             if (auto s = publish(req, *version); !s) {
-                std::fprintf(stderr, "kcache-fsd: content of inode %llu lost at release: %s\n",
-                             static_cast<unsigned long long>(handle->ino), s.error().message.c_str());
+                log::error("content of inode {} lost at release: {}", handle->ino,
+                           s.error().message);
             }
         }
         (void)version->staged.abandon();
@@ -421,8 +422,8 @@ void Filesystem::init(fuse_conn_info* conn) {
     // page cache meanwhile (admit_writer, enter_pages), and the next getattr answers
     // the size each one should see.
     if (!(conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)) {
-        std::fprintf(stderr, "kcache-fsd: the kernel's FUSE lacks atomic O_TRUNC: an O_TRUNC open "
-                             "shares the file as any other writer (no private rewrite)\n");
+        log::warning("the kernel's FUSE lacks atomic O_TRUNC: an O_TRUNC open shares the file "
+                     "as any other writer (no private rewrite)");
     }
     conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
@@ -817,11 +818,10 @@ void Filesystem::run_writer_gate() {
         if (overdue.empty()) continue;
         lock.unlock();
         for (auto& w : overdue) {
-            std::fprintf(stderr,
-                         "kcache-fsd: a writer of inode %llu waited %lld s for %zu reader(s) of the old "
-                         "content to close; it goes ahead (those readers may read past their end)\n",
-                         static_cast<unsigned long long>(w.writer->ino),
-                         static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kWriterWait).count()),
+            log::warning("a writer of inode {} waited {} s for {} reader(s) of the old content to "
+                         "close; it goes ahead (those readers may read past their end)",
+                         w.writer->ino,
+                         std::chrono::duration_cast<std::chrono::seconds>(kWriterWait).count(),
                          w.readers.size());
             w.reply();
         }

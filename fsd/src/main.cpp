@@ -21,6 +21,7 @@
 
 #include "filesystem.hpp"
 #include "kcache/core/store.hpp"
+#include "log.hpp"
 #include "options.hpp"
 
 namespace {
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
     }
     filesystem.start(session);
     startup.ready(options->db + "/fsd.log");
+    fsd::log::info("serving {} at {}{}", options->db, mountpoint,
+                   options->read_only ? " read-only" : "");
 
     fuse_loop_config* loop = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(loop, 0);
@@ -193,5 +196,8 @@ int main(int argc, char** argv) {
     fuse_session_destroy(session);
     fuse_opt_free_args(&args);
     // A loop ended by SIGTERM/SIGINT/SIGHUP returns the signal: a clean stop too.
-    return rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP ? 0 : 1;
+    const bool clean = rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
+    if (clean) fsd::log::info("unmounted {}", mountpoint);
+    else fsd::log::error("the FUSE loop failed ({}); unmounted {}", rc, mountpoint);
+    return clean ? 0 : 1;
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -13,19 +15,32 @@
 namespace kcache::fsd {
 namespace {
 
-core::Status parse_durability(const std::string& text, core::Durability& out) {
-    if (text == "full") out = core::Durability::full;
-    else if (text == "batched") out = core::Durability::none;  // synced by the daemon's timer
-    else if (text == "none") out = core::Durability::none;
-    else return core::fail(EINVAL, fmt::format("invalid durability '{}' (full, batched, none)", text));
+// Sets both halves of a durability mode, so that --durability and -o durability= (and
+// a later one overriding an earlier one) cannot disagree about the sync timer.
+core::Status set_durability(const std::string& text, Options& o) {
+    if (text == "full") {
+        o.durability = core::Durability::full;
+        o.sync_interval_s = 0;  // every commit is synced: nothing is left for a timer
+    } else if (text == "batched") {
+        o.durability = core::Durability::none;
+        o.sync_interval_s = kBatchedSyncIntervalS;
+    } else if (text == "none") {
+        o.durability = core::Durability::none;
+        o.sync_interval_s = 0;
+    } else {
+        return core::fail(EINVAL,
+                          fmt::format("invalid durability '{}' (full, batched, none)", text));
+    }
     return {};
 }
 
-// Applies one of kcache's own key=value options; false if the key is not ours.
+// Applies one of kcache's own options, named as in -o (key=value) and reached by the
+// long options too, so both forms take one path; false if the key is not ours.
+// Counts parse like sizes ("1K" is 1024), with the one parser the sizes use.
 core::Result<bool> apply_option(const std::string& key, const std::string& value, Options& o) {
-    auto size = [&](std::uint64_t& out) -> core::Result<bool> {
+    auto number = [&](std::uint64_t& out) -> core::Result<bool> {
         auto v = core::parse_size(value);
-        if (!v) return tl::unexpected(v.error());
+        if (!v) return tl::unexpected(core::with_context(v.error(), key));
         out = *v;
         return true;
     };
@@ -33,19 +48,22 @@ core::Result<bool> apply_option(const std::string& key, const std::string& value
         o.db = value;
         return true;
     }
-    if (key == "max_size") return size(o.max_bytes);
-    if (key == "max_file_size") return size(o.max_file_size);
-    if (key == "max_entries" || key == "entry_depth") {
-        char* end = nullptr;
-        const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-        if (value.empty() || *end) return core::fail(EINVAL, fmt::format("invalid {} '{}'", key, value));
-        if (key == "max_entries") o.max_entries = v;
-        else o.entry_depth = static_cast<std::uint32_t>(v);
+    if (key == "max_size") return number(o.max_bytes);
+    if (key == "max_file_size") return number(o.max_file_size);
+    if (key == "max_entries") return number(o.max_entries);
+    if (key == "entry_depth") {
+        std::uint64_t depth = 0;
+        if (auto ok = number(depth); !ok) return ok;
+        // Only the narrowing is checked here: the db's own check (set_config) says
+        // which depths are valid.
+        if (depth > std::numeric_limits<std::uint32_t>::max()) {
+            return core::fail(ERANGE, fmt::format("entry_depth: '{}' is too large", value));
+        }
+        o.entry_depth = static_cast<std::uint32_t>(depth);
         return true;
     }
     if (key == "durability") {
-        if (auto s = parse_durability(value, o.durability); !s) return tl::unexpected(s.error());
-        if (value == "none") o.sync_interval_s = 0;
+        if (auto s = set_durability(value, o); !s) return tl::unexpected(s.error());
         return true;
     }
     return false;
@@ -57,18 +75,23 @@ core::Result<Options> parse_options(int argc, char** argv) {
     Options o;
     CLI::App app{"kcache-fsd: mount a kcache db as a directory for compilers", "kcache-fsd"};
     std::vector<std::string> positionals, dash_o;
-    std::string max_size, max_file_size, durability = "batched";
+    // The long options' values by their -o key: both forms go through apply_option.
+    std::map<std::string, std::string> long_options;
     app.add_option("--db", o.db, "cache db directory (default: $KCACHE_DB, else ~/.cache/kcache/db)");
-    app.add_option("--max-size", max_size, "evict least-recently-used entries above this size (e.g. 10G)");
-    app.add_option("--max-entries", o.max_entries, "evict least-recently-used entries above this count");
-    app.add_option("--entry-depth", o.entry_depth,
+    app.add_option("--max-size", long_options["max_size"],
+                   "evict least-recently-used entries above this size (e.g. 10G)");
+    app.add_option("--max-entries", long_options["max_entries"],
+                   "evict least-recently-used entries above this count (e.g. 100K)");
+    app.add_option("--entry-depth", long_options["entry_depth"],
                    "the layout's depth fallback: no entry above it, an unknown directory at it is one (new db: 1)");
     std::string layout_rules_file;
     app.add_option("--layout-rules", layout_rules_file,
                    "a layout rules file for compilers kcache does not know (docs/architecture.md); "
                    "it becomes the db's");
-    app.add_option("--max-file-size", max_file_size, "largest file a writer may store (default 2G; EFBIG past it)");
-    app.add_option("--durability", durability, "full: sync every commit; batched: sync every second; none");
+    app.add_option("--max-file-size", long_options["max_file_size"],
+                   "largest file a writer may store (default 2G; EFBIG past it)");
+    app.add_option("--durability", long_options["durability"],
+                   "full: sync every commit; batched (default): sync every second; none");
     app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
     app.add_flag("-d,--debug", o.debug, "log every FUSE request (implies -f)");
     app.add_flag("--read-only", o.read_only,
@@ -87,15 +110,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
     if (positionals.size() > 2) return core::fail(EINVAL, "too many arguments: [DB] MOUNTPOINT");
     o.mountpoint = positionals.back();
     if (positionals.size() == 2) o.db = positionals.front();
-    if (!max_size.empty()) {
-        auto v = core::parse_size(max_size);
-        if (!v) return tl::unexpected(v.error());
-        o.max_bytes = *v;
-    }
-    if (!max_file_size.empty()) {
-        auto v = core::parse_size(max_file_size);
-        if (!v) return tl::unexpected(v.error());
-        o.max_file_size = *v;
+    for (const auto& [key, value] : long_options) {
+        if (value.empty()) continue;
+        if (auto ours = apply_option(key, value, o); !ours) return tl::unexpected(ours.error());
     }
     if (!layout_rules_file.empty()) {
         std::ifstream in(layout_rules_file, std::ios::binary);
@@ -104,9 +121,6 @@ core::Result<Options> parse_options(int argc, char** argv) {
         text << in.rdbuf();
         o.layout_rules = text.str();
     }
-    if (auto s = parse_durability(durability, o.durability); !s) return tl::unexpected(s.error());
-    if (durability == "none") o.sync_interval_s = 0;
-    if (durability == "full") o.sync_interval_s = 0;
     for (const std::string& group : dash_o) {
         std::stringstream items(group);
         for (std::string item; std::getline(items, item, ',');) {

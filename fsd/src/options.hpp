@@ -12,6 +12,8 @@
 
 namespace kcache::fsd {
 
+inline constexpr double kBatchedSyncIntervalS = 1.0;
+
 struct Options {
     std::string db;                       // --db or the first positional; default_db_path()
     std::string mountpoint;
@@ -20,8 +22,10 @@ struct Options {
     std::uint32_t entry_depth = 0;        // --entry-depth: 0 keeps the db's (1 for a new db)
     std::optional<std::string> layout_rules;  // --layout-rules FILE: its text becomes the db's
     std::uint64_t max_file_size = std::uint64_t{2} << 30;  // --max-file-size: EFBIG past it
-    core::Durability durability = core::Durability::none;  // --durability; see docs/operations.md
-    double sync_interval_s = 1.0;         // batched durability: sync at least this often
+    // --durability: full (synced commits, no timer), batched (the default: unsynced
+    // commits, synced every kBatchedSyncIntervalS), none. See docs/operations.md.
+    core::Durability durability = core::Durability::none;
+    double sync_interval_s = kBatchedSyncIntervalS;  // 0: the daemon never syncs on a timer
     bool foreground = false;              // -f
     bool debug = false;                   // -d: libfuse's request log
     bool read_only = false;               // --read-only or -o ro: serve the db, change nothing
@@ -29,7 +33,9 @@ struct Options {
 };
 
 // Parses argv; kcache's own -o options (db=, max_size=, max_entries=, entry_depth=,
-// max_file_size=, durability=) are taken out of the FUSE option list.
+// max_file_size=, durability=) are taken out of the FUSE option list. Each means what
+// its long option means (one code path; -o comes last and wins); sizes and counts
+// parse with core::parse_size ("1K" is 1024, "1T" a tebibyte).
 core::Result<Options> parse_options(int argc, char** argv);
 
 }  // namespace kcache::fsd

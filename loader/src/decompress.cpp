@@ -1,15 +1,17 @@
 // Decompression of fatbin payloads.
 //
-// LZ4 (flag 0x2000): a raw LZ4 block (no frame), decoded here with every length and
-// offset checked against both buffers; the format cannot expand more than 255:1, so a
-// declared size beyond that is rejected before anything is allocated.
+// LZ4 (flag 0x2000): a raw LZ4 block (no frame), decoded by liblz4's
+// LZ4_decompress_safe, which checks every length and offset against both buffers
+// (and is fuzzed by its authors). Around it, ours: the format cannot expand more than
+// 255:1, so a declared size beyond that is rejected before anything is allocated, and
+// the block must decode to exactly the declared size.
 // zstd (flag 0x8000): one or more zstd frames; the frame header's content size must
 // equal the declared size before the output is allocated.
 
+#include <lz4.h>
 #include <zstd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <new>
 
 #include <fmt/format.h>
@@ -39,54 +41,34 @@ Result<std::string> allocate(std::uint64_t size) {
 }  // namespace
 
 Result<std::string> decompress_lz4(std::string_view payload, std::uint64_t size) {
+    // The ratio check comes before the allocation: a hostile entry declaring gigabytes
+    // must not make us allocate them.
     if (size / kLz4MaxRatio > payload.size() + 1) {
         return fail(
             EIO, fmt::format("LZ4 payload of {} bytes cannot hold {} bytes", payload.size(), size));
     }
+    // LZ4's block API counts in int; its compressor never makes blocks past
+    // LZ4_MAX_INPUT_SIZE, so larger ones are damaged, not merely large.
+    if (payload.size() > LZ4_MAX_INPUT_SIZE || size > LZ4_MAX_INPUT_SIZE) {
+        return fail(EIO, fmt::format("LZ4 payload of {} bytes declaring {} bytes is past the "
+                                     "format's block limit",
+                                     payload.size(), size));
+    }
     auto buffer = allocate(size);
     if (!buffer) return buffer;
-    std::string& out = *buffer;
-    const auto* in = reinterpret_cast<const unsigned char*>(payload.data());
-    const std::size_t in_size = payload.size();
-    std::size_t ip = 0;
-    std::size_t op = 0;
-    auto damaged = [&](std::string_view why) {
-        return fail(EIO, fmt::format("LZ4 payload damaged at byte {}: {}", ip, why));
-    };
-    // A length continues in bytes of 255 while they last.
-    auto extend = [&](std::size_t& length) {
-        unsigned char b = 255;
-        while (b == 255) {
-            if (ip >= in_size) return false;
-            b = in[ip++];
-            length += b;
-        }
-        return true;
-    };
-    while (true) {
-        if (ip >= in_size) return damaged("ends inside a sequence");
-        const unsigned token = in[ip++];
-        std::size_t literals = token >> 4;
-        if (literals == 15 && !extend(literals)) return damaged("literal length runs out");
-        if (literals > in_size - ip) return damaged("literals run past the input");
-        if (literals > out.size() - op) return damaged("literals run past the declared size");
-        std::memcpy(out.data() + op, in + ip, literals);
-        ip += literals;
-        op += literals;
-        if (ip == in_size) break;  // the last sequence has literals only
-        if (in_size - ip < 2) return damaged("match offset truncated");
-        const std::size_t offset = in[ip] | static_cast<std::size_t>(in[ip + 1]) << 8;
-        ip += 2;
-        if (offset == 0 || offset > op) return damaged("match offset out of range");
-        std::size_t match = token & 15;
-        if (match == 15 && !extend(match)) return damaged("match length runs out");
-        match += 4;
-        if (match > out.size() - op) return damaged("match runs past the declared size");
-        for (std::size_t i = 0; i < match; ++i, ++op) out[op] = out[op - offset];
+    // LZ4_decompress_safe never reads past `payload` nor writes past `size` bytes: a
+    // negative result is a damaged block (or one that would decode past the declared
+    // size), a short one a block that decodes to less than declared.
+    const int n = LZ4_decompress_safe(payload.data(), buffer->data(),
+                                      static_cast<int>(payload.size()), static_cast<int>(size));
+    if (n < 0) {
+        return fail(EIO, fmt::format("LZ4 payload damaged, or decoding past the {} bytes the "
+                                     "entry declares",
+                                     size));
     }
-    if (op != out.size()) {
+    if (static_cast<std::uint64_t>(n) != size) {
         return fail(EIO, fmt::format("LZ4 payload decompresses to {} bytes, the entry declares {}",
-                                     op, out.size()));
+                                     n, size));
     }
     return buffer;
 }

@@ -32,8 +32,8 @@ bool looks_like_ptx(std::string_view text);
 Result<BinaryInfo> parse_ptx(std::string_view text);
 
 // Decompression of fatbin payloads into exactly `size` bytes (the size the entry
-// header declares). EIO when the payload is damaged or does not decompress to that
-// size.
+// header declares). EIO when the payload is damaged, could not hold `size` bytes, or
+// does not decompress to that size; ENOMEM when `size` bytes cannot be allocated.
 Result<std::string> decompress_lz4(std::string_view payload, std::uint64_t size);
 Result<std::string> decompress_zstd(std::string_view payload, std::uint64_t size);
 

@@ -5,10 +5,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 
 #include "core_test_util.hpp"
+#include "scoped_env.hpp"
 
 using namespace kcache;
 using namespace kcache::test;
@@ -17,31 +19,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
-  public:
-    ScopedEnv(const char* name, const char* value) : m_name(name) {
-        if (const char* old = std::getenv(name)) m_old = old;
-        if (value) {
-            setenv(name, value, 1);
-        } else {
-            unsetenv(name);
+// The bytes this process maps of `file`: LMDB maps data.mdb once, the length of its
+// map size, so this is the reservation the environment got.
+std::uint64_t mapped_bytes(const fs::path& file) {
+    const std::string name = fs::canonical(file).string();
+    std::ifstream maps("/proc/self/maps");
+    std::uint64_t total = 0;
+    for (std::string line; std::getline(maps, line);) {
+        if (line.size() < name.size() ||
+            line.compare(line.size() - name.size(), name.size(), name) != 0) {
+            continue;
         }
+        const auto dash = line.find('-');
+        const auto space = line.find(' ');
+        total += std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16) -
+                 std::stoull(line.substr(0, dash), nullptr, 16);
     }
-    ~ScopedEnv() {
-        if (m_old) {
-            setenv(m_name.c_str(), m_old->c_str(), 1);
-        } else {
-            unsetenv(m_name.c_str());
-        }
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-  private:
-    std::string m_name;
-    std::optional<std::string> m_old;
-};
+    return total;
+}
 
 core::OpenOptions options_for(const fs::path& path) {
     core::OpenOptions o;
@@ -234,6 +229,27 @@ TEST_CASE("open: every durability mode works and sync succeeds", "[open]") {
         KC_MUST(ts->sync());
         ts.reopen();
         CHECK(ts.get("k/a") == "x");
+    }
+}
+
+TEST_CASE("open: KCACHE_MAP_SIZE is a size as people write it", "[open]") {
+    TempDir dir;
+    SECTION("1T is a tebibyte") {
+        ScopedEnv env("KCACHE_MAP_SIZE", "1T");
+        auto store = KC_MUST(core::Store::open(options_for(dir / "db")));
+        CHECK(mapped_bytes(dir / "db" / "data.mdb") == std::uint64_t{1} << 40);
+    }
+    SECTION("3G is three gibibytes") {
+        ScopedEnv env("KCACHE_MAP_SIZE", "3G");
+        auto store = KC_MUST(core::Store::open(options_for(dir / "db")));
+        CHECK(mapped_bytes(dir / "db" / "data.mdb") == std::uint64_t{3} << 30);
+    }
+    SECTION("what is not a size is an error naming the variable, not another reservation") {
+        ScopedEnv env("KCACHE_MAP_SIZE", "lots");
+        auto store = core::Store::open(options_for(dir / "db"));
+        REQUIRE_FALSE(store);
+        CHECK(store.error().code == EINVAL);
+        CHECK_THAT(store.error().message, Catch::Contains("KCACHE_MAP_SIZE"));
     }
 }
 

@@ -1,4 +1,4 @@
-// libFuzzer target for the loader's parsers (run by run_fuzz.sh with clang++-14
+// libFuzzer target for the loader's parsers (run by tests/support/run_fuzz.sh with clang++-14
 // -fsanitize=fuzzer,address,undefined). Any input must give a result or an error;
 // results must be self-consistent, or the target aborts.
 

@@ -1,6 +1,6 @@
 // libFuzzer target for the signature parser (kcache's schema and Triton's metadata),
-// run by run_fuzz.sh with clang++-14 -fsanitize=fuzzer,address,undefined. Any input
-// must give a signature or an error; a signature must be self-consistent, or the
+// run by tests/support/run_fuzz.sh with clang++-14 -fsanitize=fuzzer,address,undefined.
+// Any input must give a signature or an error; a signature must be self-consistent, or the
 // target aborts.
 
 #include <cstdint>

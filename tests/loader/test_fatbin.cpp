@@ -1,6 +1,7 @@
 // Fatbin introspection: nvcc-built fatbins (plain, compressed, embedded in objects and
 // an executable) and synthetic containers for each entry kind, flag and compression.
 
+#include <lz4.h>
 #include <zstd.h>
 
 #include <cerrno>
@@ -35,6 +36,18 @@ std::string zstd(std::string_view text) {
     const std::size_t n = ZSTD_compress(out.data(), out.size(), text.data(), text.size(), 3);
     REQUIRE_FALSE(ZSTD_isError(n));
     out.resize(n);
+    return out;
+}
+
+// A raw LZ4 block as liblz4's compressor makes it (what nvcc -compress-mode=speed
+// writes): many matches, overlapping and not, unlike builders.hpp's lz4_block.
+std::string lz4(std::string_view text) {
+    const int bound = LZ4_compressBound(static_cast<int>(text.size()));
+    std::string out(static_cast<std::size_t>(bound), '\0');
+    const int n = LZ4_compress_default(text.data(), out.data(), static_cast<int>(text.size()),
+                                       static_cast<int>(out.size()));
+    REQUIRE(n > 0);
+    out.resize(static_cast<std::size_t>(n));
     return out;
 }
 
@@ -213,6 +226,41 @@ TEST_CASE("synthetic fatbin: entry kinds, archs, flags and compressions", "[load
     CHECK(e[5].kind == EntryKind::unknown);
     CHECK(e[5].raw_kind == 77);
     CHECK_FALSE(e[5].kernels);
+}
+
+TEST_CASE("synthetic fatbin: an LZ4 block from liblz4's compressor", "[loader][fatbin]") {
+    // 64 kernels of one body: the block is mostly matches, so it decodes to the right
+    // text only if every match is copied right.
+    std::string ptx = ".version 9.0\n.target sm_90\n.address_size 64\n";
+    std::vector<ExpectedKernel> expected;
+    for (int i = 0; i < 64; ++i) {
+        const std::string name = "k" + std::to_string(i);
+        ptx += ".visible .entry " + name + "(\n\t.param .u64 " + name +
+               "_param_0,\n\t.param .u32 " + name + "_param_1\n)\n{\n\tret;\n}\n";
+        expected.push_back({name, {{0, 0, 8}, {1, 8, 4}}, 12});
+    }
+    const std::string block = lz4(ptx);
+    REQUIRE(block.size() < ptx.size() / 4);
+
+    const auto info = inspect_ok(build_container({{1, 90, 0x2011, block, ptx.size(), 9, 0}}));
+    REQUIRE(info.entries.size() == 1);
+    CHECK(info.entries[0].compression == Compression::lz4);
+    CHECK(info.entries[0].uncompressed_size == ptx.size());
+    REQUIRE(info.entries[0].kernels);
+    require_kernels(*info.entries[0].kernels, expected);
+
+    SECTION("declaring a byte less than it decodes to") {
+        const auto e =
+            inspect_error(build_container({{1, 90, 0x2011, block, ptx.size() - 1, 9, 0}}));
+        CHECK(e.code == EIO);
+        CHECK_THAT(e.message, Catch::Contains("LZ4 payload damaged"));
+    }
+    SECTION("cut short by a byte") {
+        const auto e = inspect_error(build_container(
+            {{1, 90, 0x2011, block.substr(0, block.size() - 1), ptx.size(), 9, 0}}));
+        CHECK(e.code == EIO);
+        CHECK_THAT(e.message, Catch::Contains("LZ4 payload"));
+    }
 }
 
 TEST_CASE("synthetic fatbins: several containers, plain and in a host ELF", "[loader][fatbin]") {

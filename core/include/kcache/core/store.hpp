@@ -56,7 +56,7 @@ struct OpenOptions {
     bool create = true;        // create the directory and an empty db if missing
     bool read_only = false;    // open for reading only (write() fails with EROFS)
     Durability durability = Durability::full;
-    std::uint64_t map_size = 0;      // 0: $KCACHE_MAP_SIZE, else kDefaultMapSize
+    std::uint64_t map_size = 0;      // 0: $KCACHE_MAP_SIZE (parse_size: "512G"), else kDefaultMapSize
     unsigned max_readers = 1024;     // concurrent read transactions, all processes
     std::uint32_t entry_depth = 1;   // used only when a new db is created
     Clock clock;                     // empty: system_clock_ns

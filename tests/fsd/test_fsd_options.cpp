@@ -1,0 +1,103 @@
+// kcache-fsd's command line: the long options and their -o forms mean the same, and
+// sizes and counts parse with core::parse_size. No mount: parse_options alone.
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+
+namespace {
+
+using kcache::core::Durability;
+using kcache::fsd::kBatchedSyncIntervalS;
+using kcache::fsd::Options;
+using Args = std::vector<std::string>;
+
+kcache::core::Result<Options> parse(Args args) {
+    args.insert(args.begin(), "kcache-fsd");
+    args.push_back("/mnt/kcache");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return kcache::fsd::parse_options(static_cast<int>(argv.size()), argv.data());
+}
+
+Options must_parse(const Args& args) {
+    auto o = parse(args);
+    if (!o) FAIL("parse_options failed: " << o.error().message);
+    return *o;
+}
+
+}  // namespace
+
+TEST_CASE("options: durability: -o durability= and --durability are the same", "[options]") {
+    SECTION("full: every commit synced, no sync timer") {
+        for (const auto& args : {Args{"-o", "durability=full"}, Args{"--durability", "full"}}) {
+            INFO(args[0] << " " << args[1]);
+            const Options o = must_parse(args);
+            CHECK(o.durability == Durability::full);
+            CHECK(o.sync_interval_s == 0);
+        }
+    }
+    SECTION("batched, the default: unsynced commits, synced by the timer") {
+        for (const auto& args : {Args{}, Args{"-o", "durability=batched"},
+                                 Args{"--durability", "batched"},
+                                 Args{"--durability", "none", "-o", "durability=batched"}}) {
+            const Options o = must_parse(args);
+            CHECK(o.durability == Durability::none);
+            CHECK(o.sync_interval_s == kBatchedSyncIntervalS);
+        }
+    }
+    SECTION("none: unsynced, no timer") {
+        for (const auto& args : {Args{"-o", "durability=none"}, Args{"--durability", "none"}}) {
+            const Options o = must_parse(args);
+            CHECK(o.durability == Durability::none);
+            CHECK(o.sync_interval_s == 0);
+        }
+    }
+    SECTION("-o given last wins over the long option, both halves of it") {
+        const Options o = must_parse({"--durability", "batched", "-o", "durability=full"});
+        CHECK(o.durability == Durability::full);
+        CHECK(o.sync_interval_s == 0);
+    }
+    SECTION("anything else is EINVAL") {
+        CHECK(parse({"-o", "durability=sometimes"}).error().code == EINVAL);
+        CHECK(parse({"--durability", "sometimes"}).error().code == EINVAL);
+    }
+}
+
+TEST_CASE("options: counts and sizes parse with units, both forms", "[options]") {
+    for (const bool dash_o : {true, false}) {
+        INFO((dash_o ? "-o" : "long options"));
+        const Args args =
+            dash_o ? Args{"-o", "max_entries=1K,entry_depth=3,max_size=1T,max_file_size=512M"}
+                   : Args{"--max-entries", "1K", "--entry-depth", "3", "--max-size", "1T",
+                          "--max-file-size", "512M"};
+        const Options o = must_parse(args);
+        CHECK(o.max_entries == 1024);
+        CHECK(o.entry_depth == 3);
+        CHECK(o.max_bytes == std::uint64_t{1} << 40);
+        CHECK(o.max_file_size == std::uint64_t{512} << 20);
+        CHECK(o.fuse_options.empty());
+    }
+    CHECK(must_parse({"-o", "max_entries=100000"}).max_entries == 100000);
+    CHECK(must_parse({"-o", "max_entries=1.5K"}).max_entries == 1536);
+}
+
+TEST_CASE("options: what is not a count or a size is an error naming the option", "[options]") {
+    auto e = parse({"-o", "max_entries=lots"});
+    REQUIRE_FALSE(e);
+    CHECK(e.error().code == EINVAL);
+    CHECK_THAT(e.error().message, Catch::Contains("max_entries"));
+    CHECK(parse({"--max-entries", "lots"}).error().code == EINVAL);
+    CHECK(parse({"-o", "entry_depth="}).error().code == EINVAL);
+    // Never truncated to 32 bits (4G + 1 would be depth 1).
+    CHECK(parse({"-o", "entry_depth=4294967297"}).error().code == ERANGE);
+}
+
+TEST_CASE("options: -o options that are not kcache's go to libfuse", "[options]") {
+    const Options o = must_parse({"-o", "allow_other,max_entries=10,noatime"});
+    CHECK(o.max_entries == 10);
+    CHECK(o.fuse_options == Args{"allow_other", "noatime", "default_permissions"});
+}
