@@ -134,6 +134,8 @@ Status release_blob(Tx& tx, const Digest& digest);
 Result<Attr> write_file(Tx& tx, records::Inode& file, std::string_view content,
                         const ContentDigests& digests, const Origin& origin);
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// `file` as a regular file whose content may be replaced: EISDIR, EINVAL otherwise.
+Result<records::Inode> writable_file(const Tx& tx, Ino file);
 // A segmented blob's segment digests, in order; nullopt for a blob stored whole.
 Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Digest& digest);
 // A blob's bytes as stored (compressed or not), zero-copy when they fit one chunk.

@@ -1,0 +1,195 @@
+// StagedFile: a file's new content built in memory under a write lease, published in
+// one transaction; segmented content keeps its segment digests so that a publish
+// hashes and stores only what changed (staged.hpp).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "kcache/core/staged.hpp"
+#include "store_impl.hpp"
+
+namespace kcache::core {
+
+// ---- StagedFile ---------------------------------------------------------------------
+
+StagedFile::StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments)
+    : m_store(store), m_ino(ino), m_content(std::move(content)), m_segments(std::move(segments)), m_open(true) {
+    m_segments.resize(segment_count(m_content.size()));  // unknown ones are empty
+}
+
+StagedFile::StagedFile(StagedFile&& other) noexcept
+    : m_store(other.m_store), m_ino(other.m_ino), m_content(std::move(other.m_content)),
+      m_segments(std::move(other.m_segments)), m_stored(other.m_stored), m_dirty(other.m_dirty),
+      m_open(std::exchange(other.m_open, false)), m_max_size(other.m_max_size) {}
+
+StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
+    if (this != &other) {
+        if (m_open) (void)abandon();
+        m_store = other.m_store;
+        m_ino = other.m_ino;
+        m_content = std::move(other.m_content);
+        m_segments = std::move(other.m_segments);
+        m_stored = other.m_stored;
+        m_dirty = other.m_dirty;
+        m_open = std::exchange(other.m_open, false);
+        m_max_size = other.m_max_size;
+    }
+    return *this;
+}
+
+StagedFile::~StagedFile() {
+    // Best effort: a lease left behind by a failure here is ignored once this
+    // process is gone, and `kcache gc` drops it.
+    if (m_open) (void)abandon();
+}
+
+Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
+    auto attr = txn.getattr(file);
+    if (!attr) return tl::unexpected(attr.error());
+    if (attr->is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if (!attr->is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    std::string content;
+    std::vector<Digest> segments;
+    if (!truncate) {
+        auto current = txn.read(file);
+        if (!current) return tl::unexpected(current.error());
+        content.assign(current->bytes());
+        // Segmented content: its segment digests are known, so a publish re-hashes
+        // only the segments written since.
+        auto list = ops::segment_list(TxnAccess::tx(txn), attr->digest);
+        if (!list) return tl::unexpected(list.error());
+        if (*list) segments = std::move(**list);
+    }
+    if (auto s = txn.begin_write(file); !s) return tl::unexpected(s.error());
+    StagedFile staged(&txn.store(), file, std::move(content), std::move(segments));
+    staged.m_stored = attr->digest;
+    staged.m_dirty = truncate && attr->size > 0;
+    return staged;
+}
+
+Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
+    auto txn = store.write();
+    if (!txn) return tl::unexpected(txn.error());
+    auto staged = begin(*txn, file, truncate);
+    if (!staged) return staged;
+    if (auto s = txn->commit(); !s) {
+        staged->forget();
+        return tl::unexpected(s.error());
+    }
+    return staged;
+}
+
+void StagedFile::changed(std::uint64_t from, std::uint64_t to) {
+    m_segments.resize(segment_count(m_content.size()));
+    const std::uint64_t last = std::min<std::uint64_t>(segment_count(to), m_segments.size());
+    for (std::uint64_t i = from / kSegmentSize; i < last; ++i) m_segments[i] = {};
+    m_dirty = true;
+}
+
+Status StagedFile::write(std::uint64_t offset, std::string_view data) {
+    const std::uint64_t end = offset + data.size();
+    const std::uint64_t limit = m_max_size ? std::min(m_max_size, kMaxFileSize) : kMaxFileSize;
+    if (end < offset || end > limit) {
+        return fail(EFBIG, fmt::format("file would grow to {} bytes, over the limit of {}", end, limit));
+    }
+    const std::uint64_t old_size = m_content.size();
+    try {
+        if (end > m_content.size()) m_content.resize(end, '\0');
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to stage {} bytes", end));
+    }
+    std::memcpy(m_content.data() + offset, data.data(), data.size());
+    changed(std::min(offset, old_size), end);  // a gap filled with zeros changed too
+    return {};
+}
+
+Status StagedFile::truncate(std::uint64_t size) {
+    if (size == m_content.size()) return {};
+    if (size > kMaxFileSize || (m_max_size && size > m_max_size)) {
+        return fail(EFBIG, fmt::format("cannot extend a file to {} bytes", size));
+    }
+    const std::uint64_t old_size = m_content.size();
+    try {
+        m_content.resize(size, '\0');
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to stage {} bytes", size));
+    }
+    // The segment that now ends the file (cut or extended), and any added after it.
+    const std::uint64_t from = std::min(old_size, size) / kSegmentSize * kSegmentSize;
+    changed(from, std::max(old_size, size));
+    return {};
+}
+
+// The digests of the staged content: only segments changed since they were last
+// known are hashed again.
+ops::ContentDigests StagedFile::digests() {
+    if (m_content.size() < kSegmentedSize) return ops::digests_of(m_content);
+    m_segments.resize(segment_count(m_content.size()));
+    const std::string_view content = m_content;
+    for (std::size_t i = 0; i < m_segments.size(); ++i) {
+        if (m_segments[i].empty()) m_segments[i] = flat_digest_of(content.substr(i * kSegmentSize, kSegmentSize));
+    }
+    return {digest_of_segments(m_segments), m_segments};
+}
+
+Result<Attr> StagedFile::store_content(WriteTxn& txn, const Origin& origin) {
+    Tx tx = TxnAccess::tx(txn);
+    auto node = ops::writable_file(tx, m_ino);
+    if (!node) return tl::unexpected(node.error());
+    return ops::write_file(tx, *node, m_content, digests(), origin);
+}
+
+Status StagedFile::publish(WriteTxn& txn, const Origin& origin) {
+    if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
+    auto w = store_content(txn, origin);
+    if (!w) return tl::unexpected(w.error());
+    if (auto s = txn.end_write(m_ino); !s) return s;
+    m_stored = w->digest;
+    m_open = false;
+    m_dirty = false;
+    return {};
+}
+
+Status StagedFile::publish(const Origin& origin) {
+    auto txn = m_store->write();
+    if (!txn) return tl::unexpected(txn.error());
+    if (auto s = publish(*txn, origin); !s) {
+        m_open = true;  // still ours: the transaction is discarded
+        return s;
+    }
+    if (auto s = txn->commit(); !s) {
+        m_open = true;
+        return s;
+    }
+    return {};
+}
+
+Status StagedFile::commit(const Origin& origin) {
+    if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
+    if (!m_dirty) return {};
+    Digest stored;
+    auto s = m_store->update([&](WriteTxn& txn) -> Status {
+        auto w = store_content(txn, origin);
+        if (!w) return tl::unexpected(w.error());
+        stored = w->digest;
+        return {};
+    });
+    if (s) {
+        m_dirty = false;
+        m_stored = stored;
+    }
+    return s;
+}
+
+Status StagedFile::abandon() {
+    if (!m_open) return {};
+    m_open = false;
+    return m_store->update([&](WriteTxn& txn) { return txn.end_write(m_ino); });
+}
+
+}  // namespace kcache::core

@@ -1,0 +1,102 @@
+// Statistics, the events log and the configuration, as transactions read and change them.
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "kcache/core/layout.hpp"
+#include "store_impl.hpp"
+
+namespace kcache::core {
+
+// Every counter, in the order stats lists them.
+static constexpr Counter kAllCounters[] = {
+    Counter::hits, Counter::misses, Counter::stores, Counter::negative_lookups, Counter::opens,
+    Counter::bytes_read, Counter::bytes_written, Counter::evicted_entries,
+    Counter::evicted_bytes, Counter::dedup_hits, Counter::errors_nospc, Counter::errors_io,
+    Counter::errors_other, Counter::imported_entries, Counter::remote_hits,
+    Counter::remote_misses, Counter::remote_errors, Counter::remote_timeouts,
+    Counter::remote_corrupt, Counter::remote_dangling, Counter::remote_bytes_up,
+    Counter::remote_bytes_down, Counter::remote_uploads, Counter::remote_upload_skipped,
+    Counter::entries, Counter::bytes,
+    Counter::stored_bytes, Counter::blobs, Counter::files, Counter::blob_raw_bytes,
+};
+
+// ---- statistics, events, configuration ------------------------------------------
+
+Result<Stats> Txn::stats() const {
+    Tx tx = TxnAccess::tx(*this);
+    Stats stats;
+    for (Counter c : kAllCounters) stats.values[c] = 0;
+    Status s = tx.scan(tx.db.stats, {}, {}, [&](std::string_view key, std::string_view value) {
+        if (key.size() != 4 || value.size() != 8) return true;
+        std::uint32_t id = 0;
+        for (char c : key) id = (id << 8) | static_cast<unsigned char>(c);
+        records::Reader r(value);
+        stats.values[static_cast<Counter>(id)] = r.u64();
+        return true;
+    });
+    if (!s) return tl::unexpected(s.error());
+    auto reset = tx.get(tx.db.meta, kMetaResetTime);
+    if (!reset) return tl::unexpected(reset.error());
+    if (*reset) {
+        auto v = records::decode_u64(**reset, "meta reset_ns");
+        if (!v) return tl::unexpected(v.error());
+        stats.reset_ns = static_cast<std::int64_t>(*v);
+    }
+    return stats;
+}
+
+Result<std::uint64_t> Txn::counter(Counter c) const { return TxnAccess::tx(*this).counter(c); }
+
+Status Txn::for_each_event(std::uint64_t after_seq,
+                           const std::function<bool(const Event&)>& fn) const {
+    Tx tx = TxnAccess::tx(*this);
+    Status result;
+    Status s = tx.scan(tx.db.events, {}, records::u64_key(after_seq + 1),
+                       [&](std::string_view key, std::string_view value) {
+                           auto event = records::decode_event(records::u64_from_key(key), value);
+                           if (!event) {
+                               result = tl::unexpected(event.error());
+                               return false;
+                           }
+                           return fn(*event);
+                       });
+    return s ? result : s;
+}
+
+Status WriteTxn::add(Counter c, std::uint64_t delta) {
+    Tx tx = TxnAccess::tx(*this);
+    return tx.add(c, static_cast<std::int64_t>(delta));
+}
+
+Status WriteTxn::reset_stats() {
+    Tx tx = TxnAccess::tx(*this);
+    for (Counter c : kAllCounters) {
+        if (is_gauge(c)) continue;
+        if (auto s = tx.del(tx.db.stats, records::counter_key(c)); !s) return s;
+    }
+    const auto now = static_cast<std::uint64_t>(tx.now());
+    if (auto s = tx.put(tx.db.meta, kMetaResetTime, records::encode_u64(now)); !s) return s;
+    return tx.log(EventKind::reset, 0, 0, {});
+}
+
+Status WriteTxn::set_config(const Config& config) {
+    Tx tx = TxnAccess::tx(*this);
+    if (auto rules = parse_layout_rules(config.layout_rules); !rules) return tl::unexpected(rules.error());
+    if (config.entry_depth == 0 || config.entry_depth > 64) {
+        return fail(EINVAL, "entry depth must be between 1 and 64");
+    }
+    if (config.low_mark_percent == 0 || config.low_mark_percent > 100) {
+        return fail(EINVAL, "low mark must be between 1 and 100 percent");
+    }
+    if (config.entry_depth != m_config.entry_depth) {
+        auto any = tx.has_children(kRootIno);
+        if (!any) return tl::unexpected(any.error());
+        if (*any) return fail(EBUSY, "entry depth can only change while the cache is empty");
+    }
+    if (auto s = tx.put(tx.db.meta, kMetaConfig, records::encode(config)); !s) return s;
+    m_config = config;
+    return {};
+}
+
+}  // namespace kcache::core

@@ -1,0 +1,153 @@
+// The small public helpers of types.hpp and store.hpp: digests, names of counters
+// and events, Content, Origin, the default db path.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "store_impl.hpp"
+
+namespace kcache::core {
+// ---- small public helpers -------------------------------------------------------
+
+std::int64_t system_clock_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string Digest::hex() const { return fmt::format("{:016x}{:016x}", high, low); }
+
+namespace {
+Digest from_xxh(XXH128_hash_t h) {
+    Digest d{h.high64, h.low64};
+    if (d.empty()) d.low = 1;  // all-zero is reserved for empty content
+    return d;
+}
+// Separates segment-list digests from flat ones: a small file that holds some big
+// file's segment list does not share its digest (and so its blob).
+constexpr XXH64_hash_t kSegmentListSeed = 0x6b63616368655347;  // "kcacheSG"
+}  // namespace
+
+Digest flat_digest_of(std::string_view bytes) {
+    if (bytes.empty()) return {};
+    return from_xxh(XXH3_128bits(bytes.data(), bytes.size()));
+}
+
+Digest digest_of_segments(const std::vector<Digest>& segments) {
+    std::string list;
+    list.reserve(segments.size() * 16);
+    for (const Digest& d : segments) list += records::digest_key(d);
+    return from_xxh(XXH3_128bits_withSeed(list.data(), list.size(), kSegmentListSeed));
+}
+
+Digest digest_of(std::string_view bytes) {
+    if (bytes.size() < kSegmentedSize) return flat_digest_of(bytes);
+    std::vector<Digest> segments;
+    segments.reserve(segment_count(bytes.size()));
+    for (std::uint64_t at = 0; at < bytes.size(); at += kSegmentSize) {
+        segments.push_back(flat_digest_of(bytes.substr(at, kSegmentSize)));
+    }
+    return digest_of_segments(segments);
+}
+
+FileType Attr::type() const {
+    switch (mode & S_IFMT) {
+        case S_IFDIR: return FileType::directory;
+        case S_IFLNK: return FileType::symlink;
+        default: return FileType::regular;
+    }
+}
+
+std::string_view counter_name(Counter c) {
+    switch (c) {
+        case Counter::hits: return "hits";
+        case Counter::misses: return "misses";
+        case Counter::stores: return "stores";
+        case Counter::negative_lookups: return "negative_lookups";
+        case Counter::opens: return "opens";
+        case Counter::bytes_read: return "bytes_read";
+        case Counter::bytes_written: return "bytes_written";
+        case Counter::evicted_entries: return "evicted_entries";
+        case Counter::evicted_bytes: return "evicted_bytes";
+        case Counter::dedup_hits: return "dedup_hits";
+        case Counter::errors_nospc: return "errors_nospc";
+        case Counter::errors_io: return "errors_io";
+        case Counter::errors_other: return "errors_other";
+        case Counter::imported_entries: return "imported_entries";
+        case Counter::remote_hits: return "remote_hits";
+        case Counter::remote_misses: return "remote_misses";
+        case Counter::remote_errors: return "remote_errors";
+        case Counter::remote_timeouts: return "remote_timeouts";
+        case Counter::remote_corrupt: return "remote_corrupt";
+        case Counter::remote_dangling: return "remote_dangling";
+        case Counter::remote_bytes_up: return "remote_bytes_up";
+        case Counter::remote_bytes_down: return "remote_bytes_down";
+        case Counter::remote_uploads: return "remote_uploads";
+        case Counter::remote_upload_skipped: return "remote_upload_skipped";
+        case Counter::entries: return "entries";
+        case Counter::bytes: return "bytes";
+        case Counter::stored_bytes: return "stored_bytes";
+        case Counter::blobs: return "blobs";
+        case Counter::files: return "files";
+        case Counter::blob_raw_bytes: return "blob_raw_bytes";
+    }
+    return "unknown";
+}
+
+std::string_view event_kind_name(EventKind k) {
+    switch (k) {
+        case EventKind::populate: return "populate";
+        case EventKind::hit: return "hit";
+        case EventKind::evict: return "evict";
+        case EventKind::pin: return "pin";
+        case EventKind::unpin: return "unpin";
+        case EventKind::remove: return "remove";
+        case EventKind::rename: return "rename";
+        case EventKind::import: return "import";
+        case EventKind::reset: return "reset";
+        case EventKind::member: return "member";
+    }
+    return "unknown";
+}
+
+std::uint64_t Stats::get(Counter c) const {
+    auto it = values.find(c);
+    return it == values.end() ? 0 : it->second;
+}
+
+Content Content::view(std::string_view bytes) {
+    Content c;
+    c.m_view = bytes;
+    return c;
+}
+
+Content Content::owned(std::string bytes) {
+    Content c;
+    c.m_is_owned = true;
+    c.m_owned = std::move(bytes);
+    return c;
+}
+
+Origin Origin::current() {
+    Origin o;
+    o.pid = static_cast<std::uint32_t>(getpid());
+    std::ifstream comm("/proc/self/comm");
+    std::getline(comm, o.name);
+    return o;
+}
+
+std::string default_db_path() {
+    if (const char* db = std::getenv("KCACHE_DB"); db && *db) return db;
+    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+        return std::string(xdg) + "/kcache/db";
+    }
+    const char* home = std::getenv("HOME");
+    return std::string(home && *home ? home : ".") + "/.cache/kcache/db";
+}
+
+}  // namespace kcache::core
