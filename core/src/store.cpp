@@ -148,7 +148,7 @@ constexpr DbiSpec kDbis[] = {
 
 // Opens the named databases and, for a new db, writes the meta records and root.
 Status init_schema(Store& store, const OpenOptions& options) {
-    Store::Impl& impl = store.impl();
+    Store::Impl& impl = TxnAccess::impl(store);
     MDB_txn* txn = nullptr;
     const bool ro = impl.read_only;  // the environment itself is read-only
     if (int rc = mdb_txn_begin(impl.env, nullptr, ro ? MDB_RDONLY : 0, &txn); rc != 0) {

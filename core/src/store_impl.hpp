@@ -59,8 +59,7 @@ inline constexpr std::string_view kMetaCreated = "created_ns";
 // methods require `write` (a WriteTxn) and record the first storage error there.
 class Tx {
 public:
-    Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state)
-        : store(owner), db(owner.impl()), txn(handle), config(settings), write(state) {}
+    Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state);
 
     Store& store;
     Store::Impl& db;
@@ -100,13 +99,17 @@ public:
     Result<std::string> path_of(Ino ino) const;  // path from the root
 };
 
-// Accessors for the implementation files (Txn's members are protected).
+// Accessors for the implementation files (Txn's and Store's members are private).
 struct TxnAccess {
+    static Store::Impl& impl(const Store& store) { return store.impl(); }
     static Tx tx(const Txn& t) {
         return Tx(*t.m_store, t.m_txn, t.m_config, nullptr);
     }
     static Tx tx(WriteTxn& t) { return Tx(*t.m_store, t.m_txn, t.m_config, t.m_state.get()); }
 };
+
+inline Tx::Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state)
+    : store(owner), db(TxnAccess::impl(owner)), txn(handle), config(settings), write(state) {}
 
 // ---- operations implemented across the core's files, on a Tx ----
 namespace ops {

@@ -28,7 +28,7 @@ Result<MDB_txn*> begin_txn(Store::Impl& impl, unsigned flags) {
 Result<Config> load_config(Store& store, MDB_txn* txn) {
     Config defaults;
     Tx tx(store, txn, defaults, nullptr);
-    auto bytes = tx.get(store.impl().meta, kMetaConfig);
+    auto bytes = tx.get(TxnAccess::impl(store).meta, kMetaConfig);
     if (!bytes) return tl::unexpected(bytes.error());
     if (!*bytes) return fail(EIO, fmt::format("db {}: corrupt meta: no config", store.path()));
     auto config = records::decode_config(**bytes);

@@ -294,9 +294,10 @@ public:
     std::uint64_t data_file_bytes() const;  // size of data.mdb on disk
 
     struct Impl;  // LMDB handles; defined in src/store_impl.hpp
-    Impl& impl() const { return *m_impl; }
 
 private:
+    friend struct TxnAccess;  // core's implementation files reach Impl through it only
+    Impl& impl() const { return *m_impl; }
     Store() = default;
     std::shared_ptr<Impl> m_impl;  // shared by every Store on this db in this process
     std::string m_path;
