@@ -103,6 +103,8 @@ std::string_view counter_name(Counter c) {
         case Counter::remote_bytes_down: return "remote_bytes_down";
         case Counter::remote_uploads: return "remote_uploads";
         case Counter::remote_upload_skipped: return "remote_upload_skipped";
+        case Counter::remote_upload_queued: return "remote_upload_queued";
+        case Counter::remote_upload_dropped: return "remote_upload_dropped";
         case Counter::entries: return "entries";
         case Counter::bytes: return "bytes";
         case Counter::stored_bytes: return "stored_bytes";
@@ -121,7 +123,7 @@ static constexpr Counter kAllCounters[] = {
     Counter::remote_misses, Counter::remote_errors, Counter::remote_timeouts,
     Counter::remote_corrupt, Counter::remote_dangling, Counter::remote_bytes_up,
     Counter::remote_bytes_down, Counter::remote_uploads, Counter::remote_upload_skipped,
-    Counter::entries, Counter::bytes,
+    Counter::remote_upload_queued, Counter::remote_upload_dropped, Counter::entries, Counter::bytes,
     Counter::stored_bytes, Counter::blobs, Counter::files, Counter::blob_raw_bytes,
 };
 
