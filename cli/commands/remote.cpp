@@ -5,29 +5,19 @@
 // the command: the others are still tried (fast, once a server's circuit is open), and
 // the command exits 1 if any entry could not be moved.
 #include <cerrno>
-#include <charconv>
-#include <cstdlib>
-#include <sstream>
 
 #include <fmt/core.h>
 
 #include "commands.hpp"
 #include "kcache/core/units.hpp"
 #include "kcache/remote/remote.hpp"
+#include "kcache/remote/settings.hpp"
 
 namespace kcache::cli {
 
 namespace {
 
-struct RemoteCommon {
-    std::vector<std::string> urls;  // --remote; empty: $KCACHE_REMOTE
-    std::string ns;
-    std::string password_env;
-    std::string password_file;
-    std::int64_t timeout_ns = 2'000'000'000;
-    std::int64_t connect_timeout_ns = 1'000'000'000;
-    bool read_only = false;
-};
+using RemoteCommon = remote::Settings;  // the options every program shares (remote/settings.hpp)
 
 struct PushOptions {
     std::shared_ptr<RemoteCommon> common;
@@ -46,59 +36,14 @@ struct RemoteStatsOptions {
     bool json = false;
 };
 
-// Deadlines: "250ms", or any core duration ("2s"; a bare number is seconds).
-CLI::Validator deadline_transform() {
-    return CLI::Validator(
-        [](std::string& text) -> std::string {
-            if (text.size() > 2 && text.ends_with("ms")) {
-                std::int64_t ms = 0;
-                const std::string digits = text.substr(0, text.size() - 2);
-                const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ms);
-                if (ec != std::errc() || end != digits.data() + digits.size() || ms <= 0 || ms > 86'400'000) {
-                    return "invalid deadline '" + text + "'";
-                }
-                text = std::to_string(ms * 1'000'000);
-                return {};
-            }
-            auto ns = core::parse_duration(text);
-            if (!ns || *ns <= 0) return "invalid deadline '" + text + "'";
-            text = std::to_string(*ns);
-            return {};
-        },
-        "", "deadline");
-}
-
-std::vector<std::string> configured_urls(const RemoteCommon& c) {
-    if (!c.urls.empty()) return c.urls;
-    std::vector<std::string> urls;
-    if (const char* env = std::getenv("KCACHE_REMOTE"); env && *env) {
-        std::string text(env);
-        for (char& ch : text) {
-            if (ch == ',') ch = ' ';
-        }
-        std::istringstream in(text);
-        for (std::string url; in >> url;) urls.push_back(url);
-    }
-    return urls;
-}
-
 std::unique_ptr<remote::Remote> make_remote(const RemoteCommon& c) {
-    const std::vector<std::string> urls = configured_urls(c);
-    if (urls.empty()) throw UsageError("no remote server: give --remote URL or set KCACHE_REMOTE");
-    remote::Options options;
-    for (const std::string& url : urls) options.servers.push_back(check(remote::parse_endpoint(url)));
+    // Combinations of arguments are usage errors (exit 2); resolve() says the same
+    // but cannot tell them from a bad URL or password source (exit 1).
+    if (remote::configured_urls(c).empty()) throw UsageError("no remote server: give --remote URL or set KCACHE_REMOTE");
     if (!c.password_env.empty() && !c.password_file.empty()) {
         throw UsageError("--remote-password-env and --remote-password-file exclude each other");
     }
-    std::string env = c.password_env;
-    if (env.empty() && c.password_file.empty() && std::getenv("KCACHE_REMOTE_PASSWORD")) env = "KCACHE_REMOTE_PASSWORD";
-    options.password = check(remote::load_password(env, c.password_file));
-    const char* ns_env = std::getenv("KCACHE_REMOTE_NAMESPACE");
-    options.ns = !c.ns.empty() ? c.ns : (ns_env && *ns_env ? ns_env : "default");
-    options.op_timeout_ns = c.timeout_ns;
-    options.connect_timeout_ns = c.connect_timeout_ns;
-    options.read_only = c.read_only;
-    return check(remote::Remote::create(std::move(options)));
+    return check(remote::Remote::create(check(remote::resolve(c))));
 }
 
 // Records the remote's counts in the db when the command ends, however it ends.
@@ -190,7 +135,8 @@ constexpr core::Counter kRemoteCounters[] = {
     core::Counter::remote_hits,     core::Counter::remote_misses,    core::Counter::remote_errors,
     core::Counter::remote_timeouts, core::Counter::remote_corrupt,   core::Counter::remote_dangling,
     core::Counter::remote_bytes_up, core::Counter::remote_bytes_down, core::Counter::remote_uploads,
-    core::Counter::remote_upload_skipped,
+    core::Counter::remote_upload_skipped, core::Counter::remote_upload_queued,
+    core::Counter::remote_upload_dropped,
 };
 
 int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
@@ -198,7 +144,7 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     const core::Stats stats = check(check(store->read()).stats());
     // Servers only when one is configured: the counters need no network.
     std::unique_ptr<remote::Remote> r;
-    if (!configured_urls(*opts.common).empty()) r = make_remote(*opts.common);
+    if (!remote::configured_urls(*opts.common).empty()) r = make_remote(*opts.common);
     std::vector<std::string> pings = r ? r->ping() : std::vector<std::string>{};
     const std::vector<remote::ServerState> servers = r ? r->servers() : std::vector<remote::ServerState>{};
     if (opts.json) {
@@ -240,25 +186,7 @@ void add_remote_commands(CLI::App& app, Cli& cli) {
     auto common = std::make_shared<RemoteCommon>();
     auto* group = app.add_subcommand("remote", "push entries to and pull them from the shared tier (Redis)");
     group->require_subcommand(1);
-    group->add_option("--remote", common->urls,
-                      "redis://[user@]host:port[/db] or unix:/path[?db=N&user=U]; repeat to shard "
-                      "over several (default: $KCACHE_REMOTE)")
-        ->type_name("URL");
-    group->add_option("--remote-namespace", common->ns,
-                      "keys live under kc1:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
-        ->type_name("NS");
-    group->add_option("--remote-password-env", common->password_env,
-                      "read the password from this environment variable (default: KCACHE_REMOTE_PASSWORD when set)")
-        ->type_name("VAR");
-    group->add_option("--remote-password-file", common->password_file, "read the password from this file")
-        ->type_name("FILE");
-    group->add_option("--remote-timeout", common->timeout_ns, "deadline of each remote operation: 250ms, 2s ... (default 2s)")
-        ->transform(deadline_transform())
-        ->type_name("DURATION");
-    group->add_option("--remote-connect-timeout", common->connect_timeout_ns, "deadline of a connect (default 1s)")
-        ->transform(deadline_transform())
-        ->type_name("DURATION");
-    group->add_flag("--remote-read-only", common->read_only, "never write to the remote");
+    remote::add_options(*group, *common);
 
     {
         auto opts = std::make_shared<PushOptions>();

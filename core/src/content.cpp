@@ -525,6 +525,21 @@ Status Txn::read_pieces(Ino file, const std::function<void(std::string_view)>& f
     return ops::for_each_piece(tx, node->digest, node->size, fn);
 }
 
+Result<bool> Txn::has_blob(const Digest& digest) const {
+    if (digest.empty()) return true;
+    Tx tx = TxnAccess::tx(*this);
+    auto ref = tx.blob_ref(digest);
+    if (!ref) return tl::unexpected(ref.error());
+    return ref->has_value();
+}
+
+Result<Content> Txn::read_blob(const Digest& digest, std::uint64_t size) const {
+    auto present = has_blob(digest);
+    if (!present) return tl::unexpected(present.error());
+    if (!*present) return fail(ENOENT, fmt::format("no blob {}", digest.hex()));
+    return ops::read_blob(TxnAccess::tx(*this), digest, size);
+}
+
 Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
     Tx tx = TxnAccess::tx(*this);
     auto node = ops::writable_file(tx, file);

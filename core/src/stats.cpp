@@ -17,7 +17,7 @@ static constexpr Counter kAllCounters[] = {
     Counter::remote_misses, Counter::remote_errors, Counter::remote_timeouts,
     Counter::remote_corrupt, Counter::remote_dangling, Counter::remote_bytes_up,
     Counter::remote_bytes_down, Counter::remote_uploads, Counter::remote_upload_skipped,
-    Counter::entries, Counter::bytes,
+    Counter::remote_upload_queued, Counter::remote_upload_dropped, Counter::entries, Counter::bytes,
     Counter::stored_bytes, Counter::blobs, Counter::files, Counter::blob_raw_bytes,
 };
 

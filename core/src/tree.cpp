@@ -335,6 +335,8 @@ Result<std::string> Txn::readlink(Ino ino) const {
     return std::move(node->target);
 }
 
+Result<std::string> Txn::path(Ino ino) const { return TxnAccess::tx(*this).path_of(ino); }
+
 Result<Ino> Txn::resolve(std::string_view path) const {
     if (path.size() > kMaxPathLength) {
         return fail(ENAMETOOLONG, fmt::format("path of {} bytes is longer than {}", path.size(),

@@ -89,6 +89,8 @@ std::string_view counter_name(Counter c) {
         case Counter::remote_bytes_down: return "remote_bytes_down";
         case Counter::remote_uploads: return "remote_uploads";
         case Counter::remote_upload_skipped: return "remote_upload_skipped";
+        case Counter::remote_upload_queued: return "remote_upload_queued";
+        case Counter::remote_upload_dropped: return "remote_upload_dropped";
         case Counter::entries: return "entries";
         case Counter::bytes: return "bytes";
         case Counter::stored_bytes: return "stored_bytes";

@@ -438,18 +438,37 @@ void Filesystem::init(fuse_conn_info* conn) {
 }
 
 void Filesystem::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    auto txn = m_store.read();
-    if (!txn) return reply_error(req, txn.error());
-    auto attr = txn->lookup(parent, name);
-    if (!attr) {
+    answer_lookup(req, parent, name, m_remote != nullptr);
+}
+
+void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, bool read_through) {
+    double negative_timeout = kNegativeTimeout;
+    {
+        auto txn = m_store.read();
+        if (!txn) return reply_error(req, txn.error());
+        auto attr = txn->lookup(parent, name);
+        if (attr) return reply_entry(req, *attr);
         if (attr.error().code != ENOENT) return reply_error(req, attr.error());
-        m_background.count(core::Counter::negative_lookups);
-        fuse_entry_param e{};  // ino 0: a negative entry the kernel may cache
-        e.entry_timeout = kNegativeTimeout;
-        fuse_reply_entry(req, &e);
-        return;
+        // The shared tier (remote_tier.hpp): a name that could be an entry is fetched
+        // on a tier thread, which answers this request; the kernel keeps such a
+        // negative answer briefly, so an entry another node publishes is found.
+        if (m_remote) {
+            if (auto entry = m_remote->candidate(*txn, parent, name)) {
+                negative_timeout = RemoteTier::kNegativeTimeoutS;
+                if (read_through) {
+                    txn = core::fail(ENOENT, "");  // no snapshot held while waiting
+                    m_remote->read_through(*entry, [this, req, parent, n = std::string(name)] {
+                        answer_lookup(req, parent, n.c_str(), false);
+                    });
+                    return;
+                }
+            }
+        }
     }
-    reply_entry(req, *attr);
+    m_background.count(core::Counter::negative_lookups);
+    fuse_entry_param e{};  // ino 0: a negative entry the kernel may cache
+    e.entry_timeout = negative_timeout;
+    fuse_reply_entry(req, &e);
 }
 
 void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

@@ -61,6 +61,7 @@
 #include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
 #include "options.hpp"
+#include "remote_tier.hpp"
 
 namespace kcache::fsd {
 
@@ -73,6 +74,9 @@ public:
     static const fuse_lowlevel_ops& operations();
 
     void start(fuse_session* session);
+    // The shared tier (kcache-fsd --remote), before start(); it must outlive every
+    // request and be stopped before stop(): its callbacks answer lookups.
+    void attach_remote(RemoteTier* remote) { m_remote = remote; }
     void stop() { m_background.stop(); }
 
     // ---- handlers (called from libfuse's worker threads) ----
@@ -120,6 +124,9 @@ private:
     };
 
     void reply_error(fuse_req_t req, const core::Error& error);
+    // LOOKUP; a miss of a name that could be an entry is read through the shared tier
+    // first when `read_through` (then answered from a tier thread, asynchronously).
+    void answer_lookup(fuse_req_t req, core::Ino parent, const char* name, bool read_through);
     // Makes a node in one transaction and replies with its entry.
     void make_node(fuse_req_t req,
                    const std::function<core::Result<core::Attr>(core::WriteTxn&, const fuse_ctx&)>& make);
@@ -212,6 +219,7 @@ private:
     const Options m_options;
     Background m_background;
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
+    RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
     struct PageState {
         core::Digest digest;                // the version whose pages the kernel caches

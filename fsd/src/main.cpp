@@ -162,6 +162,15 @@ int main(int argc, char** argv) {
     }
 
     fsd::Filesystem filesystem(**store, *options);
+    // The shared tier, made after the fork (its threads must not cross it). It connects
+    // lazily: an unreachable Redis does not stop start-up, it only costs misses.
+    std::unique_ptr<fsd::RemoteTier> remote;
+    if (options->remote) {
+        auto made = fsd::RemoteTier::create(**store, *options->remote);
+        if (!made) startup.fail_startup(made.error().message);
+        remote = std::move(*made);
+        filesystem.attach_remote(remote.get());
+    }
     std::vector<std::string> arg_storage{"kcache-fsd", "-o",
                                          "fsname=kcache:" + options->db + ",subtype=kcache"};
     for (const auto& o : options->fuse_options) {
@@ -179,10 +188,17 @@ int main(int argc, char** argv) {
     if (fuse_session_mount(session, mountpoint.c_str()) != 0) {
         startup.fail_startup(fmt::format("cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", mountpoint));
     }
+    if (remote) remote->start();
     filesystem.start(session);
     startup.ready(options->db + "/fsd.log");
     fsd::log::info("serving {} at {}{}", options->db, mountpoint,
                    options->read_only ? " read-only" : "");
+    if (options->remote) {
+        std::string servers;
+        for (const auto& e : options->remote->servers) servers += (servers.empty() ? "" : ", ") + e.id();
+        fsd::log::info("shared tier: {} (namespace {}{})", servers, options->remote->ns,
+                       options->remote->read_only ? ", read-only" : "");
+    }
 
     fuse_loop_config* loop = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(loop, 0);
@@ -190,6 +206,7 @@ int main(int argc, char** argv) {
     const int rc = fuse_session_loop_mt(session, loop);
     fuse_loop_cfg_destroy(loop);
 
+    if (remote) remote->stop();  // waiting lookups answered, counts recorded
     filesystem.stop();  // statistics flushed, db synced; no notification after this
     fuse_session_unmount(session);
     fuse_remove_signal_handlers(session);

@@ -96,6 +96,8 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_flag("-d,--debug", o.debug, "log every FUSE request (implies -f)");
     app.add_flag("--read-only", o.read_only,
                  "serve the db read-only (also -o ro): for a db on a read-only filesystem or a shared image");
+    remote::Settings remote_settings;
+    remote::add_options(app, remote_settings);
     app.add_option("-o", dash_o, "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, max_file_size=, durability=")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
@@ -146,6 +148,14 @@ core::Result<Options> parse_options(int argc, char** argv) {
             return core::fail(EINVAL, "--max-size, --max-entries and --entry-depth change the db: "
                                       "not with --read-only");
         }
+    }
+    // The shared tier is on when a server is named: same options and environment as
+    // `kcache remote` (remote/settings.hpp), resolved here so a bad one stops start-up.
+    if (!remote::configured_urls(remote_settings).empty()) {
+        if (o.read_only) return core::fail(EINVAL, "--remote writes what it fetches into the db: not with --read-only");
+        auto resolved = remote::resolve(remote_settings);
+        if (!resolved) return tl::unexpected(resolved.error());
+        o.remote = std::move(*resolved);
     }
     if (o.debug) o.foreground = true;
     if (o.db.empty()) o.db = core::default_db_path();

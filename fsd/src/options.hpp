@@ -9,6 +9,7 @@
 
 #include "kcache/core/error.hpp"
 #include "kcache/core/store.hpp"
+#include "kcache/remote/settings.hpp"
 
 namespace kcache::fsd {
 
@@ -30,6 +31,9 @@ struct Options {
     bool debug = false;                   // -d: libfuse's request log
     bool read_only = false;               // --read-only or -o ro: serve the db, change nothing
     std::vector<std::string> fuse_options;  // -o options that are not ours, for libfuse
+    // --remote ... (the CLI's options, remote/settings.hpp); set when a server is named
+    // by --remote or $KCACHE_REMOTE: read-through and write-behind (remote_tier.hpp).
+    std::optional<remote::Options> remote;
 };
 
 // Parses argv; kcache's own -o options (db=, max_size=, max_entries=, entry_depth=,

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/core.h>
@@ -181,6 +182,18 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
         return core::fail(EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)", m.entry));
     }
     return {};
+}
+
+// The content of a blob the local db holds with `size` raw bytes, copied out of a
+// snapshot; nullopt when it lacks it (or cannot read it: then the remote's copy is used).
+std::optional<std::string> local_blob(const core::Store& store, const core::Digest& digest, std::uint64_t size) {
+    auto txn = store.read();
+    if (!txn) return std::nullopt;
+    auto present = txn->has_blob(digest);
+    if (!present || !*present) return std::nullopt;
+    auto content = txn->read_blob(digest, size);
+    if (!content) return std::nullopt;
+    return std::string(content->bytes());
 }
 
 }  // namespace
@@ -411,6 +424,12 @@ Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
         ++result.files;
         result.bytes += n.size;
         if (n.inlined || n.size == 0 || blobs.count(n.digest)) continue;
+        // A blob the db already holds (another entry's file, an earlier version) is
+        // copied from it, not fetched: a short snapshot per blob, none held across I/O.
+        if (auto local = local_blob(store, n.digest, n.size)) {
+            blobs.emplace(n.digest, std::move(*local));
+            continue;
+        }
         auto content = fetch_blob(shard(proto::blob_key(m_options.ns, n.digest)), n.digest, n.size, result);
         if (!content) return tl::unexpected(content.error());
         if (result.outcome == Outcome::dangling) {

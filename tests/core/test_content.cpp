@@ -294,3 +294,35 @@ TEST_CASE("content: a full map fails the transaction with ENOSPC and writes noth
     CHECK(ts.get("k/after") == "still works");
     check_consistent(ts.store());
 }
+
+TEST_CASE("content: has_blob and read_blob find content by digest, flat or segmented, until it is gone", "[content]") {
+    TestStore ts;
+    const std::string small = random_bytes(5000, 21);
+    const std::string big = random_bytes(core::kSegmentedSize + 12345, 22);
+    const std::string absent = random_bytes(5000, 23);
+    ts.put("k/small.bin", small);
+    ts.put("k/big.so", big);
+    {
+        auto txn = ts.read();
+        CHECK(KC_MUST(txn.has_blob(core::digest_of(small))));
+        CHECK(KC_MUST(txn.has_blob(core::digest_of(big))));
+        CHECK_FALSE(KC_MUST(txn.has_blob(core::digest_of(absent))));
+        CHECK(KC_MUST(txn.has_blob(core::Digest{})));  // empty content needs no blob
+        CHECK(std::string(KC_MUST(txn.read_blob(core::digest_of(small), small.size())).bytes()) == small);
+        CHECK(std::string(KC_MUST(txn.read_blob(core::digest_of(big), big.size())).bytes()) == big);
+        auto missing = txn.read_blob(core::digest_of(absent), absent.size());
+        REQUIRE_FALSE(missing);
+        CHECK(missing.error().code == ENOENT);
+        auto wrong_size = txn.read_blob(core::digest_of(small), small.size() + 1);
+        REQUIRE_FALSE(wrong_size);
+        CHECK(wrong_size.error().code == EIO);
+        CHECK(KC_MUST(txn.path(ts.ino("k/big.so"))) == "k/big.so");
+        CHECK(KC_MUST(txn.path(kRootIno)).empty());
+    }
+    {
+        auto txn = ts.write();
+        KC_MUST(txn.unlink(ts.ino("k"), "small.bin"));
+        KC_MUST(txn.commit());
+    }
+    CHECK_FALSE(KC_MUST(ts.read().has_blob(core::digest_of(small))));
+}

@@ -101,3 +101,31 @@ TEST_CASE("options: -o options that are not kcache's go to libfuse", "[options]"
     CHECK(o.max_entries == 10);
     CHECK(o.fuse_options == Args{"allow_other", "noatime", "default_permissions"});
 }
+
+TEST_CASE("options: --remote takes the CLI's remote options, and refuses what the CLI refuses", "[options]") {
+    CHECK_FALSE(must_parse({}).remote.has_value());
+    const Options o = must_parse({"--remote", "unix:/run/redis.sock", "--remote", "redis://10.0.0.2:6380/2",
+                                  "--remote-namespace", "train", "--remote-timeout", "250ms",
+                                  "--remote-connect-timeout", "2s", "--remote-read-only"});
+    REQUIRE(o.remote.has_value());
+    REQUIRE(o.remote->servers.size() == 2);
+    CHECK(o.remote->servers[0].unix_socket);
+    CHECK(o.remote->servers[1].port == 6380);
+    CHECK(o.remote->servers[1].db == 2);
+    CHECK(o.remote->ns == "train");
+    CHECK(o.remote->op_timeout_ns == 250'000'000);
+    CHECK(o.remote->connect_timeout_ns == 2'000'000'000);
+    CHECK(o.remote->read_only);
+
+    auto with_password = parse({"--remote", "redis://u:secret@host:6379"});
+    REQUIRE_FALSE(with_password);
+    CHECK(with_password.error().message.find("secret") == std::string::npos);
+    auto bad_deadline = parse({"--remote", "unix:/s", "--remote-timeout", "soon"});
+    REQUIRE_FALSE(bad_deadline);
+    CHECK(bad_deadline.error().message.find("soon") != std::string::npos);
+    auto bad_ns = parse({"--remote", "unix:/s", "--remote-namespace", "a b"});
+    REQUIRE_FALSE(bad_ns);
+    auto read_only_db = parse({"--remote", "unix:/s", "--read-only"});
+    REQUIRE_FALSE(read_only_db);
+    CHECK(read_only_db.error().code == EINVAL);
+}

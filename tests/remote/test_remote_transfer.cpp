@@ -213,3 +213,23 @@ TEST_CASE("a full Redis (OOM) pauses uploads with a clear error and loses nothin
         }
     }
 }
+
+TEST_CASE("a pull fetches only the blobs the local db lacks", "[remote]") {
+    RedisServer redis;
+    TestDb a, b;
+    const std::string shared = kcache::test::random_bytes(3 * proto::kChunkBytes, 31);  // several MiB
+    const std::string own = kcache::test::random_bytes(100'000, 32);
+    a.put(kTriton + "/kernel.so", shared);
+    a.put(kTriton + "/kernel.cubin", own);
+    REQUIRE(kc(a, redis, {"push"}).exit_code == 0);
+    // B already holds `shared` under another entry (a rebuilt launcher, say).
+    const std::string other = "7QWZ2LX5RM4UVJ6YTH2CPA7SGEF4NOIQ5ZK6LW3XT2RYMBB0123";
+    b.put(other + "/kernel.so", shared);
+    REQUIRE(kc(b, redis, {"pull", kTriton}).exit_code == 0);
+    const auto got = b.snapshot(kTriton);
+    CHECK(got == a.snapshot(kTriton));
+    // Only `own` and the manifest crossed: far less than `shared`.
+    const std::uint64_t down = b.counter(core::Counter::remote_bytes_down);
+    CHECK(down > 0);
+    CHECK(down < shared.size() / 4);
+}

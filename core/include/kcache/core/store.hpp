@@ -149,6 +149,8 @@ public:
     Result<std::string> readlink(Ino ino) const;
     // Path below the root, components separated by '/': "" is the root.
     Result<Ino> resolve(std::string_view path) const;
+    // The inverse: the path of `ino` below the root ("" for the root), ENOENT if gone.
+    Result<std::string> path(Ino ino) const;
     // Children of `dir` in name order, starting after `after` ("" from the first).
     // `fn` returns false to stop early.
     Status readdir(Ino dir, std::string_view after,
@@ -160,6 +162,13 @@ public:
     // zero-copy, one view into the map per chunk, valid while the transaction lives;
     // compressed content is decompressed into one piece.
     Status read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const;
+    // Whether the db holds the blob of `digest` (content keyed by digest_of, or a flat
+    // digest of a schema-2 file): lets a pull fetch only the blobs the db lacks. The
+    // empty digest (empty content) is always present.
+    Result<bool> has_blob(const Digest& digest) const;
+    // The content of a blob holding `size` raw bytes, as read() returns a file's (see
+    // Content): ENOENT when the db lacks it, EIO when its stored size is another.
+    Result<Content> read_blob(const Digest& digest, std::uint64_t size) const;
 
     Result<EntryInfo> entry(Ino entry) const;
     // By name (EntryInfo::name): a directory's path, or a directory's path and a stem.

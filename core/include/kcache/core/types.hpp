@@ -125,7 +125,7 @@ enum class Counter : std::uint32_t {
     errors_io = 12,
     errors_other = 13,
     imported_entries = 14,
-    // the shared tier (remote/): counted by `kcache remote` (and later the daemon)
+    // the shared tier (remote/): counted by `kcache remote` and kcache-fsd --remote
     remote_hits = 40,        // entries pulled from the remote tier into this db
     remote_misses = 41,      // entries asked for that the remote tier does not hold
     remote_errors = 42,      // remote operations that failed (I/O, refused, circuit open, server error)
@@ -136,6 +136,8 @@ enum class Counter : std::uint32_t {
     remote_bytes_down = 47,  // bytes of values received from it
     remote_uploads = 48,     // entries uploaded (their manifest written by this db)
     remote_upload_skipped = 49,  // entries not uploaded: already there (first writer won)
+    remote_upload_queued = 50,   // kcache-fsd: settled entries queued for write-behind
+    remote_upload_dropped = 51,  // kcache-fsd: entries not queued: the upload queue was full
     // gauges
     entries = 100,
     bytes = 101,           // logical bytes of all regular files

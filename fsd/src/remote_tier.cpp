@@ -1,0 +1,395 @@
+#include "remote_tier.hpp"
+
+#include <cerrno>
+
+#include "log.hpp"
+
+namespace kcache::fsd {
+
+namespace {
+
+std::vector<std::string_view> split_path(std::string_view path) {
+    std::vector<std::string_view> parts;
+    while (!path.empty()) {
+        const auto slash = path.find('/');
+        parts.push_back(path.substr(0, slash));
+        if (slash == std::string_view::npos) break;
+        path.remove_prefix(slash + 1);
+    }
+    return parts;
+}
+
+remote::Counts minus(const remote::Counts& a, const remote::Counts& b) {
+    remote::Counts d;
+    d.hits = a.hits - b.hits;
+    d.misses = a.misses - b.misses;
+    d.errors = a.errors - b.errors;
+    d.timeouts = a.timeouts - b.timeouts;
+    d.corrupt = a.corrupt - b.corrupt;
+    d.dangling = a.dangling - b.dangling;
+    d.bytes_up = a.bytes_up - b.bytes_up;
+    d.bytes_down = a.bytes_down - b.bytes_down;
+    d.uploads = a.uploads - b.uploads;
+    d.upload_skipped = a.upload_skipped - b.upload_skipped;
+    return d;
+}
+
+}  // namespace
+
+core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store, remote::Options options) {
+    auto r = remote::Remote::create(std::move(options));
+    if (!r) return tl::unexpected(r.error());
+    return std::unique_ptr<RemoteTier>(new RemoteTier(store, std::move(*r)));
+}
+
+RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote)
+    : m_store(store),
+      m_remote(std::move(remote)),
+      m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns + m_remote->options().op_timeout_ns)) {}
+
+RemoteTier::~RemoteTier() { stop(); }
+
+void RemoteTier::start() {
+    {
+        std::lock_guard lock(m_mutex);
+        if (m_started || m_stop) return;
+        m_started = true;
+    }
+    for (int i = 0; i < kFetchers; ++i) m_threads.emplace_back([this] { run_fetcher(); });
+    m_threads.emplace_back([this] { run_timer(); });
+    m_threads.emplace_back([this] { run_uploader(); });
+}
+
+void RemoteTier::stop() {
+    std::vector<std::function<void()>> answer;
+    {
+        std::lock_guard lock(m_mutex);
+        if (m_stop) return;
+        m_stop = true;
+        for (auto& [name, flight] : m_flights) {
+            for (auto& w : flight.waiters) answer.push_back(std::move(w));
+            flight.waiters.clear();
+            flight.overdue = true;
+        }
+        m_fetch_queue.clear();
+    }
+    m_fetch_wake.notify_all();
+    m_timer_wake.notify_all();
+    m_upload_wake.notify_all();
+    for (auto& done : answer) done();
+    for (std::thread& t : m_threads) t.join();
+    m_threads.clear();
+    record_counts();
+}
+
+const std::vector<core::LayoutRule>* RemoteTier::rules(const std::string& text) {
+    if (text.empty()) return nullptr;
+    std::lock_guard lock(m_rules_mutex);
+    if (!m_rules || m_rules_text != text) {
+        auto parsed = core::parse_layout_rules(text);
+        // The db accepted them (set_config checks): a failure here leaves the built-in rules.
+        m_rules = parsed ? std::move(*parsed) : std::vector<core::LayoutRule>{};
+        m_rules_text = text;
+    }
+    return &*m_rules;
+}
+
+std::optional<std::string> RemoteTier::candidate(const core::ReadTxn& txn, core::Ino parent, std::string_view name) {
+    if (core::is_bookkeeping_name(name)) return std::nullopt;
+    auto dir = txn.getattr(parent);
+    if (!dir || !dir->is_dir() || dir->bookkeeping) return std::nullopt;
+    if (dir->entry != 0) {
+        // Inside an entry: only an entry directory with no file yet may be fetched.
+        auto entry = txn.entry(dir->entry);
+        if (!entry || entry->kind != core::EntryKind::node || entry->files != 0) return std::nullopt;
+        return entry->name;
+    }
+    auto path = txn.path(parent);
+    if (!path) return std::nullopt;
+    core::LayoutContext context;
+    context.ancestors = split_path(*path);
+    context.entry_depth = txn.config().entry_depth;
+    context.rules = rules(txn.config().layout_rules);
+    // Only names a layout rule recognizes: the depth fallback would make every unknown
+    // name a round trip to Redis.
+    const auto as_dir = core::classify(context, name, core::FileType::directory);
+    if (as_dir.placement == core::Placement::entry_dir && as_dir.by_rule) {
+        return path->empty() ? std::string(name) : *path + "/" + std::string(name);
+    }
+    const auto as_file = core::classify(context, name, core::FileType::regular);
+    if (as_file.placement == core::Placement::entry_stem && as_file.by_rule) {
+        return path->empty() ? as_file.stem : *path + "/" + as_file.stem;
+    }
+    return std::nullopt;
+}
+
+void RemoteTier::read_through(const std::string& entry, std::function<void()> done) {
+    {
+        std::unique_lock lock(m_mutex);
+        const auto now = Clock::now();
+        bool now_answer = m_stop || !m_started;
+        if (!now_answer) {
+            if (auto m = m_missed.find(entry); m != m_missed.end()) {
+                if (m->second > now) {
+                    now_answer = true;
+                } else {
+                    m_missed.erase(m);
+                }
+            }
+        }
+        if (!now_answer) {
+            if (auto f = m_flights.find(entry); f != m_flights.end()) {
+                if (f->second.overdue) {
+                    now_answer = true;  // Redis is slow: do not wait again
+                } else {
+                    f->second.waiters.push_back(std::move(done));
+                    return;
+                }
+            } else if (m_flights.size() >= kMaxFlights) {
+                now_answer = true;
+            } else {
+                Flight& flight = m_flights[entry];
+                flight.deadline = now + m_deadline;
+                flight.waiters.push_back(std::move(done));
+                m_fetch_queue.push_back(entry);
+                lock.unlock();
+                m_fetch_wake.notify_one();
+                m_timer_wake.notify_one();
+                return;
+            }
+        }
+    }
+    done();
+}
+
+void RemoteTier::run_fetcher() {
+    std::unique_lock lock(m_mutex);
+    for (;;) {
+        m_fetch_wake.wait(lock, [&] { return m_stop || !m_fetch_queue.empty(); });
+        if (m_stop) return;
+        const std::string entry = std::move(m_fetch_queue.front());
+        m_fetch_queue.pop_front();
+        lock.unlock();
+        auto result = m_remote->pull(m_store, entry);
+        const bool found = result && (result->outcome == remote::Outcome::pulled ||
+                                      result->outcome == remote::Outcome::already_local);
+        if (!result) {
+            const std::int64_t now_ns = m_store.now_ns();
+            std::int64_t last = m_last_warning_ns.load();
+            if (now_ns - last > 10'000'000'000 && m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+                log::warning("remote: reading {} through: {} (a miss; further failures are counted, "
+                             "not logged, for 10 s)", entry, result.error().message);
+            }
+        } else if (result->outcome == remote::Outcome::corrupt || result->outcome == remote::Outcome::dangling) {
+            log::warning("remote: {} is {} in the shared tier ({}): not stored, a miss", entry,
+                         remote::outcome_name(result->outcome), result->detail);
+        }
+        std::vector<std::function<void()>> answer;
+        lock.lock();
+        if (auto f = m_flights.find(entry); f != m_flights.end()) {
+            answer = std::move(f->second.waiters);
+            m_flights.erase(f);
+        }
+        if (found) {
+            if (result->outcome == remote::Outcome::pulled) {
+                if (m_pulled.size() >= kMaxQueued) m_pulled.clear();  // a bound: at worst an upload is skipped by Redis
+                m_pulled.insert(entry);
+            }
+        } else {
+            if (m_missed.size() >= 4 * kMaxFlights) {
+                const auto now = Clock::now();
+                std::erase_if(m_missed, [&](const auto& m) { return m.second <= now; });
+            }
+            m_missed[entry] = Clock::now() + kMissMemo;
+        }
+        lock.unlock();
+        for (auto& done : answer) done();
+        lock.lock();
+    }
+}
+
+void RemoteTier::run_timer() {
+    std::unique_lock lock(m_mutex);
+    while (!m_stop) {
+        std::optional<Clock::time_point> next;
+        for (const auto& [name, flight] : m_flights) {
+            if (!flight.overdue && (!next || flight.deadline < *next)) next = flight.deadline;
+        }
+        if (next) {
+            m_timer_wake.wait_until(lock, *next);
+        } else {
+            m_timer_wake.wait(lock);
+        }
+        if (m_stop) return;
+        std::vector<std::function<void()>> answer;
+        const auto now = Clock::now();
+        for (auto& [name, flight] : m_flights) {
+            if (flight.overdue || flight.deadline > now) continue;
+            flight.overdue = true;
+            for (auto& w : flight.waiters) answer.push_back(std::move(w));
+            flight.waiters.clear();
+        }
+        if (answer.empty()) continue;
+        lock.unlock();
+        for (auto& done : answer) done();
+        lock.lock();
+    }
+}
+
+void RemoteTier::follow_events(std::uint64_t& seq) {
+    auto txn = m_store.read();
+    if (!txn) return;
+    const auto now = Clock::now();
+    (void)txn->for_each_event(seq, [&](const core::Event& e) {
+        seq = e.seq;
+        switch (e.kind) {
+            case core::EventKind::populate:
+            case core::EventKind::member:
+            case core::EventKind::import:
+            case core::EventKind::rename:
+                break;
+            default:
+                return true;
+        }
+        if (e.entry == 0) return true;
+        if (auto p = m_pending.find(e.entry); p != m_pending.end()) {
+            p->second.since = now;  // changed again: settles later
+            return true;
+        }
+        if (m_pending.size() >= kMaxQueued) {
+            m_dropped.fetch_add(1);
+            return true;
+        }
+        m_pending[e.entry] = Pending{0, 0, 0, now};
+        m_queued.fetch_add(1);
+        return true;
+    });
+}
+
+std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
+    std::vector<std::pair<core::Ino, std::string>> names;
+    auto txn = m_store.read();
+    if (!txn) return names;
+    const auto now = Clock::now();
+    for (auto it = m_pending.begin(); it != m_pending.end();) {
+        Pending& p = it->second;
+        if (now < p.not_before) {
+            ++it;
+            continue;
+        }
+        auto entry = txn->entry(it->first);
+        if (!entry) {  // evicted or removed meanwhile: nothing to upload
+            it = m_pending.erase(it);
+            continue;
+        }
+        auto busy = txn->in_flight(it->first);
+        const bool changed = entry->files != p.files || entry->bytes != p.bytes ||
+                             entry->last_access_ns != p.last_access_ns;
+        if ((busy && *busy) || changed) {
+            p.files = entry->files;
+            p.bytes = entry->bytes;
+            p.last_access_ns = entry->last_access_ns;
+            p.since = now;
+            ++it;
+            continue;
+        }
+        if (now - p.since < kSettle) {
+            ++it;
+            continue;
+        }
+        bool pulled = false;
+        {
+            std::lock_guard lock(m_mutex);
+            pulled = m_pulled.erase(entry->name) > 0;
+        }
+        if (!pulled && entry->files > 0) names.emplace_back(it->first, entry->name);
+        it = m_pending.erase(it);
+    }
+    return names;
+}
+
+void RemoteTier::run_uploader() {
+    const bool uploads = !m_remote->options().read_only;
+    std::uint64_t seq = 0;
+    if (auto txn = m_store.read()) {  // from now on: `kcache remote push` uploads what is older
+        (void)txn->for_each_event(0, [&](const core::Event& e) {
+            seq = e.seq;
+            return true;
+        });
+    }
+    auto last_record = Clock::now();
+    std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
+    std::unique_lock lock(m_mutex);
+    while (!m_stop) {
+        m_upload_wake.wait_for(lock, std::chrono::milliseconds(250));
+        if (m_stop) break;
+        lock.unlock();
+        if (uploads) {
+            follow_events(seq);
+            for (const auto& [id, name] : settled()) {
+                {
+                    std::lock_guard stopping(m_mutex);
+                    if (m_stop) break;
+                }
+                auto r = m_remote->push(m_store, name);
+                if (r) {
+                    failures.erase(id);
+                    continue;
+                }
+                const unsigned failed = ++failures[id];
+                const bool again = failed < kMaxUploadTries && r.error().code != EROFS && m_pending.size() < kMaxQueued;
+                if (again) {
+                    Pending retry;
+                    retry.since = Clock::now();
+                    retry.not_before = retry.since + std::chrono::seconds(std::int64_t{1} << failed);
+                    m_pending[id] = retry;
+                } else {
+                    failures.erase(id);
+                }
+                const std::int64_t now_ns = m_store.now_ns();
+                std::int64_t last = m_last_warning_ns.load();
+                if (now_ns - last > 10'000'000'000 && m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+                    log::warning("remote: uploading {}: {} ({}; further failures are counted, not logged, "
+                                 "for 10 s)", name, r.error().message,
+                                 again ? "tried again later" : "left to `kcache remote push`");
+                }
+            }
+            if (failures.size() > kMaxQueued) failures.clear();
+        }
+        if (Clock::now() - last_record >= std::chrono::seconds(1)) {
+            record_counts();
+            last_record = Clock::now();
+        }
+        lock.lock();
+    }
+}
+
+void RemoteTier::record_counts() {
+    std::lock_guard lock(m_record_mutex);
+    const remote::Counts now = m_remote->counts();
+    const remote::Counts delta = minus(now, m_recorded);
+    const std::uint64_t queued = m_queued.load(), dropped = m_dropped.load();
+    const std::uint64_t dq = queued - m_recorded_queued, dd = dropped - m_recorded_dropped;
+    const bool any = dq || dd || delta.hits || delta.misses || delta.errors || delta.timeouts || delta.corrupt ||
+                     delta.dangling || delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped;
+    if (!any) return;
+    if (auto s = remote::record_counts(m_store, delta); !s) {
+        log::warning("remote: recording statistics: {}", s.error().message);
+        return;
+    }
+    m_recorded = now;
+    if (dq || dd) {
+        auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+            if (auto a = txn.add(core::Counter::remote_upload_queued, dq); !a) return a;
+            return txn.add(core::Counter::remote_upload_dropped, dd);
+        });
+        if (!s) {
+            log::warning("remote: recording statistics: {}", s.error().message);
+            return;
+        }
+        m_recorded_queued = queued;
+        m_recorded_dropped = dropped;
+    }
+}
+
+}  // namespace kcache::fsd

@@ -1,0 +1,143 @@
+// The daemon's side of the shared tier (kcache-fsd --remote; docs/operations.md):
+// read-through on a local miss of an entry, write-behind of settled entries.
+//
+// Contract:
+//  - A local hit never reaches this class: Filesystem asks it only about names the db
+//    lacks (candidate()), and candidate() reads the db only, never Redis.
+//  - Read-through: read_through() never blocks its caller on Redis. The pull runs on
+//    a fetcher thread; the caller's `done` runs once the pull committed or failed, or
+//    when the lookup deadline (connect + operation timeout) passed, whichever comes
+//    first: a frozen Redis costs a lookup at most that deadline, and once a server's
+//    circuit is open (remote.hpp) a miss is answered at once. Concurrent misses of one
+//    entry share one pull (single flight); an entry that missed is not asked for again
+//    for kMissMemo, nor while its overdue pull is still running.
+//  - Negative entries the kernel caches for a name that could be an entry last
+//    kNegativeTimeoutS only, so an entry another node published is found soon after.
+//  - Write-behind: entries changed in the db (populated, a stem member, imported,
+//    renamed: the events log, whoever wrote them) are uploaded once settled (no write
+//    lease, no change for kSettle), from a queue of at most kMaxQueued entries; more
+//    are dropped and counted (remote_upload_dropped). Entries this tier pulled are not
+//    uploaded back. An upload that fails is tried again a few times, further apart
+//    each time (kMaxUploadTries), then left to `kcache remote push`. Nothing is
+//    uploaded with --remote-read-only.
+//  - Counts (the Remote's remote_* counters, remote_upload_queued/dropped) are added
+//    to the db's statistics every second and at stop().
+// Threads: kFetchers fetchers, one timer (deadlines), one uploader (events, settling,
+// pushes, statistics). m_mutex guards the flights, the fetch queue, the miss memo, the
+// pulled set and m_stop; nothing else is locked while it is held, and no callback
+// runs under it. The Remote serializes operations per server itself.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kcache/core/layout.hpp"
+#include "kcache/core/store.hpp"
+#include "kcache/remote/remote.hpp"
+
+namespace kcache::fsd {
+
+class RemoteTier {
+public:
+    using Clock = std::chrono::steady_clock;
+    static constexpr double kNegativeTimeoutS = 1.0;
+    static constexpr auto kMissMemo = std::chrono::seconds(1);
+    static constexpr auto kSettle = std::chrono::seconds(1);
+    static constexpr std::size_t kMaxQueued = 1024;   // entries waiting to settle or upload
+    static constexpr std::size_t kMaxFlights = 256;   // pulls pending or running
+    static constexpr int kFetchers = 2;
+    // A failed upload (Redis down, frozen, circuit open, full) is tried again after
+    // 2, 4, 8, 16 s; after kMaxUploadTries it is left to `kcache remote push`.
+    static constexpr unsigned kMaxUploadTries = 5;
+
+    // Fails (EINVAL) for invalid options, as Remote::create does. Starts no thread.
+    static core::Result<std::unique_ptr<RemoteTier>> create(core::Store& store, remote::Options options);
+    ~RemoteTier();
+    RemoteTier(const RemoteTier&) = delete;
+    RemoteTier& operator=(const RemoteTier&) = delete;
+
+    void start();
+    // Answers every waiting lookup (a miss), stops the threads (a fetcher in a pull
+    // finishes it first: at most a deadline), records the counts. Idempotent.
+    void stop();
+
+    // The entry that a lookup of `name` in `parent`, which the db lacks, could be
+    // fetched as: an entry directory or stem file a compiler's layout rule would form
+    // there, or any name inside an entry directory that has no file yet (Triton's
+    // makedirs(<key>) then probing its files). nullopt otherwise. Reads `txn` only.
+    std::optional<std::string> candidate(const core::ReadTxn& txn, core::Ino parent, std::string_view name);
+
+    // Fetches `entry` into the db if Redis has it; `done` runs exactly once, on a tier
+    // thread or (recent miss, overdue pull, too many pulls, stopped) on the caller's.
+    void read_through(const std::string& entry, std::function<void()> done);
+
+private:
+    struct Flight {
+        Clock::time_point deadline;
+        std::vector<std::function<void()>> waiters;
+        bool overdue = false;  // its waiters were answered at the deadline; the pull goes on
+    };
+    struct Pending {  // an entry waiting to settle before its upload
+        std::uint64_t files = 0, bytes = 0;
+        std::int64_t last_access_ns = 0;
+        Clock::time_point since;
+        unsigned failures = 0;          // uploads of it that failed so far
+        Clock::time_point not_before{}; // after a failure: the next try
+    };
+
+    RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote);
+    void run_fetcher();
+    void run_timer();
+    void run_uploader();
+    // Queues the entries of new events for settling (uploader thread only).
+    void follow_events(std::uint64_t& seq);
+    // Takes the pending entries that settled out of m_pending (uploader thread only).
+    std::vector<std::pair<core::Ino, std::string>> settled();
+    void record_counts();
+    const std::vector<core::LayoutRule>* rules(const std::string& text);
+
+    core::Store& m_store;
+    std::unique_ptr<remote::Remote> m_remote;
+    const Clock::duration m_deadline;  // of a read-through: connect + one operation
+
+    std::mutex m_mutex;
+    std::condition_variable m_fetch_wake;  // a fetch queued, or stop
+    std::condition_variable m_timer_wake;  // a flight began, or stop
+    std::condition_variable m_upload_wake; // stop
+    bool m_stop = false;
+    bool m_started = false;
+    std::unordered_map<std::string, Flight> m_flights;
+    std::deque<std::string> m_fetch_queue;
+    std::unordered_map<std::string, Clock::time_point> m_missed;  // entry -> memo ends
+    std::unordered_set<std::string> m_pulled;  // pulled here: not uploaded back
+
+    std::mutex m_rules_mutex;  // the db's layout rules, parsed once per text
+    std::string m_rules_text;
+    std::optional<std::vector<core::LayoutRule>> m_rules;
+
+    // Uploader thread only.
+    std::unordered_map<core::Ino, Pending> m_pending;
+    remote::Counts m_recorded;  // what record_counts() already added to the db
+    std::atomic<std::uint64_t> m_queued{0}, m_dropped{0};
+    std::uint64_t m_recorded_queued = 0, m_recorded_dropped = 0;
+    std::mutex m_record_mutex;  // record_counts() from the uploader and stop()
+
+    std::atomic<std::int64_t> m_last_warning_ns{0};  // failures are logged at most every 10 s
+
+    std::vector<std::thread> m_threads;
+};
+
+}  // namespace kcache::fsd

@@ -1,0 +1,109 @@
+#include "kcache/remote/settings.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <sstream>
+
+#include <fmt/core.h>
+
+#include "kcache/core/units.hpp"
+
+namespace kcache::remote {
+
+Result<std::int64_t> parse_deadline(std::string_view text) {
+    constexpr std::int64_t kMaxNs = std::int64_t{86'400} * 1'000'000'000;
+    auto invalid = [&] { return core::fail(EINVAL, fmt::format("invalid deadline '{}' (e.g. 250ms, 2s)", text)); };
+    if (text.size() > 2 && text.ends_with("ms")) {
+        std::int64_t ms = 0;
+        const std::string_view digits = text.substr(0, text.size() - 2);
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ms);
+        if (ec != std::errc() || end != digits.data() + digits.size() || ms <= 0 || ms > kMaxNs / 1'000'000) {
+            return invalid();
+        }
+        return ms * 1'000'000;
+    }
+    auto ns = core::parse_duration(text);
+    if (!ns || *ns <= 0 || *ns > kMaxNs) return invalid();
+    return *ns;
+}
+
+namespace {
+
+// CLI11 hands the text to this transform, which leaves the nanoseconds for the option.
+CLI::Validator deadline_transform() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            auto ns = parse_deadline(text);
+            if (!ns) return ns.error().message;
+            text = std::to_string(*ns);
+            return {};
+        },
+        "", "deadline");
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, Settings& s) {
+    app.add_option("--remote", s.urls,
+                   "redis://[user@]host:port[/db] or unix:/path[?db=N&user=U]; repeat to shard "
+                   "over several (default: $KCACHE_REMOTE)")
+        ->type_name("URL");
+    app.add_option("--remote-namespace", s.ns,
+                   "keys live under kc1:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
+        ->type_name("NS");
+    app.add_option("--remote-password-env", s.password_env,
+                   "read the password from this environment variable (default: KCACHE_REMOTE_PASSWORD when set)")
+        ->type_name("VAR");
+    app.add_option("--remote-password-file", s.password_file, "read the password from this file")
+        ->type_name("FILE");
+    app.add_option("--remote-timeout", s.timeout_ns, "deadline of each remote operation: 250ms, 2s ... (default 2s)")
+        ->transform(deadline_transform())
+        ->type_name("DURATION");
+    app.add_option("--remote-connect-timeout", s.connect_timeout_ns, "deadline of a connect (default 1s)")
+        ->transform(deadline_transform())
+        ->type_name("DURATION");
+    app.add_flag("--remote-read-only", s.read_only, "never write to the remote");
+}
+
+std::vector<std::string> configured_urls(const Settings& s) {
+    if (!s.urls.empty()) return s.urls;
+    std::vector<std::string> urls;
+    if (const char* env = std::getenv("KCACHE_REMOTE"); env && *env) {
+        std::string text(env);
+        for (char& ch : text) {
+            if (ch == ',') ch = ' ';
+        }
+        std::istringstream in(text);
+        for (std::string url; in >> url;) urls.push_back(url);
+    }
+    return urls;
+}
+
+Result<Options> resolve(const Settings& s) {
+    const std::vector<std::string> urls = configured_urls(s);
+    if (urls.empty()) return core::fail(EINVAL, "no remote server: give --remote URL or set KCACHE_REMOTE");
+    Options options;
+    for (const std::string& url : urls) {
+        auto endpoint = parse_endpoint(url);
+        if (!endpoint) return tl::unexpected(endpoint.error());
+        options.servers.push_back(std::move(*endpoint));
+    }
+    if (!s.password_env.empty() && !s.password_file.empty()) {
+        return core::fail(EINVAL, "--remote-password-env and --remote-password-file exclude each other");
+    }
+    std::string env = s.password_env;
+    if (env.empty() && s.password_file.empty() && std::getenv("KCACHE_REMOTE_PASSWORD")) env = "KCACHE_REMOTE_PASSWORD";
+    auto password = load_password(env, s.password_file);
+    if (!password) return tl::unexpected(password.error());
+    options.password = std::move(*password);
+    const char* ns_env = std::getenv("KCACHE_REMOTE_NAMESPACE");
+    options.ns = !s.ns.empty() ? s.ns : (ns_env && *ns_env ? ns_env : "default");
+    options.op_timeout_ns = s.timeout_ns;
+    options.connect_timeout_ns = s.connect_timeout_ns;
+    options.read_only = s.read_only;
+    if (auto v = validate(options); !v) return tl::unexpected(v.error());
+    return options;
+}
+
+}  // namespace kcache::remote
