@@ -6,7 +6,12 @@
 //                                 duplicate binary every 50th, hits on 5%), written in
 //                                 large transactions without syncing
 //   measure --db DIR              model load time and memory, sort, filter, refresh,
-//                                 duplicates scan
+//                                 duplicates scan (each waited for: the worker's cost)
+//   frames --db DIR [--sync]      per-frame times of the view (headless: refresh, read
+//                                 the rows a table shows) at 60 Hz while the worker
+//                                 reloads, sorts, filters, scans duplicates; max, p99.
+//                                 --sync waits for each inside the frame, as the
+//                                 single-threaded model did (the "before")
 //   demo --tree DIR --db DIR      a db for screenshots: every top-level directory of
 //                                 DIR (e.g. real_kernels.sh --keep's cache/) becomes an
 //                                 entry, populated over the last three days, with hits
@@ -16,9 +21,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -147,20 +154,32 @@ int run_measure(const std::string& db) {
 
     for (gui::Column c : {gui::Column::key, gui::Column::hits, gui::Column::bytes,
                           gui::Column::last_access, gui::Column::producer}) {
-        const double ms = time_ms([&] { model.set_sort({c, false}); });
+        const double ms = time_ms([&] {
+            model.set_sort({c, false});
+            model.wait_idle();
+        });
         fmt::print("sort by {:<15} {:.1f} ms\n", gui::column_name(c), ms);
     }
-    const double filter_ms = time_ms([&] { model.set_filter("ab"); });
+    const double filter_ms = time_ms([&] {
+        model.set_filter("ab");
+        model.wait_idle();
+    });
     fmt::print("filter \"ab\"             {:.1f} ms ({} visible)\n", filter_ms,
                model.visible_count());
-    fmt::print("filter cleared          {:.1f} ms\n", time_ms([&] { model.set_filter(""); }));
+    fmt::print("filter cleared          {:.1f} ms\n", time_ms([&] {
+                                                         model.set_filter("");
+                                                         model.wait_idle();
+                                                     }));
     std::vector<double> polls;
     for (int i = 0; i < 50; ++i) polls.push_back(time_ms([&] { (void)model.refresh(true); }));
     fmt::print("refresh, db unchanged   {:.1f} us (median of 50)\n", median(polls) * 1000);
 
     // One change by another writer: applied from the events log, not a reload.
     {
-        auto txn = must(model.store().write(), "write");
+        core::OpenOptions writer_options;
+        writer_options.path = db;
+        auto writer = must(core::Store::open(writer_options), "open " + db);  // another writer
+        auto txn = must(writer->write(), "write");
         must(txn.record_hit(model.visible(0).ino), "hit");
         must(txn.commit(), "commit");
     }
@@ -169,14 +188,106 @@ int run_measure(const std::string& db) {
     fmt::print("refresh after one hit   {:.1f} ms ({})\n", refresh_ms,
                model.full_loads() == loads ? "incremental" : "full reload");
     fmt::print("reload                  {:.3f} s\n",
-               time_ms([&] { must(model.reload(), "reload"); }) / 1000);
+               time_ms([&] { must(model.worker().reload_now().get(), "reload"); }) / 1000);
 
     const double scan_ms = time_ms([&] {
         must(model.start_duplicate_scan(), "scan");
-        must(model.duplicates().run_to_end(), "scan");
+        model.wait_idle();
     });
     fmt::print("duplicates scan         {:.2f} s ({} groups)\n", scan_ms / 1000,
                model.duplicates().groups().size());
+    return 0;
+}
+
+
+// One frame of the view without ImGui: take the worker's newest catalog, then read
+// what the entries table and the status line read (40 rows at a scroll position).
+void view_frame(gui::Model& model, std::size_t scroll, std::uint64_t& sink) {
+    (void)model.refresh();
+    const std::size_t n = model.visible_count();
+    for (std::size_t i = scroll; i < std::min(n, scroll + 40); ++i) {
+        const gui::EntryRow& row = model.visible(i);
+        sink += row.bytes + model.key(row).size() + (model.is_selected(i) ? 1 : 0);
+    }
+    sink += model.selected_count() + model.stats().get(core::Counter::hits) +
+            model.duplicates().scanned();
+}
+
+struct FrameFigures {
+    std::size_t frames = 0;
+    double median = 0, p99 = 0, max = 0;
+};
+
+FrameFigures figures(std::vector<double> ms) {
+    FrameFigures f;
+    f.frames = ms.size();
+    if (ms.empty()) return f;
+    std::sort(ms.begin(), ms.end());
+    f.median = ms[ms.size() / 2];
+    f.p99 = ms[std::min(ms.size() - 1, ms.size() * 99 / 100)];
+    f.max = ms.back();
+    return f;
+}
+
+// Runs frames at 60 Hz: `start` at the first frame (inside it), until `busy` is false,
+// then 10 more. With `sync`, the first frame also waits for the work to end.
+template <typename Start, typename Busy>
+FrameFigures run_frames(gui::Model& model, bool sync, Start start, Busy busy) {
+    using namespace std::chrono;
+    std::vector<double> ms;
+    std::uint64_t sink = 0;
+    int after = 0;
+    auto next = SteadyClock::now();
+    for (std::size_t frame = 0; after < 10 && frame < 100'000; ++frame) {
+        const auto t0 = SteadyClock::now();
+        if (frame == 0) {
+            start();
+            if (sync) model.wait_idle();
+        }
+        view_frame(model, (frame * 7) % std::max<std::size_t>(1, model.visible_count()), sink);
+        ms.push_back(seconds_since(t0) * 1000.0);
+        if (frame > 0 && !busy()) ++after;
+        next += microseconds(16'667);
+        std::this_thread::sleep_until(next);
+    }
+    if (sink == 42) std::puts("");  // keep the reads
+    return figures(std::move(ms));
+}
+
+int run_frames_bench(const std::string& db, bool sync) {
+    fmt::print("kcache-bench-inspector frames{} ({} build)\n", sync ? " --sync" : "",
+               KCACHE_BENCH_BUILD_TYPE);
+    gui::Model::Options options;
+    options.db_path = db;
+    options.poll_interval_ns = 3600 * kSecond;  // only the work started here
+    auto opened = gui::Model::open(options);
+    if (!opened) die(opened.error(), "open model");
+    gui::Model& model = **opened;
+    fmt::print("entries {}\n", model.entry_count());
+    auto print = [](const char* what, const FrameFigures& f) {
+        fmt::print("{:<34} frames {:>5}  median {:7.3f} ms  p99 {:8.3f} ms  max {:8.3f} ms\n",
+                   what, f.frames, f.median, f.p99, f.max);
+    };
+    print("idle", run_frames(model, sync, [] {}, [] { return false; }));
+    std::future<core::Status> reload;
+    print("during a full reload", run_frames(
+              model, sync, [&] { reload = model.worker().reload_now(); },
+              [&] { return reload.wait_for(std::chrono::seconds(0)) != std::future_status::ready; }));
+    for (gui::Column c : {gui::Column::bytes, gui::Column::key, gui::Column::last_access}) {
+        const std::string what = fmt::format("during a sort by {}", gui::column_name(c));
+        print(what.c_str(), run_frames(
+                  model, sync, [&] { model.set_sort({c, true}); },
+                  [&] { return model.ordering(); }));
+    }
+    print("during a filter (\"ab\")", run_frames(
+              model, sync, [&] { model.set_filter("ab"); }, [&] { return model.ordering(); }));
+    model.set_filter("");
+    model.wait_idle();
+    if (!sync) {
+        print("during the duplicates scan", run_frames(
+                  model, sync, [&] { (void)model.start_duplicate_scan(); },
+                  [&] { return !model.duplicates().done(); }));
+    }
     return 0;
 }
 
@@ -253,6 +364,10 @@ int main(int argc, char** argv) {
     fill->add_option("--entries", entries, "entries to create")->capture_default_str();
     auto* measure = app.add_subcommand("measure", "time the model on a db");
     measure->add_option("--db", db, "db directory")->required();
+    bool sync = false;
+    auto* frames = app.add_subcommand("frames", "frame times while the worker works");
+    frames->add_option("--db", db, "db directory")->required();
+    frames->add_flag("--sync", sync, "wait for the work inside the frame (the old model)");
     auto* demo = app.add_subcommand("demo", "a db with real kernels for screenshots");
     demo->add_option("--tree", tree, "directory of entry directories")->required();
     demo->add_option("--db", db, "db directory (must not exist yet)")->required();
@@ -265,5 +380,6 @@ int main(int argc, char** argv) {
     }
     if (fill->parsed()) return run_fill(db, entries);
     if (measure->parsed()) return run_measure(db);
+    if (frames->parsed()) return run_frames_bench(db, sync);
     return run_demo(tree, db);
 }

@@ -4,6 +4,7 @@
 
 #include <cxxabi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -17,31 +18,60 @@
 namespace kcache::gui::detail {
 namespace {
 
-// Reloads the detail when the focused entry or the db changed.
+template <typename T>
+bool ready(const std::future<T>& f) {
+    return f.valid() && f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+// Takes the worker's loads once they arrive (never waits).
+void receive(UiState& ui) {
+    if (ready(ui.detail_loading)) {
+        auto loaded = ui.detail_loading.get();
+        if (!loaded) {
+            ui.detail_error = loaded.error().code == ENOENT
+                                  ? "this entry is gone (evicted or removed)"
+                                  : loaded.error().message;
+            ui.detail.reset();
+            ui.view.reset();
+        } else {
+            ui.detail = std::move(*loaded);
+            if (ui.file_index >= static_cast<int>(ui.detail->files().size())) ui.file_index = -1;
+        }
+    }
+    if (ready(ui.view_loading)) {
+        auto view = ui.view_loading.get();
+        if (view) {
+            ui.view = std::move(*view);
+        } else {
+            ui.view_error = view.error().message;
+        }
+    }
+}
+
+// Asks the worker for the detail when the focused entry or the db changed.
 void sync_detail(Model& model, UiState& ui) {
+    receive(ui);
     const core::Ino ino = model.focused().value_or(0);
     if (ino == ui.detail_ino && model.txn_id() == ui.detail_txn) return;
     const bool same_entry = ino == ui.detail_ino;
     ui.detail_ino = ino;
     ui.detail_txn = model.txn_id();
-    ui.detail.reset();
+    // Same entry, newer db: keep showing the old detail until the new one arrives.
+    if (!same_entry) ui.detail.reset();
     ui.detail_error.clear();
     if (!same_entry) {
         ui.file_index = -1;
         ui.view.reset();
+        ui.view_loading = {};
         ui.view_error.clear();
         ui.search_line.reset();
     }
-    if (ino == 0) return;
-    auto loaded = EntryDetail::load(model.store(), ino);
-    if (!loaded) {
-        ui.detail_error = loaded.error().code == ENOENT ? "this entry is gone (evicted or removed)"
-                                                        : loaded.error().message;
-        ui.view.reset();
+    ui.detail_loading = {};
+    if (ino == 0) {
+        ui.detail.reset();
         return;
     }
-    ui.detail = std::move(*loaded);
-    if (ui.file_index >= static_cast<int>(ui.detail->files().size())) ui.file_index = -1;
+    ui.detail_loading = model.load_detail(ino);
 }
 
 void open_file(Model& model, UiState& ui, int index) {
@@ -49,12 +79,7 @@ void open_file(Model& model, UiState& ui, int index) {
     ui.view.reset();
     ui.view_error.clear();
     ui.search_line.reset();
-    auto view = load_file_view(model.store(), ui.detail->files()[static_cast<std::size_t>(index)]);
-    if (view) {
-        ui.view = std::move(*view);
-    } else {
-        ui.view_error = view.error().message;
-    }
+    ui.view_loading = model.load_file(ui.detail->files()[static_cast<std::size_t>(index)]);
 }
 
 void draw_info(const Model& model, const core::EntryInfo& info) {
@@ -295,11 +320,15 @@ void draw_view(UiState& ui) {
 
 bool open_entry_file(Model& model, UiState& ui, std::string_view file) {
     sync_detail(model, ui);
+    if (ui.detail_loading.valid()) ui.detail_loading.wait();  // --select: not a frame
+    receive(ui);
     if (!ui.detail) return false;
     const auto& files = ui.detail->files();
     for (std::size_t i = 0; i < files.size(); ++i) {
         if (files[i].path == file) {
             open_file(model, ui, static_cast<int>(i));
+            ui.view_loading.wait();
+            receive(ui);
             return ui.view.has_value();
         }
     }

@@ -14,7 +14,7 @@ void draw_duplicates(Model& model, UiState& ui) {
         ImGui::End();
         return;
     }
-    DuplicateScan& scan = model.duplicates();
+    const DuplicateReport& scan = model.duplicates();
     const bool running = scan.running();
     ImGui::BeginDisabled(running);
     if (ImGui::Button(scan.started() ? "Scan again" : "Find duplicates")) {

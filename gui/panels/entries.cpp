@@ -175,7 +175,7 @@ void draw_table(Model& model, UiState& ui) {
             const bool focused = model.focused() == row.ino;
             if (focused) ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1.0f, 0.9f, 0.5f, 1.0f));
             if (ImGui::Selectable(
-                    "##row", row.selected(),
+                    "##row", model.is_selected(index),
                     ImGuiSelectableFlags_SpanAllColumns | ImGuiSelectableFlags_AllowItemOverlap,
                     ImVec2(0, row_height - 2 * ImGui::GetStyle().CellPadding.y))) {
                 on_row_click(model, ui, index);

@@ -1,5 +1,7 @@
 // The frame: refresh, shortcuts, the menu bar, every window, the confirmation dialog.
 
+#include <chrono>
+
 #include <fmt/core.h>
 
 #include "internal.hpp"
@@ -161,31 +163,26 @@ void draw_menu(Model& model, UiState& ui) {
 }  // namespace
 
 void run_pending(Model& model, UiState& ui) {
-    Result<ActionReport> report = core::fail(EINVAL, "nothing to do");
     switch (ui.pending) {
         case PendingAction::evict_selected:
-            report = model.evict_selected();
+            ui.action = model.request(Action::evict);
             break;
         case PendingAction::evict_older:
-            report = model.evict_older_than(older_than_ns(ui));
+            ui.action = model.request(Action::evict_older, older_than_ns(ui));
             break;
         case PendingAction::pin:
-            report = model.set_selected_pinned(true);
+            ui.action = model.request(Action::pin);
             break;
         case PendingAction::unpin:
-            report = model.set_selected_pinned(false);
+            ui.action = model.request(Action::unpin);
             break;
         case PendingAction::clear:
-            report = model.clear();
+            ui.action = model.request(Action::clear);
             break;
         case PendingAction::none:
             return;
     }
-    if (report) {
-        set_status(ui, report->message);
-    } else {
-        set_status(ui, report.error().message, true);
-    }
+    set_status(ui, "working...");
     ui.pending = PendingAction::none;
 }
 
@@ -220,11 +217,15 @@ bool show_entry(Model& model, UiState& ui, std::string_view key, std::string_vie
 
 void draw_inspector(Model& model, UiState& ui) {
     if (auto refreshed = model.refresh(); !refreshed) {
-        set_status(ui, "refresh: " + refreshed.error().message, true);
+        set_status(ui, refreshed.error().message, true);  // "refresh: ...", "duplicates: ..."
     }
-    if (model.duplicates().running()) {
-        if (auto stepped = model.duplicates().step(4'000'000); !stepped) {
-            set_status(ui, "duplicates: " + stepped.error().message, true);
+    if (ui.action.valid() &&
+        ui.action.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        auto report = ui.action.get();
+        if (report) {
+            set_status(ui, report->message);
+        } else {
+            set_status(ui, report.error().message, true);
         }
     }
     handle_shortcuts(model, ui);

@@ -93,27 +93,38 @@ TEST_CASE("model: sorts by every column, both ways, ties by creation", "[gui][mo
     const Keys cba = {"ccc333", "bbb222", "aaa111"};
 
     model->set_sort({Column::key, false});
+
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == abc);
     model->set_sort({Column::key, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == cba);
     model->set_sort({Column::hits, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == Keys{"bbb222", "ccc333", "aaa111"});
     model->set_sort({Column::bytes, false});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == Keys{"aaa111", "ccc333", "bbb222"});
     model->set_sort({Column::stored_bytes, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model).size() == 3);
     model->set_sort({Column::files, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model).front() == "bbb222");
     model->set_sort({Column::created, false});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == abc);
     model->set_sort({Column::last_access, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model).back() == "aaa111");
     // Producer names: kcache < triton < wave.
     model->set_sort({Column::producer, false});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == abc);
     db.pin(e.b);
     REQUIRE(model->refresh(true));
     model->set_sort({Column::pinned, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == Keys{"bbb222", "aaa111", "ccc333"});
 }
 
@@ -124,9 +135,11 @@ TEST_CASE("model: keys sharing a long prefix sort by the whole key", "[gui][mode
     }
     auto model = open_model(db);
     model->set_sort({Column::key, false});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == std::vector<std::string>{"prefix00", "prefix00-a", "prefix00-b",
                                                            "prefix00-c", "prefix01"});
     model->set_sort({Column::key, true});
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == std::vector<std::string>{"prefix01", "prefix00-c", "prefix00-b",
                                                            "prefix00-a", "prefix00"});
 }
@@ -136,15 +149,21 @@ TEST_CASE("model: the filter matches keys and producers, case-insensitively", "[
     ThreeEntries e(db);
     auto model = open_model(db);
     model->set_sort({Column::key, false});
+    model->wait_idle();  // the worker orders the rows
     model->set_filter("BBB");
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == std::vector<std::string>{"bbb222"});
     model->set_filter("wave");
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == std::vector<std::string>{"ccc333"});
     model->set_filter("3");
+    model->wait_idle();  // the worker orders the rows
     CHECK(visible_keys(*model) == std::vector<std::string>{"ccc333"});
     model->set_filter("zzz");
+    model->wait_idle();  // the worker orders the rows
     CHECK(model->visible_count() == 0);
     model->set_filter("");
+    model->wait_idle();  // the worker orders the rows
     CHECK(model->visible_count() == 3);
 }
 
@@ -153,16 +172,20 @@ TEST_CASE("model: selection survives sorting and filtering", "[gui][model]") {
     ThreeEntries e(db);
     auto model = open_model(db);
     model->set_sort({Column::key, false});
+    model->wait_idle();  // the worker orders the rows
     model->select_only(0);
     CHECK(model->focused() == e.a);
     model->toggle_selected(2);
     CHECK(model->selected_count() == 2);
     model->set_sort({Column::key, true});
+    model->wait_idle();  // the worker orders the rows
     model->set_filter("a1");
+    model->wait_idle();  // the worker orders the rows
     CHECK(model->visible_count() == 1);
     CHECK(model->selected_count() == 2);
     CHECK(model->selected_inos() == std::vector<core::Ino>{e.a, e.c});
     model->set_filter("");
+    model->wait_idle();  // the worker orders the rows
     model->select_only(1);
     CHECK(model->selected_inos() == std::vector<core::Ino>{e.b});
     model->select_range(2, 0);
@@ -186,6 +209,7 @@ TEST_CASE("model: refresh follows changes by other writers", "[gui][model]") {
     }
     SECTION("hits, pins and evictions apply from the events log") {
         model->set_sort({Column::hits, true});
+        model->wait_idle();  // the worker orders the rows
         db.hit(e.a, 3);
         db.pin(e.c);
         db.evict(e.b);
@@ -236,6 +260,7 @@ TEST_CASE("model: evicting the selection removes those entries from the db", "[g
     db.pin(e.c);
     auto model = open_model(db);
     model->set_sort({Column::key, false});
+    model->wait_idle();  // the worker orders the rows
     model->select_only(0);      // aaa111
     model->toggle_selected(2);  // ccc333, pinned: kept
     auto report = model->evict_selected();
@@ -255,6 +280,7 @@ TEST_CASE("model: pin, unpin, evict older than, clear", "[gui][model]") {
     ThreeEntries e(db);
     auto model = open_model(db);
     model->set_sort({Column::key, false});
+    model->wait_idle();  // the worker orders the rows
     model->select_only(1);
     REQUIRE(model->set_selected_pinned(true));
     CHECK(model->row(e.b)->pinned());
@@ -338,11 +364,12 @@ TEST_CASE("model: duplicates group one binary stored under several keys", "[gui]
     db.add_entry("key-e", {{"k.ptx", "same"}});
     db.add_entry("key-f", {{"k.ptx", "same"}});
     auto model = open_model(db);
-    gui::DuplicateScan& scan = model->duplicates();
+    CHECK_FALSE(model->duplicates().started());
+    gui::DuplicateScan scan;  // the worker's scan, driven here on the test's own store
     CHECK_FALSE(scan.started());
     std::vector<core::Ino> inos;
     for (std::size_t i = 0; i < model->visible_count(); ++i) inos.push_back(model->visible(i).ino);
-    REQUIRE(scan.start(model->store(), inos));
+    REQUIRE(scan.start(db.store(), inos));
     CHECK(scan.running());
     REQUIRE(scan.run_to_end());
     CHECK(scan.done());

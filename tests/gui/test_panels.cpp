@@ -62,6 +62,8 @@ class NullUi {
             ImGui::NewFrame();
             gui::draw_inspector(*m_model, m_ui);
             ImGui::Render();
+            // What the frame asked the worker for is done before the next frame.
+            m_model->wait_idle();
         }
     }
 

@@ -1,16 +1,19 @@
-// The inspector's panels: Dear ImGui drawing over a Model. They hold no data of the
-// db's; what they remember between frames (the filter text, a pending confirmation,
-// the file being viewed) is in UiState.
+// The inspector's panels: Dear ImGui drawing over a Model. They never reach the db:
+// whatever needs it (an action, an entry's files, a file's content) is a request to
+// the model's worker whose future the panels poll once per frame. What they remember
+// between frames (the filter text, a pending confirmation, the file being viewed,
+// those futures) is in UiState.
 //
 // Contract: call draw_inspector() once per frame between ImGui::NewFrame() and
 // ImGui::Render(), on the thread that owns the Model and the ImGui context. Each call
-// first lets the model refresh (cheap unless the db changed) and advances a running
-// duplicates scan by a few milliseconds, then draws. Errors (a failed action or
-// refresh) are shown in the status line, never thrown.
+// first takes the worker's newest catalog (a pointer swap; it never waits), then
+// draws. Errors (a failed action or refresh) are shown in the status line, never
+// thrown.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,8 +66,13 @@ struct UiState {
     bool open_confirm = false;  // open the dialog at the next chance
     std::string status;         // result of the last action, or an error
     bool status_error = false;
+    std::future<Result<ActionReport>> action;  // the action the worker runs now
 
-    // Entry detail: loaded for the focused entry at the model's transaction.
+
+    // Entry detail: loaded (by the worker) for the focused entry at the model's
+    // transaction; the loads in flight.
+    std::future<Result<EntryDetail>> detail_loading;
+    std::future<Result<FileView>> view_loading;
     std::optional<EntryDetail> detail;
     std::string detail_error;
     core::Ino detail_ino = 0;
@@ -93,12 +101,14 @@ void draw_inspector(Model& model, UiState& ui);
 // draw_inspector; exposed for tests.
 void handle_shortcuts(Model& model, UiState& ui);
 
-// Runs the pending action now, as the dialog's confirm button does.
+// Asks the worker to run the pending action now, as the dialog's confirm button does;
+// its result shows in the status line at the frame after it arrives.
 void run_pending(Model& model, UiState& ui);
 
 // Shows the entry whose key is `key` (or starts with it) and, when `file` is not
 // empty, opens that file of it in the viewer. False when there is no such entry or
-// file. Used by --select / --file (screenshots of a chosen entry).
+// file. Used by --select / --file (screenshots of a chosen entry): it waits for the
+// worker to load them, so it is not for the frame loop.
 bool show_entry(Model& model, UiState& ui, std::string_view key, std::string_view file);
 
 }  // namespace kcache::gui
