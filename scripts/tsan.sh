@@ -34,6 +34,10 @@ rm -rf "$logs" && mkdir -p "$logs"
 # watchdog); the children only make syscalls and exec, which TSan supports.
 # halt_on_error=0: a daemon that stopped at its first report would fail the test for
 # the wrong reason; every report is collected instead.
+# TSan's shadow memory leaves no room for LMDB's default 1 TiB map (mmap fails with
+# EINVAL, which the store does not take for "try smaller"): a smaller one for every
+# process of the run.
+export KCACHE_MAP_SIZE=${KCACHE_MAP_SIZE:-4G}
 export TSAN_OPTIONS="log_path=$logs/report die_after_fork=0 halt_on_error=0 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tests/support/tsan.supp"
 # Only the programs built above have tests listed (CTest lists a Catch2 program's tests
 # once it is built), so -L picks the fsd tests and the crash, equivalence and soak
