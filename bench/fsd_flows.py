@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Compiler-like cache flows: plain directory, the FUSE floor, and kcache-fsd.
+"""Compiler-like cache flows: plain directory, the FUSE floor, kcache-fsd, and
+kcache-fsd --read-only.
 
 Mounts kcache-fsd on a fresh db and the floor (bench/floor/floor_fsd.cpp: an
 in-memory FUSE daemon with kcache-fsd's protocol choices and nothing else) next to
 a plain directory on the same disk, then runs each phase on the three, alternated
 (the order rotates every round), several rounds, and prints the median time per
 phase, the ratios against the plain directory and against the floor, and the FUSE
-round trips per file by opcode for each daemon. Phases:
+round trips per file by opcode for each daemon. The read-only daemon (`ro`) serves the
+db the read-write one (`kcache`) fills, mounted beside it: it runs the hit and miss
+phases right after `kcache` in each round, reading what that round stored. Phases:
   store  one process stores N Triton-style entries (tmp dir, write, os.replace,
          os.removedirs; three files: 8 KiB binary, 1 KiB JSON, 16 KiB IR)
   hit-py P fresh Python processes each look up and read every entry
@@ -68,7 +71,8 @@ for i in range(n):
     assert not os.path.exists(os.path.join(root, f"absent{salt}{i:06d}", "k.json"))
 '''
 PHASES = ("store", "hit-py", "hit-c", "miss")
-WHERE = ("plain", "floor", "kcache")
+WHERE = ("plain", "floor", "kcache", "ro")
+ROTATED = WHERE[:3]  # "ro" follows "kcache": it reads what kcache's store phase stored
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -174,24 +178,31 @@ def main():
             sys.exit(f"{exe}: not built (see bench/README.md)")
     load_before = loadavg()
     work = tempfile.mkdtemp(prefix="kcache-bench-", dir=args.dir)
-    p = {x: os.path.join(work, x) for x in ("db", "db-count", "kcache", "floor", "plain", "kcache-count")}
-    for d in ("kcache", "floor", "plain", "kcache-count"):
+    p = {x: os.path.join(work, x) for x in ("db", "db-count", "kcache", "floor", "plain", "kcache-count", "ro",
+                                            "ro-count")}
+    for d in ("kcache", "floor", "plain", "kcache-count", "ro", "ro-count"):
         os.makedirs(p[d])
     counts_file = os.path.join(work, "floor.counts")
-    floor = count_proc = None
+    floor = count_proc = ro_count_proc = None
     results = {(ph, w): [] for ph in PHASES for w in WHERE}
     floor_rt = {ph: collections.Counter() for ph in PHASES}
     kcache_rt = {ph: collections.Counter() for ph in PHASES}
+    ro_rt = {ph: collections.Counter() for ph in PHASES}
     try:
         subprocess.check_call([args.fsd, "--db", p["db"], "--durability", args.durability, p["kcache"]])
         wait_mounted(p["kcache"])
+        subprocess.check_call([args.fsd, "--db", p["db"], "--read-only", p["ro"]])
+        wait_mounted(p["ro"])
         floor = subprocess.Popen([args.floor, "--counts", counts_file, p["floor"]])
         wait_mounted(p["floor"], floor)
         for r in range(args.rounds):
-            order = WHERE[r % 3:] + WHERE[:r % 3]  # each target goes first in turn
+            order = list(ROTATED[r % 3:] + ROTATED[:r % 3])  # each target goes first in turn
+            order.insert(order.index("kcache") + 1, "ro")
             for where in order:
                 salt = f"r{r}x"
                 for phase in PHASES:
+                    if where == "ro" and phase == "store":
+                        continue  # read-only
                     before = floor_counts(floor, counts_file) if where == "floor" else None
                     results[(phase, where)].append(timed(phase_cmds(args, phase, p[where], salt)))
                     if where == "floor":
@@ -206,8 +217,19 @@ def main():
             for phase in PHASES:
                 timed(phase_cmds(args, phase, p["kcache-count"], "cx"))
                 kcache_rt[phase], offset = debug_counts(log, offset)
+            ro_log = os.path.join(work, "ro-d.log")
+            with open(ro_log, "wb") as err:
+                ro_count_proc = subprocess.Popen([args.fsd, "--db", p["db-count"], "--read-only", "-d", p["ro-count"]],
+                                                 stdout=subprocess.DEVNULL, stderr=err)
+            wait_mounted(p["ro-count"], ro_count_proc)
+            _, offset = debug_counts(ro_log, 0)
+            for phase in PHASES[1:]:  # what the read-write pass stored
+                timed(phase_cmds(args, phase, p["ro-count"], "cx"))
+                ro_rt[phase], offset = debug_counts(ro_log, offset)
     finally:
+        unmount(p["ro"])
         unmount(p["kcache"])
+        unmount(p["ro-count"], ro_count_proc)
         unmount(p["floor"], floor)
         unmount(p["kcache-count"], count_proc)
     load_after = loadavg()
@@ -215,26 +237,30 @@ def main():
     print(f"fsd flows: {args.entries} entries x 3 files, {args.procs} reader processes, {args.rounds} rounds "
           f"alternated, kcache-fsd durability {args.durability}, dir {work}")
     print(f"load average (1/5/15 min) before {load_before}, after {load_after}; {os.cpu_count()} CPUs")
-    print(f"\n{'phase':7} {'plain ms':>9} {'floor ms':>9} {'kcache ms':>10} {'floor/plain':>12} "
-          f"{'kcache/plain':>13} {'kcache/floor':>13}")
+    print(f"\n{'phase':7} {'plain ms':>9} {'floor ms':>9} {'kcache ms':>10} {'ro ms':>8} {'floor/plain':>12} "
+          f"{'kcache/plain':>13} {'kcache/floor':>13} {'ro/plain':>9} {'ro/floor':>9}")
     for phase in PHASES:
-        m = {w: statistics.median(results[(phase, w)]) * 1000 for w in WHERE}
-        print(f"{phase:7} {m['plain']:9.1f} {m['floor']:9.1f} {m['kcache']:10.1f} {m['floor'] / m['plain']:11.2f}x "
-              f"{m['kcache'] / m['plain']:12.2f}x {m['kcache'] / m['floor']:12.2f}x")
+        m = {w: statistics.median(results[(phase, w)]) * 1000 for w in WHERE if results[(phase, w)]}
+        ro = (f"{m['ro']:8.1f}", f"{m['ro'] / m['plain']:8.2f}x", f"{m['ro'] / m['floor']:8.2f}x") \
+            if "ro" in m else (f"{'-':>8}", f"{'-':>9}", f"{'-':>9}")
+        print(f"{phase:7} {m['plain']:9.1f} {m['floor']:9.1f} {m['kcache']:10.1f} {ro[0]} {m['floor'] / m['plain']:11.2f}x "
+              f"{m['kcache'] / m['plain']:12.2f}x {m['kcache'] / m['floor']:12.2f}x {ro[1]} {ro[2]}")
 
     per = {ph: files_per_phase(args, ph) for ph in PHASES}
     print("\nFUSE requests per file (store: per file stored; hit: per file read by one process; "
-          "miss: per absent key).\nfloor: its counters over the timed rounds; kcache: one -d pass"
+          "miss: per absent key).\nfloor (fl): its counters over the timed rounds; kcache (kc) and read-only "
+          "(ro): one -d pass"
           + (" (skipped)" if args.no_count_pass else ""))
-    ops = sorted({op for ph in PHASES for c in (floor_rt[ph], kcache_rt[ph]) for op, v in c.items() if v})
-    header = "".join(f" {ph + ' fl':>10} {ph + ' kc':>10}" for ph in PHASES)
+    ops = sorted({op for ph in PHASES for c in (floor_rt[ph], kcache_rt[ph], ro_rt[ph]) for op, v in c.items() if v})
+    header = "".join(f" {ph + ' fl':>10} {ph + ' kc':>10} {ph + ' ro':>10}" for ph in PHASES)
     print(f"{'opcode':13}{header}")
     for op in ops + ["total"]:
         row = ""
         for ph in PHASES:
             fl = (sum(floor_rt[ph].values()) if op == "total" else floor_rt[ph][op]) / (per[ph] * args.rounds)
             kc = (sum(kcache_rt[ph].values()) if op == "total" else kcache_rt[ph][op]) / per[ph]
-            row += f" {fl:10.2f} {kc:10.2f}"
+            ro = (sum(ro_rt[ph].values()) if op == "total" else ro_rt[ph][op]) / per[ph]
+            row += f" {fl:10.2f} {kc:10.2f} " + (f"{ro:10.2f}" if ph != "store" else f"{'-':>10}")
         print(f"{op:13}{row}")
     shutil.rmtree(work, ignore_errors=True)
 

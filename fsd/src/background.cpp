@@ -135,6 +135,7 @@ void Background::run() {
             attrs.swap(m_attrs_to_invalidate);
             after.swap(m_after_invalidation);
         }
+        if (m_on_period) m_on_period();
         // Attributes first, and the replies that wait for them: a notification of
         // attributes only takes no lock a request holds, so it never waits on one.
         notify_attrs(std::move(attrs));

@@ -51,6 +51,10 @@ public:
     // Writes the pending statistics now (also used by stop()).
     core::Status flush_stats();
 
+    // Runs `fn` on the background thread at the start of every period (set before
+    // start()): Filesystem::renew_pin, which must see every commit soon after it.
+    void on_period(std::function<void()> fn) { m_on_period = std::move(fn); }
+
 private:
     void run();
     void follow_events();
@@ -70,6 +74,7 @@ private:
     std::vector<std::function<void()>> m_after_invalidation;
     std::vector<core::Ino> m_hits;
     std::atomic<bool> m_check_limits{false};
+    std::function<void()> m_on_period;  // set before start(); only the thread calls it
 public:
     // The counters handlers count in memory, flushed together.
     static constexpr int kSlots = 6;

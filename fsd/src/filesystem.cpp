@@ -136,6 +136,9 @@ Filesystem::~Filesystem() {
 }
 
 void Filesystem::start(fuse_session* session) {
+    // Also under --read-only (init() has not run yet), where no reader is lazy: the
+    // scan is then empty, and the pin one more snapshot.
+    m_background.on_period([this] { renew_pin(); });
     m_background.start(session);
     m_writer_gate = std::thread([this] { run_writer_gate(); });
 }
@@ -690,6 +693,11 @@ Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Dige
     }
     state.readers.push_back(reader);
     reader->page_cached = true;
+    if (use == PageUse::keep) {
+        // Counted before open() checks the pin (pinned), so renew_pin sees it.
+        reader->lazy = true;
+        if (state.lazy++ == 0) m_lazy_inodes.insert(reader->ino);
+    }
     return use;
 }
 
@@ -699,6 +707,7 @@ void Filesystem::leave_pages(FileHandle* reader) {
         std::lock_guard lock(m_pages_mutex);
         if (auto it = m_pages.find(reader->ino); it != m_pages.end()) {
             std::erase(it->second.readers, reader);
+            if (reader->lazy && --it->second.lazy == 0) m_lazy_inodes.erase(reader->ino);
             if (it->second.readers.empty()) it->second.kept.reset();
         }
         for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
@@ -757,13 +766,75 @@ std::shared_ptr<const std::string> Filesystem::load_content(Ino ino, const core:
             if (auto content = txn->read(ino)) return snapshot(digest, content->bytes());
         }
     }
-    // Replaced or removed since the open: by this daemon, which kept it.
+    // Removed by this daemon since the open: an orphan.
     if (auto orphan = find_orphan(ino); orphan && orphan->attr.digest == digest) return orphan->content;
-    std::lock_guard lock(m_pages_mutex);
-    if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.kept && it->second.digest == digest) {
-        return it->second.kept;
+    // Replaced or removed by this daemon (keep_for_readers) or another process: kept
+    // by renew_pin, or still in the pin if renew_pin has not seen the change yet.
+    // Both under m_pin_mutex: renew_pin moves the content from one to the other.
+    std::lock_guard pin_lock(m_pin_mutex);
+    {
+        std::lock_guard lock(m_pages_mutex);
+        if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.kept && it->second.digest == digest) {
+            return it->second.kept;
+        }
+    }
+    if (m_pin) {
+        auto attr = m_pin->getattr(ino);
+        if (attr && attr->digest == digest) {
+            if (auto content = m_pin->read(ino)) return snapshot(digest, content->bytes());
+        }
     }
     return nullptr;
+}
+
+void Filesystem::renew_pin() {
+    auto now = m_store.read();
+    if (!now) return;
+    std::lock_guard pin_lock(m_pin_mutex);
+    if (m_pin && m_pin->id() == now->id()) return;  // nothing committed since: the pin covers it all
+    if (m_pin) {
+        // Lazy readers whose version left the db between the pin and now: keep it
+        // from the pin, where LMDB still holds its pages.
+        std::vector<std::pair<Ino, core::Digest>> lazy;
+        {
+            std::lock_guard lock(m_pages_mutex);
+            for (Ino ino : m_lazy_inodes) {
+                const PageState& state = m_pages.at(ino);
+                if (!state.kept) lazy.emplace_back(ino, state.digest);
+            }
+        }
+        for (const auto& [ino, digest] : lazy) {
+            auto stored = now->getattr(ino);
+            if (stored && stored->digest == digest) continue;  // still there: the READ finds it
+            auto live = find_snapshot(digest);  // a reader loaded it already
+            if (!live) {
+                auto old = m_pin->getattr(ino);
+                if (!old || old->digest != digest) continue;  // opened after the pin: pinned() copied it
+                auto content = m_pin->read(ino);
+                if (!content) {
+                    log::error("keeping the content of inode {} for its readers: {}", ino, content.error().message);
+                    continue;
+                }
+                live = snapshot(digest, content->bytes());
+            }
+            std::lock_guard lock(m_pages_mutex);
+            if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.lazy > 0 &&
+                                             it->second.digest == digest && !it->second.kept) {
+                it->second.kept = std::move(live);
+            }
+        }
+    }
+    m_pin.reset();  // the old snapshot ends: LMDB may reuse what only it saw
+    m_pin.emplace(std::move(*now));
+}
+
+bool Filesystem::pinned(Ino ino, const core::Digest& digest, const core::ReadTxn& txn) {
+    std::lock_guard lock(m_pin_mutex);
+    if (!m_pin) return false;
+    if (m_pin->id() == txn.id()) return true;  // the same snapshot: the common case
+    // The db changed since the pin: covered if the pin holds the same version.
+    auto attr = m_pin->getattr(ino);
+    return attr && attr->digest == digest;
 }
 
 std::optional<std::uint64_t> Filesystem::page_cache_size(Ino ino) {
@@ -954,8 +1025,10 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                 fi->keep_cache = use == PageUse::keep;
                 // The kernel's pages hold this version: a READ comes only for pages it
                 // dropped, so the content is loaded then (read()), not copied here.
-                handle->lazy = use == PageUse::keep;
-                if (!handle->lazy) {
+                // enter_pages counted it as lazy; if the pin does not cover its
+                // version (committed since the background thread's last period), it
+                // copies the content now, as a reader that refills the pages does.
+                if (!handle->lazy || !pinned(ino, attr->digest, *txn)) {
                     auto content = txn->read(ino);
                     if (!content) {
                         if (handle->page_cached) leave_pages(handle.get());
@@ -1058,13 +1131,13 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
         version = handle->version;
         if (!version && handle->lazy && !handle->snapshot) {
             handle->snapshot = load_content(ino, handle->snapshot_digest);
-            // Removed by another process since the open, and the kernel dropped the
-            // pages that held it: nothing is left to read (docs/architecture.md).
+            // renew_pin keeps a version that left the db for its lazy readers; null
+            // only if reading it from the pin failed (logged there).
             lost = !handle->snapshot;
         }
         shared = handle->snapshot;
     }
-    if (lost) return reply_error(req, {EIO, "content removed by another process before its first read"});
+    if (lost) return reply_error(req, {EIO, "content removed by another process before its first read, and not kept"});
     std::string copy;  // a version's bytes, which may change after the lock
     std::string_view slice;
     if (version) {

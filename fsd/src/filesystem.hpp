@@ -190,9 +190,22 @@ private:
     // Before the stored content of `ino` is replaced by a publish: page-cache readers
     // of it that load lazily keep it (PageState::kept) until the last one closes.
     void keep_for_readers(core::Ino ino);
-    // A lazy reader's content (`digest` of `ino`): a live snapshot, the stored one, or
-    // what this daemon kept when it replaced or removed it; null when gone.
+    // A lazy reader's content (`digest` of `ino`): a live snapshot, the stored one, an
+    // orphan, what renew_pin or keep_for_readers kept, or the pin's; null only if
+    // reading failed.
     std::shared_ptr<const std::string> load_content(core::Ino ino, const core::Digest& digest);
+    // A reader keeps its version even when it loads it lazily (docs/architecture.md,
+    // "A reader keeps its version"). The background thread holds one read snapshot,
+    // the *pin*, from its previous period; LMDB keeps every page that snapshot sees
+    // alive, whoever commits after it. renew_pin (background thread, every period in
+    // which the db changed) takes a new snapshot and, for every inode with lazy
+    // readers whose version is no longer the stored one, keeps the version's content
+    // from the pin (PageState::kept) before it lets the pin go.
+    void renew_pin();
+    // Whether a lazy reader of `digest` of `ino` (already counted in PageState::lazy)
+    // is covered by the pin; `txn` is the snapshot its OPEN read. If not, the open
+    // copies its content at once.
+    bool pinned(core::Ino ino, const core::Digest& digest, const core::ReadTxn& txn);
     // READ without a handle (read-only serving, no OPEN): the stored content.
     void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
     // The size of the version being read through the page cache of `ino`, if any.
@@ -229,7 +242,8 @@ private:
         // The version whose attributes the kernel was last told to keep (attr_timeout);
         // a reader of another one waits for their invalidation (enter_pages).
         std::optional<core::Digest> told;
-        std::shared_ptr<const std::string> kept;  // `digest`'s content once replaced (keep_for_readers)
+        std::shared_ptr<const std::string> kept;  // `digest`'s content once replaced (keep_for_readers, renew_pin)
+        std::uint32_t lazy = 0;  // of `readers`, those that load their content at the first READ
     };
     struct WaitingWriter {
         FileHandle* writer;
@@ -240,10 +254,17 @@ private:
     static constexpr auto kWriterWait = std::chrono::seconds(2);
     std::mutex m_pages_mutex;  // a leaf: nothing else is locked while it is held
     std::unordered_map<core::Ino, PageState> m_pages;
+    std::unordered_set<core::Ino> m_lazy_inodes;  // inodes whose PageState::lazy > 0
     std::vector<WaitingWriter> m_waiting_writers;
     std::condition_variable m_writer_gate_wake;  // a writer waits, or stop
     bool m_writer_gate_stop = false;
     std::thread m_writer_gate;
+
+    // Guards m_pin. Taken with nothing else held; under it renew_pin takes
+    // m_pages_mutex and m_snapshots_mutex. Held across renew_pin's scan and swap, so
+    // a lazy open's check (pinned) comes wholly before or after them.
+    std::mutex m_pin_mutex;
+    std::optional<core::ReadTxn> m_pin;  // used by one thread at a time, under m_pin_mutex
 
     std::mutex m_snapshots_mutex;  // content shared by reader handles
     std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots;

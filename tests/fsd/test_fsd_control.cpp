@@ -213,6 +213,38 @@ TEST_CASE("evicting an entry that a process is reading does not break the read",
     }, cache);
 }
 
+TEST_CASE("a reader opened onto cached pages keeps its version when the entry is evicted and the pages dropped",
+          "[fsd][control]") {
+    // The daemon loads the content of a reader whose version the kernel's pages hold
+    // at its first READ, not at OPEN (docs/architecture.md, "Content at the first
+    // READ"). Here that READ comes only after another process evicted the entry and
+    // the pages were dropped: the content must still be the reader's.
+    MountedCache cache;
+    populate(cache, 2);
+    step("fill the page cache, open again, evict, drop the pages, read", [&] {
+        const std::string path = cache.p("h0/kernel.cubin");
+        if (read_all(path) != content_of(0)) return 1;  // its pages are now the kernel's
+        const int fd = open(path.c_str(), O_RDONLY);     // onto the kept pages: no copy at OPEN
+        if (fd < 0) return 2;
+        const ProcResult r = run_kcache(cache.db(), {"evict", "h0"});
+        if (r.exit_code != 0) {
+            std::fprintf(stderr, "kcache evict: %s\n", r.describe().c_str());
+            return 3;
+        }
+        if (wait_gone(cache.p("h0")) != 0) return 4;
+        // Memory pressure would do the same: the next read must ask the daemon.
+        if (posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) return 5;
+        const auto all = read_fd(fd);
+        close(fd);
+        if (!all || *all != content_of(0)) {
+            std::fprintf(stderr, "read after evict and page drop: %s\n",
+                         all ? "wrong content" : std::strerror(errno));
+            return 6;
+        }
+        return 0;
+    }, cache);
+}
+
 TEST_CASE("evictions under concurrent load neither deadlock nor serve evicted entries",
           "[fsd][control]") {
     MountedCache cache;
