@@ -6,7 +6,8 @@ in the same run, so a failure says whether kcache or the client is at fault.
     compat.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache \
               [--loader build/loader/libkcache_loader.so] [--python .venv/bin/python] SCENARIO
 
-SCENARIO: triton, inductor, jax, ccache, loader (see the functions scenario_*).
+SCENARIO: triton, inductor, jax, ccache, loader, wave, cutedsl, shared, remote (see the
+functions scenario_*).
 Exit 0: every check passed; 1: a check failed (each failure is printed with where it
 happened: "plain" or "mount"); 77: skipped (no /dev/fuse, no fusermount3, no venv or
 no compiler), with the reason.
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -1005,6 +1007,198 @@ def scenario_shared(cfg):
                 "kcache evicted two entries")
 
 
+# ---- the shared tier (Redis) ---------------------------------------------------------
+
+class RedisServer:
+    """A redis-server of this scenario's own on a Unix socket in DIR (no TCP port, no
+    persistence), dead with the driver."""
+
+    def __init__(self, directory):
+        server = shutil.which("redis-server")
+        if not server:
+            raise Skip("redis-server is not installed (scripts/setup.sh installs it)")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.socket = self.dir / "redis.sock"
+        self.log_path = self.dir / "redis.log"
+        self.proc = subprocess.Popen(
+            [server, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+             "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+             "--logfile", str(self.log_path), "--daemonize", "no"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            preexec_fn=_pdeathsig)
+        deadline = time.time() + 15
+        while not self.ping():
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not start: {self.log()}")
+            time.sleep(0.05)
+
+    def url(self):
+        return f"unix:{self.socket}"
+
+    def ping(self):
+        import socket as _socket
+        try:
+            with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
+                s.settimeout(2)
+                s.connect(str(self.socket))
+                s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                return s.recv(64) == b"+PONG\r\n"
+        except OSError:
+            return False
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def find_key(obj, key):
+    """The first value of KEY anywhere in a JSON document, or None."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        obj = list(obj.values())
+    if isinstance(obj, list):
+        for v in obj:
+            found = find_key(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def tree_digests(root):
+    """{relative path: sha256} of every file under ROOT (no tmp.* leftovers)."""
+    import hashlib
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_file() and not any(part.startswith("tmp.") for part in p.relative_to(root).parts):
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def scenario_remote(cfg):
+    """Two daemons with separate dbs share one redis-server (kcache-fsd --remote unix:).
+    Triton compiles its kernels through mount A (cold: every kernel compiles); A's
+    write-behind uploads every entry; A stops; B mounts at the same path (Triton's group
+    files hold absolute paths: every node mounts its cache at the same place) with an
+    empty db: a fresh Triton process compiles nothing, every entry comes from Redis by
+    read-through, byte-identical to what A wrote; B's counters show the remote hits, B
+    uploads nothing back, and kcache verify finds B's db clean."""
+    redis = RedisServer(Path(cfg.tmp) / "redis")
+    try:
+        _scenario_remote(cfg, redis)
+    finally:
+        redis.stop()
+
+
+def _scenario_remote(cfg, redis):
+    remote_args = ["--remote", redis.url(), "--remote-namespace", "compat"]
+    a = Daemon(cfg, Path(cfg.tmp) / "nodeA", remote_args)
+    b = Daemon(cfg, Path(cfg.tmp) / "nodeB", remote_args)
+    b.mnt = a.mnt  # the same mount point on every node
+    cache_dir = a.mnt / "triton"
+    env = {"TRITON_CACHE_DIR": str(cache_dir)}
+
+    C.where = "node A"
+    a.start()
+    cold = worker(cfg, "triton_worker.py", [], env)
+    kernels = cold["kernels"]
+    n = len(kernels)
+    log(f"[node A] triton cold: {n} kernels in {cold['wall_seconds']:.1f}s")
+    C.check(n >= 20, f"at least 20 kernels (compiled {n})")
+    C.check(all(k["stages"] for k in kernels), "cold run: every kernel compiled",
+            str([k["label"] for k in kernels if not k["stages"]]))
+    check_triton_kernel_files("node A", cache_dir, kernels)
+    written = tree_digests(cache_dir)
+    want_entries = {f"triton/{k['dir']}" for k in kernels}
+    got = entries_under(a.ls(), "triton/")
+    C.equal(sorted(got), sorted(want_entries), "node A: kcache ls: one triton/<hash> entry per kernel")
+
+    # Write-behind: each entry settles (1 s without a change) and is uploaded.
+    deadline = time.time() + 60
+    while True:
+        s = a._raw_stats()
+        if s.get("remote_uploads", 0) >= n or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    s = a.settle()
+    log(f"[node A] uploads: {s.get('remote_uploads', 0)} of {n} "
+        f"({s.get('remote_bytes_up', 0)} bytes up)")
+    C.equal(s.get("remote_uploads", 0), n, "node A: entries uploaded by write-behind")
+    for key in ("remote_upload_dropped", "remote_errors", "remote_timeouts"):
+        C.equal(s.get(key, 0), 0, f"node A: {key}")
+    C.check(s.get("remote_bytes_up", 0) > 0, "node A: bytes uploaded", str(s))
+    r = run([cfg.kcache, "--db", a.db, "remote", "--remote", redis.url(),
+             "--remote-namespace", "compat", "stats", "--json"], check=False)
+    if C.check(r.returncode == 0, "node A: kcache remote stats answers", r.stderr):
+        rs = json.loads(r.stdout)
+        log(f"[node A] kcache remote stats: {short(rs, 400)}")
+        C.equal(find_key(rs, "remote_uploads"), n, "node A: kcache remote stats: remote_uploads")
+    code = a.stop()
+    C.equal(code, 0, "node A: the daemon exits 0 at unmount")
+    C.check(not in_mountinfo(a.mnt) and not any(a.mnt.iterdir()),
+            "node A is unmounted: nothing left under the mount point")
+
+    C.where = "node B"
+    b.start()
+    C.equal(entries_under(b.ls(), "triton/"), {}, "node B: the db starts empty")
+    before = b.settle()
+    warm = worker(cfg, "triton_worker.py", [], env)
+    log(f"[node B] triton through read-through: {warm['wall_seconds']:.1f}s "
+        f"(cold on A: {cold['wall_seconds']:.1f}s)")
+    C.equal([k["label"] for k in warm["kernels"] if k["stages"]], [],
+            "node B: kernels that ran a compile stage (all must be Triton cache hits)")
+    C.equal([k["hash"] for k in warm["kernels"]], [k["hash"] for k in kernels],
+            "node B: same kernel hashes")
+    C.equal([(k["dir"], k["shared"], k["num_warps"]) for k in warm["kernels"]],
+            [(k["dir"], k["shared"], k["num_warps"]) for k in kernels], "node B: same metadata")
+    got = tree_digests(cache_dir)
+    C.equal(sorted(got), sorted(written), "node B: the same files as node A wrote")
+    C.check(got == written, "node B: every file byte-identical to node A's",
+            str(sorted(k for k in written if got.get(k) != written[k])))
+    # The daemon adds its remote_* counters to the db every second: wait for them
+    # (bounded), then check what they say.
+    deadline = time.time() + 15
+    while b._raw_stats().get("remote_hits", 0) - before.get("remote_hits", 0) < n \
+            and time.time() < deadline:
+        time.sleep(0.3)
+    time.sleep(1.2)
+    s = b.settle()
+    log(f"[node B] remote_hits {s.get('remote_hits', 0)}, remote_misses "
+        f"{s.get('remote_misses', 0)}, bytes down {s.get('remote_bytes_down', 0)}")
+    C.equal(s.get("remote_hits", 0) - before.get("remote_hits", 0), n,
+            "node B: remote hits (one pull per kernel entry)")
+    for key in ("remote_errors", "remote_timeouts", "remote_corrupt", "remote_dangling"):
+        C.equal(s.get(key, 0), 0, f"node B: {key}")
+    C.check(s.get("remote_bytes_down", 0) > 0, "node B: bytes downloaded", str(s))
+    got_entries = entries_under(b.ls(), "triton/")
+    C.equal(sorted(got_entries), sorted(want_entries), "node B: kcache ls: the same entries")
+    C.equal(sorted({e["producer"] for e in got_entries.values()}), ["triton"],
+            "node B: kcache ls: producer of the pulled entries")
+    check_triton_binaries(cfg, types.SimpleNamespace(base=b.mnt, daemon=b), kernels, "triton/")
+    # Pulled entries are not uploaded back (wait past the settle time first).
+    time.sleep(2.5)
+    s = b.settle()
+    C.equal(s.get("remote_uploads", 0), 0, "node B: entries uploaded back (pulled ones are not)")
+    r = run([cfg.kcache, "--db", b.db, "verify"], check=False)
+    log(f"[node B] verify: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip()}")
+    C.check(r.returncode == 0, "node B: kcache verify finds the db clean", r.stdout + r.stderr)
+    code = b.stop()
+    C.equal(code, 0, "node B: the daemon exits 0 at unmount")
+    # Counters are recorded when the daemon stops too: the final word.
+    s = json.loads(run([cfg.kcache, "--db", b.db, "stats", "--json"]).stdout)
+    C.equal((s.get("remote_hits", 0), s.get("remote_uploads", 0), s.get("remote_corrupt", 0)),
+            (n, 0, 0), "node B after unmount: (remote_hits, remote_uploads, remote_corrupt)")
+
+
 # ---- main -------------------------------------------------------------------------------
 
 SCENARIOS = {
@@ -1016,6 +1210,7 @@ SCENARIOS = {
     "wave": (scenario_wave, ["wave_lang"]),
     "cutedsl": (scenario_cutedsl, ["cutlass"]),
     "shared": (scenario_shared, ["triton", "jax", "jaxlib"]),
+    "remote": (scenario_remote, ["triton"]),
 }
 
 

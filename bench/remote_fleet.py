@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""The shared tier (Redis) across a fleet of daemons (issue 14, point 10): a benchmark.
+
+One redis-server on a Unix socket and N kcache-fsd daemons (each its own db and mount,
+all with `--remote unix:SOCK`), for each N in --nodes (default 2 and 4):
+
+  compile  node A "compiles" ENTRIES (500) Triton-shaped entries: per entry a sleep of
+           --compile-ms (20 ms: the compile), then, as Triton does, mkdir <hash>/, the
+           three files (__grp__k.json, k.cubin of --cubin-kib KiB, k.json) written in
+           a tmp.* dir and renamed into <hash>/. Then waits until A's write-behind has
+           uploaded every entry (remote_uploads).
+  serve    the other N-1 nodes at once each run the job: per entry Triton's probe
+           (makedirs(<hash>), exists(__grp__), read the three files), compiling
+           (sleep + store) only what is not found. Every entry must come from Redis
+           (read-through). Time per node against A's compile time.
+  local    on node B, entries already local: the probe-and-read of every entry, with
+           Redis healthy, frozen (SIGSTOP, a black hole) and killed (SIGKILL); per
+           entry latency (median, p99) and the ratio to healthy. Also a few misses
+           (new names) in each state: what a miss costs when Redis is away.
+
+Usage: bench/remote_fleet.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache
+           [--nodes 2,4] [--entries 500] [--compile-ms 20] [--cubin-kib 64]
+           [--remote-timeout 300ms] [--dir DIR]
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Redis:
+    def __init__(self, directory):
+        server = shutil.which("redis-server")
+        if not server:
+            sys.exit("redis-server is not installed (scripts/setup.sh installs it)")
+        os.makedirs(directory, exist_ok=True)
+        self.sock = os.path.join(directory, "redis.sock")
+        self.proc = subprocess.Popen(
+            [server, "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
+             "--save", "", "--appendonly", "no", "--dir", directory,
+             "--logfile", os.path.join(directory, "redis.log"), "--daemonize", "no"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 15
+        while not self.ping():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                sys.exit("redis-server did not start")
+            time.sleep(0.05)
+
+    def ping(self):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1)
+                s.connect(self.sock)
+                s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                return s.recv(64) == b"+PONG\r\n"
+        except OSError:
+            return False
+
+    def signal(self, sig):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait()
+
+
+class Node:
+    def __init__(self, args, root, name, remote_url, ns):
+        self.args, self.name = args, name
+        self.db = os.path.join(root, name, "db")
+        self.mnt = os.path.join(root, name, "mnt")
+        os.makedirs(self.mnt, exist_ok=True)
+        self.log = open(os.path.join(root, name, "fsd.log"), "ab")
+        self.proc = subprocess.Popen(
+            [args.fsd, "-f", "--db", self.db, "--remote", remote_url, "--remote-namespace", ns,
+             "--remote-timeout", args.remote_timeout,
+             "--remote-connect-timeout", args.remote_timeout, self.mnt],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 15
+        while not os.path.ismount(self.mnt):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                sys.exit(f"kcache-fsd ({name}) did not mount")
+            time.sleep(0.02)
+        self.cache = os.path.join(self.mnt, "triton")
+        os.makedirs(self.cache, exist_ok=True)
+
+    def stats(self):
+        r = subprocess.run([self.args.kcache, "--db", self.db, "stats", "--json"],
+                           capture_output=True, text=True, timeout=60)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def stop(self):
+        if os.path.ismount(self.mnt):
+            subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True, timeout=60)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            subprocess.run(["fusermount3", "-uz", self.mnt], capture_output=True)
+        self.log.close()
+
+
+def key_of(job, i):
+    digest = hashlib.sha256(f"{job}-{i}".encode()).digest()
+    import base64
+    return base64.b32encode(digest).decode().rstrip("=")[:52]
+
+
+def compile_entry(cache, key, i, args):
+    """The simulated compile, then Triton's way of storing: tmp dir, rename, rmdir."""
+    time.sleep(args.compile_ms / 1000.0)
+    d = os.path.join(cache, key)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f"tmp.pid_{os.getpid()}_{i}")
+    os.mkdir(tmp)
+    files = {
+        f"__grp__k{i}.json": json.dumps({"child_paths": {
+            f"k{i}.cubin": f"{d}/k{i}.cubin", f"k{i}.json": f"{d}/k{i}.json"}}).encode(),
+        f"k{i}.cubin": hashlib.sha256(key.encode()).digest() * (args.cubin_kib * 1024 // 32),
+        f"k{i}.json": json.dumps({"name": f"k{i}", "num_warps": 4, "shared": 0}).encode(),
+    }
+    for name, data in files.items():
+        with open(os.path.join(tmp, name), "wb") as f:
+            f.write(data)
+        os.rename(os.path.join(tmp, name), os.path.join(d, name))
+    os.rmdir(tmp)
+
+
+def probe(cache, key, i):
+    """Triton's cache lookup: makedirs(<key>), exists(__grp__), read the group's files.
+    True on a hit."""
+    d = os.path.join(cache, key)
+    os.makedirs(d, exist_ok=True)
+    grp = os.path.join(d, f"__grp__k{i}.json")
+    if not os.path.exists(grp):
+        return False
+    for name in (grp, os.path.join(d, f"k{i}.cubin"), os.path.join(d, f"k{i}.json")):
+        with open(name, "rb") as f:
+            f.read()
+    return True
+
+
+def run_job(cache, keys, args):
+    """Probe each entry, compile what is missing. Returns (seconds, hits, compiled)."""
+    hits = compiled = 0
+    start = time.perf_counter()
+    for i, key in enumerate(keys):
+        if probe(cache, key, i):
+            hits += 1
+        else:
+            compile_entry(cache, key, i, args)
+            compiled += 1
+    return time.perf_counter() - start, hits, compiled
+
+
+def local_latency(cache, keys, passes=3):
+    lat = []
+    for _ in range(passes):
+        for i, key in enumerate(keys):
+            t = time.perf_counter()
+            ok = probe(cache, key, i)
+            lat.append(time.perf_counter() - t)
+            if not ok:
+                sys.exit(f"local entry {key} not found")
+    lat.sort()
+    return statistics.median(lat), lat[int(len(lat) * 0.99)]
+
+
+def miss_latency(cache, job, count=5):
+    lat = []
+    for j in range(count):
+        key = key_of(job, 10_000 + j)
+        t = time.perf_counter()
+        probe(cache, key, 10_000 + j)
+        lat.append(time.perf_counter() - t)
+    return statistics.median(lat), max(lat)
+
+
+def wait_uploads(node, n, timeout=300):
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if node.stats().get("remote_uploads", 0) >= n:
+            return time.perf_counter() - start
+        time.sleep(0.25)
+    return None
+
+
+def fleet(args, root, n_nodes):
+    redis = Redis(os.path.join(root, "redis"))
+    url = f"unix:{redis.sock}"
+    nodes = []
+    out = {"nodes": n_nodes}
+    try:
+        for k in range(n_nodes):
+            nodes.append(Node(args, root, f"node{k}", url, f"bench{n_nodes}"))
+        a, others = nodes[0], nodes[1:]
+        keys = [key_of(f"job{n_nodes}", i) for i in range(args.entries)]
+
+        secs, hits, compiled = run_job(a.cache, keys, args)
+        assert compiled == args.entries, (hits, compiled)
+        out["compile_s"] = secs
+        log(f"[{n_nodes} nodes] A compiled and stored {compiled} entries in {secs:.2f}s")
+        up = wait_uploads(a, args.entries)
+        if up is None:
+            sys.exit(f"A uploaded {a.stats().get('remote_uploads', 0)} of {args.entries}")
+        out["upload_wait_s"] = up
+        log(f"[{n_nodes} nodes] all uploaded {up:.2f}s after the last store")
+
+        results = [None] * len(others)
+
+        def serve(idx, node):
+            results[idx] = run_job(node.cache, keys, args)
+
+        threads = [threading.Thread(target=serve, args=(j, node)) for j, node in enumerate(others)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for j, (s, h, c) in enumerate(results):
+            log(f"[{n_nodes} nodes] node{j + 1}: {h} from Redis, {c} compiled, {s:.2f}s")
+            if c:
+                log(f"  WARNING: node{j + 1} compiled {c} entries: read-through missed")
+        out["serve_s"] = [r[0] for r in results]
+        out["serve_compiled"] = sum(r[2] for r in results)
+        b = others[0]
+        time.sleep(1.5)  # let B's counters reach its db
+        sb = b.stats()
+        out["b_remote_hits"] = sb.get("remote_hits", 0)
+
+        out["local"] = {}
+        out["miss"] = {}
+        out["local"]["healthy"] = local_latency(b.cache, keys)
+        out["miss"]["healthy"] = miss_latency(b.cache, f"healthy{n_nodes}")
+        redis.signal(signal.SIGSTOP)
+        out["local"]["frozen"] = local_latency(b.cache, keys)
+        out["miss"]["frozen"] = miss_latency(b.cache, f"frozen{n_nodes}")
+        redis.signal(signal.SIGCONT)
+        redis.signal(signal.SIGKILL)
+        redis.proc.wait()
+        out["local"]["killed"] = local_latency(b.cache, keys)
+        out["miss"]["killed"] = miss_latency(b.cache, f"killed{n_nodes}")
+        time.sleep(1.5)
+        sb = b.stats()
+        out["b_errors"] = (sb.get("remote_errors", 0), sb.get("remote_timeouts", 0))
+    finally:
+        for node in nodes:
+            node.stop()
+        redis.stop()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fsd", required=True)
+    ap.add_argument("--kcache", required=True)
+    ap.add_argument("--nodes", default="2,4")
+    ap.add_argument("--entries", type=int, default=500)
+    ap.add_argument("--compile-ms", type=float, default=20)
+    ap.add_argument("--cubin-kib", type=int, default=64)
+    ap.add_argument("--remote-timeout", default="300ms",
+                    help="--remote-timeout and --remote-connect-timeout of every daemon")
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+
+    base = tempfile.mkdtemp(prefix="kcache-remote-fleet-", dir=args.dir)
+    rows = []
+    try:
+        for n in [int(x) for x in args.nodes.split(",")]:
+            root = os.path.join(base, f"n{n}")
+            os.makedirs(root)
+            rows.append(fleet(args, root, n))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    with open("/proc/loadavg") as f:
+        load = f.read().strip()
+    print(f"remote_fleet: {args.entries} entries, compile {args.compile_ms:g} ms each, "
+          f"cubin {args.cubin_kib} KiB, remote timeouts {args.remote_timeout}; loadavg {load}")
+    print()
+    print("| nodes | A compiles + stores | upload done after | B..N serve from Redis (each) "
+          "| serve/compile | compiled on B..N |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        serve = r["serve_s"]
+        print(f"| {r['nodes']} | {r['compile_s']:.2f} s | {r['upload_wait_s']:.2f} s "
+              f"| {', '.join(f'{s:.2f}' for s in serve)} s "
+              f"| {', '.join('%.2fx' % (s / r['compile_s']) for s in serve)} "
+              f"| {r['serve_compiled']} |")
+    print()
+    print("| nodes | Redis | local hit median | p99 | median/healthy | miss median | miss max |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        base_med = r["local"]["healthy"][0]
+        for state in ("healthy", "frozen", "killed"):
+            med, p99 = r["local"][state]
+            mmed, mmax = r["miss"][state]
+            print(f"| {r['nodes']} | {state} | {med * 1e6:.0f} us | {p99 * 1e6:.0f} us "
+                  f"| {med / base_med:.2f}x | {mmed * 1e3:.1f} ms | {mmax * 1e3:.1f} ms |")
+    print()
+    for r in rows:
+        print(f"{r['nodes']} nodes: B remote_hits {r['b_remote_hits']}, "
+              f"B remote (errors, timeouts) after the faults {r['b_errors']}")
+
+
+if __name__ == "__main__":
+    main()
