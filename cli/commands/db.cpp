@@ -123,21 +123,6 @@ struct StatsOptions {
     bool reset = false;
 };
 
-bool counts_bytes(core::Counter c) {
-    using core::Counter;
-    return c == Counter::bytes_read || c == Counter::bytes_written || c == Counter::evicted_bytes ||
-           c == Counter::bytes || c == Counter::stored_bytes || c == Counter::blob_raw_bytes ||
-           c == Counter::remote_bytes_up || c == Counter::remote_bytes_down;
-}
-
-std::string label_of(core::Counter c) {
-    std::string label(core::counter_name(c));
-    for (char& ch : label) {
-        if (ch == '_') ch = ' ';
-    }
-    return label;
-}
-
 // hits / (hits + misses); nullopt before any lookup.
 std::optional<double> hit_rate(const core::Stats& stats) {
     const std::uint64_t hits = stats.get(core::Counter::hits);
@@ -164,7 +149,7 @@ nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
 void print_stats(const core::Store& store, const core::Stats& stats, const core::Config& config) {
     auto value_of = [&](core::Counter c) {
         const std::uint64_t v = stats.get(c);
-        return counts_bytes(c) ? core::format_size(v) : std::to_string(v);
+        return core::counts_bytes(c) ? core::format_size(v) : std::to_string(v);
     };
     const std::uint64_t stored = stats.get(core::Counter::stored_bytes);
     std::string limit = "no size bound";
@@ -185,7 +170,7 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
     fmt::print("\ncache now\n");
     Table gauges({"", ""}, {false, true});
     for (const auto& [counter, value] : stats.values) {
-        if (core::is_gauge(counter)) gauges.add({"  " + label_of(counter), value_of(counter)});
+        if (core::is_gauge(counter)) gauges.add({"  " + core::counter_label(counter), value_of(counter)});
     }
     gauges.print();
 
@@ -194,7 +179,7 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
     Table counters({"", ""}, {false, true});
     for (const auto& [counter, value] : stats.values) {
         if (core::is_gauge(counter)) continue;
-        counters.add({"  " + label_of(counter), value_of(counter)});
+        counters.add({"  " + core::counter_label(counter), value_of(counter)});
         if (counter == core::Counter::misses) {
             const auto rate = hit_rate(stats);
             counters.add({"  hit rate", rate ? fmt::format("{:.1f}%", *rate * 100) : "-"});

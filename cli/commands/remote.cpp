@@ -131,13 +131,9 @@ int run_pull(const Cli& cli, const PullOptions& opts) {
     return failed || missing ? kExitError : kExitOk;
 }
 
-constexpr core::Counter kRemoteCounters[] = {
-    core::Counter::remote_hits,     core::Counter::remote_misses,    core::Counter::remote_errors,
-    core::Counter::remote_timeouts, core::Counter::remote_corrupt,   core::Counter::remote_dangling,
-    core::Counter::remote_bytes_up, core::Counter::remote_bytes_down, core::Counter::remote_uploads,
-    core::Counter::remote_upload_skipped, core::Counter::remote_upload_queued,
-    core::Counter::remote_upload_dropped,
-};
+// The remote tier's statistics, in id order.
+constexpr auto kRemoteCounters = core::statistics_counted_by_list<core::statistics_counted_by(core::by_remote)>(
+    core::by_remote);
 
 int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     auto store = open_store(cli, Access::read);
@@ -162,12 +158,8 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     } else {
         Table counters({"", ""}, {false, true});
         for (core::Counter c : kRemoteCounters) {
-            const bool bytes = c == core::Counter::remote_bytes_up || c == core::Counter::remote_bytes_down;
-            std::string label(core::counter_name(c));
-            for (char& ch : label) {
-                if (ch == '_') ch = ' ';
-            }
-            counters.add({label, bytes ? core::format_size(stats.get(c)) : std::to_string(stats.get(c))});
+            counters.add({core::counter_label(c), core::counts_bytes(c) ? core::format_size(stats.get(c))
+                                                                        : std::to_string(stats.get(c))});
         }
         counters.print();
         for (std::size_t i = 0; i < servers.size(); ++i) {

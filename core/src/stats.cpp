@@ -8,25 +8,12 @@
 
 namespace kcache::core {
 
-// Every counter, in the order stats lists them.
-static constexpr Counter kAllCounters[] = {
-    Counter::hits, Counter::misses, Counter::stores, Counter::negative_lookups, Counter::opens,
-    Counter::bytes_read, Counter::bytes_written, Counter::evicted_entries,
-    Counter::evicted_bytes, Counter::dedup_hits, Counter::errors_nospc, Counter::errors_io,
-    Counter::errors_other, Counter::imported_entries, Counter::remote_hits,
-    Counter::remote_misses, Counter::remote_errors, Counter::remote_timeouts,
-    Counter::remote_corrupt, Counter::remote_dangling, Counter::remote_bytes_up,
-    Counter::remote_bytes_down, Counter::remote_uploads, Counter::remote_upload_skipped,
-    Counter::remote_upload_queued, Counter::remote_upload_dropped, Counter::entries, Counter::bytes,
-    Counter::stored_bytes, Counter::blobs, Counter::files, Counter::blob_raw_bytes,
-};
-
 // ---- statistics, events, configuration ------------------------------------------
 
 Result<Stats> Txn::stats() const {
     Tx tx = TxnAccess::tx(*this);
     Stats stats;
-    for (Counter c : kAllCounters) stats.values[c] = 0;
+    for (const StatisticField& f : kStatistics) stats.values[f.id] = 0;
     Status s = tx.scan(tx.db.stats, {}, {}, [&](std::string_view key, std::string_view value) {
         if (key.size() != 4 || value.size() != 8) return true;
         std::uint32_t id = 0;
@@ -71,9 +58,9 @@ Status WriteTxn::add(Counter c, std::uint64_t delta) {
 
 Status WriteTxn::reset_stats() {
     Tx tx = TxnAccess::tx(*this);
-    for (Counter c : kAllCounters) {
-        if (is_gauge(c)) continue;
-        if (auto s = tx.del(tx.db.stats, records::counter_key(c)); !s) return s;
+    for (const StatisticField& f : kStatistics) {
+        if (f.kind == StatisticKind::gauge) continue;
+        if (auto s = tx.del(tx.db.stats, records::counter_key(f.id)); !s) return s;
     }
     const auto now = static_cast<std::uint64_t>(tx.now());
     if (auto s = tx.put(tx.db.meta, kMetaResetTime, records::encode_u64(now)); !s) return s;

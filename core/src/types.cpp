@@ -63,44 +63,6 @@ FileType Attr::type() const {
     }
 }
 
-std::string_view counter_name(Counter c) {
-    switch (c) {
-        case Counter::hits: return "hits";
-        case Counter::misses: return "misses";
-        case Counter::stores: return "stores";
-        case Counter::negative_lookups: return "negative_lookups";
-        case Counter::opens: return "opens";
-        case Counter::bytes_read: return "bytes_read";
-        case Counter::bytes_written: return "bytes_written";
-        case Counter::evicted_entries: return "evicted_entries";
-        case Counter::evicted_bytes: return "evicted_bytes";
-        case Counter::dedup_hits: return "dedup_hits";
-        case Counter::errors_nospc: return "errors_nospc";
-        case Counter::errors_io: return "errors_io";
-        case Counter::errors_other: return "errors_other";
-        case Counter::imported_entries: return "imported_entries";
-        case Counter::remote_hits: return "remote_hits";
-        case Counter::remote_misses: return "remote_misses";
-        case Counter::remote_errors: return "remote_errors";
-        case Counter::remote_timeouts: return "remote_timeouts";
-        case Counter::remote_corrupt: return "remote_corrupt";
-        case Counter::remote_dangling: return "remote_dangling";
-        case Counter::remote_bytes_up: return "remote_bytes_up";
-        case Counter::remote_bytes_down: return "remote_bytes_down";
-        case Counter::remote_uploads: return "remote_uploads";
-        case Counter::remote_upload_skipped: return "remote_upload_skipped";
-        case Counter::remote_upload_queued: return "remote_upload_queued";
-        case Counter::remote_upload_dropped: return "remote_upload_dropped";
-        case Counter::entries: return "entries";
-        case Counter::bytes: return "bytes";
-        case Counter::stored_bytes: return "stored_bytes";
-        case Counter::blobs: return "blobs";
-        case Counter::files: return "files";
-        case Counter::blob_raw_bytes: return "blob_raw_bytes";
-    }
-    return "unknown";
-}
-
 std::string_view event_kind_name(EventKind k) {
     switch (k) {
         case EventKind::populate: return "populate";

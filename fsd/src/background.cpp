@@ -13,11 +13,19 @@ namespace {
 constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
 constexpr int kFlushEvery = 4;                            // statistics: every 4 periods
 
-int slot_of(core::Counter c) {
+constexpr int find_slot(core::Counter c) {
     for (int i = 0; i < Background::kSlots; ++i) {
-        if (Background::kCounted[i] == c) return i;
+        if (Background::kCounted[static_cast<std::size_t>(i)] == c) return i;
     }
-    return Background::kSlots - 1;  // errors_other
+    return -1;
+}
+constexpr int kOtherSlot = find_slot(core::Counter::errors_other);
+static_assert(kOtherSlot >= 0, "the daemon counts errors_other (core/statistics.hpp)");
+
+// A counter the table does not give the daemon counts as errors_other.
+int slot_of(core::Counter c) {
+    const int slot = find_slot(c);
+    return slot >= 0 ? slot : kOtherSlot;
 }
 
 }  // namespace
@@ -101,7 +109,7 @@ core::Status Background::flush_stats() {
     if (!any || m_store.read_only()) return {};  // read-only service keeps no statistics
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
         for (int i = 0; i < kSlots; ++i) {
-            if (auto a = txn.add(kCounted[i], counts[i]); !a) return a;
+            if (auto a = txn.add(kCounted[static_cast<std::size_t>(i)], counts[i]); !a) return a;
         }
         for (core::Ino entry : hits) {
             auto h = txn.record_hit(entry);

@@ -11,6 +11,7 @@
 // - Syncs the db periodically under batched durability.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -76,11 +77,11 @@ private:
     std::atomic<bool> m_check_limits{false};
     std::function<void()> m_on_period;  // set before start(); only the thread calls it
 public:
-    // The counters handlers count in memory, flushed together.
-    static constexpr int kSlots = 6;
-    static constexpr core::Counter kCounted[kSlots] = {
-        core::Counter::negative_lookups, core::Counter::opens,     core::Counter::bytes_read,
-        core::Counter::errors_nospc,     core::Counter::errors_io, core::Counter::errors_other};
+    // The counters handlers count in memory, flushed together: the rows of the table
+    // of statistics that the daemon counts (core::by_daemon).
+    static constexpr int kSlots = static_cast<int>(core::statistics_counted_by(core::by_daemon));
+    static constexpr std::array<core::Counter, kSlots> kCounted =
+        core::statistics_counted_by_list<kSlots>(core::by_daemon);
 
 private:
     std::atomic<std::uint64_t> m_counts[kSlots] = {};

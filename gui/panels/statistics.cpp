@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <string_view>
 
 #include <fmt/core.h>
 
@@ -31,29 +33,33 @@ void draw_counters(const Model& model) {
                                  : fmt::format("{:.1f}%", 100.0 * static_cast<double>(hits) /
                                                               static_cast<double>(hits + misses));
     if (!ImGui::BeginTable("counters", 4, ImGuiTableFlags_SizingStretchProp)) return;
-    auto cell = [](int column, const char* name, const std::string& value, const char* help) {
+    auto cell = [](int column, const std::string& name, const std::string& value, std::string_view help) {
         if (column == 0) ImGui::TableNextRow();
         ImGui::TableSetColumnIndex(column);
-        ImGui::TextDisabled("%s", name);
-        if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", help);
+        ImGui::TextDisabled("%s", name.c_str());
+        if (ImGui::IsItemHovered()) ImGui::SetTooltip("%.*s", static_cast<int>(help.size()), help.data());
         ImGui::TableSetColumnIndex(column + 1);
         text(value);
     };
+    // A statistic as the table of statistics (core/statistics.hpp) names, measures and
+    // describes it.
+    auto statistic = [&](int column, Counter c) {
+        const core::StatisticField* f = core::statistic_field(c);
+        const std::uint64_t v = s.get(c);
+        cell(column, core::counter_label(c), core::counts_bytes(c) ? format_bytes(v) : std::to_string(v),
+             f ? f->description : std::string_view());
+    };
     const std::uint64_t stored = s.get(Counter::stored_bytes);
-    cell(0, "hits", std::to_string(hits),
-         "first opens of an entry by a process that did not populate it");
-    cell(2, "misses", std::to_string(misses), "entries populated (went from absent to stored)");
+    statistic(0, Counter::hits);
+    statistic(2, Counter::misses);
     cell(0, "hit rate", rate, "hits / (hits + misses)");
-    cell(2, "stores", std::to_string(s.get(Counter::stores)), "files published, rewrites included");
-    cell(0, "evictions", std::to_string(s.get(Counter::evicted_entries)),
-         "entries removed by eviction (automatic or manual)");
-    cell(2, "evicted", format_bytes(s.get(Counter::evicted_bytes)), "logical bytes evicted");
-    cell(0, "entries", std::to_string(s.get(Counter::entries)), "entries in the cache now");
-    cell(2, "files", std::to_string(s.get(Counter::files)), "regular files in the cache now");
-    cell(0, "bytes", format_bytes(s.get(Counter::bytes)), "logical bytes of every file");
-    cell(2, "stored", format_bytes(stored),
-         "bytes the unique blobs take in data.mdb, after dedup and compression (what --max-size "
-         "bounds)");
+    statistic(2, Counter::stores);
+    statistic(0, Counter::evicted_entries);
+    statistic(2, Counter::evicted_bytes);
+    statistic(0, Counter::entries);
+    statistic(2, Counter::files);
+    statistic(0, Counter::bytes);
+    statistic(2, Counter::stored_bytes);
     cell(0, "on disk", format_bytes(model.data_file_bytes()),
          "size of data.mdb: stored bytes plus metadata and free pages");
     const std::uint64_t raw = s.get(Counter::blob_raw_bytes);

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kcache/core/statistics.hpp"  // Counter and the table of statistics
+
 namespace kcache::core {
 
 using Ino = std::uint64_t;                     // inode number; never reused within a db
@@ -106,48 +108,6 @@ struct EntryInfo {
     std::string populated_by_name;  // process name (comm) of the populating process
     Producer producer = Producer::unknown;
 };
-
-// Statistic ids are stable integers stored in the db: never renumber or reuse one.
-// Ids below 100 are event counters (reset by `kcache stats --reset`); ids from 100
-// are gauges that describe what the cache holds now (never reset).
-enum class Counter : std::uint32_t {
-    hits = 1,              // first open for reading of an entry by a non-populating process
-    misses = 2,            // an entry went from absent/empty to its first published file
-    stores = 3,            // files published (content committed)
-    negative_lookups = 4,  // lookups of names that do not exist
-    opens = 5,             // opens of regular files
-    bytes_read = 6,
-    bytes_written = 7,     // bytes of content published
-    evicted_entries = 8,
-    evicted_bytes = 9,     // logical bytes of evicted entries
-    dedup_hits = 10,       // published content already stored under another file
-    errors_nospc = 11,
-    errors_io = 12,
-    errors_other = 13,
-    imported_entries = 14,
-    // the shared tier (remote/): counted by `kcache remote` and kcache-fsd --remote
-    remote_hits = 40,        // entries pulled from the remote tier into this db
-    remote_misses = 41,      // entries asked for that the remote tier does not hold
-    remote_errors = 42,      // remote operations that failed (I/O, refused, circuit open, server error)
-    remote_timeouts = 43,    // remote operations that ran past their deadline
-    remote_corrupt = 44,     // blobs or manifests whose bytes did not match: dropped, never stored
-    remote_dangling = 45,    // manifests whose blob is gone (a miss)
-    remote_bytes_up = 46,    // bytes of values sent to the remote tier
-    remote_bytes_down = 47,  // bytes of values received from it
-    remote_uploads = 48,     // entries uploaded (their manifest written by this db)
-    remote_upload_skipped = 49,  // entries not uploaded: already there (first writer won)
-    remote_upload_queued = 50,   // kcache-fsd: settled entries queued for write-behind
-    remote_upload_dropped = 51,  // kcache-fsd: entries not queued: the upload queue was full
-    // gauges
-    entries = 100,
-    bytes = 101,           // logical bytes of all regular files
-    stored_bytes = 102,    // bytes unique blobs occupy in data.mdb (dedup, compression, pages)
-    blobs = 103,           // unique blobs
-    files = 104,           // regular files
-    blob_raw_bytes = 105,  // raw bytes of all unique blobs (after dedup, before compression)
-};
-inline constexpr bool is_gauge(Counter c) { return static_cast<std::uint32_t>(c) >= 100; }
-std::string_view counter_name(Counter c);  // "hits", "stored_bytes", ...
 
 enum class EventKind : std::uint8_t {
     populate = 1,  // an entry's first file was published (a miss)
