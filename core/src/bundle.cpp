@@ -435,26 +435,6 @@ Status parse_bundle(const std::string& path,
     return {};
 }
 
-// Creates the directories above an entry (entry depth > 1), like mkdir -p.
-Result<Ino> ensure_parent_dirs(WriteTxn& txn, std::string_view entry_path) {
-    Ino at = kRootIno;
-    std::size_t from = 0;
-    for (std::size_t slash; (slash = entry_path.find('/', from)) != std::string_view::npos; from = slash + 1) {
-        const std::string_view part = entry_path.substr(from, slash - from);
-        auto existing = txn.lookup(at, part);
-        if (existing) {
-            if (!existing->is_dir()) return fail(ENOTDIR, fmt::format("'{}' is not a directory", part));
-            at = existing->ino;
-            continue;
-        }
-        if (existing.error().code != ENOENT) return tl::unexpected(existing.error());
-        auto made = txn.mkdir(at, part, 0755, getuid(), getgid());
-        if (!made) return tl::unexpected(made.error());
-        at = made->ino;
-    }
-    return at;
-}
-
 }  // namespace
 
 Result<ExportReport> export_bundle(const Store& store, const std::vector<std::string>& names,
@@ -562,7 +542,8 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         Ino parent;
         const bool top = made.empty() || kind == EntryKind::stem;  // an entry's own node, or a stem file
         if (top) {
-            auto p = ensure_parent_dirs(*txn, node.path);
+            // The directories above the entry (entry depth > 1), like mkdir -p.
+            auto p = txn->mkdirs(slash == std::string::npos ? std::string_view() : std::string_view(node.path).substr(0, slash));
             if (!p) return tl::unexpected(p.error());
             parent = *p;
         } else {

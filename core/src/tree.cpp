@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -375,6 +376,26 @@ Status Txn::readdir(Ino dir, std::string_view after,
 }
 
 // ---- writes -------------------------------------------------------------------------
+
+Result<Ino> WriteTxn::mkdirs(std::string_view dir) {
+    Ino at = kRootIno;
+    for (std::size_t from = 0; from < dir.size();) {
+        const std::size_t slash = std::min(dir.find('/', from), dir.size());
+        const std::string_view part = dir.substr(from, slash - from);
+        from = slash + 1;
+        auto existing = lookup(at, part);
+        if (existing) {
+            if (!existing->is_dir()) return fail(ENOTDIR, fmt::format("'{}' is not a directory", part));
+            at = existing->ino;
+            continue;
+        }
+        if (existing.error().code != ENOENT) return tl::unexpected(existing.error());
+        auto made = mkdir(at, part, 0755, getuid(), getgid());
+        if (!made) return tl::unexpected(made.error());
+        at = made->ino;
+    }
+    return at;
+}
 
 Result<Attr> WriteTxn::mkdir(Ino parent, std::string_view name, std::uint32_t mode,
                              std::uint32_t uid, std::uint32_t gid) {

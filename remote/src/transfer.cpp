@@ -114,27 +114,6 @@ Status check_manifest(const proto::Manifest& m, std::string_view asked) {
     return {};
 }
 
-// mkdir -p of `dir` (a path from the root, "" for the root itself).
-Result<core::Ino> ensure_dirs(core::WriteTxn& txn, std::string_view dir) {
-    core::Ino at = core::kRootIno;
-    for (std::size_t from = 0; from < dir.size();) {
-        const std::size_t slash = std::min(dir.find('/', from), dir.size());
-        const std::string_view part = dir.substr(from, slash - from);
-        from = slash + 1;
-        auto existing = txn.lookup(at, part);
-        if (existing) {
-            if (!existing->is_dir()) return core::fail(ENOTDIR, fmt::format("'{}' is not a directory", part));
-            at = existing->ino;
-            continue;
-        }
-        if (existing.error().code != ENOENT) return tl::unexpected(existing.error());
-        auto made = txn.mkdir(at, part, 0755, getuid(), getgid());
-        if (!made) return tl::unexpected(made.error());
-        at = made->ino;
-    }
-    return at;
-}
-
 // Writes the checked manifest's nodes with their verified contents, then checks that
 // the layout here forms the same entry. The caller commits or drops the transaction.
 Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
@@ -143,7 +122,7 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
     std::unordered_map<std::string, core::Ino> made;  // relative path -> ino
     core::Ino top = 0;
     if (m.kind == core::EntryKind::node) {
-        auto parent = ensure_dirs(txn, dir_of(m.entry));
+        auto parent = txn.mkdirs(dir_of(m.entry));
         if (!parent) return tl::unexpected(parent.error());
         const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
         auto existing = txn.lookup(*parent, base);  // an empty entry directory is filled
@@ -151,7 +130,7 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
         if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
         top = dir->ino;
     } else {
-        auto parent = ensure_dirs(txn, dir_of(m.entry));
+        auto parent = txn.mkdirs(dir_of(m.entry));
         if (!parent) return tl::unexpected(parent.error());
         top = *parent;
     }

@@ -33,40 +33,9 @@ void ok(const core::Status& status) {
 
 CliResult run_kcache(const std::vector<std::string>& args,
                      const std::map<std::string, std::string>& env) {
-    TempDir capture;
-    const std::string out_path = (capture / "out").string();
-    const std::string err_path = (capture / "err").string();
-    std::vector<std::string> argv_strings{KCACHE_CLI_PATH};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& arg : argv_strings) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        // Child of a single-threaded test: set up stdio and the environment, then
-        // exec; any failure ends it with 127.
-        const int in = open("/dev/null", O_RDONLY);
-        const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (in < 0 || out < 0 || err < 0) _exit(127);
-        if (dup2(in, STDIN_FILENO) < 0 || dup2(out, STDOUT_FILENO) < 0 ||
-            dup2(err, STDERR_FILENO) < 0) {
-            _exit(127);
-        }
-        unsetenv("KCACHE_DB");
-        for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-        execv(argv[0], argv.data());
-        _exit(127);
-    }
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CliResult result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = read_file(out_path);
-    result.err = read_file(err_path);
-    return result;
+    std::vector<std::string> argv{KCACHE_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_program(argv, env, {"KCACHE_DB"});
 }
 
 CliDb::CliDb() = default;

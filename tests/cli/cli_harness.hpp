@@ -12,15 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "kcache/core/store.hpp"
+#include "run_program.hpp"
 #include "temp_dir.hpp"
 
 namespace kcache::test {
 
-struct CliResult {
-    int exit_code = -1;  // -1: killed by a signal
-    std::string out;     // stdout, byte-exact
-    std::string err;     // stderr
-};
+using CliResult = ProgramResult;
 
 // Runs `kcache ARGS...` with stdin from /dev/null and stdout/stderr captured. KCACHE_DB
 // is removed from its environment, then `env` is set.

@@ -193,50 +193,9 @@ std::uint64_t TestDb::entries() { return counter(core::Counter::entries); }
 
 RunResult run_cli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                   int limit_s) {
-    TempDir capture;
-    const std::string out_path = (capture / "out").string();
-    const std::string err_path = (capture / "err").string();
-    std::vector<std::string> strings{KCACHE_CLI_PATH};
-    strings.insert(strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : strings) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        const int in = open("/dev/null", O_RDONLY);
-        const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (in < 0 || out < 0 || err < 0) _exit(127);
-        dup2(in, STDIN_FILENO);
-        dup2(out, STDOUT_FILENO);
-        dup2(err, STDERR_FILENO);
-        unsetenv("KCACHE_DB");
-        unsetenv("KCACHE_REMOTE");
-        unsetenv("KCACHE_REMOTE_PASSWORD");
-        for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-        execv(argv[0], argv.data());
-        _exit(127);
-    }
-    RunResult result;
-    int status = 0;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
-    for (;;) {
-        const pid_t done = waitpid(pid, &status, WNOHANG);
-        REQUIRE(done >= 0);
-        if (done == pid) break;
-        if (std::chrono::steady_clock::now() > until) {
-            result.timed_out = true;
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    result.exit_code = !result.timed_out && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = read_file(out_path);
-    result.err = read_file(err_path);
-    return result;
+    std::vector<std::string> argv{KCACHE_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_program(argv, env, {"KCACHE_DB", "KCACHE_REMOTE", "KCACHE_REMOTE_PASSWORD"}, limit_s);
 }
 
 std::string random_bytes(std::size_t n, std::uint32_t seed) {

@@ -14,6 +14,7 @@
 
 #include "client.hpp"
 #include "kcache/core/store.hpp"
+#include "run_program.hpp"
 #include "temp_dir.hpp"
 
 namespace kcache::test {
@@ -63,11 +64,7 @@ private:
     std::unique_ptr<core::Store> m_store;
 };
 
-struct RunResult {
-    int exit_code = -1;  // -1: killed (also when it ran past its limit)
-    bool timed_out = false;
-    std::string out, err;
-};
+using RunResult = ProgramResult;
 // `kcache ARGS...`, killed after `limit_s` (a guard against hangs, not a timing check).
 RunResult run_cli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
                   int limit_s = 60);

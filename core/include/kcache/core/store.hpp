@@ -214,6 +214,10 @@ public:
 
     Result<Attr> mkdir(Ino parent, std::string_view name, std::uint32_t mode,
                        std::uint32_t uid = 0, std::uint32_t gid = 0);
+    // mkdir -p of `dir` ("a/b/c", "" for the root) from the root, as the calling
+    // process's user, mode 0755: the directory's ino. ENOTDIR where a component is
+    // not a directory.
+    Result<Ino> mkdirs(std::string_view dir);
     // Creates an empty regular file. An existing file is returned as it is unless
     // `exclusive` (O_EXCL), which fails with EEXIST.
     Result<Attr> create(Ino parent, std::string_view name, std::uint32_t mode,
