@@ -221,9 +221,6 @@ private:
     // readers already reading through the page cache, with the threads that opened them.
     std::vector<std::pair<FileHandle*, pid_t>> enter_pages_as_writer(FileHandle* writer);
     void leave_pages_as_writer(FileHandle* writer);
-    // Marks a page writer as closed with its version published as `published` (or,
-    // with `settled` false, written to again): see enter_pages.
-    void settle_page_writer(FileHandle* writer, bool settled, const core::Digest& published);
     void run_writer_gate();
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
     void discard_open(FileHandle* handle);
@@ -242,8 +239,6 @@ private:
         std::uint64_t size = 0;             // its size
         std::vector<FileHandle*> readers;   // open handles reading through the page cache
         std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
-        std::uint32_t settled = 0;          // of them, closed and published (FileHandle::settled)
-        core::Digest settled_digest;        // what the last of them published
         // The version whose attributes the kernel was last told to keep (attr_timeout);
         // a reader of another one waits for their invalidation (enter_pages).
         std::optional<core::Digest> told;
