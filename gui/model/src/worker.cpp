@@ -111,11 +111,7 @@ void Worker::run(const Options& options, std::promise<core::Status> started) {
         started.set_value(tl::unexpected(first.error()));
         return;
     }
-    auto view = std::make_shared<View>();
-    view->catalog = first->catalog;
-    view->spec = m_spec;
-    view->order = order_rows(*view->catalog, m_spec);
-    publish_view(std::move(view));
+    publish_ordered(first->catalog);
     m_next_poll_ns = steady_ns() + m_poll_interval_ns;
     started.set_value({});
     loop();
@@ -232,10 +228,14 @@ void Worker::set_view(ViewSpec spec) {
 void Worker::apply_view(const ViewSpec& spec) {
     if (spec == m_spec) return;
     m_spec = spec;
+    publish_ordered(m_view->catalog);
+}
+
+void Worker::publish_ordered(std::shared_ptr<const Catalog> catalog) {
     auto view = std::make_shared<View>();
-    view->catalog = m_view->catalog;
-    view->spec = spec;
-    view->order = order_rows(*view->catalog, spec);
+    view->order = order_rows(*catalog, m_spec);
+    view->catalog = std::move(catalog);
+    view->spec = m_spec;
     publish_view(std::move(view));
 }
 
@@ -286,11 +286,7 @@ std::future<core::Status> Worker::reload_now() {
             promise->set_value(tl::unexpected(loaded.error()));
             return;
         }
-        auto view = std::make_shared<View>();
-        view->catalog = loaded->catalog;
-        view->spec = m_spec;
-        view->order = order_rows(*view->catalog, m_spec);
-        publish_view(std::move(view));
+        publish_ordered(loaded->catalog);
         promise->set_value({});
     });
     return future;

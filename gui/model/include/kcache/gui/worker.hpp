@@ -138,6 +138,7 @@ class Worker {
     core::Result<bool> look(bool force);
     void apply_view(const ViewSpec& spec);
     void publish_view(std::shared_ptr<const View> view);
+    void publish_ordered(std::shared_ptr<const Catalog> catalog);  // in m_spec's order, sorted whole
     void publish_error(std::string message);
     void publish_duplicates();
     core::Result<ActionReport> run_action(const ActionRequest& request);
