@@ -107,6 +107,9 @@ struct Filesystem::FileHandle {
     std::uint32_t opener = 0;  // writers: the process that opened it; only its close publishes early
     pid_t reader_tid = 0;      // readers: the thread that opened it
     bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
+    // A page-cache reader whose open made the kernel drop its pages: its first READ
+    // shows the drop is done (settle_pages). Set under m_pages_mutex, read anywhere.
+    std::atomic<bool> refilling{false};
     bool page_writer = false;  // a writer counted in m_pages (leave_pages_as_writer at release)
     bool killed = false;       // its writer died by a signal: its close publishes nothing
 };
@@ -691,14 +694,30 @@ Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Dige
         state.kept.reset();
         use = PageUse::refill;  // the kernel drops the other version's pages first
     }
+    if (use == PageUse::refill) state.settled = false;
+    // The kernel drops the old pages when the refilling open completes, after this
+    // reply: until one of its READs shows it did, keeping them could serve another
+    // version's pages (a writer's, say) to this reader.
+    if (!state.settled) use = PageUse::refill;
     state.readers.push_back(reader);
     reader->page_cached = true;
+    reader->refilling = use == PageUse::refill;
     if (use == PageUse::keep) {
         // Counted before open() checks the pin (pinned), so renew_pin sees it.
         reader->lazy = true;
         if (state.lazy++ == 0) m_lazy_inodes.insert(reader->ino);
     }
     return use;
+}
+
+void Filesystem::settle_pages(FileHandle* reader) {
+    std::lock_guard lock(m_pages_mutex);
+    reader->refilling = false;
+    if (auto it = m_pages.find(reader->ino); it != m_pages.end() && it->second.digest == reader->snapshot_digest &&
+                                             std::find(it->second.readers.begin(), it->second.readers.end(), reader) !=
+                                                 it->second.readers.end()) {
+        it->second.settled = true;
+    }
 }
 
 void Filesystem::leave_pages(FileHandle* reader) {
@@ -851,6 +870,7 @@ std::vector<std::pair<Filesystem::FileHandle*, pid_t>> Filesystem::enter_pages_a
     // Writers write through the page cache: once they are gone it holds no known
     // version (several rewrites may have mixed theirs), so the next reader refills it.
     state.digest = {};
+    state.settled = false;
     writer->page_writer = true;
     std::vector<std::pair<FileHandle*, pid_t>> readers;
     for (FileHandle* r : state.readers) readers.emplace_back(r, r->reader_tid);
@@ -1125,6 +1145,7 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     std::shared_ptr<Version> version;
     std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
     bool lost = false;
+    if (handle->refilling.load(std::memory_order_relaxed)) settle_pages(handle);
     {
         std::lock_guard lock(handle->mutex);
         follow_shared(handle);

@@ -181,6 +181,9 @@ private:
     // inode (PageState::told); the reader's open is answered only once they are gone.
     enum class PageUse { keep, refill, direct };
     PageUse enter_pages(FileHandle* reader, const core::Digest& digest, std::uint64_t size, bool* stale_attr);
+    // A refilling reader's first READ: its open completed, so the kernel's pages hold
+    // only its version from now on.
+    void settle_pages(FileHandle* reader);
     void leave_pages(FileHandle* reader);
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded
     // in PageState::told) while every caller gets that answer (no writer at work, no
@@ -239,6 +242,11 @@ private:
         std::uint64_t size = 0;             // its size
         std::vector<FileHandle*> readers;   // open handles reading through the page cache
         std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
+        // The kernel's pages are known to hold only `digest`: a reader that refilled
+        // them (its open made the kernel drop what it held) has sent a READ since.
+        // Until then a new reader refills too: a kept page could still be another
+        // version's, dropped only when the refilling open completes in the kernel.
+        bool settled = false;
         // The version whose attributes the kernel was last told to keep (attr_timeout);
         // a reader of another one waits for their invalidation (enter_pages).
         std::optional<core::Digest> told;

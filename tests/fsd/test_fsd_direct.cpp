@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -163,4 +164,100 @@ TEST_CASE("a truncate by path racing the last writer's release is never lost", "
         REQUIRE(truncated->err == 0);
         REQUIRE(d.stored(ino).size() == 0);
     }
+}
+
+namespace {
+
+// Waits for a handler's reply, which may come from another thread (the background).
+bool replied_within(fuse_req& r, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+        {
+            std::lock_guard lock(r.mutex);
+            if (r.replied) return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("no reader keeps the kernel's pages before a refilling reader's open has dropped them",
+          "[fsd][direct]") {
+    // The kernel drops an inode's pages when an open without keep_cache completes,
+    // after the daemon's reply. A second reader told to keep the pages before that
+    // could read another version's pages (a rewriter's, left in the page cache) and
+    // stop at its own version's size: the soak saw such reads. Until a refilling
+    // reader's first READ shows its open completed, every reader refills.
+    Direct d;
+    auto made = d.req();
+    fuse_file_info created{};
+    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
+    d.fs->create(made.get(), kcache::core::kRootIno, "kernel.bin", S_IFREG | 0644, &created);
+    REQUIRE(made->err == 0);
+    const Ino ino = made->entry.ino;
+    const std::string version(3 * 4096 + 100, 'v');
+    auto written = d.req();
+    d.fs->write(written.get(), ino, version.data(), version.size(), 0, &made->fi);
+    REQUIRE(written->err == 0);
+    auto closed = d.req();
+    d.fs->release(closed.get(), ino, &made->fi);
+
+    auto open_reader = [&] {
+        auto r = d.req();
+        fuse_file_info fi{};
+        fi.flags = O_RDONLY;
+        d.fs->open(r.get(), ino, &fi);
+        REQUIRE(replied_within(*r, 10));
+        REQUIRE(r->err == 0);
+        REQUIRE(r->fi.direct_io == 0);  // no writer: every reader uses the page cache
+        return r;
+    };
+    auto read_at = [&](fuse_req& opened, off_t off) {
+        auto r = d.req();
+        d.fs->read(r.get(), ino, 4096, off, &opened.fi);
+        REQUIRE(r->err == 0);
+        return r->buf;
+    };
+    auto release = [&](fuse_req& opened) {
+        auto r = d.req();
+        d.fs->release(r.get(), ino, &opened.fi);
+    };
+
+    auto first = open_reader();
+    CHECK(first->fi.keep_cache == 0);  // the writer's pages are no known version
+    auto second = open_reader();
+    CHECK(second->fi.keep_cache == 0);  // the first open may not have dropped them yet
+    CHECK(read_at(*first, 0) == version.substr(0, 4096));
+    auto third = open_reader();
+    CHECK(third->fi.keep_cache == 1);  // the first reader's READ: its open is done
+    CHECK(read_at(*third, 3 * 4096) == version.substr(3 * 4096));  // loaded lazily
+    release(*first);
+    release(*second);
+    release(*third);
+
+    // A rewrite leaves its pages to the kernel: the next readers refill again.
+    auto rewriter = d.req();
+    fuse_file_info rw{};
+    rw.flags = O_WRONLY | O_TRUNC;
+    d.fs->open(rewriter.get(), ino, &rw);
+    REQUIRE(replied_within(*rewriter, 10));
+    REQUIRE(rewriter->err == 0);
+    const std::string rewritten(100, 'r');
+    auto rewrote = d.req();
+    d.fs->write(rewrote.get(), ino, rewritten.data(), rewritten.size(), 0, &rewriter->fi);
+    REQUIRE(rewrote->err == 0);
+    auto rewrite_closed = d.req();
+    d.fs->release(rewrite_closed.get(), ino, &rewriter->fi);
+    auto fourth = open_reader();
+    CHECK(fourth->fi.keep_cache == 0);
+    auto fifth = open_reader();
+    CHECK(fifth->fi.keep_cache == 0);
+    CHECK(read_at(*fifth, 0) == rewritten);
+    auto sixth = open_reader();
+    CHECK(sixth->fi.keep_cache == 1);
+    release(*fourth);
+    release(*fifth);
+    release(*sixth);
 }

@@ -643,6 +643,12 @@ TEST_CASE("soak: 8 processes mix namespace operations while kcache evicts, pins 
     }
     std::printf("%s\n", fig.str().c_str());
     for (const auto& m : control.messages) std::printf("  control failure: %s\n", m.c_str());
+    // What the daemon said (its warnings name the inode and the cause of a slow path).
+    if (total_failures != 0 || control.failures != 0) {
+        const std::string said = cache.daemon_stderr();
+        std::printf("daemon stderr (last 8000 bytes):\n%s\n",
+                    said.substr(said.size() > 8000 ? said.size() - 8000 : 0).c_str());
+    }
     std::fflush(stdout);
 
     INFO(fig.str());
