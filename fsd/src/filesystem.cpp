@@ -111,6 +111,7 @@ struct Filesystem::FileHandle {
     // shows the drop is done (settle_pages). Set under m_pages_mutex, read anywhere.
     std::atomic<bool> refilling{false};
     bool page_writer = false;  // a writer counted in m_pages (leave_pages_as_writer at release)
+    bool closed_clean = false; // a page writer whose close published it, nothing written since (m_pages_mutex)
     bool killed = false;       // its writer died by a signal: its close publishes nothing
 };
 
@@ -684,7 +685,11 @@ Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Dige
     }
     // A writer counts itself in (enter_pages_as_writer) under the same lock: a reader
     // either sees it here or is among the readers it waits for.
-    if (state.writers > 0) return PageUse::direct;
+    // A writer that closed and published what the reader opens is only waiting for its
+    // RELEASE (sent after close() returns): the reader refills from the db below, as
+    // after the release, and may map the file shared (direct_io could not).
+    const bool closed = state.writers == 1 && state.closed_writers == 1 && state.closed_digest == digest;
+    if (state.writers > 0 && !closed) return PageUse::direct;
     PageUse use = inserted ? PageUse::refill : PageUse::keep;
     if (!inserted && state.digest != digest) {
         // Another version's reader still fills the cache: mixing would tear both.
@@ -879,8 +884,26 @@ std::vector<std::pair<Filesystem::FileHandle*, pid_t>> Filesystem::enter_pages_a
 
 void Filesystem::leave_pages_as_writer(FileHandle* writer) {
     std::lock_guard lock(m_pages_mutex);
-    if (auto it = m_pages.find(writer->ino); it != m_pages.end() && it->second.writers > 0) --it->second.writers;
+    if (auto it = m_pages.find(writer->ino); it != m_pages.end()) {
+        if (it->second.writers > 0) --it->second.writers;
+        if (writer->closed_clean && it->second.closed_writers > 0) --it->second.closed_writers;
+    }
     writer->page_writer = false;
+    writer->closed_clean = false;
+}
+
+void Filesystem::close_page_writer(FileHandle* writer, bool clean, const core::Digest& published) {
+    std::lock_guard lock(m_pages_mutex);
+    if (!writer->page_writer || writer->closed_clean == clean) return;
+    auto it = m_pages.find(writer->ino);
+    if (it == m_pages.end()) return;
+    writer->closed_clean = clean;
+    if (clean) {
+        ++it->second.closed_writers;
+        it->second.closed_digest = published;
+    } else if (it->second.closed_writers > 0) {
+        --it->second.closed_writers;
+    }
 }
 
 void Filesystem::admit_writer(FileHandle* writer, std::function<void()> reply) {
@@ -1201,6 +1224,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
     } else if (!version) {
         s = core::fail(EBADF, "not open for writing");
     } else {
+        close_page_writer(handle, false, {});  // written again after its close
         std::lock_guard lock(version->mutex);
         s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
     }
@@ -1268,6 +1292,16 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     } else if (dirty && process_of(tid) == handle->opener) {
         std::lock_guard lock(version->mutex);
         s = publish(req, *version);
+    }
+    if (s && version && !handle->killed) {
+        core::Digest published;
+        bool clean = false;
+        {
+            std::lock_guard lock(version->mutex);
+            clean = !version->staged.dirty();
+            published = version->staged.stored_digest();
+        }
+        if (clean) close_page_writer(handle, true, published);
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);

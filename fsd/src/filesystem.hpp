@@ -224,6 +224,9 @@ private:
     // readers already reading through the page cache, with the threads that opened them.
     std::vector<std::pair<FileHandle*, pid_t>> enter_pages_as_writer(FileHandle* writer);
     void leave_pages_as_writer(FileHandle* writer);
+    // Marks a page writer as closed with its version published as `published` (or,
+    // with `clean` false, written to again): see enter_pages.
+    void close_page_writer(FileHandle* writer, bool clean, const core::Digest& published);
     void run_writer_gate();
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
     void discard_open(FileHandle* handle);
@@ -242,6 +245,8 @@ private:
         std::uint64_t size = 0;             // its size
         std::vector<FileHandle*> readers;   // open handles reading through the page cache
         std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
+        std::uint32_t closed_writers = 0;   // of them, closed with their version published (FileHandle::closed_clean)
+        core::Digest closed_digest;         // what the last of them published
         // The kernel's pages are known to hold only `digest`: a reader that refilled
         // them (its open made the kernel drop what it held) has sent a READ since.
         // Until then a new reader refills too: a kept page could still be another

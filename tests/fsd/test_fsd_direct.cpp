@@ -261,3 +261,59 @@ TEST_CASE("no reader keeps the kernel's pages before a refilling reader's open h
     release(*fifth);
     release(*sixth);
 }
+
+TEST_CASE("a reader opening between a writer's close and its release may map the file shared",
+          "[fsd][direct]") {
+    // close(2) returns after FLUSH (which publishes); RELEASE comes later, on its own.
+    // A reader opening in between reads what was published: through the page cache,
+    // not direct_io, with which the kernel refuses a MAP_SHARED mapping (ENODEV).
+    Direct d;
+    auto made = d.req();
+    fuse_file_info created{};
+    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
+    d.fs->create(made.get(), kcache::core::kRootIno, "kernel.hsaco", S_IFREG | 0644, &created);
+    REQUIRE(made->err == 0);
+    const Ino ino = made->entry.ino;
+    fuse_file_info writer = made->fi;
+    const std::string data(300 * 1024, 'h');
+    auto written = d.req();
+    d.fs->write(written.get(), ino, data.data(), data.size(), 0, &writer);
+    REQUIRE(written->err == 0);
+
+    auto still_writing = d.req();
+    fuse_file_info early{};
+    early.flags = O_RDONLY;
+    d.fs->open(still_writing.get(), ino, &early);
+    REQUIRE(still_writing->err == 0);
+    CHECK(still_writing->fi.direct_io == 1);  // a rewrite at work: the reader bypasses its pages
+    auto early_closed = d.req();
+    d.fs->release(early_closed.get(), ino, &still_writing->fi);
+
+    auto flushed = d.req();
+    d.fs->flush(flushed.get(), ino, &writer);
+    REQUIRE(flushed->err == 0);
+    REQUIRE(d.stored(ino) == data);
+    auto reader = d.req();
+    fuse_file_info fi{};
+    fi.flags = O_RDONLY;
+    d.fs->open(reader.get(), ino, &fi);
+    REQUIRE(reader->err == 0);
+    CHECK(reader->fi.direct_io == 0);
+
+    SECTION("a write after the close makes a later reader bypass the pages again") {
+        auto again = d.req();
+        d.fs->write(again.get(), ino, "x", 1, 0, &writer);
+        auto later = d.req();
+        fuse_file_info fi2{};
+        fi2.flags = O_RDONLY;
+        d.fs->open(later.get(), ino, &fi2);
+        REQUIRE(later->err == 0);
+        CHECK(later->fi.direct_io == 1);
+        auto later_closed = d.req();
+        d.fs->release(later_closed.get(), ino, &later->fi);
+    }
+    auto reader_closed = d.req();
+    d.fs->release(reader_closed.get(), ino, &reader->fi);
+    auto released = d.req();
+    d.fs->release(released.get(), ino, &writer);
+}
