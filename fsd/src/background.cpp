@@ -82,6 +82,15 @@ void Background::invalidate_attr(core::Ino ino, std::function<void()> then) {
     m_wake.notify_all();
 }
 
+void Background::grow_size(core::Ino ino, std::uint64_t size, char last_byte, std::function<void()> then) {
+    {
+        std::lock_guard lock(m_mutex);
+        m_sizes_to_grow.push_back({ino, size, last_byte});
+        m_after_invalidation.push_back(std::move(then));
+    }
+    m_wake.notify_all();
+}
+
 void Background::run_all(std::vector<std::function<void()>>& after) {
     for (auto& f : after) f();
     after.clear();
@@ -132,21 +141,27 @@ core::Status Background::flush_stats() {
 void Background::run() {
     for (int tick = 1;; ++tick) {
         std::vector<core::Ino> inodes, attrs;
+        std::vector<Growth> growths;
         std::vector<std::function<void()>> after;
         {
             std::unique_lock lock(m_mutex);
             m_wake.wait_for(lock, kPeriod, [&] {
-                return m_stop || !m_inodes_to_invalidate.empty() || !m_attrs_to_invalidate.empty();
+                return m_stop || !m_inodes_to_invalidate.empty() || !m_attrs_to_invalidate.empty() ||
+                       !m_sizes_to_grow.empty();
             });
             if (m_stop) return;
             inodes.swap(m_inodes_to_invalidate);
             attrs.swap(m_attrs_to_invalidate);
+            growths.swap(m_sizes_to_grow);
             after.swap(m_after_invalidation);
         }
         if (m_on_period) m_on_period();
-        // Attributes first, and the replies that wait for them: a notification of
-        // attributes only takes no lock a request holds, so it never waits on one.
+        // Attributes and sizes first, and the replies that wait for them. Neither
+        // waits on a request handler: an attribute notification takes no lock a
+        // request holds, and a stored byte at most waits for a READ filling its page,
+        // which a request thread answers without this thread.
         notify_attrs(std::move(attrs));
+        notify_sizes(growths);
         run_all(after);
         notify(inodes, {});
         follow_events();
@@ -207,6 +222,20 @@ void Background::notify_attrs(std::vector<core::Ino> inodes) {
     // A negative offset: attributes only, the page cache stays (ENOENT when the
     // kernel holds nothing of the inode: harmless).
     for (core::Ino ino : inodes) fuse_lowlevel_notify_inval_inode(m_session, ino, -1, 0);
+}
+
+void Background::notify_sizes(const std::vector<Growth>& growths) {
+    if (!m_session) return;
+    for (const Growth& g : growths) {
+        // NOTIFY_STORE of the last byte: the kernel extends its size to the end of
+        // what it stores (and never shrinks it), and invalidates the size it held.
+        fuse_bufvec buf = FUSE_BUFVEC_INIT(1);
+        char byte = g.last_byte;
+        buf.buf[0].mem = &byte;
+        const int err = fuse_lowlevel_notify_store(m_session, g.ino, static_cast<off_t>(g.size - 1), &buf,
+                                                   fuse_buf_copy_flags{});
+        if (err != 0 && err != -ENOENT) log::warning("telling the kernel the size of inode {}: {}", g.ino, strerror(-err));
+    }
 }
 
 void Background::notify(const std::vector<core::Ino>& inodes,

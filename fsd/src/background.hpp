@@ -45,6 +45,14 @@ public:
     // The kernel forgets the inode's attributes only (its pages stay), then `then`
     // runs on the background thread (a reply that must follow the invalidation).
     void invalidate_attr(core::Ino ino, std::function<void()> then = {});
+    // The kernel's size of the inode becomes at least `size`, then `then` runs on the
+    // background thread. The kernel applies every size it is told to the one inode
+    // (a stat during a rewrite tells the stored version's), and silently drops a
+    // GETATTR answer that crossed a notification, reading on with the size it had:
+    // a reader whose version is longer would stop short. Growing it cannot be undone
+    // by a crossing; a size too large is corrected by the first short READ.
+    // `last_byte` is the version's byte at size - 1 (the notification stores it).
+    void grow_size(core::Ino ino, std::uint64_t size, char last_byte, std::function<void()> then);
     void check_limits() { m_check_limits = true; }
     void count(core::Counter counter, std::uint64_t n = 1);
     void hit(core::Ino entry);
@@ -62,6 +70,12 @@ private:
     void notify(const std::vector<core::Ino>& inodes,
                 const std::vector<std::pair<core::Ino, std::string>>& entries);
     void notify_attrs(std::vector<core::Ino> inodes);
+    struct Growth {
+        core::Ino ino;
+        std::uint64_t size;
+        char last_byte;
+    };
+    void notify_sizes(const std::vector<Growth>& growths);
     static void run_all(std::vector<std::function<void()>>& after);
 
     core::Store& m_store;
@@ -72,6 +86,7 @@ private:
     bool m_stop = false;
     std::vector<core::Ino> m_inodes_to_invalidate;
     std::vector<core::Ino> m_attrs_to_invalidate;
+    std::vector<Growth> m_sizes_to_grow;
     std::vector<std::function<void()>> m_after_invalidation;
     std::vector<core::Ino> m_hits;
     std::atomic<bool> m_check_limits{false};

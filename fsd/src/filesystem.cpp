@@ -1030,6 +1030,9 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     const bool truncate = handle->writable && (fi->flags & O_TRUNC);
     bool joined_existing = false;
     bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
+    // A refilling reader must not read before the kernel's size is at least its
+    // version's (Background::grow_size): the size and last byte of that version.
+    std::optional<std::pair<std::uint64_t, char>> grow;
     {
         auto txn = m_store.read();
         if (!txn) return reply_error(req, txn.error());
@@ -1079,6 +1082,9 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                     }
                     handle->snapshot = snapshot(attr->digest, content->bytes());
                 }
+                if (use == PageUse::refill && !handle->snapshot->empty()) {
+                    grow.emplace(handle->snapshot->size(), handle->snapshot->back());
+                }
             }
         } else {
             handle->attr = *attr;
@@ -1110,6 +1116,10 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (fuse_reply_open(req, &opened) != 0) discard_open(raw);  // the opener is gone (interrupted)
     };
     if (raw->version && raw->writable) return admit_writer(raw, std::move(reply));
+    if (grow) {
+        if (stale_attr) m_background.invalidate_attr(ino);  // the same pass, before the reply
+        return m_background.grow_size(ino, grow->first, grow->second, std::move(reply));
+    }
     if (stale_attr) return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
     reply();
 }

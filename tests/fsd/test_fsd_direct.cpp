@@ -284,6 +284,7 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
     fuse_file_info early{};
     early.flags = O_RDONLY;
     d.fs->open(still_writing.get(), ino, &early);
+    REQUIRE(replied_within(*still_writing, 10));
     REQUIRE(still_writing->err == 0);
     CHECK(still_writing->fi.direct_io == 1);  // a rewrite at work: the reader bypasses its pages
     auto early_closed = d.req();
@@ -297,6 +298,7 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
     fuse_file_info fi{};
     fi.flags = O_RDONLY;
     d.fs->open(reader.get(), ino, &fi);
+    REQUIRE(replied_within(*reader, 10));
     REQUIRE(reader->err == 0);
     CHECK(reader->fi.direct_io == 0);
 
@@ -307,7 +309,8 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
         fuse_file_info fi2{};
         fi2.flags = O_RDONLY;
         d.fs->open(later.get(), ino, &fi2);
-        REQUIRE(later->err == 0);
+        REQUIRE(replied_within(*later, 10));
+    REQUIRE(later->err == 0);
         CHECK(later->fi.direct_io == 1);
         auto later_closed = d.req();
         d.fs->release(later_closed.get(), ino, &later->fi);
