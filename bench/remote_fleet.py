@@ -18,14 +18,31 @@ all with `--remote unix:SOCK`), for each N in --nodes (default 2 and 4):
            entry latency (median, p99) and the ratio to healthy. Also a few misses
            (new names) in each state: what a miss costs when Redis is away.
 
+Then, each with a Redis of its own:
+
+  staggered  --stagger-nodes (4) nodes start one after another, --stagger-s apart,
+           while the job runs: node 0 starts the job on an empty Redis, node k mounts
+           k * stagger-s later and runs the same job at once. Per node: when it
+           started, how long its job took, entries from Redis, entries it compiled;
+           the fleet's compiles against the job's size (1.00x: nothing compiled twice)
+           and each node's time against node 0's (the baseline: a lone compile).
+  restart  node A compiles the job; `kcache remote push --job-tag` tags it; node B
+           runs it by read-through (the baseline), then restarts on an empty db with
+           --prefetch-job-tag: how long the mount takes to come up, the job run at
+           once (while the prefetch goes on), how long the prefetch took (its
+           remote_prefetched reaching the job's size), the job run again (all local);
+           and once more restarted empty, waiting for the prefetch before the job.
+
 Usage: bench/remote_fleet.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache
-           [--nodes 2,4] [--entries 500] [--compile-ms 20] [--cubin-kib 64]
+           [--nodes 2,4,8] [--entries 300] [--compile-ms 20] [--cubin-kib 64]
+           [--stagger-nodes 4] [--stagger-s 2.0] [--phases fleet,staggered,restart]
            [--remote-timeout 300ms] [--dir DIR]
 """
 import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -81,22 +98,24 @@ class Redis:
 
 
 class Node:
-    def __init__(self, args, root, name, remote_url, ns):
+    def __init__(self, args, root, name, remote_url, ns, extra=()):
         self.args, self.name = args, name
         self.db = os.path.join(root, name, "db")
         self.mnt = os.path.join(root, name, "mnt")
         os.makedirs(self.mnt, exist_ok=True)
         self.log = open(os.path.join(root, name, "fsd.log"), "ab")
+        start = time.perf_counter()
         self.proc = subprocess.Popen(
             [args.fsd, "-f", "--db", self.db, "--remote", remote_url, "--remote-namespace", ns,
              "--remote-timeout", args.remote_timeout,
-             "--remote-connect-timeout", args.remote_timeout, self.mnt],
+             "--remote-connect-timeout", args.remote_timeout, *extra, self.mnt],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         end = time.monotonic() + 15
         while not os.path.ismount(self.mnt):
             if self.proc.poll() is not None or time.monotonic() > end:
                 sys.exit(f"kcache-fsd ({name}) did not mount")
-            time.sleep(0.02)
+            time.sleep(0.005)
+        self.mount_s = time.perf_counter() - start  # from exec to the mount being up
         self.cache = os.path.join(self.mnt, "triton")
         os.makedirs(self.cache, exist_ok=True)
 
@@ -266,12 +285,124 @@ def fleet(args, root, n_nodes):
     return out
 
 
+def wait_stat(node, name, n, timeout=300):
+    """Seconds until the node's statistic `name` reaches n (polled), or None."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if node.stats().get(name, 0) >= n:
+            return time.perf_counter() - start
+        time.sleep(0.05)
+    return None
+
+
+def staggered(args, root):
+    """Nodes start one after another while the job runs; each runs the whole job."""
+    redis = Redis(os.path.join(root, "redis"))
+    url = f"unix:{redis.sock}"
+    keys = [key_of("staggered", i) for i in range(args.entries)]
+    n = args.stagger_nodes
+    results = [None] * n
+    nodes = [None] * n
+    t0 = time.perf_counter()
+
+    def member(k):
+        time.sleep(max(0.0, k * args.stagger_s - (time.perf_counter() - t0)))
+        started = time.perf_counter() - t0
+        nodes[k] = Node(args, root, f"s{k}", url, "stagger")
+        secs, hits, compiled = run_job(nodes[k].cache, keys, args)
+        results[k] = (started, nodes[k].mount_s, secs, hits, compiled)
+
+    try:
+        threads = [threading.Thread(target=member, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for node in nodes:
+            if node:
+                node.stop()
+        redis.stop()
+    for k, r in enumerate(results):
+        log(f"[staggered] node{k}: started {r[0]:.2f}s, job {r[2]:.2f}s, {r[3]} from Redis, {r[4]} compiled")
+    return {"nodes": n, "rows": results}
+
+
+def restart(args, root):
+    """A compiles and tags the job; B reads it through, then restarts empty with prefetch."""
+    redis = Redis(os.path.join(root, "redis"))
+    url = f"unix:{redis.sock}"
+    keys = [key_of("restart", i) for i in range(args.entries)]
+    tag = "bench-job"
+    out = {}
+    a = b = None
+    try:
+        a = Node(args, root, "A", url, "restart")
+        b = Node(args, root, "B", url, "restart")
+        out["compile_s"], _, compiled = run_job(a.cache, keys, args)
+        assert compiled == args.entries
+        if wait_uploads(a, args.entries) is None:
+            sys.exit("restart: A did not upload the job")
+        t = time.perf_counter()
+        r = subprocess.run([args.kcache, "--db", a.db, "remote", "--remote", url, "--remote-namespace", "restart",
+                            "push", "--job-tag", tag], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            sys.exit(f"restart: push --job-tag failed: {r.stderr}")
+        out["tag_s"] = time.perf_counter() - t
+        out["read_through_s"], hits, compiled = run_job(b.cache, keys, args)
+        out["read_through_compiled"] = compiled
+        out["local_s"], _, _ = run_job(b.cache, keys, args)  # every entry local now
+
+        # Restart on an empty db with --prefetch-job-tag and run the job at once.
+        b.stop()
+        shutil.rmtree(b.db)
+        b = Node(args, root, "B", url, "restart", ["--prefetch-job-tag", tag])
+        out["mount_s"] = b.mount_s
+        out["at_once_s"], _, out["at_once_compiled"] = run_job(b.cache, keys, args)
+        time.sleep(1.2)  # the counters reach the db every second
+        # Entries the prefetch pulled before the job read them (the rest were read through).
+        out["at_once_prefetched"] = b.stats().get("remote_prefetched", 0)
+        out["after_s"], _, _ = run_job(b.cache, keys, args)
+
+        # Again, waiting for the prefetch before the job.
+        b.stop()
+        shutil.rmtree(b.db)
+        b = Node(args, root, "B", url, "restart", ["--prefetch-job-tag", tag])
+        done = wait_stat(b, "remote_prefetched", args.entries)
+        if done is None:
+            sys.exit("restart: the prefetch did not finish")
+        out["prefetch_s"] = done + b.mount_s  # until `kcache stats` shows it (counters: every second)
+        out["prefetch_log_s"] = None  # the daemon's own figure, from the start of the prefetch
+        with open(os.path.join(root, "B", "fsd.log"), errors="replace") as f:
+            for line in f:
+                m = re.search(r"prefetched job \S+ in ([0-9.]+) s", line)
+                if m:
+                    out["prefetch_log_s"] = float(m.group(1))
+        st = b.stats()
+        out["prefetched_bytes"] = st.get("remote_prefetched_bytes", 0)
+        out["prefetched_job_s"], hits, out["prefetched_job_compiled"] = run_job(b.cache, keys, args)
+        time.sleep(1.2)
+        st = b.stats()
+        out["prefetched_remote_misses"] = st.get("remote_misses", 0)
+        out["prefetched_remote_hits"] = st.get("remote_hits", 0)
+    finally:
+        for node in (a, b):
+            if node:
+                node.stop()
+        redis.stop()
+    log(f"[restart] {out}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsd", required=True)
     ap.add_argument("--kcache", required=True)
-    ap.add_argument("--nodes", default="2,4")
-    ap.add_argument("--entries", type=int, default=500)
+    ap.add_argument("--nodes", default="2,4,8")
+    ap.add_argument("--entries", type=int, default=300)
+    ap.add_argument("--stagger-nodes", type=int, default=4)
+    ap.add_argument("--stagger-s", type=float, default=2.0)
+    ap.add_argument("--phases", default="fleet,staggered,restart")
     ap.add_argument("--compile-ms", type=float, default=20)
     ap.add_argument("--cubin-kib", type=int, default=64)
     ap.add_argument("--remote-timeout", default="300ms",
@@ -279,20 +410,34 @@ def main():
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
 
+    phases = args.phases.split(",")
     base = tempfile.mkdtemp(prefix="kcache-remote-fleet-", dir=args.dir)
     rows = []
+    stag = rest = None
+    with open("/proc/loadavg") as f:
+        load_before = f.read().strip()
     try:
-        for n in [int(x) for x in args.nodes.split(",")]:
-            root = os.path.join(base, f"n{n}")
+        if "fleet" in phases:
+            for n in [int(x) for x in args.nodes.split(",")]:
+                root = os.path.join(base, f"n{n}")
+                os.makedirs(root)
+                rows.append(fleet(args, root, n))
+        if "staggered" in phases:
+            root = os.path.join(base, "staggered")
             os.makedirs(root)
-            rows.append(fleet(args, root, n))
+            stag = staggered(args, root)
+        if "restart" in phases:
+            root = os.path.join(base, "restart")
+            os.makedirs(root)
+            rest = restart(args, root)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
     with open("/proc/loadavg") as f:
         load = f.read().strip()
     print(f"remote_fleet: {args.entries} entries, compile {args.compile_ms:g} ms each, "
-          f"cubin {args.cubin_kib} KiB, remote timeouts {args.remote_timeout}; loadavg {load}")
+          f"cubin {args.cubin_kib} KiB, remote timeouts {args.remote_timeout}; {os.cpu_count()} cores; "
+          f"loadavg before {load_before}, after {load}")
     print()
     print("| nodes | A compiles + stores | upload done after | B..N serve from Redis (each) "
           "| serve/compile | compiled on B..N |")
@@ -317,6 +462,46 @@ def main():
     for r in rows:
         print(f"{r['nodes']} nodes: B remote_hits {r['b_remote_hits']}, "
               f"B remote (errors, timeouts) after the faults {r['b_errors']}")
+    if stag:
+        rows_s = stag["rows"]
+        base_s = rows_s[0][2]
+        print()
+        print(f"staggered: {stag['nodes']} nodes, {args.stagger_s:g} s apart, each runs the job of "
+              f"{args.entries} entries at once")
+        print()
+        print("| node | started at | mount up | job | job / node 0's | from Redis | compiled |")
+        print("|---|---|---|---|---|---|---|")
+        for k, (started, mount_s, secs, hits, compiled) in enumerate(rows_s):
+            print(f"| {k} | {started:.2f} s | {mount_s * 1e3:.0f} ms | {secs:.2f} s | {secs / base_s:.2f}x "
+                  f"| {hits} | {compiled} |")
+        total = sum(r[4] for r in rows_s)
+        print(f"\nfleet compiled {total} for {args.entries} entries ({total / args.entries:.2f}x the job)")
+    if rest:
+        r = rest
+        print()
+        print(f"restart with --prefetch-job-tag: job of {args.entries} entries, baseline: node B reading it "
+              f"through on an empty db")
+        print()
+        print("| B | time | vs read-through | compiled |")
+        print("|---|---|---|---|")
+        rt = r["read_through_s"]
+        print(f"| A compiles the job | {r['compile_s']:.2f} s | {r['compile_s'] / rt:.2f}x | {args.entries} |")
+        print(f"| push --job-tag (A's db, all already remote) | {r['tag_s']:.2f} s | - | - |")
+        print(f"| job by read-through, empty db (baseline) | {rt:.2f} s | 1.00x | {r['read_through_compiled']} |")
+        print(f"| job again, all local | {r['local_s']:.2f} s | {r['local_s'] / rt:.2f}x | 0 |")
+        print(f"| restart empty + prefetch: mount up | {r['mount_s'] * 1e3:.0f} ms | - | - |")
+        print(f"| job at once, prefetch running ({r['at_once_prefetched']} prefetched by its end) "
+              f"| {r['at_once_s']:.2f} s | {r['at_once_s'] / rt:.2f}x | {r['at_once_compiled']} |")
+        print(f"| job again after that | {r['after_s']:.2f} s | {r['after_s'] / rt:.2f}x | 0 |")
+        if r["prefetch_log_s"] is not None:
+            print(f"| restart empty + prefetch: prefetch took (daemon's log; {r['prefetched_bytes'] / 2**20:.1f} MiB) "
+                  f"| {r['prefetch_log_s']:.2f} s | {r['prefetch_log_s'] / rt:.2f}x | - |")
+        print(f"| restart empty + prefetch: exec to all in `kcache stats` (1 s granularity) "
+              f"| {r['prefetch_s']:.2f} s | {r['prefetch_s'] / rt:.2f}x | - |")
+        print(f"| job after the prefetch | {r['prefetched_job_s']:.2f} s | {r['prefetched_job_s'] / rt:.2f}x "
+              f"| {r['prefetched_job_compiled']} |")
+        print(f"\nafter the prefetch: B remote_hits {r['prefetched_remote_hits']}, "
+              f"remote_misses {r['prefetched_remote_misses']}")
 
 
 if __name__ == "__main__":

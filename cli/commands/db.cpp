@@ -1,5 +1,8 @@
 // The db as a whole: init, config, stats.
 
+#include <signal.h>
+
+#include <cerrno>
 #include <fstream>
 #include <sstream>
 
@@ -131,6 +134,19 @@ std::optional<double> hit_rate(const core::Stats& stats) {
     return static_cast<double>(hits) / static_cast<double>(lookups);
 }
 
+// The shared tier's servers as the running kcache-fsd --remote sees them: the file
+// it rewrites when a breaker changes state (fsd/src/remote_tier.hpp, docs/stats.md),
+// with "live": false when the daemon that wrote it is gone. null when there is none.
+nlohmann::json remote_server_states(const core::Store& store) {
+    std::ifstream in(store.path() + "/remote-servers.json", std::ios::binary);
+    if (!in) return nullptr;
+    nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
+    if (state.is_discarded() || !state.is_object() || !state.contains("servers")) return nullptr;
+    const auto pid = state.value("pid", std::int64_t{0});
+    state["live"] = pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    return state;
+}
+
 nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
                           const core::Config& config) {
     nlohmann::json out;
@@ -143,6 +159,7 @@ nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
     out["reset_ns"] = stats.reset_ns;
     out["data_file_bytes"] = store.data_file_bytes();
     out["config"] = config_json(config);
+    out["remote_server_states"] = remote_server_states(store);
     return out;
 }
 
@@ -169,10 +186,47 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
 
     fmt::print("\ncache now\n");
     Table gauges({"", ""}, {false, true});
+    // The shared tier's gauges describe the running daemon, not the contents: apart.
+    auto of_daemon = [](core::Counter c) {
+        const core::StatisticField* f = core::statistic_field(c);
+        return f && (f->counted_by & core::by_remote);
+    };
     for (const auto& [counter, value] : stats.values) {
-        if (core::is_gauge(counter)) gauges.add({"  " + core::counter_label(counter), value_of(counter)});
+        if (core::is_gauge(counter) && !of_daemon(counter)) {
+            gauges.add({"  " + core::counter_label(counter), value_of(counter)});
+        }
     }
     gauges.print();
+
+    const nlohmann::json servers = remote_server_states(store);
+    if (!servers.is_null() || stats.get(core::Counter::remote_servers) != 0) {
+        fmt::print("\nremote servers");
+        if (!servers.is_null()) {
+            fmt::print(" (kcache-fsd pid {}{})", servers.value("pid", std::int64_t{0}),
+                       servers["live"].get<bool>() ? "" : "; stale: that daemon is gone");
+        }
+        fmt::print("\n");
+        Table remote_gauges({"", ""}, {false, true});
+        for (const auto& [counter, value] : stats.values) {
+            if (core::is_gauge(counter) && of_daemon(counter)) {
+                remote_gauges.add({"  " + core::counter_label(counter), value_of(counter)});
+            }
+        }
+        remote_gauges.print();
+    }
+    if (!servers.is_null()) {
+        Table table({"", "", ""}, {false, false, false});
+        for (const auto& s : servers["servers"]) {
+            if (!s.is_object()) continue;
+            std::string state = s.value("breaker", std::string("?"));
+            if (const auto failures = s.value("failures", std::uint64_t{0})) {
+                state += fmt::format(" ({} failures in a row)", failures);
+            }
+            table.add({"  " + s.value("id", std::string("?")), state,
+                       s.value("uploads_paused", false) ? "uploads paused" : ""});
+        }
+        table.print();
+    }
 
     fmt::print("\nsince {}\n", stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
                                               : std::string("the db was created"));

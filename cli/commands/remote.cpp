@@ -106,29 +106,23 @@ int run_pull(const Cli& cli, const PullOptions& opts) {
     auto store = open_store(cli, Access::create);
     auto r = make_remote(*opts.common);
     CountsRecorder recorder(*store, *r);
-    std::vector<std::string> names = opts.entries;
-    if (!opts.job_tag.empty()) names = check(r->job_entries(opts.job_tag), "job " + opts.job_tag);
-    std::uint64_t pulled = 0, present = 0, missing = 0, failed = 0;
-    for (const std::string& name : names) {
-        auto result = r->pull(*store, name);
+    // The loop kcache-fsd --prefetch-job-tag runs too (Remote::pull_entries).
+    auto report = [](const std::string& name, const core::Result<remote::EntryResult>& result) {
         if (!result) {
-            ++failed;
             fmt::print(stderr, "kcache: pull {}: {}\n", name, result.error().message);
-            continue;
-        }
-        switch (result->outcome) {
-            case remote::Outcome::pulled: ++pulled; break;
-            case remote::Outcome::already_local: ++present; break;
-            default: ++missing; break;
-        }
-        if (result->detail.empty()) {
+        } else if (result->detail.empty()) {
             fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name, describe(*result));
         } else {
             fmt::print("{:<15} {}: {}\n", remote::outcome_name(result->outcome), name, result->detail);
         }
-    }
-    fmt::print("pulled {}, already local {}, not available {}, failed {}\n", pulled, present, missing, failed);
-    return failed || missing ? kExitError : kExitOk;
+        return true;
+    };
+    const remote::PullSummary done = opts.job_tag.empty()
+                                         ? r->pull_entries(*store, opts.entries, report)
+                                         : check(r->pull_job(*store, opts.job_tag, report), "job " + opts.job_tag);
+    fmt::print("pulled {}, already local {}, not available {}, failed {}\n", done.pulled, done.already_local,
+               done.missing, done.failed);
+    return done.failed || done.missing ? kExitError : kExitOk;
 }
 
 // The remote tier's statistics, in id order.

@@ -98,6 +98,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
                  "serve the db read-only (also -o ro): for a db on a read-only filesystem or a shared image");
     remote::Settings remote_settings;
     remote::add_options(app, remote_settings);
+    app.add_option("--prefetch-job-tag", o.prefetch_job_tag,
+                   "with --remote: pull every entry of this job into the db in the background at mount")
+        ->type_name("TAG");
     app.add_option("-o", dash_o, "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, max_file_size=, durability=")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
@@ -156,6 +159,10 @@ core::Result<Options> parse_options(int argc, char** argv) {
         auto resolved = remote::resolve(remote_settings);
         if (!resolved) return tl::unexpected(resolved.error());
         o.remote = std::move(*resolved);
+    }
+    if (!o.prefetch_job_tag.empty()) {
+        if (!o.remote) return core::fail(EINVAL, "--prefetch-job-tag needs a shared tier: give --remote URL");
+        if (auto s = remote::validate_job_tag(o.prefetch_job_tag); !s) return tl::unexpected(s.error());
     }
     if (o.debug) o.foreground = true;
     if (o.db.empty()) o.db = core::default_db_path();

@@ -34,6 +34,9 @@ struct Options {
     // --remote ... (the CLI's options, remote/settings.hpp); set when a server is named
     // by --remote or $KCACHE_REMOTE: read-through and write-behind (remote_tier.hpp).
     std::optional<remote::Options> remote;
+    // --prefetch-job-tag T (needs --remote): every entry of job T is pulled into the db
+    // in the background once the mount is up (what `kcache remote pull --job-tag T` does).
+    std::string prefetch_job_tag;
 };
 
 // Parses argv; kcache's own -o options (db=, max_size=, max_entries=, entry_depth=,

@@ -1,6 +1,11 @@
 #include "remote_tier.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
+
+#include <fmt/core.h>
 
 #include "log.hpp"
 
@@ -34,18 +39,51 @@ remote::Counts minus(const remote::Counts& a, const remote::Counts& b) {
     return d;
 }
 
-}  // namespace
-
-core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store, remote::Options options) {
-    auto r = remote::Remote::create(std::move(options));
-    if (!r) return tl::unexpected(r.error());
-    return std::unique_ptr<RemoteTier>(new RemoteTier(store, std::move(*r)));
+std::string json_string(std::string_view text) {
+    std::string out = "\"";
+    for (const char c : text) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+            out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+            out += c;
+        }
+    }
+    return out + "\"";
 }
 
-RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote)
+// Writes `content` to `path` whole or not at all (a temp file renamed over it).
+bool write_file_atomically(const std::string& path, const std::string& content) {
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f) return false;
+    const bool written = std::fwrite(content.data(), 1, content.size(), f) == content.size();
+    if (std::fclose(f) != 0 || !written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        (void)std::remove(tmp.c_str());
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store, remote::Options options,
+                                                             std::string prefetch_job_tag) {
+    if (!prefetch_job_tag.empty()) {
+        if (auto s = remote::validate_job_tag(prefetch_job_tag); !s) return tl::unexpected(s.error());
+    }
+    auto r = remote::Remote::create(std::move(options));
+    if (!r) return tl::unexpected(r.error());
+    return std::unique_ptr<RemoteTier>(new RemoteTier(store, std::move(*r), std::move(prefetch_job_tag)));
+}
+
+RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote, std::string prefetch_job_tag)
     : m_store(store),
       m_remote(std::move(remote)),
-      m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns + m_remote->options().op_timeout_ns)) {}
+      m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns + m_remote->options().op_timeout_ns)),
+      m_prefetch_tag(std::move(prefetch_job_tag)) {}
 
 RemoteTier::~RemoteTier() { stop(); }
 
@@ -55,9 +93,11 @@ void RemoteTier::start() {
         if (m_started || m_stop) return;
         m_started = true;
     }
+    publish_servers(false);
     for (int i = 0; i < kFetchers; ++i) m_threads.emplace_back([this] { run_fetcher(); });
     m_threads.emplace_back([this] { run_timer(); });
     m_threads.emplace_back([this] { run_uploader(); });
+    if (!m_prefetch_tag.empty()) m_threads.emplace_back([this] { run_prefetch(); });
 }
 
 void RemoteTier::stop() {
@@ -80,6 +120,7 @@ void RemoteTier::stop() {
     for (std::thread& t : m_threads) t.join();
     m_threads.clear();
     record_counts();
+    if (m_started) publish_servers(true);
 }
 
 const std::vector<core::LayoutRule>* RemoteTier::rules(const std::string& text) {
@@ -191,10 +232,7 @@ void RemoteTier::run_fetcher() {
             m_flights.erase(f);
         }
         if (found) {
-            if (result->outcome == remote::Outcome::pulled) {
-                if (m_pulled.size() >= kMaxQueued) m_pulled.clear();  // a bound: at worst an upload is skipped by Redis
-                m_pulled.insert(entry);
-            }
+            if (result->outcome == remote::Outcome::pulled) remember_pulled(entry);
         } else {
             if (m_missed.size() >= 4 * kMaxFlights) {
                 const auto now = Clock::now();
@@ -206,6 +244,35 @@ void RemoteTier::run_fetcher() {
         for (auto& done : answer) done();
         lock.lock();
     }
+}
+
+void RemoteTier::remember_pulled(const std::string& entry) {
+    if (m_pulled.size() >= kMaxPulled) m_pulled.clear();  // a bound: at worst an upload is skipped by Redis
+    m_pulled.insert(entry);
+}
+
+void RemoteTier::run_prefetch() {
+    const auto begin = Clock::now();
+    log::info("remote: prefetching job {}", m_prefetch_tag);
+    auto summary = m_remote->pull_job(
+        m_store, m_prefetch_tag, [&](const std::string& entry, const core::Result<remote::EntryResult>& result) {
+            std::lock_guard lock(m_mutex);
+            if (result && result->outcome == remote::Outcome::pulled) {
+                remember_pulled(entry);
+                m_prefetched.fetch_add(1);
+                m_prefetched_bytes.fetch_add(result->bytes);
+            }
+            return !m_stop;
+        });
+    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    if (!summary) {
+        log::warning("remote: prefetching job {}: {} (entries are read through as they are asked for)",
+                     m_prefetch_tag, summary.error().message);
+        return;
+    }
+    log::info("remote: prefetched job {} in {:.3f} s: {} pulled ({} bytes), {} already local, {} not available, "
+              "{} failed", m_prefetch_tag, seconds, summary->pulled, summary->pulled_bytes, summary->already_local,
+              summary->missing, summary->failed);
 }
 
 void RemoteTier::run_timer() {
@@ -252,6 +319,10 @@ void RemoteTier::follow_events(std::uint64_t& seq) {
                 return true;
         }
         if (e.entry == 0) return true;
+        if (auto entry = txn->entry(e.entry)) {  // pulled here (read through, prefetched): not uploaded back
+            std::lock_guard lock(m_mutex);
+            if (m_pulled.count(entry->name)) return true;
+        }
         if (auto p = m_pending.find(e.entry); p != m_pending.end()) {
             p->second.since = now;  // changed again: settles later
             return true;
@@ -357,6 +428,8 @@ void RemoteTier::run_uploader() {
             if (failures.size() > kMaxQueued) failures.clear();
         }
         if (Clock::now() - last_record >= std::chrono::seconds(1)) {
+            (void)m_remote->probe();
+            publish_servers(false);
             record_counts();
             last_record = Clock::now();
         }
@@ -370,7 +443,9 @@ void RemoteTier::record_counts() {
     const remote::Counts delta = minus(now, m_recorded);
     const std::uint64_t queued = m_queued.load(), dropped = m_dropped.load();
     const std::uint64_t dq = queued - m_recorded_queued, dd = dropped - m_recorded_dropped;
-    const bool any = dq || dd || delta.hits || delta.misses || delta.errors || delta.timeouts || delta.corrupt ||
+    const std::uint64_t prefetched = m_prefetched.load(), prefetched_bytes = m_prefetched_bytes.load();
+    const std::uint64_t dp = prefetched - m_recorded_prefetched, dpb = prefetched_bytes - m_recorded_prefetched_bytes;
+    const bool any = dq || dd || dp || dpb || delta.hits || delta.misses || delta.errors || delta.timeouts || delta.corrupt ||
                      delta.dangling || delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped;
     if (!any) return;
     if (auto s = remote::record_counts(m_store, delta); !s) {
@@ -378,9 +453,11 @@ void RemoteTier::record_counts() {
         return;
     }
     m_recorded = now;
-    if (dq || dd) {
+    if (dq || dd || dp || dpb) {
         auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
             if (auto a = txn.add(core::Counter::remote_upload_queued, dq); !a) return a;
+            if (auto a = txn.add(core::Counter::remote_prefetched, dp); !a) return a;
+            if (auto a = txn.add(core::Counter::remote_prefetched_bytes, dpb); !a) return a;
             return txn.add(core::Counter::remote_upload_dropped, dd);
         });
         if (!s) {
@@ -389,7 +466,51 @@ void RemoteTier::record_counts() {
         }
         m_recorded_queued = queued;
         m_recorded_dropped = dropped;
+        m_recorded_prefetched = prefetched;
+        m_recorded_prefetched_bytes = prefetched_bytes;
     }
+}
+
+void RemoteTier::publish_servers(bool stopping) {
+    std::lock_guard lock(m_record_mutex);
+    std::vector<remote::ServerState> servers;
+    if (!stopping) servers = m_remote->servers();
+    std::uint64_t open = 0, half_open = 0;
+    std::string list;
+    for (const remote::ServerState& s : servers) {
+        open += s.breaker == "open";
+        half_open += s.breaker == "half-open";
+        list += fmt::format("{}{{\"id\": {}, \"breaker\": {}, \"failures\": {}, \"uploads_paused\": {}}}",
+                            list.empty() ? "" : ", ", json_string(s.id), json_string(s.breaker), s.failures,
+                            s.uploads_paused ? "true" : "false");
+    }
+    if (!stopping && list == m_published_servers) return;
+    auto set = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        const std::pair<core::Counter, std::uint64_t> gauges[] = {
+            {core::Counter::remote_servers, servers.size()},
+            {core::Counter::remote_breakers_open, open},
+            {core::Counter::remote_breakers_half_open, half_open},
+        };
+        for (const auto& [counter, value] : gauges) {
+            auto now = txn.counter(counter);
+            if (!now) return tl::unexpected(now.error());
+            if (auto a = txn.add(counter, value - *now); !a) return a;  // modulo 2^64: sets it
+        }
+        return {};
+    });
+    if (!set) {
+        log::warning("remote: publishing the servers' states: {}", set.error().message);
+        return;
+    }
+    const std::string path = m_store.path() + "/" + kServerStateFile;
+    if (stopping) {
+        (void)::unlink(path.c_str());
+    } else if (!write_file_atomically(path, fmt::format("{{\"pid\": {}, \"updated_ns\": {}, \"servers\": [{}]}}\n",
+                                                         ::getpid(), m_store.now_ns(), list))) {
+        log::warning("remote: cannot write {}", path);
+        return;
+    }
+    m_published_servers = list;
 }
 
 }  // namespace kcache::fsd

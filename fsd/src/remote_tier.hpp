@@ -20,10 +20,22 @@
 //    uploaded back. An upload that fails is tried again a few times, further apart
 //    each time (kMaxUploadTries), then left to `kcache remote push`. Nothing is
 //    uploaded with --remote-read-only.
-//  - Counts (the Remote's remote_* counters, remote_upload_queued/dropped) are added
-//    to the db's statistics every second and at stop().
+//  - Prefetch (--prefetch-job-tag T): start() begins one thread that pulls every entry
+//    of job T into the db with Remote::pull_job (what `kcache remote pull --job-tag T`
+//    does), entry after entry, while the mount serves: no FUSE thread waits for it and
+//    the mount does not wait for it to come up. Entries it pulled are not uploaded back
+//    and count remote_prefetched(_bytes). stop() ends it after the pull in progress.
+//  - Counts (the Remote's remote_* counters, remote_upload_queued/dropped,
+//    remote_prefetched(_bytes)) are added to the db's statistics every second and at
+//    stop().
+//  - Breakers: every second the uploader PINGs a server whose cool-down passed
+//    (Remote::probe), so an idle daemon's breaker closes once Redis is back, and
+//    publishes the servers' states when they changed: the remote_servers /
+//    remote_breakers_open / remote_breakers_half_open gauges, and per server
+//    kServerStateFile in the db directory (docs/stats.md). start() publishes them,
+//    stop() sets the gauges to 0 and removes the file.
 // Threads: kFetchers fetchers, one timer (deadlines), one uploader (events, settling,
-// pushes, statistics). m_mutex guards the flights, the fetch queue, the miss memo, the
+// pushes, statistics, breakers), one prefetcher while a prefetch runs. m_mutex guards the flights, the fetch queue, the miss memo, the
 // pulled set and m_stop; nothing else is locked while it is held, and no callback
 // runs under it. The Remote serializes operations per server itself.
 #pragma once
@@ -62,9 +74,15 @@ public:
     // A failed upload (Redis down, frozen, circuit open, full) is tried again after
     // 2, 4, 8, 16 s; after kMaxUploadTries it is left to `kcache remote push`.
     static constexpr unsigned kMaxUploadTries = 5;
+    // Names of entries this tier pulled, so that they are not uploaded back (a bound:
+    // past it the set is cleared, and Redis answers such an upload "already remote").
+    static constexpr std::size_t kMaxPulled = 1u << 16;
+    static constexpr const char* kServerStateFile = "remote-servers.json";
 
     // Fails (EINVAL) for invalid options, as Remote::create does. Starts no thread.
-    static core::Result<std::unique_ptr<RemoteTier>> create(core::Store& store, remote::Options options);
+    // `prefetch_job_tag`: the job whose entries start() prefetches (empty: none).
+    static core::Result<std::unique_ptr<RemoteTier>> create(core::Store& store, remote::Options options,
+                                                            std::string prefetch_job_tag = {});
     ~RemoteTier();
     RemoteTier(const RemoteTier&) = delete;
     RemoteTier& operator=(const RemoteTier&) = delete;
@@ -98,8 +116,12 @@ private:
         Clock::time_point not_before{}; // after a failure: the next try
     };
 
-    RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote);
+    RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote, std::string prefetch_job_tag);
     void run_fetcher();
+    void run_prefetch();
+    // Publishes the servers' breaker states if they changed (or `stopping`: none).
+    void publish_servers(bool stopping);
+    void remember_pulled(const std::string& entry);  // m_mutex held
     void run_timer();
     void run_uploader();
     // Queues the entries of new events for settling (uploader thread only).
@@ -134,6 +156,11 @@ private:
     std::atomic<std::uint64_t> m_queued{0}, m_dropped{0};
     std::uint64_t m_recorded_queued = 0, m_recorded_dropped = 0;
     std::mutex m_record_mutex;  // record_counts() from the uploader and stop()
+
+    const std::string m_prefetch_tag;
+    std::atomic<std::uint64_t> m_prefetched{0}, m_prefetched_bytes{0};
+    std::uint64_t m_recorded_prefetched = 0, m_recorded_prefetched_bytes = 0;  // under m_record_mutex
+    std::string m_published_servers;  // what publish_servers() wrote last, under m_record_mutex
 
     std::atomic<std::int64_t> m_last_warning_ns{0};  // failures are logged at most every 10 s
 

@@ -287,6 +287,19 @@ std::vector<std::string> Remote::ping() {
     return out;
 }
 
+std::size_t Remote::probe() {
+    std::size_t tried = 0;
+    for (const auto& s : m_servers) {
+        {
+            std::lock_guard lock(s->mutex);
+            if (s->breaker != Server::Breaker::open || steady_ns() < s->open_until) continue;
+        }
+        ++tried;
+        (void)exec(*s, {{"PING"}});  // the trial: closes the circuit or opens it again
+    }
+    return tried;
+}
+
 Counts Remote::counts() const {
     Counts c;
     c.hits = m_counts.hits.load();

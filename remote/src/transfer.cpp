@@ -455,4 +455,30 @@ Result<std::vector<std::string>> Remote::job_entries(std::string_view job_tag) {
     return names;
 }
 
+PullSummary Remote::pull_entries(core::Store& store, const std::vector<std::string>& entries,
+                                 const PullProgress& progress) {
+    PullSummary summary;
+    for (const std::string& name : entries) {
+        auto result = pull(store, name);
+        if (!result) {
+            ++summary.failed;
+        } else if (result->outcome == Outcome::pulled) {
+            ++summary.pulled;
+            summary.pulled_bytes += result->bytes;
+        } else if (result->outcome == Outcome::already_local) {
+            ++summary.already_local;
+        } else {
+            ++summary.missing;
+        }
+        if (progress && !progress(name, result)) break;
+    }
+    return summary;
+}
+
+Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_tag, const PullProgress& progress) {
+    auto names = job_entries(job_tag);
+    if (!names) return tl::unexpected(names.error());
+    return pull_entries(store, *names, progress);
+}
+
 }  // namespace kcache::remote

@@ -3,7 +3,10 @@
 // mount B byte-exact, however B asks for it (a lookup of the entry, Triton's
 // makedirs(<key>) then probing files, a probe inside an entry directory B already had
 // empty); a frozen Redis leaves B's local hits as they were and answers its misses
-// (ENOENT) by the deadline, counted; after SIGCONT sharing works again.
+// (ENOENT) by the deadline, counted; after SIGCONT sharing works again. A daemon
+// started with --prefetch-job-tag has the job's entries in its db before anything asks
+// for them; `kcache stats` shows each server's breaker (open while Redis is stopped,
+// closed after it is back, nothing once the daemon stopped).
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -11,6 +14,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -171,4 +175,106 @@ TEST_CASE("fsd remote: a frozen Redis leaves local hits alone, misses answer ENO
         REQUIRE(test::wait_until([&] { return ::access(b.p(kKey3).c_str(), F_OK) == 0; }, 40));
     }
     require_same(b, kKey3, files3);
+}
+
+TEST_CASE("fsd remote: --prefetch-job-tag pulls a job's entries at mount: local hits, no read-through",
+          "[remote][fsd]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis));
+    const auto files1 = triton_files(kKey1, 21), files2 = triton_files(kKey2, 22), files3 = triton_files(kKey3, 23);
+    store(a, kKey1, files1);
+    store(a, kKey2, files2);
+    store(a, kKey3, files3);  // not in the job: B must not have it
+    wait_uploads(a, 3);
+    // The job's set: what `kcache remote push --job-tag` of A's db adds to it.
+    {
+        const auto r = test::run_kcache(a.db(), {"remote", "--remote", redis.url(), "--remote-namespace", "fsd",
+                                                 "push", "--job-tag", "train-7", kKey1, kKey2});
+        INFO(r.describe());
+        REQUIRE(r.exit_code == 0);
+    }
+
+    MountedCache b(with_remote(redis, {"--prefetch-job-tag", "train-7"}));
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_prefetched") >= 2; }, 30));
+    }
+    const auto stats = test::cache_stats(b.db());
+    CHECK(test::stat_value(stats, "remote_prefetched") == 2);
+    std::uint64_t job_bytes = 0;
+    for (const auto* files : {&files1, &files2}) {
+        for (const auto& [name, content] : *files) job_bytes += content.size();
+    }
+    CHECK(test::stat_value(stats, "remote_prefetched_bytes") == job_bytes);
+    CHECK(test::stat_value(stats, "entries") == 2);  // in B's db before anything asked for them
+
+    // Reading them through B: local hits, Redis not asked (no GET of a manifest or blob).
+    const std::uint64_t gets = redis.calls("get");
+    require_same(b, kKey1, files1);
+    require_same(b, kKey2, files2);
+    CHECK(redis.calls("get") == gets);
+    CHECK(stat_of(b, "remote_misses") == 0);
+    // The entry outside the job is still read through on demand.
+    require_same(b, kKey3, files3);
+    CHECK(redis.calls("get") > gets);
+
+    // Prefetched entries are not uploaded back (nor the read-through one).
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the settle time
+    CHECK(stat_of(b, "remote_uploads") == 0);
+    CHECK(stat_of(b, "remote_upload_skipped") == 0);
+}
+
+TEST_CASE("fsd remote: kcache stats shows each server's breaker: open while Redis is stopped, closed after",
+          "[remote][fsd]") {
+    RedisServer redis;
+    MountedCache b(with_remote(redis, {"--remote-timeout", "300ms", "--remote-connect-timeout", "300ms"}));
+    auto breaker = [&]() -> std::string {
+        const auto stats = test::cache_stats(b.db());
+        const auto& states = stats.at("remote_server_states");
+        if (!states.is_object() || states.at("servers").size() != 1) return "none";
+        return states.at("servers").at(0).at("breaker").get<std::string>();
+    };
+    {
+        const auto stats = test::cache_stats(b.db());
+        INFO(stats.dump());
+        CHECK(test::stat_value(stats, "remote_servers") == 1);
+        CHECK(test::stat_value(stats, "remote_breakers_open") == 0);
+        CHECK(stats.at("remote_server_states").at("live").get<bool>());
+        CHECK(stats.at("remote_server_states").at("servers").at(0).at("id") == redis.endpoint().id());
+    }
+    CHECK(breaker() == "closed");
+
+    redis.signal(SIGSTOP);
+    // Misses read through and time out: two failures in a row open the circuit.
+    for (const std::string& key : {kKey1, kKey2, kKey3}) REQUIRE_FAILS_WITH(::access(b.p(key).c_str(), F_OK), ENOENT);
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return breaker() == "open"; }, 30));
+    }
+    CHECK(test::stat_value(test::cache_stats(b.db()), "remote_breakers_open") == 1);
+    {
+        const auto r = test::run_kcache(b.db(), {"stats"});
+        INFO(r.describe());
+        CHECK(r.out.find("remote servers") != std::string::npos);
+        CHECK(r.out.find(redis.endpoint().id()) != std::string::npos);
+        CHECK(r.out.find("open") != std::string::npos);
+    }
+
+    redis.signal(SIGCONT);
+    // Nothing asks: the daemon's own trial after the cool-down closes it.
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return breaker() == "closed"; }, 40));
+    }
+    {
+        const auto stats = test::cache_stats(b.db());
+        CHECK(test::stat_value(stats, "remote_breakers_open") == 0);
+        CHECK(test::stat_value(stats, "remote_breakers_half_open") == 0);
+    }
+
+    // A stopped daemon publishes none.
+    b.unmount();
+    const auto stats = test::cache_stats(b.db());
+    CHECK(test::stat_value(stats, "remote_servers") == 0);
+    CHECK(stats.at("remote_server_states").is_null());
 }

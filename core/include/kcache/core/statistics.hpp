@@ -47,6 +47,8 @@ enum class Counter : std::uint32_t {
     remote_upload_skipped = 49,
     remote_upload_queued = 50,
     remote_upload_dropped = 51,
+    remote_prefetched = 52,
+    remote_prefetched_bytes = 53,
     // gauges
     entries = 100,
     bytes = 101,
@@ -54,9 +56,13 @@ enum class Counter : std::uint32_t {
     blobs = 103,
     files = 104,
     blob_raw_bytes = 105,
+    // the shared tier's servers as kcache-fsd --remote sees them now
+    remote_servers = 110,
+    remote_breakers_open = 111,
+    remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 32;
+inline constexpr std::size_t kStatisticCount = 37;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) { return static_cast<std::uint32_t>(c) >= 100; }
@@ -147,6 +153,10 @@ inline constexpr StatisticField kStatistics[] = {
      "kcache-fsd --remote: settled entries queued for write-behind"},
     {Counter::remote_upload_dropped, "remote_upload_dropped", Unit::count, StatisticKind::counter, by_remote,
      "kcache-fsd --remote: entries not queued because the upload queue was full"},
+    {Counter::remote_prefetched, "remote_prefetched", Unit::count, StatisticKind::counter, by_remote,
+     "kcache-fsd --prefetch-job-tag: entries of the job pulled into this db at mount"},
+    {Counter::remote_prefetched_bytes, "remote_prefetched_bytes", Unit::bytes, StatisticKind::counter, by_remote,
+     "kcache-fsd --prefetch-job-tag: logical bytes of the entries prefetched"},
     {Counter::entries, "entries", Unit::count, StatisticKind::gauge, by_store,
      "entries in the cache now"},
     {Counter::bytes, "bytes", Unit::bytes, StatisticKind::gauge, by_store,
@@ -159,6 +169,12 @@ inline constexpr StatisticField kStatistics[] = {
      "regular files in the cache now"},
     {Counter::blob_raw_bytes, "blob_raw_bytes", Unit::bytes, StatisticKind::gauge, by_store,
      "raw bytes of the unique blobs (after dedup, before compression)"},
+    {Counter::remote_servers, "remote_servers", Unit::count, StatisticKind::gauge, by_remote,
+     "kcache-fsd --remote: Redis servers the running daemon uses (0 when none runs)"},
+    {Counter::remote_breakers_open, "remote_breakers_open", Unit::count, StatisticKind::gauge, by_remote,
+     "kcache-fsd --remote: of them, servers whose circuit breaker is open (failing at once)"},
+    {Counter::remote_breakers_half_open, "remote_breakers_half_open", Unit::count, StatisticKind::gauge, by_remote,
+     "kcache-fsd --remote: of them, servers whose cool-down passed: the next operation is the trial"},
     // clang-format on
 };
 

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -97,6 +98,15 @@ struct EntryResult {
     std::string detail;        // why, for dangling / corrupt
 };
 
+// What pull_entries() / pull_job() did, in total.
+struct PullSummary {
+    std::uint64_t pulled = 0, already_local = 0, missing = 0, failed = 0;  // missing: miss, dangling, corrupt
+    std::uint64_t pulled_bytes = 0;  // logical bytes of the entries pulled
+};
+// Sees each entry as soon as its pull ended (an error fails that entry only); returning
+// false stops the pulls after it.
+using PullProgress = std::function<bool(const std::string& entry, const Result<EntryResult>& result)>;
+
 // A server's state, for `kcache remote stats`.
 struct ServerState {
     std::string id;
@@ -120,10 +130,22 @@ public:
                              std::string_view job_tag = {});
     // Fetches one entry by name into `store`, verified, in one write transaction.
     Result<EntryResult> pull(core::Store& store, std::string_view entry);
-    // The entry names of a job's set (in no particular order).
+    // The entry names of a job's set (sorted).
     Result<std::vector<std::string>> job_entries(std::string_view job_tag);
+    // Pulls `entries` one after another with pull(); a failure fails its entry, not the
+    // others (fast once a server's circuit is open). The one loop behind `kcache remote
+    // pull` and kcache-fsd --prefetch-job-tag.
+    PullSummary pull_entries(core::Store& store, const std::vector<std::string>& entries,
+                             const PullProgress& progress = {});
+    // job_entries() then pull_entries(): an error only when the job's set cannot be read.
+    Result<PullSummary> pull_job(core::Store& store, std::string_view job_tag, const PullProgress& progress = {});
     // PING every server: per server, empty on success or the error message.
     std::vector<std::string> ping();
+    // PINGs each server whose circuit is open and whose cool-down has passed: the trial
+    // that closes the circuit (or opens it again), so that an idle client's breaker
+    // recovers without traffic. The number of servers tried; none touches a closed or
+    // still cooling server.
+    std::size_t probe();
 
     Counts counts() const;
     std::vector<ServerState> servers() const;
