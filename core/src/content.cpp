@@ -123,10 +123,9 @@ Status add_refs(Tx& tx, const Digest& digest, BlobRef ref, std::uint64_t n) {
 Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const BlobRef& ref) {
     for (std::uint64_t i = 0; i < records::chunk_count(stored.size()); ++i) {
         const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
-        auto place = tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
-                                chunk.size());
-        if (!place) return tl::unexpected(place.error());
-        std::memcpy(*place, chunk.data(), chunk.size());
+        auto place = KCACHE_TRY(tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
+                                           chunk.size()));
+        std::memcpy(place, chunk.data(), chunk.size());
     }
     if (auto s = tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref)); !s) return s;
     Status s = tx.add(Counter::blobs, 1);
@@ -149,16 +148,15 @@ Status drop_blob(Tx& tx, const Digest& digest, const BlobRef& ref) {
 
 // `n` more references to the flat blob `digest` of `content`, stored if new.
 Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view content, std::uint64_t n) {
-    auto existing = tx.blob_ref(digest);
-    if (!existing) return tl::unexpected(existing.error());
-    if (*existing) {
-        if (auto s = add_refs(tx, digest, **existing, n); !s) return tl::unexpected(s.error());
-        return **existing;
+    auto existing = KCACHE_TRY(tx.blob_ref(digest));
+    if (existing) {
+        KCACHE_TRY(add_refs(tx, digest, *existing, n));
+        return *existing;
     }
     const std::string compressed = compress(content);
     const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
     const BlobRef ref{n, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
-    if (auto s = put_blob(tx, digest, stored, ref); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(put_blob(tx, digest, stored, ref));
     return ref;
 }
 
@@ -184,7 +182,7 @@ Result<BlobRef> put_list(Tx& tx, const ContentDigests& d, std::uint64_t raw_size
     list.reserve(d.segments.size() * 16);
     for (const Digest& seg : d.segments) list += records::digest_key(seg);
     const BlobRef ref{1, raw_size, list.size(), Codec::segments, segment_footprint};
-    if (auto s = put_blob(tx, d.digest, list, ref); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(put_blob(tx, d.digest, list, ref));
     return ref;
 }
 
@@ -206,24 +204,22 @@ Result<BlobRef> put_segmented(Tx& tx, const ContentDigests& d, std::string_view 
 
 Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t* footprint_out) {
     if (digest.empty() || n == 0) return {};
-    auto existing = tx.blob_ref(digest);
-    if (!existing) return tl::unexpected(existing.error());
-    if (!*existing) {
+    auto existing = KCACHE_TRY(tx.blob_ref(digest));
+    if (!existing) {
         // A reference to a blob that is gone: the db was damaged before. Dropping the
         // reference is the repair; `kcache verify` reports such damage.
         return tx.add(Counter::errors_io, 1);
     }
-    BlobRef ref = **existing;
+    BlobRef ref = *existing;
     if (footprint_out) *footprint_out = records::footprint(ref);
     if (ref.refcount > n) {
         ref.refcount -= n;
         return tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref));
     }
     if (ref.codec == Codec::segments) {
-        auto list = segment_list(tx, digest);
-        if (!list) return tl::unexpected(list.error());
-        if (*list) {
-            for (const auto& [seg, count] : occurrences(**list)) {
+        auto list = KCACHE_TRY(segment_list(tx, digest));
+        if (list) {
+            for (const auto& [seg, count] : occurrences(*list)) {
                 if (auto s = release_refs(tx, seg, count); !s) return s;
             }
         }
@@ -238,50 +234,44 @@ Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t
 Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, const ContentDigests& d,
                                                  std::string_view content) {
     if (old.empty() || d.segments.empty() || old == d.digest) return std::nullopt;
-    auto old_ref = tx.blob_ref(old);
-    if (!old_ref) return tl::unexpected(old_ref.error());
-    if (!*old_ref || (*old_ref)->codec != Codec::segments || (*old_ref)->refcount != 1) return std::nullopt;
-    auto existing = tx.blob_ref(d.digest);
-    if (!existing) return tl::unexpected(existing.error());
-    if (*existing) return std::nullopt;
-    auto old_list = segment_list(tx, old);
-    if (!old_list) return tl::unexpected(old_list.error());
-    if (!*old_list) return std::nullopt;
+    auto old_ref = KCACHE_TRY(tx.blob_ref(old));
+    if (!old_ref || old_ref->codec != Codec::segments || old_ref->refcount != 1) return std::nullopt;
+    auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
+    if (existing) return std::nullopt;
+    auto old_list = KCACHE_TRY(segment_list(tx, old));
+    if (!old_list) return std::nullopt;
 
     std::unordered_map<Digest, std::int64_t, DigestHash> delta;
     for (const Digest& seg : d.segments) ++delta[seg];
-    for (const Digest& seg : **old_list) --delta[seg];
-    std::int64_t sum = static_cast<std::int64_t>((*old_ref)->segment_footprint);
+    for (const Digest& seg : *old_list) --delta[seg];
+    std::int64_t sum = static_cast<std::int64_t>(old_ref->segment_footprint);
     for (std::size_t i = 0; i < d.segments.size(); ++i) {  // new segments, at their first occurrence
         auto n = delta.find(d.segments[i]);
         if (n->second <= 0) continue;
-        auto ref = acquire_flat(tx, d.segments[i], segment_of(content, i), static_cast<std::uint64_t>(n->second));
-        if (!ref) return tl::unexpected(ref.error());
-        sum += n->second * static_cast<std::int64_t>(records::footprint(*ref));
+        auto ref = KCACHE_TRY(acquire_flat(tx, d.segments[i], segment_of(content, i), static_cast<std::uint64_t>(n->second)));
+        sum += n->second * static_cast<std::int64_t>(records::footprint(ref));
         n->second = 0;
     }
     for (const auto& [seg, n] : delta) {  // segments gone
         if (n >= 0) continue;
         std::uint64_t fp = 0;
-        if (auto s = release_refs(tx, seg, static_cast<std::uint64_t>(-n), &fp); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(release_refs(tx, seg, static_cast<std::uint64_t>(-n), &fp));
         sum += n * static_cast<std::int64_t>(fp);
     }
-    if (auto s = drop_blob(tx, old, **old_ref); !s) return tl::unexpected(s.error());
-    auto ref = put_list(tx, d, content.size(), static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0)));
-    if (!ref) return tl::unexpected(ref.error());
-    return std::optional<BlobRef>(*ref);
+    KCACHE_TRY(drop_blob(tx, old, *old_ref));
+    auto ref = KCACHE_TRY(put_list(tx, d, content.size(), static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0))));
+    return std::optional<BlobRef>(ref);
 }
 
 }  // namespace
 
 Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view content) {
     if (d.digest.empty()) return BlobRef{};
-    auto existing = tx.blob_ref(d.digest);
-    if (!existing) return tl::unexpected(existing.error());
-    if (*existing) {
-        if (auto s = add_refs(tx, d.digest, **existing, 1); !s) return tl::unexpected(s.error());
-        if (auto s = tx.add(Counter::dedup_hits, 1); !s) return tl::unexpected(s.error());
-        BlobRef ref = **existing;
+    auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
+    if (existing) {
+        KCACHE_TRY(add_refs(tx, d.digest, *existing, 1));
+        KCACHE_TRY(tx.add(Counter::dedup_hits, 1));
+        BlobRef ref = *existing;
         ++ref.refcount;
         return ref;
     }
@@ -297,40 +287,36 @@ static Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Dig
     std::vector<std::string_view> pieces;
     pieces.reserve(chunks);
     for (std::uint64_t i = 0; i < chunks; ++i) {
-        auto data = tx.get(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)));
-        if (!data) return tl::unexpected(data.error());
+        auto data = KCACHE_TRY(tx.get(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i))));
         const std::uint64_t expected = std::min<std::uint64_t>(records::kChunkSize, ref.stored_size - i * records::kChunkSize);
-        if (!*data || (*data)->size() != expected) {
+        if (!data || data->size() != expected) {
             return fail(EIO, fmt::format("db {}: blob {} is missing or has the wrong size (chunk {})", tx.db.path,
                                          digest.hex(), i));
         }
-        pieces.push_back(**data);
+        pieces.push_back(*data);
     }
     return pieces;
 }
 
 Result<Content> stored_form(const Tx& tx, const Digest& digest, const BlobRef& ref) {
-    auto pieces = chunk_views(tx, digest, ref);
-    if (!pieces) return tl::unexpected(pieces.error());
-    if (pieces->size() == 1) return Content::view(pieces->front());  // zero-copy from the map
-    prefetch(*pieces);
+    auto pieces = KCACHE_TRY(chunk_views(tx, digest, ref));
+    if (pieces.size() == 1) return Content::view(pieces.front());  // zero-copy from the map
+    prefetch(pieces);
     std::string assembled;
     assembled.reserve(ref.stored_size);
-    for (const std::string_view piece : *pieces) assembled.append(piece);
+    for (const std::string_view piece : pieces) assembled.append(piece);
     return Content::owned(std::move(assembled));
 }
 
 Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Digest& digest) {
-    auto ref = tx.blob_ref(digest);
-    if (!ref) return tl::unexpected(ref.error());
-    if (!*ref || (*ref)->codec != Codec::segments) return std::nullopt;
-    const BlobRef& r = **ref;
+    auto ref = KCACHE_TRY(tx.blob_ref(digest));
+    if (!ref || ref->codec != Codec::segments) return std::nullopt;
+    const BlobRef& r = *ref;
     if (r.stored_size != segment_count(r.raw_size) * 16 || r.raw_size < kSegmentedSize) {
         return fail(EIO, fmt::format("db {}: blob {} has a segment list of the wrong size", tx.db.path, digest.hex()));
     }
-    auto stored = stored_form(tx, digest, r);
-    if (!stored) return tl::unexpected(stored.error());
-    const std::string_view list = stored->bytes();
+    auto stored = KCACHE_TRY(stored_form(tx, digest, r));
+    const std::string_view list = stored.bytes();
     std::vector<Digest> segments;
     segments.reserve(list.size() / 16);
     for (std::size_t at = 0; at < list.size(); at += 16) segments.push_back(records::digest_from_key(list.substr(at, 16)));
@@ -341,8 +327,7 @@ namespace {
 
 // The raw content of a zstd blob.
 Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobRef& r) {
-    auto stored = stored_form(tx, digest, r);
-    if (!stored) return tl::unexpected(stored.error());
+    auto stored = KCACHE_TRY(stored_form(tx, digest, r));
     std::string raw;
     try {
         raw.assign(r.raw_size, '\0');
@@ -350,7 +335,7 @@ Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobR
         return fail(ENOMEM, fmt::format("no memory to read {} bytes", r.raw_size));
     }
     const std::size_t n = ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(),
-                                              stored->bytes().data(), stored->bytes().size());
+                                              stored.bytes().data(), stored.bytes().size());
     if (ZSTD_isError(n) || n != r.raw_size) {
         return fail(EIO, fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
     }
@@ -359,13 +344,12 @@ Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobR
 
 // The reference of a blob holding `size` bytes, or EIO.
 Result<BlobRef> sized_ref(const Tx& tx, const Digest& digest, std::uint64_t size) {
-    auto ref = tx.blob_ref(digest);
-    if (!ref) return tl::unexpected(ref.error());
-    if (!*ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
-    if ((*ref)->raw_size != size) {
+    auto ref = KCACHE_TRY(tx.blob_ref(digest));
+    if (!ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
+    if (ref->raw_size != size) {
         return fail(EIO, fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
     }
-    return **ref;
+    return *ref;
 }
 
 // Calls fn with the pieces of a blob's content in order: zero-copy views of raw
@@ -374,31 +358,27 @@ Result<BlobRef> sized_ref(const Tx& tx, const Digest& digest, std::uint64_t size
 Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
                       const std::function<void(std::string_view)>& fn, bool in_list = false) {
     if (digest.empty()) return {};
-    auto r = sized_ref(tx, digest, size);
-    if (!r) return tl::unexpected(r.error());
-    switch (r->codec) {
+    auto r = KCACHE_TRY(sized_ref(tx, digest, size));
+    switch (r.codec) {
         case Codec::segments: {
             if (in_list) return fail(EIO, fmt::format("db {}: segment {} is a list", tx.db.path, digest.hex()));
-            auto list = segment_list(tx, digest);
-            if (!list) return tl::unexpected(list.error());
-            for (std::size_t i = 0; i < (*list)->size(); ++i) {
+            auto list = KCACHE_TRY(segment_list(tx, digest));
+            for (std::size_t i = 0; i < list->size(); ++i) {
                 const std::uint64_t seg_size = std::min<std::uint64_t>(kSegmentSize, size - i * kSegmentSize);
-                if (auto s = for_each_piece(tx, (**list)[i], seg_size, fn, true); !s) return s;
+                if (auto s = for_each_piece(tx, (*list)[i], seg_size, fn, true); !s) return s;
             }
             return {};
         }
         case Codec::zstd: {
-            auto raw = decompressed(tx, digest, *r);
-            if (!raw) return tl::unexpected(raw.error());
-            fn(*raw);
+            auto raw = KCACHE_TRY(decompressed(tx, digest, r));
+            fn(raw);
             return {};
         }
         case Codec::raw: break;
     }
-    auto pieces = chunk_views(tx, digest, *r);
-    if (!pieces) return tl::unexpected(pieces.error());
-    if (pieces->size() > 1) prefetch(*pieces);
-    for (const std::string_view piece : *pieces) fn(piece);
+    auto pieces = KCACHE_TRY(chunk_views(tx, digest, r));
+    if (pieces.size() > 1) prefetch(pieces);
+    for (const std::string_view piece : pieces) fn(piece);
     return {};
 }
 
@@ -406,13 +386,11 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
 
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
     if (digest.empty()) return Content::view({});
-    auto r = sized_ref(tx, digest, size);
-    if (!r) return tl::unexpected(r.error());
-    if (r->codec == Codec::raw) return stored_form(tx, digest, *r);  // zero-copy when one chunk
-    if (r->codec == Codec::zstd) {
-        auto raw = decompressed(tx, digest, *r);
-        if (!raw) return tl::unexpected(raw.error());
-        return Content::owned(std::move(*raw));
+    auto r = KCACHE_TRY(sized_ref(tx, digest, size));
+    if (r.codec == Codec::raw) return stored_form(tx, digest, r);  // zero-copy when one chunk
+    if (r.codec == Codec::zstd) {
+        auto raw = KCACHE_TRY(decompressed(tx, digest, r));
+        return Content::owned(std::move(raw));
     }
     std::string assembled;
     try {
@@ -420,29 +398,26 @@ Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size
     } catch (const std::bad_alloc&) {
         return fail(ENOMEM, fmt::format("no memory to read {} bytes", size));
     }
-    auto s = for_each_piece(tx, digest, size, [&](std::string_view piece) { assembled.append(piece); });
-    if (!s) return tl::unexpected(s.error());
+    KCACHE_TRY(for_each_piece(tx, digest, size, [&](std::string_view piece) { assembled.append(piece); }));
     return Content::owned(std::move(assembled));
 }
 
 Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
-    auto entry = tx.entry(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
     std::uint64_t stored = 0;
     if (!file.digest.empty()) {
-        auto ref = tx.blob_ref(file.digest);
-        if (!ref) return tl::unexpected(ref.error());
-        if (*ref) stored = records::file_footprint(**ref);
+        auto ref = KCACHE_TRY(tx.blob_ref(file.digest));
+        if (ref) stored = records::file_footprint(*ref);
     }
     auto apply = [sign](std::uint64_t& value, std::uint64_t delta) {
         value = sign > 0 ? value + delta : (value > delta ? value - delta : 0);
     };
-    apply(entry->files, 1);
-    apply(entry->bytes, file.size);
-    apply(entry->stored_bytes, stored);
-    if (entry->files == 0) entry->populated = false;  // empty again: the next store is a miss
-    if (sign > 0 && entry->producer == Producer::unknown) entry->producer = producer_of(file.name);
-    return tx.put_entry(*entry);
+    apply(entry.files, 1);
+    apply(entry.bytes, file.size);
+    apply(entry.stored_bytes, stored);
+    if (entry.files == 0) entry.populated = false;  // empty again: the next store is a miss
+    if (sign > 0 && entry.producer == Producer::unknown) entry.producer = producer_of(file.name);
+    return tx.put_entry(entry);
 }
 
 Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const ContentDigests& digests,
@@ -453,21 +428,18 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const Con
     auto fail_with = [](const Error& e) { return tl::unexpected(e); };
     std::uint64_t old_stored = 0;
     if (!node.digest.empty()) {
-        auto old_ref = tx.blob_ref(node.digest);
-        if (!old_ref) return tl::unexpected(old_ref.error());
-        if (*old_ref) old_stored = records::file_footprint(**old_ref);
+        auto old_ref = KCACHE_TRY(tx.blob_ref(node.digest));
+        if (old_ref) old_stored = records::file_footprint(*old_ref);
     }
-    auto replaced = replace_segmented(tx, node.digest, digests, content);
-    if (!replaced) return tl::unexpected(replaced.error());
+    auto replaced = KCACHE_TRY(replace_segmented(tx, node.digest, digests, content));
     BlobRef ref;
-    if (*replaced) {
-        ref = **replaced;
+    if (replaced) {
+        ref = *replaced;
     } else {
         // Take the new reference before dropping the old one: rewriting the same
         // content must not free the blob in between.
-        auto acquired = acquire_blob(tx, digests, content);
-        if (!acquired) return tl::unexpected(acquired.error());
-        ref = *acquired;
+        auto acquired = KCACHE_TRY(acquire_blob(tx, digests, content));
+        ref = acquired;
         if (auto s = release_blob(tx, node.digest); !s) return fail_with(s.error());
     }
     const auto old_size = static_cast<std::int64_t>(node.size);
@@ -482,27 +454,25 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const Con
     if (!s) return fail_with(s.error());
     if (!node.entry) return node.attr();
 
-    auto entry = tx.entry(node.entry);
-    if (!entry) return tl::unexpected(entry.error());
+    auto entry = KCACHE_TRY(tx.entry(node.entry));
     // The file stays in its entry: only its bytes change.
-    entry->bytes = entry->bytes + content.size() - std::min<std::uint64_t>(entry->bytes, static_cast<std::uint64_t>(old_size));
-    entry->stored_bytes = entry->stored_bytes + records::file_footprint(ref) - std::min(entry->stored_bytes, old_stored);
-    if (entry->producer == Producer::unknown) entry->producer = producer_of(node.name);
+    entry.bytes = entry.bytes + content.size() - std::min<std::uint64_t>(entry.bytes, static_cast<std::uint64_t>(old_size));
+    entry.stored_bytes = entry.stored_bytes + records::file_footprint(ref) - std::min(entry.stored_bytes, old_stored);
+    if (entry.producer == Producer::unknown) entry.producer = producer_of(node.name);
     // Absent or empty until now: this store is the miss. Temp files and locks are not.
     if (!node.bookkeeping) {
-        if (auto a = populate(tx, *entry, origin); !a) return fail_with(a.error());
+        if (auto a = populate(tx, entry, origin); !a) return fail_with(a.error());
     }
-    if (auto a = move_in_lru(tx, *entry, tx.now()); !a) return fail_with(a.error());
-    if (auto a = tx.put_entry(*entry); !a) return fail_with(a.error());
+    if (auto a = move_in_lru(tx, entry, tx.now()); !a) return fail_with(a.error());
+    if (auto a = tx.put_entry(entry); !a) return fail_with(a.error());
     return node.attr();
 }
 
 // The checks every write to an inode makes before its content changes.
 Result<Inode> writable_file(const Tx& tx, Ino file) {
-    auto node = tx.inode(file);
-    if (!node) return tl::unexpected(node.error());
-    if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    auto node = KCACHE_TRY(tx.inode(file));
+    if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return node;
 }
 
@@ -510,44 +480,39 @@ Result<Inode> writable_file(const Tx& tx, Ino file) {
 
 Result<Content> Txn::read(Ino file) const {
     Tx tx = TxnAccess::tx(*this);
-    auto node = tx.inode(file);
-    if (!node) return tl::unexpected(node.error());
-    if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
-    return ops::read_blob(tx, node->digest, node->size);
+    auto node = KCACHE_TRY(tx.inode(file));
+    if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    return ops::read_blob(tx, node.digest, node.size);
 }
 
 Status Txn::read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    auto node = tx.inode(file);
-    if (!node) return tl::unexpected(node.error());
-    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
-    return ops::for_each_piece(tx, node->digest, node->size, fn);
+    auto node = KCACHE_TRY(tx.inode(file));
+    if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    return ops::for_each_piece(tx, node.digest, node.size, fn);
 }
 
 Result<bool> Txn::has_blob(const Digest& digest) const {
     if (digest.empty()) return true;
     Tx tx = TxnAccess::tx(*this);
-    auto ref = tx.blob_ref(digest);
-    if (!ref) return tl::unexpected(ref.error());
-    return ref->has_value();
+    auto ref = KCACHE_TRY(tx.blob_ref(digest));
+    return ref.has_value();
 }
 
 Result<Content> Txn::read_blob(const Digest& digest, std::uint64_t size) const {
-    auto present = has_blob(digest);
-    if (!present) return tl::unexpected(present.error());
-    if (!*present) return fail(ENOENT, fmt::format("no blob {}", digest.hex()));
+    auto present = KCACHE_TRY(has_blob(digest));
+    if (!present) return fail(ENOENT, fmt::format("no blob {}", digest.hex()));
     return ops::read_blob(TxnAccess::tx(*this), digest, size);
 }
 
 Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
     Tx tx = TxnAccess::tx(*this);
-    auto node = ops::writable_file(tx, file);
-    if (!node) return tl::unexpected(node.error());
+    auto node = KCACHE_TRY(ops::writable_file(tx, file));
     if (content.size() > kMaxFileSize) {  // before hashing it
         return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}", content.size(), kMaxFileSize));
     }
-    return ops::write_file(tx, *node, content, ops::digests_of(content), origin);
+    return ops::write_file(tx, node, content, ops::digests_of(content), origin);
 }
 
 }  // namespace kcache::core

@@ -29,11 +29,10 @@ std::uint32_t be32(std::string_view bytes) {
 Result<bool> file_in_flight(const Tx& tx, Ino file) {
     bool live = false;
     const std::string prefix = records::u64_key(file);
-    auto s = tx.scan(tx.db.leases, prefix, prefix, [&](std::string_view key, std::string_view) {
+    KCACHE_TRY(tx.scan(tx.db.leases, prefix, prefix, [&](std::string_view key, std::string_view) {
         live = key.size() == 12 && process_alive(be32(key.substr(8)));
         return !live;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
     return live;
 }
 
@@ -44,23 +43,20 @@ bool no_leases(const Tx& tx) {
 
 Result<bool> entry_in_flight(const Tx& tx, Ino entry_ino) {
     if (no_leases(tx)) return false;  // the common case costs one stat
-    auto entry = tx.entry(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
     std::vector<Ino> work;
-    auto members = ops::for_each_member(tx, *entry, [&](const Inode& member) {
+    KCACHE_TRY(ops::for_each_member(tx, entry, [&](const Inode& member) {
         work.push_back(member.ino);
         return true;
-    });
-    if (!members) return tl::unexpected(members.error());
+    }));
     while (!work.empty()) {
         const Ino ino = work.back();
         work.pop_back();
         auto live = file_in_flight(tx, ino);
         if (!live) return live;
         if (*live) return true;
-        auto children = tx.children(ino);
-        if (!children) return tl::unexpected(children.error());
-        for (const auto& [name, d] : *children) work.push_back(d.child);
+        auto children = KCACHE_TRY(tx.children(ino));
+        for (const auto& [name, d] : children) work.push_back(d.child);
     }
     return false;
 }
@@ -74,10 +70,9 @@ Result<Inode> regular_file(const Tx& tx, Ino file) {
 
 Status change_lease(Tx& tx, Ino file, int delta) {
     const std::string key = records::lease_key(file, static_cast<std::uint32_t>(getpid()));
-    auto current = tx.get(tx.db.leases, key);
-    if (!current) return tl::unexpected(current.error());
+    auto current = KCACHE_TRY(tx.get(tx.db.leases, key));
     std::int64_t count = 0;
-    if (*current && (*current)->size() == 4) count = records::Reader(**current).u32();
+    if (current && current->size() == 4) count = records::Reader(*current).u32();
     count += delta;
     if (count <= 0) return tx.del(tx.db.leases, key);
     std::string value;
@@ -101,11 +96,10 @@ Status insert_entry(Tx& tx, EntryInfo& entry) {
 }  // namespace
 
 Status create_entry_record(Tx& tx, const Inode& node, Producer producer, bool by_rule) {
-    auto path = tx.path_of(node.ino);
-    if (!path) return tl::unexpected(path.error());
+    auto path = KCACHE_TRY(tx.path_of(node.ino));
     EntryInfo entry;
     entry.ino = node.ino;
-    entry.name = std::move(*path);
+    entry.name = std::move(path);
     entry.kind = EntryKind::node;
     entry.parent = node.parent;
     entry.producer = producer;
@@ -115,44 +109,36 @@ Status create_entry_record(Tx& tx, const Inode& node, Producer producer, bool by
 
 Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string_view stem) {
     if (!tx.db.has_stems) return std::optional<Ino>{};
-    auto id = tx.get(tx.db.stems, records::stem_key(parent, stem));
-    if (!id) return tl::unexpected(id.error());
-    if (!*id) return std::optional<Ino>{};
-    auto value = records::decode_u64(**id, "stem");
-    if (!value) return tl::unexpected(value.error());
-    return std::optional<Ino>{*value};
+    auto id = KCACHE_TRY(tx.get(tx.db.stems, records::stem_key(parent, stem)));
+    if (!id) return std::optional<Ino>{};
+    auto value = KCACHE_TRY(records::decode_u64(*id, "stem"));
+    return std::optional<Ino>{value};
 }
 
 Result<Ino> stem_entry(Tx& tx, const Inode& parent, std::string_view stem, Producer producer, bool by_rule) {
-    auto existing = find_stem_entry(tx, parent.ino, stem);
-    if (!existing) return tl::unexpected(existing.error());
-    if (*existing) return **existing;
+    auto existing = KCACHE_TRY(find_stem_entry(tx, parent.ino, stem));
+    if (existing) return *existing;
     if (!tx.db.has_stems) return fail(EROFS, fmt::format("db {}: schema 1, read-only", tx.db.path));
     // Stem entries take their id from the inode numbers, so ids never collide.
-    auto id = tx.next_ino();
-    if (!id) return tl::unexpected(id.error());
-    auto dir = tx.path_of(parent.ino);
-    if (!dir) return tl::unexpected(dir.error());
+    auto id = KCACHE_TRY(tx.next_ino());
+    auto dir = KCACHE_TRY(tx.path_of(parent.ino));
     EntryInfo entry;
-    entry.ino = *id;
-    entry.name = dir->empty() ? std::string(stem) : *dir + "/" + std::string(stem);
+    entry.ino = id;
+    entry.name = dir.empty() ? std::string(stem) : dir + "/" + std::string(stem);
     entry.kind = EntryKind::stem;
     entry.parent = parent.ino;
     entry.stem = stem;
     entry.producer = producer;
     entry.by_rule = by_rule;
-    if (auto s = tx.put(tx.db.stems, records::stem_key(parent.ino, stem), records::encode_u64(*id)); !s) {
-        return tl::unexpected(s.error());
-    }
-    if (auto s = insert_entry(tx, entry); !s) return tl::unexpected(s.error());
-    return *id;
+    KCACHE_TRY(tx.put(tx.db.stems, records::stem_key(parent.ino, stem), records::encode_u64(id)));
+    KCACHE_TRY(insert_entry(tx, entry));
+    return id;
 }
 
 Status for_each_member(const Tx& tx, const EntryInfo& entry, const std::function<bool(const Inode&)>& fn) {
     if (entry.kind == EntryKind::node) {
-        auto node = tx.inode(entry.ino);
-        if (!node) return tl::unexpected(node.error());
-        fn(*node);
+        auto node = KCACHE_TRY(tx.inode(entry.ino));
+        fn(node);
         return {};
     }
     // The stem's files are the parent's children whose entry is this one. Their names
@@ -166,9 +152,8 @@ Status for_each_member(const Tx& tx, const EntryInfo& entry, const std::function
     });
     if (!s) return s;
     for (Ino ino : members) {
-        auto node = tx.inode(ino);
-        if (!node) return tl::unexpected(node.error());
-        if (node->entry == entry.ino && !fn(*node)) break;
+        auto node = KCACHE_TRY(tx.inode(ino));
+        if (node.entry == entry.ino && !fn(node)) break;
     }
     return {};
 }
@@ -191,15 +176,14 @@ Status populate(Tx& tx, EntryInfo& entry, const Origin& origin) {
 }
 
 Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::string_view name) {
-    auto entry = tx.find_entry_record(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
-    if (!*entry) return {};
+    auto entry = KCACHE_TRY(tx.find_entry_record(entry_ino));
+    if (!entry) return {};
     if (auto s = tx.del(tx.db.entries, records::u64_key(entry_ino)); !s) return s;
-    if (!(*entry)->pinned) {
-        if (auto s = tx.del(tx.db.lru, records::lru_key((*entry)->last_access_ns, entry_ino)); !s) return s;
+    if (!entry->pinned) {
+        if (auto s = tx.del(tx.db.lru, records::lru_key(entry->last_access_ns, entry_ino)); !s) return s;
     }
-    if ((*entry)->kind == EntryKind::stem && tx.db.has_stems) {
-        if (auto s = tx.del(tx.db.stems, records::stem_key((*entry)->parent, (*entry)->stem)); !s) return s;
+    if (entry->kind == EntryKind::stem && tx.db.has_stems) {
+        if (auto s = tx.del(tx.db.stems, records::stem_key(entry->parent, entry->stem)); !s) return s;
     }
     if (auto s = tx.add(Counter::entries, -1); !s) return s;
     return tx.log(why, entry_ino, parent, name);
@@ -239,9 +223,8 @@ Result<EntryInfo> Txn::find_entry(std::string_view name) const {
     Tx tx = TxnAccess::tx(*this);
     std::optional<Ino> id;
     if (auto ino = resolve(name); ino) {
-        auto record = tx.find_entry_record(*ino);
-        if (!record) return tl::unexpected(record.error());
-        if (*record) return std::move(**record);
+        auto record = KCACHE_TRY(tx.find_entry_record(*ino));
+        if (record) return std::move(*record);
     } else if (ino.error().code != ENOENT) {
         return tl::unexpected(ino.error());
     }
@@ -250,9 +233,8 @@ Result<EntryInfo> Txn::find_entry(std::string_view name) const {
     const std::string_view dir = slash == std::string_view::npos ? std::string_view{} : name.substr(0, slash);
     const std::string_view stem = slash == std::string_view::npos ? name : name.substr(slash + 1);
     if (auto parent = resolve(dir); parent && !stem.empty()) {
-        auto found = ops::find_stem_entry(tx, *parent, stem);
-        if (!found) return tl::unexpected(found.error());
-        id = *found;
+        auto found = KCACHE_TRY(ops::find_stem_entry(tx, *parent, stem));
+        id = found;
     }
     if (!id) return fail(ENOENT, fmt::format("'{}' is not a cache entry", name));
     return tx.entry(*id);
@@ -279,13 +261,11 @@ Status Txn::for_each_entry_file(const EntryInfo& entry,
         work.pop_back();
         const std::uint32_t type = item.node.mode & S_IFMT;
         if (type == S_IFDIR) {
-            auto children = tx.children(item.node.ino);
-            if (!children) return tl::unexpected(children.error());
+            auto children = KCACHE_TRY(tx.children(item.node.ino));
             if (!item.path.empty() && !fn(EntryFile{item.path, item.node.attr(), {}})) return {};
-            for (auto it = children->rbegin(); it != children->rend(); ++it) {
-                auto child = tx.inode(it->second.child);
-                if (!child) return tl::unexpected(child.error());
-                work.push_back({std::move(*child), item.path.empty() ? it->first : item.path + "/" + it->first});
+            for (auto it = children.rbegin(); it != children.rend(); ++it) {
+                auto child = KCACHE_TRY(tx.inode(it->second.child));
+                work.push_back({std::move(child), item.path.empty() ? it->first : item.path + "/" + it->first});
             }
             continue;
         }
@@ -329,7 +309,7 @@ Result<bool> Txn::in_flight(Ino entry) const { return entry_in_flight(TxnAccess:
 
 Status WriteTxn::begin_write(Ino file) {
     Tx tx = TxnAccess::tx(*this);
-    if (auto node = regular_file(tx, file); !node) return tl::unexpected(node.error());
+    KCACHE_TRY(regular_file(tx, file));
     return change_lease(tx, file, +1);
 }
 
@@ -340,46 +320,42 @@ Status WriteTxn::end_write(Ino file) {
 
 Status WriteTxn::record_hit(Ino entry_ino) {
     Tx tx = TxnAccess::tx(*this);
-    auto entry = tx.entry(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
     const std::int64_t now = tx.now();
-    ++entry->hits;
-    entry->last_hit_ns = now;
-    if (auto s = ops::move_in_lru(tx, *entry, now); !s) return s;
-    if (auto s = tx.put_entry(*entry); !s) return s;
+    ++entry.hits;
+    entry.last_hit_ns = now;
+    if (auto s = ops::move_in_lru(tx, entry, now); !s) return s;
+    if (auto s = tx.put_entry(entry); !s) return s;
     if (auto s = tx.add(Counter::hits, 1); !s) return s;
-    const auto [parent, name] = ops::event_target(tx, *entry);
+    const auto [parent, name] = ops::event_target(tx, entry);
     return tx.log(EventKind::hit, entry_ino, parent, name);
 }
 
 Status WriteTxn::set_pinned(Ino entry_ino, bool pinned) {
     Tx tx = TxnAccess::tx(*this);
-    auto entry = tx.entry(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
-    if (entry->pinned == pinned) return {};
-    const std::string key = records::lru_key(entry->last_access_ns, entry_ino);
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
+    if (entry.pinned == pinned) return {};
+    const std::string key = records::lru_key(entry.last_access_ns, entry_ino);
     // Pinned entries leave the LRU index, so eviction never even looks at them.
     if (auto s = pinned ? tx.del(tx.db.lru, key) : tx.put(tx.db.lru, key, {}); !s) return s;
-    entry->pinned = pinned;
-    if (auto s = tx.put_entry(*entry); !s) return s;
-    const auto [parent, name] = ops::event_target(tx, *entry);
+    entry.pinned = pinned;
+    if (auto s = tx.put_entry(entry); !s) return s;
+    const auto [parent, name] = ops::event_target(tx, entry);
     return tx.log(pinned ? EventKind::pin : EventKind::unpin, entry_ino, parent, name);
 }
 
 Status WriteTxn::evict_entry(Ino entry_ino, bool force) {
     Tx tx = TxnAccess::tx(*this);
-    auto entry = tx.entry(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
-    if (entry->pinned && !force) return fail(EPERM, fmt::format("entry '{}' is pinned", entry->name));
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
+    if (entry.pinned && !force) return fail(EPERM, fmt::format("entry '{}' is pinned", entry.name));
     if (!force) {
-        auto busy = entry_in_flight(tx, entry_ino);
-        if (!busy) return tl::unexpected(busy.error());
-        if (*busy) return fail(EBUSY, fmt::format("entry '{}' has a write in flight", entry->name));
+        auto busy = KCACHE_TRY(entry_in_flight(tx, entry_ino));
+        if (busy) return fail(EBUSY, fmt::format("entry '{}' has a write in flight", entry.name));
     }
     // Whole or nothing: every member goes in this transaction. A stem entry's record
     // goes with its last file (logging the evict event), a directory's with it.
     std::vector<std::pair<Ino, std::string>> members;
-    auto listed = ops::for_each_member(tx, *entry, [&](const Inode& member) {
+    auto listed = ops::for_each_member(tx, entry, [&](const Inode& member) {
         members.emplace_back(member.parent, member.name);
         return true;
     });
@@ -387,13 +363,13 @@ Status WriteTxn::evict_entry(Ino entry_ino, bool force) {
     for (const auto& [parent, name] : members) {
         if (auto s = ops::remove_subtree(tx, parent, name, EventKind::evict); !s) return s;
     }
-    if (entry->kind == EntryKind::stem) {  // an entry with no file left (or none yet)
-        if (auto s = ops::drop_entry_record(tx, entry_ino, EventKind::evict, entry->parent, entry->stem); !s) {
+    if (entry.kind == EntryKind::stem) {  // an entry with no file left (or none yet)
+        if (auto s = ops::drop_entry_record(tx, entry_ino, EventKind::evict, entry.parent, entry.stem); !s) {
             return s;
         }
     }
     if (auto s = tx.add(Counter::evicted_entries, 1); !s) return s;
-    return tx.add(Counter::evicted_bytes, static_cast<std::int64_t>(entry->bytes));
+    return tx.add(Counter::evicted_bytes, static_cast<std::int64_t>(entry.bytes));
 }
 
 // ---- eviction -------------------------------------------------------------------------
@@ -406,94 +382,80 @@ Result<EvictReport> Store::evict(const EvictRequest& request, const ProgressFn& 
                                                       : std::numeric_limits<std::int64_t>::min();
     auto over_bounds = [&](const Tx& tx) -> Result<bool> {
         if (request.max_bytes) {
-            auto stored = tx.counter(Counter::stored_bytes);
-            if (!stored) return tl::unexpected(stored.error());
-            if (*stored > *request.max_bytes) return true;
+            auto stored = KCACHE_TRY(tx.counter(Counter::stored_bytes));
+            if (stored > *request.max_bytes) return true;
         }
         if (request.max_entries) {
-            auto entries = tx.counter(Counter::entries);
-            if (!entries) return tl::unexpected(entries.error());
-            if (*entries > *request.max_entries) return true;
+            auto entries = KCACHE_TRY(tx.counter(Counter::entries));
+            if (entries > *request.max_entries) return true;
         }
         return false;
     };
     std::string resume;
     std::uint64_t total = 0;
     for (bool done = false; !done;) {
-        auto txn = write();
-        if (!txn) return tl::unexpected(txn.error());
-        Tx tx = TxnAccess::tx(*txn);
+        auto txn = KCACHE_TRY(write());
+        Tx tx = TxnAccess::tx(txn);
         if (total == 0) {
-            auto n = tx.counter(Counter::entries);
-            if (!n) return tl::unexpected(n.error());
-            total = *n;
+            auto n = KCACHE_TRY(tx.counter(Counter::entries));
+            total = n;
         }
         std::vector<std::string> batch;
-        auto s = tx.scan(tx.db.lru, {}, resume, [&](std::string_view key, std::string_view) {
+        KCACHE_TRY(tx.scan(tx.db.lru, {}, resume, [&](std::string_view key, std::string_view) {
             batch.emplace_back(key);
             return batch.size() < kBatch;
-        });
-        if (!s) return tl::unexpected(s.error());
+        }));
         done = batch.size() < kBatch;
         for (const std::string& key : batch) {
             const auto time = static_cast<std::int64_t>(records::u64_from_key(key));
-            auto over = over_bounds(tx);
-            if (!over) return tl::unexpected(over.error());
-            if (!*over && time >= cutoff) {
+            auto over = KCACHE_TRY(over_bounds(tx));
+            if (!over && time >= cutoff) {
                 done = true;
                 break;
             }
             const Ino ino = records::u64_from_key(key.substr(8));
-            auto busy = entry_in_flight(tx, ino);
-            if (!busy) return tl::unexpected(busy.error());
-            if (*busy) {
+            auto busy = KCACHE_TRY(entry_in_flight(tx, ino));
+            if (busy) {
                 ++report.skipped_in_flight;
                 continue;
             }
-            auto entry = tx.entry(ino);
-            if (!entry) return tl::unexpected(entry.error());
+            auto entry = KCACHE_TRY(tx.entry(ino));
             const auto stored_before = tx.counter(Counter::stored_bytes);
-            if (auto e = txn->evict_entry(ino, true); !e) return tl::unexpected(e.error());
+            KCACHE_TRY(txn.evict_entry(ino, true));
             const auto stored_after = tx.counter(Counter::stored_bytes);
             if (stored_before && stored_after) report.stored_bytes_freed += *stored_before - *stored_after;
             ++report.entries;
-            report.bytes += entry->bytes;
+            report.bytes += entry.bytes;
         }
         if (!batch.empty()) resume = batch.back() + std::string(1, '\0');
-        if (auto c = txn->commit(); !c) return tl::unexpected(c.error());
+        KCACHE_TRY(txn.commit());
         if (progress) progress(report.entries, total);
     }
-    auto txn = read();
-    if (!txn) return tl::unexpected(txn.error());
-    Tx tx = TxnAccess::tx(*txn);
-    auto over = over_bounds(tx);
-    if (!over) return tl::unexpected(over.error());
+    auto txn = KCACHE_TRY(read());
+    Tx tx = TxnAccess::tx(txn);
+    auto over = KCACHE_TRY(over_bounds(tx));
     bool old_left = false;  // an entry idle longer than asked is still there (in flight)
     if (request.older_than_ns) {
-        auto s = tx.scan(tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) {
+        KCACHE_TRY(tx.scan(tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) {
             old_left = static_cast<std::int64_t>(records::u64_from_key(key)) < cutoff;
             return false;
-        });
-        if (!s) return tl::unexpected(s.error());
+        }));
     }
-    report.satisfied = !*over && !old_left;
+    report.satisfied = !over && !old_left;
     return report;
 }
 
 Result<EvictReport> Store::enforce_limits() {
     EvictRequest request;
     {  // the snapshot ends before eviction starts writing
-        auto txn = read();
-        if (!txn) return tl::unexpected(txn.error());
-        const Config& config = txn->config();
-        auto stored = txn->counter(Counter::stored_bytes);
-        if (!stored) return tl::unexpected(stored.error());
-        auto entries = txn->counter(Counter::entries);
-        if (!entries) return tl::unexpected(entries.error());
-        if (config.max_bytes && *stored > config.max_bytes) {
+        auto txn = KCACHE_TRY(read());
+        const Config& config = txn.config();
+        auto stored = KCACHE_TRY(txn.counter(Counter::stored_bytes));
+        auto entries = KCACHE_TRY(txn.counter(Counter::entries));
+        if (config.max_bytes && stored > config.max_bytes) {
             request.max_bytes = config.max_bytes / 100 * config.low_mark_percent;
         }
-        if (config.max_entries && *entries > config.max_entries) {
+        if (config.max_entries && entries > config.max_entries) {
             request.max_entries = config.max_entries * config.low_mark_percent / 100;
         }
     }

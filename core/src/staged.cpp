@@ -49,35 +49,31 @@ StagedFile::~StagedFile() {
 }
 
 Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
-    auto attr = txn.getattr(file);
-    if (!attr) return tl::unexpected(attr.error());
-    if (attr->is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if (!attr->is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    auto attr = KCACHE_TRY(txn.getattr(file));
+    if (attr.is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if (!attr.is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     std::string content;
     std::vector<Digest> segments;
     if (!truncate) {
-        auto current = txn.read(file);
-        if (!current) return tl::unexpected(current.error());
-        content.assign(current->bytes());
+        auto current = KCACHE_TRY(txn.read(file));
+        content.assign(current.bytes());
         // Segmented content: its segment digests are known, so a publish re-hashes
         // only the segments written since.
-        auto list = ops::segment_list(TxnAccess::tx(txn), attr->digest);
-        if (!list) return tl::unexpected(list.error());
-        if (*list) segments = std::move(**list);
+        auto list = KCACHE_TRY(ops::segment_list(TxnAccess::tx(txn), attr.digest));
+        if (list) segments = std::move(*list);
     }
-    if (auto s = txn.begin_write(file); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(txn.begin_write(file));
     StagedFile staged(&txn.store(), file, std::move(content), std::move(segments));
-    staged.m_stored = attr->digest;
-    staged.m_dirty = truncate && attr->size > 0;
+    staged.m_stored = attr.digest;
+    staged.m_dirty = truncate && attr.size > 0;
     return staged;
 }
 
 Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
-    auto txn = store.write();
-    if (!txn) return tl::unexpected(txn.error());
-    auto staged = begin(*txn, file, truncate);
+    auto txn = KCACHE_TRY(store.write());
+    auto staged = begin(txn, file, truncate);
     if (!staged) return staged;
-    if (auto s = txn->commit(); !s) {
+    if (auto s = txn.commit(); !s) {
         staged->forget();
         return tl::unexpected(s.error());
     }
@@ -139,30 +135,27 @@ ops::ContentDigests StagedFile::digests() {
 
 Result<Attr> StagedFile::store_content(WriteTxn& txn, const Origin& origin) {
     Tx tx = TxnAccess::tx(txn);
-    auto node = ops::writable_file(tx, m_ino);
-    if (!node) return tl::unexpected(node.error());
-    return ops::write_file(tx, *node, m_content, digests(), origin);
+    auto node = KCACHE_TRY(ops::writable_file(tx, m_ino));
+    return ops::write_file(tx, node, m_content, digests(), origin);
 }
 
 Status StagedFile::publish(WriteTxn& txn, const Origin& origin) {
     if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
-    auto w = store_content(txn, origin);
-    if (!w) return tl::unexpected(w.error());
+    auto w = KCACHE_TRY(store_content(txn, origin));
     if (auto s = txn.end_write(m_ino); !s) return s;
-    m_stored = w->digest;
+    m_stored = w.digest;
     m_open = false;
     m_dirty = false;
     return {};
 }
 
 Status StagedFile::publish(const Origin& origin) {
-    auto txn = m_store->write();
-    if (!txn) return tl::unexpected(txn.error());
-    if (auto s = publish(*txn, origin); !s) {
+    auto txn = KCACHE_TRY(m_store->write());
+    if (auto s = publish(txn, origin); !s) {
         m_open = true;  // still ours: the transaction is discarded
         return s;
     }
-    if (auto s = txn->commit(); !s) {
+    if (auto s = txn.commit(); !s) {
         m_open = true;
         return s;
     }
@@ -174,9 +167,8 @@ Status StagedFile::commit(const Origin& origin) {
     if (!m_dirty) return {};
     Digest stored;
     auto s = m_store->update([&](WriteTxn& txn) -> Status {
-        auto w = store_content(txn, origin);
-        if (!w) return tl::unexpected(w.error());
-        stored = w->digest;
+        auto w = KCACHE_TRY(store_content(txn, origin));
+        stored = w.digest;
         return {};
     });
     if (s) {

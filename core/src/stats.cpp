@@ -14,21 +14,18 @@ Result<Stats> Txn::stats() const {
     Tx tx = TxnAccess::tx(*this);
     Stats stats;
     for (const StatisticField& f : kStatistics) stats.values[f.id] = 0;
-    Status s = tx.scan(tx.db.stats, {}, {}, [&](std::string_view key, std::string_view value) {
+    KCACHE_TRY(tx.scan(tx.db.stats, {}, {}, [&](std::string_view key, std::string_view value) {
         if (key.size() != 4 || value.size() != 8) return true;
         std::uint32_t id = 0;
         for (char c : key) id = (id << 8) | static_cast<unsigned char>(c);
         records::Reader r(value);
         stats.values[static_cast<Counter>(id)] = r.u64();
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
-    auto reset = tx.get(tx.db.meta, kMetaResetTime);
-    if (!reset) return tl::unexpected(reset.error());
-    if (*reset) {
-        auto v = records::decode_u64(**reset, "meta reset_ns");
-        if (!v) return tl::unexpected(v.error());
-        stats.reset_ns = static_cast<std::int64_t>(*v);
+    }));
+    auto reset = KCACHE_TRY(tx.get(tx.db.meta, kMetaResetTime));
+    if (reset) {
+        auto v = KCACHE_TRY(records::decode_u64(*reset, "meta reset_ns"));
+        stats.reset_ns = static_cast<std::int64_t>(v);
     }
     return stats;
 }
@@ -69,7 +66,7 @@ Status WriteTxn::reset_stats() {
 
 Status WriteTxn::set_config(const Config& config) {
     Tx tx = TxnAccess::tx(*this);
-    if (auto rules = parse_layout_rules(config.layout_rules); !rules) return tl::unexpected(rules.error());
+    KCACHE_TRY(parse_layout_rules(config.layout_rules));
     if (config.entry_depth == 0 || config.entry_depth > 64) {
         return fail(EINVAL, "entry depth must be between 1 and 64");
     }
@@ -77,9 +74,8 @@ Status WriteTxn::set_config(const Config& config) {
         return fail(EINVAL, "low mark must be between 1 and 100 percent");
     }
     if (config.entry_depth != m_config.entry_depth) {
-        auto any = tx.has_children(kRootIno);
-        if (!any) return tl::unexpected(any.error());
-        if (*any) return fail(EBUSY, "entry depth can only change while the cache is empty");
+        auto any = KCACHE_TRY(tx.has_children(kRootIno));
+        if (any) return fail(EBUSY, "entry depth can only change while the cache is empty");
     }
     if (auto s = tx.put(tx.db.meta, kMetaConfig, records::encode(config)); !s) return s;
     m_config = config;

@@ -117,11 +117,10 @@ Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
         return fail(EBUSY, fmt::format("db {}: locked by a compaction in progress", path));
     }
 
-    auto map_size = requested_map_size(options);
-    if (!map_size) return tl::unexpected(map_size.error());
-    int rc = open_lmdb(&impl->env, options, *map_size, false);
+    auto map_size = KCACHE_TRY(requested_map_size(options));
+    int rc = open_lmdb(&impl->env, options, map_size, false);
     if (rc != 0 && options.read_only && denied(rc)) {
-        rc = open_lmdb(&impl->env, options, *map_size, true);
+        rc = open_lmdb(&impl->env, options, map_size, true);
         impl->read_only = true;
     }
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == MDB_CORRUPTED) {
@@ -274,13 +273,12 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
     }
     const bool fresh = !impl;
     if (fresh) {
-        auto opened = open_env(options);
-        if (!opened) return tl::unexpected(opened.error());
-        impl = std::move(*opened);
+        auto opened = KCACHE_TRY(open_env(options));
+        impl = std::move(opened);
     }
     store->m_impl = impl;
     if (fresh) {
-        if (auto s = init_schema(*store, options); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(init_schema(*store, options));
         reg.open[key] = impl;
     }
     return store;

@@ -47,20 +47,18 @@ struct Place {
 };
 
 Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_view name, FileType type) {
-    auto path = tx.path_of(parent.ino);  // the ancestors' names, root first
-    if (!path) return tl::unexpected(path.error());
+    auto path = KCACHE_TRY(tx.path_of(parent.ino));  // the ancestors' names, root first
     LayoutContext context;
     context.entry_depth = tx.config.entry_depth;
-    for (std::string_view rest = *path; !rest.empty();) {  // views into `path`, alive for this call
+    for (std::string_view rest = path; !rest.empty();) {  // views into `path`, alive for this call
         const auto slash = rest.find('/');
         context.ancestors.push_back(rest.substr(0, slash));
         rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
     }
     std::vector<LayoutRule> rules;
     if (!tx.config.layout_rules.empty()) {  // set_config checked them: a few lines, parsed here
-        auto parsed = parse_layout_rules(tx.config.layout_rules);
-        if (!parsed) return tl::unexpected(parsed.error());
-        rules = std::move(*parsed);
+        auto parsed = KCACHE_TRY(parse_layout_rules(tx.config.layout_rules));
+        rules = std::move(parsed);
         context.rules = &rules;
     }
     return classify(context, name, type);
@@ -77,18 +75,16 @@ Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType
         p.bookkeeping = true;
         return p;
     }
-    auto c = classify_in(tx, parent, name, type);
-    if (!c) return tl::unexpected(c.error());
-    p.producer = c->producer;
-    p.by_rule = c->by_rule;
-    switch (c->placement) {
+    auto c = KCACHE_TRY(classify_in(tx, parent, name, type));
+    p.producer = c.producer;
+    p.by_rule = c.by_rule;
+    switch (c.placement) {
         case Placement::container: break;
         case Placement::bookkeeping: p.bookkeeping = true; break;
         case Placement::entry_dir: p.forms_entry = true; break;
         case Placement::entry_stem: {
-            auto id = ops::stem_entry(tx, parent, c->stem, c->producer, c->by_rule);
-            if (!id) return tl::unexpected(id.error());
-            p.entry = *id;
+            auto id = KCACHE_TRY(ops::stem_entry(tx, parent, c.stem, c.producer, c.by_rule));
+            p.entry = id;
             break;
         }
     }
@@ -123,18 +119,15 @@ Status retag(Tx& tx, Ino moved, const Origin* origin);
 // a container and what it holds is placed again. `dir` is updated in place.
 Status dissolve_if_container(Tx& tx, Inode& dir, std::string_view name, FileType type) {
     if (dir.entry == 0 || dir.entry != dir.ino) return {};
-    auto entry = tx.find_entry_record(dir.ino);
-    if (!entry) return tl::unexpected(entry.error());
-    if (!*entry || (*entry)->by_rule || (*entry)->kind != EntryKind::node) return {};
-    auto c = classify_in(tx, dir, name, type);
-    if (!c) return tl::unexpected(c.error());
-    if (!c->by_rule || c->placement == Placement::bookkeeping) return {};
+    auto entry = KCACHE_TRY(tx.find_entry_record(dir.ino));
+    if (!entry || entry->by_rule || entry->kind != EntryKind::node) return {};
+    auto c = KCACHE_TRY(classify_in(tx, dir, name, type));
+    if (!c.by_rule || c.placement == Placement::bookkeeping) return {};
     if (auto s = ops::drop_entry_record(tx, dir.ino, EventKind::remove, dir.parent, dir.name); !s) return s;
     dir.entry = 0;
     if (auto s = tx.put_inode(dir); !s) return s;
-    auto children = tx.children(dir.ino);
-    if (!children) return tl::unexpected(children.error());
-    for (const auto& [child_name, child] : *children) {
+    auto children = KCACHE_TRY(tx.children(dir.ino));
+    for (const auto& [child_name, child] : children) {
         if (auto s = retag(tx, child.child, nullptr); !s) return s;
     }
     return {};
@@ -146,13 +139,11 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
                        std::uint32_t uid, std::uint32_t gid, std::string_view target) {
     if (parent.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
     const FileType type = type_of(mode);
-    if (auto s = dissolve_if_container(tx, parent, name, type); !s) return tl::unexpected(s.error());
-    auto where = place(tx, parent, name, type);
-    if (!where) return tl::unexpected(where.error());
-    auto ino = tx.next_ino();
-    if (!ino) return tl::unexpected(ino.error());
+    KCACHE_TRY(dissolve_if_container(tx, parent, name, type));
+    auto where = KCACHE_TRY(place(tx, parent, name, type));
+    auto ino = KCACHE_TRY(tx.next_ino());
     Inode node;
-    node.ino = *ino;
+    node.ino = ino;
     node.mode = mode;
     node.uid = uid;
     node.gid = gid;
@@ -161,30 +152,21 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
     node.atime_ns = node.mtime_ns = node.ctime_ns = tx.now();
     node.parent = parent.ino;
     node.depth = static_cast<std::uint16_t>(parent.depth + 1);
-    node.entry = where->forms_entry ? node.ino : where->entry;
-    node.bookkeeping = where->bookkeeping;
+    node.entry = where.forms_entry ? node.ino : where.entry;
+    node.bookkeeping = where.bookkeeping;
     node.name = name;
     node.target = target;
-    if (auto s = tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
-                        records::encode(Dirent{node.ino, type}));
-        !s) {
-        return tl::unexpected(s.error());
-    }
-    if (auto s = tx.put_inode(node); !s) return tl::unexpected(s.error());
-    if (auto s = touch_dir(tx, parent, type == FileType::directory ? 1 : 0); !s) {
-        return tl::unexpected(s.error());
-    }
-    if (where->forms_entry) {
-        if (auto s = ops::create_entry_record(tx, node, where->producer, where->by_rule); !s) {
-            return tl::unexpected(s.error());
-        }
+    KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
+                      records::encode(Dirent{node.ino, type})));
+    KCACHE_TRY(tx.put_inode(node));
+    KCACHE_TRY(touch_dir(tx, parent, type == FileType::directory ? 1 : 0));
+    if (where.forms_entry) {
+        KCACHE_TRY(ops::create_entry_record(tx, node, where.producer, where.by_rule));
     }
     if (type == FileType::regular) {
-        if (auto s = tx.add(Counter::files, 1); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(tx.add(Counter::files, 1));
         if (node.entry) {
-            if (auto s = ops::add_file_to_entry(tx, node.entry, node, +1); !s) {
-                return tl::unexpected(s.error());
-            }
+            KCACHE_TRY(ops::add_file_to_entry(tx, node.entry, node, +1));
         }
     }
     return node.attr();
@@ -194,33 +176,30 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
 // existing child if any.
 Result<std::pair<Inode, std::optional<Dirent>>> prepare_create(Tx& tx, Ino parent,
                                                                std::string_view name) {
-    if (auto s = ops::validate_name(name); !s) return tl::unexpected(s.error());
-    auto dir = directory(tx, parent);
-    if (!dir) return tl::unexpected(dir.error());
-    auto existing = tx.child(parent, name);
-    if (!existing) return tl::unexpected(existing.error());
-    return std::pair{std::move(*dir), *existing};
+    KCACHE_TRY(ops::validate_name(name));
+    auto dir = KCACHE_TRY(directory(tx, parent));
+    auto existing = KCACHE_TRY(tx.child(parent, name));
+    return std::pair{std::move(dir), existing};
 }
 
 // After `node` left stem entry `entry_ino` (removed, or moved elsewhere): the entry
 // goes when no file of it is left, unless `keep` (a rename replaces its file).
 Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, bool keep) {
-    auto entry = tx.find_entry_record(entry_ino);
-    if (!entry) return tl::unexpected(entry.error());
-    if (!*entry || (*entry)->kind != EntryKind::stem) return {};
+    auto entry = KCACHE_TRY(tx.find_entry_record(entry_ino));
+    if (!entry || entry->kind != EntryKind::stem) return {};
     // Another process evicted it: the daemon must forget this file's name too.
     if (why == EventKind::evict) {
         if (auto s = tx.log(EventKind::member, entry_ino, node.parent, node.name); !s) return s;
     }
     if (keep) return {};
     bool empty = true;
-    auto s = ops::for_each_member(tx, **entry, [&](const Inode&) {
+    auto s = ops::for_each_member(tx, *entry, [&](const Inode&) {
         empty = false;
         return false;
     });
     if (!s) return s;
     if (!empty) return {};
-    return ops::drop_entry_record(tx, entry_ino, why, (*entry)->parent, (*entry)->stem);
+    return ops::drop_entry_record(tx, entry_ino, why, entry->parent, entry->stem);
 }
 
 // Removes one node that has no children: its dirent, inode, content and accounting.
@@ -231,14 +210,12 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool
     const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
     if ((node.mode & S_IFMT) == S_IFREG) {
         if (node.entry && node.entry != node.ino) {
-            auto before = tx.find_entry_record(node.entry);
-            if (!before) return tl::unexpected(before.error());
+            auto before = KCACHE_TRY(tx.find_entry_record(node.entry));
             if (auto s = ops::add_file_to_entry(tx, node.entry, node, -1); !s) return s;
-            if (keep_entry && *before && (*before)->populated) {  // still populated: no new miss
-                auto after = tx.entry(node.entry);
-                if (!after) return tl::unexpected(after.error());
-                after->populated = true;
-                if (auto s = tx.put_entry(*after); !s) return s;
+            if (keep_entry && before && before->populated) {  // still populated: no new miss
+                auto after = KCACHE_TRY(tx.entry(node.entry));
+                after.populated = true;
+                if (auto s = tx.put_entry(after); !s) return s;
             }
         }
         if (auto s = ops::release_blob(tx, node.digest); !s) return s;
@@ -260,31 +237,26 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool
 namespace ops {
 
 Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind why) {
-    auto parent = tx.inode(parent_ino);
-    if (!parent) return tl::unexpected(parent.error());
-    auto top = tx.child(parent_ino, name);
-    if (!top) return tl::unexpected(top.error());
-    if (!*top) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent_ino));
+    auto parent = KCACHE_TRY(tx.inode(parent_ino));
+    auto top = KCACHE_TRY(tx.child(parent_ino, name));
+    if (!top) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent_ino));
     // Depth-first, children before their directory, with an explicit stack so a
     // deep tree cannot overflow the call stack.
     struct Frame {
         Inode node;
         bool expanded = false;
     };
-    auto node = tx.inode((*top)->child);
-    if (!node) return tl::unexpected(node.error());
+    auto node = KCACHE_TRY(tx.inode(top->child));
     std::vector<Frame> stack;
-    stack.push_back({std::move(*node)});
+    stack.push_back({std::move(node)});
     while (!stack.empty()) {
         Frame& frame = stack.back();
         if ((frame.node.mode & S_IFMT) == S_IFDIR && !frame.expanded) {
             frame.expanded = true;
-            auto children = tx.children(frame.node.ino);
-            if (!children) return tl::unexpected(children.error());
-            for (const auto& [child_name, child] : *children) {
-                auto c = tx.inode(child.child);
-                if (!c) return tl::unexpected(c.error());
-                stack.push_back({std::move(*c)});
+            auto children = KCACHE_TRY(tx.children(frame.node.ino));
+            for (const auto& [child_name, child] : children) {
+                auto c = KCACHE_TRY(tx.inode(child.child));
+                stack.push_back({std::move(c)});
             }
             continue;
         }
@@ -292,11 +264,9 @@ Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind w
         stack.pop_back();
         Inode container;
         if (stack.empty()) {
-            container = *parent;
+            container = parent;
         } else {
-            auto p = tx.inode(done.parent);  // re-read: its nlink changes as children go
-            if (!p) return tl::unexpected(p.error());
-            container = std::move(*p);
+            container = KCACHE_TRY(tx.inode(done.parent));  // re-read: its nlink changes as children go
         }
         if (auto s = remove_node(tx, container, done, why); !s) return s;
     }
@@ -313,27 +283,22 @@ Result<Attr> Txn::lookup(Ino parent, std::string_view name) const {
         return fail(ENAMETOOLONG, fmt::format("name of {} bytes is longer than {}", name.size(),
                                               kMaxNameLength));
     }
-    auto dir = directory(tx, parent);
-    if (!dir) return tl::unexpected(dir.error());
-    auto d = tx.child(parent, name);
-    if (!d) return tl::unexpected(d.error());
-    if (!*d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
-    auto node = tx.inode((*d)->child);
-    if (!node) return tl::unexpected(node.error());
-    return node->attr();
+    KCACHE_TRY(directory(tx, parent));
+    auto d = KCACHE_TRY(tx.child(parent, name));
+    if (!d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
+    auto node = KCACHE_TRY(tx.inode(d->child));
+    return node.attr();
 }
 
 Result<Attr> Txn::getattr(Ino ino) const {
-    auto node = TxnAccess::tx(*this).inode(ino);
-    if (!node) return tl::unexpected(node.error());
-    return node->attr();
+    auto node = KCACHE_TRY(TxnAccess::tx(*this).inode(ino));
+    return node.attr();
 }
 
 Result<std::string> Txn::readlink(Ino ino) const {
-    auto node = TxnAccess::tx(*this).inode(ino);
-    if (!node) return tl::unexpected(node.error());
-    if ((node->mode & S_IFMT) != S_IFLNK) return fail(EINVAL, fmt::format("inode {} is not a symlink", ino));
-    return std::move(node->target);
+    auto node = KCACHE_TRY(TxnAccess::tx(*this).inode(ino));
+    if ((node.mode & S_IFMT) != S_IFLNK) return fail(EINVAL, fmt::format("inode {} is not a symlink", ino));
+    return std::move(node.target);
 }
 
 Result<std::string> Txn::path(Ino ino) const { return TxnAccess::tx(*this).path_of(ino); }
@@ -349,9 +314,8 @@ Result<Ino> Txn::resolve(std::string_view path) const {
         const std::string_view part = path.substr(0, slash);
         path = slash == std::string_view::npos ? std::string_view{} : path.substr(slash + 1);
         if (part.empty() || part == ".") continue;
-        auto node = lookup(at, part);
-        if (!node) return tl::unexpected(node.error());
-        at = node->ino;
+        auto node = KCACHE_TRY(lookup(at, part));
+        at = node.ino;
     }
     return at;
 }
@@ -359,7 +323,7 @@ Result<Ino> Txn::resolve(std::string_view path) const {
 Status Txn::readdir(Ino dir, std::string_view after,
                     const std::function<bool(const DirEntry&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    if (auto d = directory(tx, dir); !d) return tl::unexpected(d.error());
+    KCACHE_TRY(directory(tx, dir));
     const std::string prefix = records::u64_key(dir);
     std::string start = records::dirent_key(dir, after);
     if (!after.empty()) start.push_back('\0');  // strictly after `after`
@@ -390,9 +354,8 @@ Result<Ino> WriteTxn::mkdirs(std::string_view dir) {
             continue;
         }
         if (existing.error().code != ENOENT) return tl::unexpected(existing.error());
-        auto made = mkdir(at, part, 0755, getuid(), getgid());
-        if (!made) return tl::unexpected(made.error());
-        at = made->ino;
+        auto made = KCACHE_TRY(mkdir(at, part, 0755, getuid(), getgid()));
+        at = made.ino;
     }
     return at;
 }
@@ -400,23 +363,21 @@ Result<Ino> WriteTxn::mkdirs(std::string_view dir) {
 Result<Attr> WriteTxn::mkdir(Ino parent, std::string_view name, std::uint32_t mode,
                              std::uint32_t uid, std::uint32_t gid) {
     Tx tx = TxnAccess::tx(*this);
-    auto prep = prepare_create(tx, parent, name);
-    if (!prep) return tl::unexpected(prep.error());
-    if (prep->second) return fail(EEXIST, fmt::format("'{}' exists", name));
-    return make_node(tx, prep->first, name, S_IFDIR | (mode & 07777), uid, gid, {});
+    auto prep = KCACHE_TRY(prepare_create(tx, parent, name));
+    if (prep.second) return fail(EEXIST, fmt::format("'{}' exists", name));
+    return make_node(tx, prep.first, name, S_IFDIR | (mode & 07777), uid, gid, {});
 }
 
 Result<Attr> WriteTxn::create(Ino parent, std::string_view name, std::uint32_t mode,
                               std::uint32_t uid, std::uint32_t gid, bool exclusive) {
     Tx tx = TxnAccess::tx(*this);
-    auto prep = prepare_create(tx, parent, name);
-    if (!prep) return tl::unexpected(prep.error());
-    if (const auto& existing = prep->second) {
+    auto prep = KCACHE_TRY(prepare_create(tx, parent, name));
+    if (const auto& existing = prep.second) {
         if (exclusive) return fail(EEXIST, fmt::format("'{}' exists", name));
         if (existing->type == FileType::directory) return fail(EISDIR, fmt::format("'{}' is a directory", name));
         return getattr(existing->child);
     }
-    return make_node(tx, prep->first, name, S_IFREG | (mode & 07777), uid, gid, {});
+    return make_node(tx, prep.first, name, S_IFREG | (mode & 07777), uid, gid, {});
 }
 
 Result<Attr> WriteTxn::symlink(Ino parent, std::string_view name, std::string_view target,
@@ -425,46 +386,39 @@ Result<Attr> WriteTxn::symlink(Ino parent, std::string_view name, std::string_vi
     if (target.empty() || target.size() > kMaxPathLength) {
         return fail(target.empty() ? ENOENT : ENAMETOOLONG, "invalid symlink target length");
     }
-    auto prep = prepare_create(tx, parent, name);
-    if (!prep) return tl::unexpected(prep.error());
-    if (prep->second) return fail(EEXIST, fmt::format("'{}' exists", name));
-    return make_node(tx, prep->first, name, S_IFLNK | 0777, uid, gid, target);
+    auto prep = KCACHE_TRY(prepare_create(tx, parent, name));
+    if (prep.second) return fail(EEXIST, fmt::format("'{}' exists", name));
+    return make_node(tx, prep.first, name, S_IFLNK | 0777, uid, gid, target);
 }
 
 namespace {
 
 // The directory `parent` and its child `name`, which must exist (ENOENT).
 Result<std::pair<Inode, Inode>> existing_child(const Tx& tx, Ino parent, std::string_view name) {
-    auto dir = directory(tx, parent);
-    if (!dir) return tl::unexpected(dir.error());
-    auto d = tx.child(parent, name);
-    if (!d) return tl::unexpected(d.error());
-    if (!*d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
-    auto node = tx.inode((*d)->child);
-    if (!node) return tl::unexpected(node.error());
-    return std::pair{std::move(*dir), std::move(*node)};
+    auto dir = KCACHE_TRY(directory(tx, parent));
+    auto d = KCACHE_TRY(tx.child(parent, name));
+    if (!d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
+    auto node = KCACHE_TRY(tx.inode(d->child));
+    return std::pair{std::move(dir), std::move(node)};
 }
 
 }  // namespace
 
 Status WriteTxn::unlink(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
-    auto found = existing_child(tx, parent, name);
-    if (!found) return tl::unexpected(found.error());
-    auto& [dir, node] = *found;
+    auto found = KCACHE_TRY(existing_child(tx, parent, name));
+    auto& [dir, node] = found;
     if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("'{}' is a directory", name));
     return remove_node(tx, dir, node, EventKind::remove);
 }
 
 Status WriteTxn::rmdir(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
-    auto found = existing_child(tx, parent, name);
-    if (!found) return tl::unexpected(found.error());
-    auto& [dir, node] = *found;
+    auto found = KCACHE_TRY(existing_child(tx, parent, name));
+    auto& [dir, node] = found;
     if ((node.mode & S_IFMT) != S_IFDIR) return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
-    auto full = tx.has_children(node.ino);
-    if (!full) return tl::unexpected(full.error());
-    if (*full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
+    auto full = KCACHE_TRY(tx.has_children(node.ino));
+    if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
     return remove_node(tx, dir, node, EventKind::remove);
 }
 
@@ -478,68 +432,60 @@ namespace {
 Status retag(Tx& tx, Ino moved, const Origin* origin) {
     std::vector<Ino> work{moved};
     while (!work.empty()) {
-        auto node = tx.inode(work.back());
+        auto node = KCACHE_TRY(tx.inode(work.back()));
         work.pop_back();
-        if (!node) return tl::unexpected(node.error());
-        auto parent = tx.inode(node->parent);
-        if (!parent) return tl::unexpected(parent.error());
-        const FileType type = type_of(node->mode);
-        const bool was_entry = node->entry == node->ino;
-        if (auto s = dissolve_if_container(tx, *parent, node->name, type); !s) return s;
-        auto where = place(tx, *parent, node->name, type);
-        if (!where) return tl::unexpected(where.error());
-        const Ino old_entry = node->entry;
-        const Ino new_entry = where->forms_entry ? node->ino : where->entry;
-        node->depth = static_cast<std::uint16_t>(parent->depth + 1);
-        node->bookkeeping = where->bookkeeping;
-        if (was_entry && where->forms_entry) {
+        auto parent = KCACHE_TRY(tx.inode(node.parent));
+        const FileType type = type_of(node.mode);
+        const bool was_entry = node.entry == node.ino;
+        if (auto s = dissolve_if_container(tx, parent, node.name, type); !s) return s;
+        auto where = KCACHE_TRY(place(tx, parent, node.name, type));
+        const Ino old_entry = node.entry;
+        const Ino new_entry = where.forms_entry ? node.ino : where.entry;
+        node.depth = static_cast<std::uint16_t>(parent.depth + 1);
+        node.bookkeeping = where.bookkeeping;
+        if (was_entry && where.forms_entry) {
             // Still the same entry: only its name (path) may have changed.
-            if (auto s = tx.put_inode(*node); !s) return s;
-            auto e = tx.entry(node->ino);
-            if (!e) return tl::unexpected(e.error());
-            auto path = tx.path_of(node->ino);
-            if (!path) return tl::unexpected(path.error());
-            e->name = std::move(*path);
-            e->parent = node->parent;
-            if (auto s = tx.put_entry(*e); !s) return s;
+            if (auto s = tx.put_inode(node); !s) return s;
+            auto e = KCACHE_TRY(tx.entry(node.ino));
+            auto path = KCACHE_TRY(tx.path_of(node.ino));
+            e.name = std::move(path);
+            e.parent = node.parent;
+            if (auto s = tx.put_entry(e); !s) return s;
             continue;
         }
         if (was_entry) {
-            if (auto s = ops::drop_entry_record(tx, node->ino, EventKind::remove, 0, {}); !s) return s;
+            if (auto s = ops::drop_entry_record(tx, node.ino, EventKind::remove, 0, {}); !s) return s;
         }
-        node->entry = new_entry;
-        if (auto s = tx.put_inode(*node); !s) return s;
-        if (where->forms_entry) {
-            if (auto s = ops::create_entry_record(tx, *node, where->producer, where->by_rule); !s) return s;
+        node.entry = new_entry;
+        if (auto s = tx.put_inode(node); !s) return s;
+        if (where.forms_entry) {
+            if (auto s = ops::create_entry_record(tx, node, where.producer, where.by_rule); !s) return s;
         }
-        const bool moved_out = old_entry && old_entry != node->ino && old_entry != new_entry;
+        const bool moved_out = old_entry && old_entry != node.ino && old_entry != new_entry;
         if (type == FileType::regular) {
             if (moved_out) {
-                auto still = tx.find_entry_record(old_entry);
-                if (!still) return tl::unexpected(still.error());
-                if (*still) {
-                    if (auto s = ops::add_file_to_entry(tx, old_entry, *node, -1); !s) return s;
+                auto still = KCACHE_TRY(tx.find_entry_record(old_entry));
+                if (still) {
+                    if (auto s = ops::add_file_to_entry(tx, old_entry, node, -1); !s) return s;
                 }
             }
             if (new_entry && new_entry != old_entry) {  // incl. a flat file that became an entry
-                if (auto s = ops::add_file_to_entry(tx, new_entry, *node, +1); !s) return s;
+                if (auto s = ops::add_file_to_entry(tx, new_entry, node, +1); !s) return s;
             }
-            if (new_entry && !node->bookkeeping) {
-                auto e = tx.entry(new_entry);
-                if (!e) return tl::unexpected(e.error());
-                if (!e->populated) {
-                    if (auto s = ops::populate(tx, *e, origin ? *origin : Origin::current()); !s) return s;
-                    if (auto s = tx.put_entry(*e); !s) return s;
+            if (new_entry && !node.bookkeeping) {
+                auto e = KCACHE_TRY(tx.entry(new_entry));
+                if (!e.populated) {
+                    if (auto s = ops::populate(tx, e, origin ? *origin : Origin::current()); !s) return s;
+                    if (auto s = tx.put_entry(e); !s) return s;
                 }
             }
         }
         if (moved_out) {
-            if (auto s = left_stem_entry(tx, old_entry, *node, EventKind::remove, false); !s) return s;
+            if (auto s = left_stem_entry(tx, old_entry, node, EventKind::remove, false); !s) return s;
         }
         if (type == FileType::directory) {
-            auto children = tx.children(node->ino);
-            if (!children) return tl::unexpected(children.error());
-            for (const auto& [name, d] : *children) work.push_back(d.child);
+            auto children = KCACHE_TRY(tx.children(node.ino));
+            for (const auto& [name, d] : children) work.push_back(d.child);
         }
     }
     return {};
@@ -553,83 +499,70 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     if (flags & kRenameExchange) return fail(EINVAL, "RENAME_EXCHANGE is not supported");
     if (flags & ~kRenameNoReplace) return fail(EINVAL, "unknown rename flags");
     if (auto s = ops::validate_name(new_name); !s) return s;
-    auto from_dir = directory(tx, parent);
-    if (!from_dir) return tl::unexpected(from_dir.error());
-    auto to_dir = directory(tx, new_parent);
-    if (!to_dir) return tl::unexpected(to_dir.error());
-    auto src_d = tx.child(parent, name);
-    if (!src_d) return tl::unexpected(src_d.error());
-    if (!*src_d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
+    KCACHE_TRY(directory(tx, parent));
+    KCACHE_TRY(directory(tx, new_parent));
+    auto src_d = KCACHE_TRY(tx.child(parent, name));
+    if (!src_d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     if (parent == new_parent && name == new_name) return {};
-    auto src = tx.inode((*src_d)->child);
-    if (!src) return tl::unexpected(src.error());
-    const bool src_is_dir = (src->mode & S_IFMT) == S_IFDIR;
+    auto src = KCACHE_TRY(tx.inode(src_d->child));
+    const bool src_is_dir = (src.mode & S_IFMT) == S_IFDIR;
 
     if (src_is_dir) {  // a directory cannot move into its own subtree
         for (Ino at = new_parent;; ) {
-            if (at == src->ino) return fail(EINVAL, fmt::format("cannot move '{}' into itself", name));
+            if (at == src.ino) return fail(EINVAL, fmt::format("cannot move '{}' into itself", name));
             if (at == kRootIno) break;
-            auto up = tx.inode(at);
-            if (!up) return tl::unexpected(up.error());
-            at = up->parent;
+            auto up = KCACHE_TRY(tx.inode(at));
+            at = up.parent;
         }
     }
-    auto dst_d = tx.child(new_parent, new_name);
-    if (!dst_d) return tl::unexpected(dst_d.error());
+    auto dst_d = KCACHE_TRY(tx.child(new_parent, new_name));
     Ino replaced_entry = 0;
-    if (*dst_d) {
+    if (dst_d) {
         if (flags & kRenameNoReplace) return fail(EEXIST, fmt::format("'{}' exists", new_name));
-        const bool dst_is_dir = (*dst_d)->type == FileType::directory;
+        const bool dst_is_dir = dst_d->type == FileType::directory;
         if (src_is_dir && !dst_is_dir) return fail(ENOTDIR, fmt::format("'{}' is not a directory", new_name));
         if (!src_is_dir && dst_is_dir) return fail(EISDIR, fmt::format("'{}' is a directory", new_name));
         if (dst_is_dir) {
-            auto full = tx.has_children((*dst_d)->child);
-            if (!full) return tl::unexpected(full.error());
-            if (*full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", new_name));
+            auto full = KCACHE_TRY(tx.has_children(dst_d->child));
+            if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", new_name));
         }
         // Validation is complete: from here on only storage errors can fail.
-        auto dst = tx.inode((*dst_d)->child);
-        if (!dst) return tl::unexpected(dst.error());
-        auto container = tx.inode(new_parent);
-        if (!container) return tl::unexpected(container.error());
+        auto dst = KCACHE_TRY(tx.inode(dst_d->child));
+        auto container = KCACHE_TRY(tx.inode(new_parent));
         // A file replaced in a stem entry keeps the entry for the one that takes its
         // name (a racing duplicate store is not a new entry, nor a miss).
-        const bool replaced_in_stem = dst->entry && dst->entry != dst->ino && !dst_is_dir;
-        if (auto s = remove_node(tx, *container, *dst, EventKind::remove, replaced_in_stem); !s) return s;
-        replaced_entry = replaced_in_stem ? dst->entry : 0;
+        const bool replaced_in_stem = dst.entry && dst.entry != dst.ino && !dst_is_dir;
+        if (auto s = remove_node(tx, container, dst, EventKind::remove, replaced_in_stem); !s) return s;
+        replaced_entry = replaced_in_stem ? dst.entry : 0;
     }
 
-    const std::string old_name = src->name;
-    const bool was_entry = src->entry == src->ino;
+    const std::string old_name = src.name;
+    const bool was_entry = src.entry == src.ino;
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent, name)); !s) return s;
     if (auto s = tx.put(tx.db.dirents, records::dirent_key(new_parent, new_name),
-                        records::encode(Dirent{src->ino, type_of(src->mode)}));
+                        records::encode(Dirent{src.ino, type_of(src.mode)}));
         !s) {
         return s;
     }
-    auto old_parent = tx.inode(parent);  // re-read: replacing may have touched it
-    if (!old_parent) return tl::unexpected(old_parent.error());
-    if (auto s = touch_dir(tx, *old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s) return s;
+    auto old_parent = KCACHE_TRY(tx.inode(parent));  // re-read: replacing may have touched it
+    if (auto s = touch_dir(tx, old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s) return s;
     if (parent != new_parent) {
-        auto target_dir = tx.inode(new_parent);
-        if (!target_dir) return tl::unexpected(target_dir.error());
-        if (auto s = touch_dir(tx, *target_dir, src_is_dir ? 1 : 0); !s) return s;
+        auto target_dir = KCACHE_TRY(tx.inode(new_parent));
+        if (auto s = touch_dir(tx, target_dir, src_is_dir ? 1 : 0); !s) return s;
     }
-    src->parent = new_parent;
-    src->name = new_name;
-    src->ctime_ns = tx.now();
-    if (auto s = tx.put_inode(*src); !s) return s;
+    src.parent = new_parent;
+    src.name = new_name;
+    src.ctime_ns = tx.now();
+    if (auto s = tx.put_inode(src); !s) return s;
 
-    if (auto s = retag(tx, src->ino, origin); !s) return s;
+    if (auto s = retag(tx, src.ino, origin); !s) return s;
     if (replaced_entry) {  // normally the renamed file joined it; if not, it is empty now
-        auto moved = tx.inode(src->ino);
-        if (!moved) return tl::unexpected(moved.error());
-        if (moved->entry != replaced_entry) {
-            auto gone = tx.find_entry_record(replaced_entry);
-            if (!gone) return tl::unexpected(gone.error());
-            if (*gone) {
-                if (auto s = ops::drop_entry_record(tx, replaced_entry, EventKind::remove, (*gone)->parent,
-                                                    (*gone)->stem);
+        auto moved = KCACHE_TRY(tx.inode(src.ino));
+        if (moved.entry != replaced_entry) {
+            auto gone = KCACHE_TRY(tx.find_entry_record(replaced_entry));
+            if (gone) {
+                if (auto s = ops::drop_entry_record(tx, replaced_entry, EventKind::remove, gone->parent,
+                                                    gone->stem);
                     !s) {
                     return s;
                 }
@@ -638,41 +571,38 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     }
     if (was_entry) {
         // The daemon invalidates the old name; the entry may live on under the new one.
-        return tx.log(EventKind::rename, src->ino, parent, old_name);
+        return tx.log(EventKind::rename, src.ino, parent, old_name);
     }
     return {};
 }
 
 Result<Attr> WriteTxn::setattr(Ino ino, const SetAttr& changes) {
     Tx tx = TxnAccess::tx(*this);
-    auto node = tx.inode(ino);
-    if (!node) return tl::unexpected(node.error());
+    auto node = KCACHE_TRY(tx.inode(ino));
     if (changes.size) {
-        if ((node->mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", ino));
-        if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", ino));
+        if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", ino));
+        if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", ino));
         if (*changes.size > kMaxFileSize) {
             return fail(EFBIG, fmt::format("cannot extend inode {} to {} bytes", ino, *changes.size));
         }
-        if (*changes.size != node->size) {
-            auto content = read(ino);
-            if (!content) return tl::unexpected(content.error());
-            std::string resized(content->bytes().substr(0, *changes.size));
+        if (*changes.size != node.size) {
+            auto content = KCACHE_TRY(read(ino));
+            std::string resized(content.bytes().substr(0, *changes.size));
             resized.resize(*changes.size, '\0');
             auto written = write(ino, resized, Origin::current());
             if (!written) return written;
-            auto again = tx.inode(ino);
-            if (!again) return tl::unexpected(again.error());
+            auto again = KCACHE_TRY(tx.inode(ino));
             node = std::move(again);
         }
     }
-    if (changes.mode) node->mode = (node->mode & S_IFMT) | (*changes.mode & 07777);
-    if (changes.uid) node->uid = *changes.uid;
-    if (changes.gid) node->gid = *changes.gid;
-    if (changes.atime_ns) node->atime_ns = *changes.atime_ns;
-    if (changes.mtime_ns) node->mtime_ns = *changes.mtime_ns;
-    node->ctime_ns = tx.now();
-    if (auto s = tx.put_inode(*node); !s) return tl::unexpected(s.error());
-    return node->attr();
+    if (changes.mode) node.mode = (node.mode & S_IFMT) | (*changes.mode & 07777);
+    if (changes.uid) node.uid = *changes.uid;
+    if (changes.gid) node.gid = *changes.gid;
+    if (changes.atime_ns) node.atime_ns = *changes.atime_ns;
+    if (changes.mtime_ns) node.mtime_ns = *changes.mtime_ns;
+    node.ctime_ns = tx.now();
+    KCACHE_TRY(tx.put_inode(node));
+    return node.attr();
 }
 
 }  // namespace kcache::core

@@ -75,10 +75,9 @@ Status Tx::scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
 // ---- Tx: typed access ---------------------------------------------------------------
 
 Result<Inode> Tx::inode(Ino ino) const {
-    auto bytes = get(db.inodes, records::u64_key(ino));
-    if (!bytes) return tl::unexpected(bytes.error());
-    if (!*bytes) return fail(ENOENT, fmt::format("no inode {}", ino));
-    return records::decode_inode(ino, **bytes);
+    auto bytes = KCACHE_TRY(get(db.inodes, records::u64_key(ino)));
+    if (!bytes) return fail(ENOENT, fmt::format("no inode {}", ino));
+    return records::decode_inode(ino, *bytes);
 }
 
 Status Tx::put_inode(const Inode& inode) {
@@ -86,22 +85,19 @@ Status Tx::put_inode(const Inode& inode) {
 }
 
 Result<std::optional<records::Dirent>> Tx::child(Ino parent, std::string_view name) const {
-    auto bytes = get(db.dirents, records::dirent_key(parent, name));
-    if (!bytes) return tl::unexpected(bytes.error());
-    if (!*bytes) return std::optional<records::Dirent>{};
-    auto d = records::decode_dirent(**bytes);
-    if (!d) return tl::unexpected(d.error());
-    return std::optional<records::Dirent>{*d};
+    auto bytes = KCACHE_TRY(get(db.dirents, records::dirent_key(parent, name)));
+    if (!bytes) return std::optional<records::Dirent>{};
+    auto d = KCACHE_TRY(records::decode_dirent(*bytes));
+    return std::optional<records::Dirent>{d};
 }
 
 Result<bool> Tx::has_children(Ino dir) const {
     bool any = false;
     const std::string prefix = records::u64_key(dir);
-    auto s = scan(db.dirents, prefix, prefix, [&](std::string_view, std::string_view) {
+    KCACHE_TRY(scan(db.dirents, prefix, prefix, [&](std::string_view, std::string_view) {
         any = true;
         return false;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
     return any;
 }
 
@@ -109,7 +105,7 @@ Result<std::vector<std::pair<std::string, records::Dirent>>> Tx::children(Ino di
     std::vector<std::pair<std::string, records::Dirent>> out;
     Status result;
     const std::string prefix = records::u64_key(dir);
-    auto s = scan(db.dirents, prefix, prefix, [&](std::string_view key, std::string_view value) {
+    KCACHE_TRY(scan(db.dirents, prefix, prefix, [&](std::string_view key, std::string_view value) {
         auto d = records::decode_dirent(value);
         if (!d) {
             result = tl::unexpected(d.error());
@@ -117,26 +113,22 @@ Result<std::vector<std::pair<std::string, records::Dirent>>> Tx::children(Ino di
         }
         out.emplace_back(key.substr(8), *d);
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
-    if (!result) return tl::unexpected(result.error());
+    }));
+    KCACHE_TRY(result);
     return out;
 }
 
 Result<std::optional<EntryInfo>> Tx::find_entry_record(Ino entry) const {
-    auto bytes = get(db.entries, records::u64_key(entry));
-    if (!bytes) return tl::unexpected(bytes.error());
-    if (!*bytes) return std::optional<EntryInfo>{};
-    auto e = records::decode_entry(entry, **bytes);
-    if (!e) return tl::unexpected(e.error());
-    return std::optional<EntryInfo>{std::move(*e)};
+    auto bytes = KCACHE_TRY(get(db.entries, records::u64_key(entry)));
+    if (!bytes) return std::optional<EntryInfo>{};
+    auto e = KCACHE_TRY(records::decode_entry(entry, *bytes));
+    return std::optional<EntryInfo>{std::move(e)};
 }
 
 Result<EntryInfo> Tx::entry(Ino entry) const {
-    auto e = find_entry_record(entry);
-    if (!e) return tl::unexpected(e.error());
-    if (!*e) return fail(ENOENT, fmt::format("no entry with inode {}", entry));
-    return std::move(**e);
+    auto e = KCACHE_TRY(find_entry_record(entry));
+    if (!e) return fail(ENOENT, fmt::format("no entry with inode {}", entry));
+    return std::move(*e);
 }
 
 Status Tx::put_entry(const EntryInfo& entry) {
@@ -144,39 +136,33 @@ Status Tx::put_entry(const EntryInfo& entry) {
 }
 
 Result<std::optional<records::BlobRef>> Tx::blob_ref(const Digest& digest) const {
-    auto bytes = get(db.blob_refs, records::digest_key(digest));
-    if (!bytes) return tl::unexpected(bytes.error());
-    if (!*bytes) return std::optional<records::BlobRef>{};
-    auto r = records::decode_blob_ref(**bytes);
-    if (!r) return tl::unexpected(r.error());
-    return std::optional<records::BlobRef>{*r};
+    auto bytes = KCACHE_TRY(get(db.blob_refs, records::digest_key(digest)));
+    if (!bytes) return std::optional<records::BlobRef>{};
+    auto r = KCACHE_TRY(records::decode_blob_ref(*bytes));
+    return std::optional<records::BlobRef>{r};
 }
 
 Result<std::uint64_t> Tx::counter(Counter c) const {
-    auto bytes = get(db.stats, records::counter_key(c));
-    if (!bytes) return tl::unexpected(bytes.error());
-    if (!*bytes) return std::uint64_t{0};
-    return records::decode_u64(**bytes, "statistics");
+    auto bytes = KCACHE_TRY(get(db.stats, records::counter_key(c)));
+    if (!bytes) return std::uint64_t{0};
+    return records::decode_u64(*bytes, "statistics");
 }
 
 Status Tx::add(Counter c, std::int64_t delta) {
     if (delta == 0) return {};
-    auto value = counter(c);
-    if (!value) return tl::unexpected(value.error());
+    auto value = KCACHE_TRY(counter(c));
     // Gauges never go below zero, even if a damaged db under-counted before.
-    const std::int64_t next = static_cast<std::int64_t>(*value) + delta;
+    const std::int64_t next = static_cast<std::int64_t>(value) + delta;
     return put(db.stats, records::counter_key(c),
                records::encode_u64(static_cast<std::uint64_t>(next < 0 ? 0 : next)));
 }
 
 Status Tx::log(EventKind kind, Ino entry, Ino parent, std::string_view name) {
-    auto next = get(db.meta, kMetaNextEvent);
-    if (!next) return tl::unexpected(next.error());
+    auto next = KCACHE_TRY(get(db.meta, kMetaNextEvent));
     std::uint64_t seq = 1;
-    if (*next) {
-        auto n = records::decode_u64(**next, "meta next_event");
-        if (!n) return tl::unexpected(n.error());
-        seq = *n;
+    if (next) {
+        auto n = KCACHE_TRY(records::decode_u64(*next, "meta next_event"));
+        seq = n;
     }
     Event event{seq, now(), kind, entry, parent, std::string(name)};
     if (auto s = put(db.events, records::u64_key(seq), records::encode(event)); !s) return s;
@@ -198,25 +184,20 @@ Status Tx::log(EventKind kind, Ino entry, Ino parent, std::string_view name) {
 }
 
 Result<Ino> Tx::next_ino() {
-    auto next = get(db.meta, kMetaNextIno);
-    if (!next) return tl::unexpected(next.error());
-    if (!*next) return fail(EIO, fmt::format("db {}: corrupt meta: no next_ino", db.path));
-    auto ino = records::decode_u64(**next, "meta next_ino");
-    if (!ino) return tl::unexpected(ino.error());
-    if (auto s = put(db.meta, kMetaNextIno, records::encode_u64(*ino + 1)); !s) {
-        return tl::unexpected(s.error());
-    }
-    return *ino;
+    auto next = KCACHE_TRY(get(db.meta, kMetaNextIno));
+    if (!next) return fail(EIO, fmt::format("db {}: corrupt meta: no next_ino", db.path));
+    auto ino = KCACHE_TRY(records::decode_u64(*next, "meta next_ino"));
+    KCACHE_TRY(put(db.meta, kMetaNextIno, records::encode_u64(ino + 1)));
+    return ino;
 }
 
 Result<std::string> Tx::path_of(Ino ino) const {
     std::vector<std::string> parts;
     for (Ino at = ino; at != kRootIno;) {
-        auto node = inode(at);
-        if (!node) return tl::unexpected(node.error());
-        parts.push_back(std::move(node->name));
+        auto node = KCACHE_TRY(inode(at));
+        parts.push_back(std::move(node.name));
         if (parts.size() > kMaxPathLength) return fail(EIO, "corrupt tree: parent cycle");
-        at = node->parent;
+        at = node.parent;
     }
     std::string path;
     for (auto it = parts.rbegin(); it != parts.rend(); ++it) {

@@ -28,10 +28,9 @@ Result<MDB_txn*> begin_txn(Store::Impl& impl, unsigned flags) {
 Result<Config> load_config(Store& store, MDB_txn* txn) {
     Config defaults;
     Tx tx(store, txn, defaults, nullptr);
-    auto bytes = tx.get(TxnAccess::impl(store).meta, kMetaConfig);
-    if (!bytes) return tl::unexpected(bytes.error());
-    if (!*bytes) return fail(EIO, fmt::format("db {}: corrupt meta: no config", store.path()));
-    auto config = records::decode_config(**bytes);
+    auto bytes = KCACHE_TRY(tx.get(TxnAccess::impl(store).meta, kMetaConfig));
+    if (!bytes) return fail(EIO, fmt::format("db {}: corrupt meta: no config", store.path()));
+    auto config = records::decode_config(*bytes);
     if (!config) return tl::unexpected(with_context(config.error(), "db " + store.path()));
     return *config;
 }
@@ -62,12 +61,10 @@ const Config& Txn::config() const { return m_config; }
 std::uint64_t Txn::id() const { return m_txn ? mdb_txn_id(m_txn) : 0; }
 
 Result<ReadTxn> Store::read() const {
-    auto txn = begin_txn(*m_impl, MDB_RDONLY);
-    if (!txn) return tl::unexpected(txn.error());
-    Txn t(const_cast<Store*>(this), *txn);
-    auto config = load_config(*t.m_store, *txn);
-    if (!config) return tl::unexpected(config.error());
-    t.m_config = *config;
+    auto txn = KCACHE_TRY(begin_txn(*m_impl, MDB_RDONLY));
+    Txn t(const_cast<Store*>(this), txn);
+    auto config = KCACHE_TRY(load_config(*t.m_store, txn));
+    t.m_config = config;
     return t;
 }
 
@@ -79,12 +76,10 @@ WriteTxn::~WriteTxn() = default;
 
 Result<WriteTxn> Store::write() {
     if (m_read_only) return fail(EROFS, fmt::format("db {}: opened read-only", m_path));
-    auto txn = begin_txn(*m_impl, 0);
-    if (!txn) return tl::unexpected(txn.error());
-    WriteTxn t(this, *txn);
-    auto config = load_config(*this, *txn);
-    if (!config) return tl::unexpected(config.error());
-    t.m_config = *config;
+    auto txn = KCACHE_TRY(begin_txn(*m_impl, 0));
+    WriteTxn t(this, txn);
+    auto config = KCACHE_TRY(load_config(*this, txn));
+    t.m_config = config;
     return t;
 }
 
@@ -109,10 +104,9 @@ Status WriteTxn::commit() {
 }
 
 Status Store::update(const std::function<Status(WriteTxn&)>& fn) {
-    auto txn = write();
-    if (!txn) return tl::unexpected(txn.error());
-    if (auto s = fn(*txn); !s) return s;
-    return txn->commit();
+    auto txn = KCACHE_TRY(write());
+    if (auto s = fn(txn); !s) return s;
+    return txn.commit();
 }
 
 }  // namespace kcache::core

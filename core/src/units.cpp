@@ -74,9 +74,8 @@ Result<std::uint64_t> parse_size(std::string_view text) {
 }
 
 Result<std::int64_t> parse_duration(std::string_view text) {
-    auto parsed = number_and_unit(text, "duration");
-    if (!parsed) return tl::unexpected(parsed.error());
-    auto [value, unit] = *parsed;
+    auto parsed = KCACHE_TRY(number_and_unit(text, "duration"));
+    auto [value, unit] = parsed;
     double seconds = 0;
     if (unit.empty() || unit == "s") seconds = value;
     else if (unit == "m" || unit == "min") seconds = value * 60;

@@ -51,9 +51,8 @@ void verify_list(const Tx& tx, const Digest& digest, const records::BlobRef& ref
 }  // namespace
 
 Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
-    auto txn = store.read();
-    if (!txn) return tl::unexpected(txn.error());
-    Tx tx = TxnAccess::tx(*txn);
+    auto txn = KCACHE_TRY(store.read());
+    Tx tx = TxnAccess::tx(txn);
     VerifyReport report;
     auto problem = [&](std::string text) {
         if (report.problems.size() < 1000) report.problems.push_back(std::move(text));
@@ -67,7 +66,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     Totals all;
     std::uint64_t dirents_expected = 0;
     std::vector<Inode> nodes;
-    auto s = tx.scan(tx.db.inodes, {}, {}, [&](std::string_view key, std::string_view value) {
+    KCACHE_TRY(tx.scan(tx.db.inodes, {}, {}, [&](std::string_view key, std::string_view value) {
         const Ino ino = records::u64_from_key(key);
         auto node = records::decode_inode(ino, value);
         if (!node) {
@@ -78,8 +77,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         if ((node->mode & S_IFMT) == S_IFDIR) dirs.emplace(ino, *node);
         nodes.push_back(std::move(*node));
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
     for (const Inode& node : nodes) {
         if (node.ino == kRootIno) continue;
         ++dirents_expected;
@@ -132,11 +130,10 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         }
     }
     std::uint64_t dirents = 0;
-    s = tx.scan(tx.db.dirents, {}, {}, [&](std::string_view, std::string_view) {
+    KCACHE_TRY(tx.scan(tx.db.dirents, {}, {}, [&](std::string_view, std::string_view) {
         ++dirents;
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
     if (dirents != dirents_expected) {
         problem(fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
     }
@@ -146,7 +143,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0, chunks_expected = 0;
     std::unordered_map<Digest, bool, DigestHash> damaged;  // blobs whose content is bad
     std::unordered_map<Digest, std::vector<Digest>, DigestHash> lists;  // segmented blobs
-    s = tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
+    KCACHE_TRY(tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
         auto ref = records::decode_blob_ref(value);
         if (!ref || ref->codec != records::Codec::segments) return true;
         const Digest digest = records::digest_from_key(key);
@@ -159,12 +156,11 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         for (const Digest& seg : **list) ++refs[seg];
         lists.emplace(digest, std::move(**list));
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
     MDB_stat st{};
     mdb_stat(tx.txn, tx.db.blob_refs, &st);
     const std::uint64_t total_blobs = st.ms_entries;
-    s = tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
+    KCACHE_TRY(tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
         const Digest digest = records::digest_from_key(key);
         ++report.blobs;
         auto ref = records::decode_blob_ref(value);
@@ -196,8 +192,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         }
         if (progress && report.blobs % 256 == 0) progress(report.blobs, total_blobs);
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
     // A damaged segment damages every list holding it.
     for (const auto& [digest, list] : lists) {
         for (const Digest& seg : list) {
@@ -218,7 +213,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
 
     // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.
     std::uint64_t entry_count = 0;
-    s = tx.scan(tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) {
+    KCACHE_TRY(tx.scan(tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) {
         const Ino ino = records::u64_from_key(key);
         auto entry = records::decode_entry(ino, value);
         ++report.entries;
@@ -244,8 +239,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             if (!lru || !*lru) problem(fmt::format("entry '{}': missing from the LRU index", entry->name));
         }
         return true;
-    });
-    if (!s) return tl::unexpected(s.error());
+    }));
 
     // 4. Gauges match what is there.
     auto gauge = [&](Counter c, std::uint64_t actual) {
@@ -266,10 +260,9 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
 
 Result<GcReport> collect_garbage(Store& store) {
     GcReport report;
-    auto readers = store.clear_stale_readers();
-    if (!readers) return tl::unexpected(readers.error());
-    report.stale_readers = *readers;
-    auto s = store.update([&](WriteTxn& txn) -> Status {
+    auto readers = KCACHE_TRY(store.clear_stale_readers());
+    report.stale_readers = readers;
+    KCACHE_TRY(store.update([&](WriteTxn& txn) -> Status {
         Tx tx = TxnAccess::tx(txn);
         std::vector<std::string> dead;
         auto scanned = tx.scan(tx.db.leases, {}, {}, [&](std::string_view key, std::string_view) {
@@ -285,21 +278,18 @@ Result<GcReport> collect_garbage(Store& store) {
         }
         report.stale_leases = dead.size();
         return {};
-    });
-    if (!s) return tl::unexpected(s.error());
-    auto txn = store.read();
-    if (!txn) return tl::unexpected(txn.error());
-    Tx tx = TxnAccess::tx(*txn);
+    }));
+    auto txn = KCACHE_TRY(store.read());
+    Tx tx = TxnAccess::tx(txn);
     // The free list (dbi 0): each record lists free page numbers, count first.
-    auto counted = tx.scan(0, {}, {}, [&](std::string_view, std::string_view value) {
+    KCACHE_TRY(tx.scan(0, {}, {}, [&](std::string_view, std::string_view value) {
         if (value.size() >= sizeof(std::size_t)) {
             std::size_t n = 0;
             std::memcpy(&n, value.data(), sizeof n);
             report.free_pages += n;
         }
         return true;
-    });
-    if (!counted) return tl::unexpected(counted.error());
+    }));
     report.file_bytes = store.data_file_bytes();
     return report;
 }

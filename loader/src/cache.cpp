@@ -151,7 +151,7 @@ class DirCache final : public Cache {
     }
 
     Result<std::unique_ptr<Entry>> entry(std::string_view raw_key) const override {
-        if (auto s = check_key(raw_key); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(check_key(raw_key));
         const std::string key(trim_key(raw_key));
         const std::string path = m_path + "/" + key;
         struct stat st {};
@@ -171,7 +171,7 @@ class DirCache final : public Cache {
         if (!S_ISDIR(st.st_mode)) {
             return fail(ENOENT, fmt::format("{} is neither a file nor a directory", path));
         }
-        if (auto s = list_dir(path, "", 0, key, files); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(list_dir(path, "", 0, key, files));
         std::sort(files.begin(), files.end(),
                   [](const EntryFile& a, const EntryFile& b) { return a.name < b.name; });
         return std::unique_ptr<Entry>(new DirEntry(key, path, std::move(files), false));
@@ -220,23 +220,22 @@ class DbCache final : public Cache {
     }
 
     Result<std::unique_ptr<Entry>> entry(std::string_view raw_key) const override {
-        if (auto s = check_key(raw_key); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(check_key(raw_key));
         std::string key(trim_key(raw_key));
-        auto txn = m_store->read();
-        if (!txn) return tl::unexpected(txn.error());
-        auto ino = txn->resolve(key);
+        auto txn = KCACHE_TRY(m_store->read());
+        auto ino = txn.resolve(key);
         if (!ino && ino.error().code == ENOENT && key.find('/') == std::string::npos) {
             // A compiler's cache key alone (Triton's <hash>): the entry of that name
             // wherever the compiler's directory sits in the cache (triton/<hash>).
             const std::string suffix = "/" + key;
             std::string found;
-            (void)txn->for_each_entry([&](const core::EntryInfo& e) {
+            (void)txn.for_each_entry([&](const core::EntryInfo& e) {
                 if (e.kind == core::EntryKind::node && e.name.ends_with(suffix)) found = e.name;
                 return found.empty();
             });
             if (!found.empty()) {
                 key = std::move(found);
-                ino = txn->resolve(key);
+                ino = txn.resolve(key);
             }
         }
         if (!ino) {
@@ -245,22 +244,19 @@ class DbCache final : public Cache {
             }
             return tl::unexpected(ino.error());
         }
-        auto attr = txn->getattr(*ino);
-        if (!attr) return tl::unexpected(attr.error());
+        auto attr = KCACHE_TRY(txn.getattr(*ino));
         std::vector<EntryFile> files;
         std::vector<core::Ino> inos;
-        if (attr->is_regular()) {
-            files.push_back(EntryFile{fs::path(key).filename().string(), attr->size});
+        if (attr.is_regular()) {
+            files.push_back(EntryFile{fs::path(key).filename().string(), attr.size});
             inos.push_back(*ino);
-        } else if (attr->is_dir()) {
-            if (auto s = list(*txn, *ino, "", 0, key, files, inos); !s) {
-                return tl::unexpected(s.error());
-            }
+        } else if (attr.is_dir()) {
+            KCACHE_TRY(list(txn, *ino, "", 0, key, files, inos));
         } else {
             return fail(ENOENT,
                         fmt::format("{} in db {} is neither a file nor a directory", key, m_path));
         }
-        return std::unique_ptr<Entry>(new DbEntry(shared_from_this(), key, std::move(*txn),
+        return std::unique_ptr<Entry>(new DbEntry(shared_from_this(), key, std::move(txn),
                                                   std::move(inos), std::move(files)));
     }
 
@@ -343,9 +339,8 @@ Result<std::shared_ptr<Cache>> Cache::open(const std::string& path) {
         options.path = root;
         options.create = false;
         options.read_only = true;
-        auto store = core::Store::open(options);
-        if (!store) return tl::unexpected(store.error());
-        return std::shared_ptr<Cache>(new DbCache(std::move(*store)));
+        auto store = KCACHE_TRY(core::Store::open(options));
+        return std::shared_ptr<Cache>(new DbCache(std::move(store)));
     }
     return std::shared_ptr<Cache>(new DirCache(root));
 }

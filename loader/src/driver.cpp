@@ -112,7 +112,7 @@ Result<std::shared_ptr<const Driver>> Driver::load(const std::string& requested)
           resolve("cuModuleGetFunction", api.module_get_function),
           resolve("cuFuncSetAttribute", api.func_set_attribute),
           resolve("cuLaunchKernel", api.launch_kernel)}) {
-        if (!s) return tl::unexpected(s.error());
+        KCACHE_TRY(s);
     }
     const cuda::CUresult init = api.init(0);
     if (init == cuda::kErrorStubLibrary) return stub();

@@ -210,9 +210,8 @@ Status Kernel::launch(const LaunchConfig& config, void** args, const std::size_t
 Runtime::~Runtime() = default;
 
 Result<std::shared_ptr<Runtime>> Runtime::open(const RuntimeOptions& options) {
-    auto driver = Driver::load(options.driver_library);
-    if (!driver) return tl::unexpected(driver.error());
-    const Driver& d = **driver;
+    auto driver = KCACHE_TRY(Driver::load(options.driver_library));
+    const Driver& d = *driver;
     if (options.device < 0 || options.device >= d.device_count()) {
         return fail(ENODEV, fmt::format("no CUDA device {} (the driver found {})", options.device,
                                         d.device_count()));
@@ -221,8 +220,8 @@ Result<std::shared_ptr<Runtime>> Runtime::open(const RuntimeOptions& options) {
     if (auto rc = d.api().device_get(&handle, options.device); rc != cuda::kSuccess) {
         return tl::unexpected(d.error(rc, fmt::format("device {}", options.device)));
     }
-    auto device = std::make_shared<Device>(*driver, handle, options.device);
-    if (auto s = device->init(); !s) return tl::unexpected(s.error());
+    auto device = std::make_shared<Device>(driver, handle, options.device);
+    KCACHE_TRY(device->init());
     std::shared_ptr<Runtime> runtime(
         new Runtime(options.cache_capacity ? options.cache_capacity : 256));
     runtime->m_device = std::move(device);
@@ -251,9 +250,8 @@ Result<std::shared_ptr<const Kernel>> Runtime::kernel(const Cache& cache, std::s
     t_key.kernel.assign(kernel);
     t_key.device = m_device->ordinal();
     if (auto hit = m_cache.find(t_key)) return hit;
-    auto entry = cache.entry(key);
-    if (!entry) return tl::unexpected(entry.error());
-    auto loaded = load(**entry, kernel);
+    auto entry = KCACHE_TRY(cache.entry(key));
+    auto loaded = load(*entry, kernel);
     if (!loaded) return loaded;
     return m_cache.insert(t_key, std::move(*loaded));
 }
@@ -265,58 +263,56 @@ Result<std::shared_ptr<const Kernel>> Runtime::load(Entry& entry, std::string_vi
     } else if (found.error().code != ENOENT) {
         return tl::unexpected(found.error());
     }
-    auto selection =
-        select_binary(entry, m_device->sm(), signature ? std::string_view(signature->binary) : "");
-    if (!selection) return tl::unexpected(selection.error());
+    auto selection = KCACHE_TRY(
+        select_binary(entry, m_device->sm(), signature ? std::string_view(signature->binary) : ""));
 
     std::string name(requested);
     if (name.empty() && signature) name = signature->kernel;
     if (name.empty()) {
-        const auto* kernels = selection->kernels();
+        const auto* kernels = selection.kernels();
         if (!kernels || kernels->size() != 1) {
             return fail(EINVAL, fmt::format("entry {}: name a kernel: {} has {} ({}) and no "
                                             "signature names one",
-                                            entry.key(), selection->file,
+                                            entry.key(), selection.file,
                                             kernels ? fmt::format("{} kernels", kernels->size())
                                                     : std::string("unreadable kernels"),
                                             kernels ? kernel_names(*kernels) : "?"));
         }
         name = kernels->front().name;
     }
-    const KernelInfo* info = find_kernel_info(*selection, name);
+    const KernelInfo* info = find_kernel_info(selection, name);
     if (!info) {
-        const auto* kernels = selection->kernels();
+        const auto* kernels = selection.kernels();
         return fail(ENOENT, fmt::format("entry {}: {} has no kernel {} (it has: {})", entry.key(),
-                                        selection->file, name,
+                                        selection.file, name,
                                         kernels ? kernel_names(*kernels) : "unreadable kernels"));
     }
 
-    auto bytes = entry.read(selection->file);
-    if (!bytes) return tl::unexpected(bytes.error());
-    const bool ptx = selection->format == Format::ptx;
+    auto bytes = KCACHE_TRY(entry.read(selection.file));
+    const bool ptx = selection.format == Format::ptx;
     std::string copy;
-    const void* image = image_of(*bytes, ptx, copy);
+    const void* image = image_of(bytes, ptx, copy);
     char error_log[8192] = {};
     cuda::CUjit_option options[] = {cuda::kJitErrorLogBuffer, cuda::kJitErrorLogBufferSizeBytes};
     void* values[] = {error_log, reinterpret_cast<void*>(std::uintptr_t{sizeof error_log})};
-    if (auto s = m_device->make_current(); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(m_device->make_current());
     const DriverApi& api = m_device->api();
     const Driver& driver = m_device->driver();
     cuda::CUmodule handle = nullptr;
     const std::string what =
         fmt::format("entry {}: loading {} ({} for {}{}) on device {} (sm_{})", entry.key(),
-                    selection->file, format_name(selection->format), selection->arch,
-                    selection->jit ? ", JIT" : "", m_device->ordinal(), m_device->sm());
+                    selection.file, format_name(selection.format), selection.arch,
+                    selection.jit ? ", JIT" : "", m_device->ordinal(), m_device->sm());
     if (auto rc = api.module_load_data_ex(&handle, image, 2, options, values);
         rc != cuda::kSuccess) {
         std::string detail = trimmed(error_log);
-        if (selection->jit) {
+        if (selection.jit) {
             const std::string ptx_version =
-                !selection->info.ptx_version.empty()
-                    ? selection->info.ptx_version
-                    : (selection->fatbin_entry >= 0
-                           ? selection->info
-                                 .entries[static_cast<std::size_t>(selection->fatbin_entry)]
+                !selection.info.ptx_version.empty()
+                    ? selection.info.ptx_version
+                    : (selection.fatbin_entry >= 0
+                           ? selection.info
+                                 .entries[static_cast<std::size_t>(selection.fatbin_entry)]
                                  .ptx_version
                            : std::string());
             const std::string versions = fmt::format(
@@ -332,16 +328,14 @@ Result<std::shared_ptr<const Kernel>> Runtime::load(Entry& entry, std::string_vi
     kernel->m_module = module;
     kernel->m_info = *info;
     kernel->m_signature = std::move(signature);
-    kernel->m_file = selection->file;
+    kernel->m_file = selection.file;
     if (auto rc = api.module_get_function(&kernel->m_function, handle, name.c_str());
         rc != cuda::kSuccess) {
         return tl::unexpected(driver.error(rc, fmt::format("entry {}: looking up kernel {} in {}",
-                                                           entry.key(), name, selection->file)));
+                                                           entry.key(), name, selection.file)));
     }
     if (kernel->m_signature && kernel->m_signature->shared_memory > kDefaultSharedMemoryLimit) {
-        if (auto s = kernel->opt_in_shared_memory(kernel->m_signature->shared_memory); !s) {
-            return tl::unexpected(s.error());
-        }
+        KCACHE_TRY(kernel->opt_in_shared_memory(kernel->m_signature->shared_memory));
     }
     return std::shared_ptr<const Kernel>(std::move(kernel));
 }

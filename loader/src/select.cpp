@@ -112,9 +112,8 @@ Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view on
                         [](const Candidate& c) { return c.tier == 0 && c.exact; })) {
             break;
         }
-        auto bytes = entry.read(name);
-        if (!bytes) return tl::unexpected(bytes.error());
-        auto info = inspect(*bytes);
+        auto bytes = KCACHE_TRY(entry.read(name));
+        auto info = inspect(bytes);
         if (!info) {
             reasons.push_back(fmt::format("{}: {}", name, info.error().message));
             continue;
@@ -188,9 +187,8 @@ Result<Signature> find_signature(Entry& entry, std::string_view preferred_stem) 
     });
     std::vector<std::string> skipped;
     for (const EntryFile* file : files) {
-        auto bytes = entry.read(file->name);
-        if (!bytes) return tl::unexpected(bytes.error());
-        auto signature = parse_signature(*bytes);
+        auto bytes = KCACHE_TRY(entry.read(file->name));
+        auto signature = parse_signature(bytes);
         if (signature) return signature;
         if (signature.error().code != ENOEXEC) {
             return tl::unexpected(core::with_context(

@@ -124,12 +124,10 @@ Result<Signature> parse_kcache(const Json& doc) {
     if (version.get<std::uint64_t>() == 0) return bad(F, "kcache_signature is 0");
     Signature sig;
     sig.format = SignatureFormat::kcache;
-    auto kernel = string_field(doc, "kernel", F, true);
-    if (!kernel) return tl::unexpected(kernel.error());
-    sig.kernel = std::move(*kernel);
-    auto binary = string_field(doc, "binary", F, false);
-    if (!binary) return tl::unexpected(binary.error());
-    sig.binary = std::move(*binary);
+    auto kernel = KCACHE_TRY(string_field(doc, "kernel", F, true));
+    sig.kernel = std::move(kernel);
+    auto binary = KCACHE_TRY(string_field(doc, "binary", F, false));
+    sig.binary = std::move(binary);
 
     const auto params = doc.find("params");
     if (params == doc.end() || !params->is_array()) return bad(F, "params is not a list");
@@ -138,11 +136,10 @@ Result<Signature> parse_kcache(const Json& doc) {
         const Json& p = (*params)[i];
         const std::string where = fmt::format("params[{}]", i);
         if (!p.is_object()) return bad(F, where + " is not an object");
-        auto name = string_field(p, "name", F, false);
-        if (!name) return tl::unexpected(name.error());
+        auto name = KCACHE_TRY(string_field(p, "name", F, false));
         auto type = string_field(p, "type", F, true);
         if (!type) return bad(F, fmt::format("{}: {}", where, "no type"));
-        SignatureParam param{std::move(*name), std::move(*type), 0};
+        SignatureParam param{std::move(name), std::move(*type), 0};
         const auto known = signature_type_size(param.type);
         auto size = uint_field(p, "size", known.value_or(0), 1, kMaxParamBytes, F);
         if (!size)
@@ -159,20 +156,16 @@ Result<Signature> parse_kcache(const Json& doc) {
         param.size = *size;
         list.push_back(std::move(param));
     }
-    if (auto s = check_param_bytes(list, F); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(check_param_bytes(list, F));
     sig.params = std::move(list);
 
-    auto block = dims_field(doc, "block", F);
-    if (!block) return tl::unexpected(block.error());
-    if (auto s = check_block(*block, F); !s) return tl::unexpected(s.error());
-    sig.block = *block;
-    auto cluster = dims_field(doc, "cluster", F);
-    if (!cluster) return tl::unexpected(cluster.error());
-    sig.cluster = *cluster;
-    auto shared =
-        uint_field(doc, "dynamic_shared_memory", 0, 0, std::numeric_limits<std::int32_t>::max(), F);
-    if (!shared) return tl::unexpected(shared.error());
-    sig.shared_memory = *shared;
+    auto block = KCACHE_TRY(dims_field(doc, "block", F));
+    KCACHE_TRY(check_block(block, F));
+    sig.block = block;
+    auto cluster = KCACHE_TRY(dims_field(doc, "cluster", F));
+    sig.cluster = cluster;
+    sig.shared_memory = KCACHE_TRY(
+        uint_field(doc, "dynamic_shared_memory", 0, 0, std::numeric_limits<std::int32_t>::max(), F));
     return sig;
 }
 
@@ -180,26 +173,21 @@ Result<Signature> parse_triton(const Json& doc) {
     constexpr std::string_view F = "Triton";
     Signature sig;
     sig.format = SignatureFormat::triton;
-    auto name = string_field(doc, "name", F, true);
-    if (!name) return tl::unexpected(name.error());
-    sig.kernel = std::move(*name);
+    auto name = KCACHE_TRY(string_field(doc, "name", F, true));
+    sig.kernel = std::move(name);
 
     std::uint32_t warp_size = 32;
     if (const auto target = doc.find("target"); target != doc.end() && target->is_object()) {
-        auto w = uint_field(*target, "warp_size", 32, 1, 64, F);
-        if (!w) return tl::unexpected(w.error());
-        warp_size = *w;
+        auto w = KCACHE_TRY(uint_field(*target, "warp_size", 32, 1, 64, F));
+        warp_size = w;
     }
-    auto warps = uint_field(doc, "num_warps", 4, 1, kMaxThreadsPerBlock, F);
-    if (!warps) return tl::unexpected(warps.error());
-    sig.block = {*warps * warp_size, 1, 1};
-    if (auto s = check_block(sig.block, F); !s) return tl::unexpected(s.error());
-    auto shared = uint_field(doc, "shared", 0, 0, std::numeric_limits<std::int32_t>::max(), F);
-    if (!shared) return tl::unexpected(shared.error());
-    sig.shared_memory = *shared;
-    auto cluster = dims_field(doc, "cluster_dims", F);
-    if (!cluster) return tl::unexpected(cluster.error());
-    sig.cluster = *cluster;
+    auto warps = KCACHE_TRY(uint_field(doc, "num_warps", 4, 1, kMaxThreadsPerBlock, F));
+    sig.block = {warps * warp_size, 1, 1};
+    KCACHE_TRY(check_block(sig.block, F));
+    auto shared = KCACHE_TRY(uint_field(doc, "shared", 0, 0, std::numeric_limits<std::int32_t>::max(), F));
+    sig.shared_memory = shared;
+    auto cluster = KCACHE_TRY(dims_field(doc, "cluster_dims", F));
+    sig.cluster = cluster;
 
     // Older Triton releases keep {"0": "*fp32", ...} by index; newer ones (in the
     // compiled kernel's source) {"x_ptr": "*fp32", ..., "BLOCK": "constexpr"}.
@@ -233,7 +221,7 @@ Result<Signature> parse_triton(const Json& doc) {
             if (!size) return bad(F, fmt::format("signature[{}]: unknown type \"{}\"", key, type));
             list.push_back(SignatureParam{by_index ? std::string() : key, type, *size});
         }
-        if (auto s = check_param_bytes(list, F); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(check_param_bytes(list, F));
         sig.params = std::move(list);
     }
     return sig;

@@ -31,28 +31,25 @@ std::array<std::int64_t, 3> gauge_offset(const Catalog& c) {
 }  // namespace
 
 core::Result<CatalogBuilder::Update> CatalogBuilder::load() {
-    auto txn = m_store.get().read();
-    if (!txn) return tl::unexpected(txn.error());
-    return load_all(*txn);
+    auto txn = KCACHE_TRY(m_store.get().read());
+    return load_all(txn);
 }
 
 core::Result<CatalogBuilder::Update> CatalogBuilder::load_all(const core::Txn& txn) {
     const auto t0 = std::chrono::steady_clock::now();
     auto c = std::make_shared<Catalog>();
-    auto stats = txn.stats();
-    if (!stats) return tl::unexpected(stats.error());
-    c->stats = std::move(*stats);
+    auto stats = KCACHE_TRY(txn.stats());
+    c->stats = std::move(stats);
     c->data_file_bytes = m_store.get().data_file_bytes();
 
     const std::uint64_t expected = c->stats.get(core::Counter::entries);
     c->rows.reserve(expected + expected / 8);
     c->keys.reserve((expected + expected / 8) * 34);  // hash-named entries: 32 hex digits
     bool moved = false;
-    core::Status status = txn.for_each_entry([&](const core::EntryInfo& info) {
+    KCACHE_TRY(txn.for_each_entry([&](const core::EntryInfo& info) {
         upsert(*c, info, moved);
         return true;
-    });
-    if (!status) return tl::unexpected(status.error());
+    }));
     if (c->keys.size() > std::numeric_limits<std::uint32_t>::max()) {
         return core::fail(EFBIG,
                           fmt::format("db {}: the entry keys take more than 4 GiB", m_store.get().path()));
@@ -61,12 +58,11 @@ core::Result<CatalogBuilder::Update> CatalogBuilder::load_all(const core::Txn& t
     m_events.clear();
     m_event_seq = 0;
     m_recent.clear();
-    status = txn.for_each_event(0, [&](const core::Event& event) {
+    KCACHE_TRY(txn.for_each_event(0, [&](const core::Event& event) {
         append_event(event);
         m_event_seq = event.seq;
         return true;
-    });
-    if (!status) return tl::unexpected(status.error());
+    }));
     m_gauge_offset = gauge_offset(*c);
 
     c->txn_id = txn.id();
@@ -82,24 +78,23 @@ core::Result<CatalogBuilder::Update> CatalogBuilder::load_all(const core::Txn& t
 }
 
 core::Result<std::optional<CatalogBuilder::Update>> CatalogBuilder::follow() {
-    auto txn = m_store.get().read();
-    if (!txn) return tl::unexpected(txn.error());
-    if (m_current && txn->id() == m_current->txn_id) return std::nullopt;
-    if (!m_current) return load_all(*txn);
+    auto txn = KCACHE_TRY(m_store.get().read());
+    if (m_current && txn.id() == m_current->txn_id) return std::nullopt;
+    if (!m_current) return load_all(txn);
 
     // Copy on write: the published catalog may be on screen right now.
     auto c = std::make_shared<Catalog>(*m_current);
     const auto saved_seq = m_event_seq;
     const auto saved_events = m_events.size();
     Update update;
-    auto incremental = apply_changes(*txn, *c, update);
+    auto incremental = apply_changes(txn, *c, update);
     if (!incremental) {
         m_event_seq = saved_seq;  // leave the builder as it was, for the next try
         m_events.resize(saved_events);
         return tl::unexpected(incremental.error());
     }
-    if (!*incremental) return load_all(*txn);
-    c->txn_id = txn->id();
+    if (!*incremental) return load_all(txn);
+    c->txn_id = txn.id();
     update.catalog = c;
     m_current = std::move(c);
     return update;
@@ -112,7 +107,7 @@ core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& 
     bool first = true;
     std::size_t count = 0;
     const std::int64_t now = m_store.get().now_ns();
-    core::Status status = txn.for_each_event(m_event_seq, [&](const core::Event& event) {
+    KCACHE_TRY(txn.for_each_event(m_event_seq, [&](const core::Event& event) {
         // A gap means the log was trimmed past what we saw: changes were lost.
         if ((first && m_event_seq != 0 && event.seq != m_event_seq + 1) ||
             ++count > kMaxIncrementalEvents) {
@@ -127,8 +122,7 @@ core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& 
             m_recent.emplace_back(event.entry, now);
         }
         return true;
-    });
-    if (!status) return tl::unexpected(status.error());
+    }));
     if (need_reload) return false;
 
     std::erase_if(m_recent, [&](const auto& recent) { return now - recent.second > kRecentNs; });
@@ -148,9 +142,8 @@ core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& 
     }
     if (c.keys.size() > std::numeric_limits<std::uint32_t>::max()) return false;
 
-    auto stats = txn.stats();
-    if (!stats) return tl::unexpected(stats.error());
-    c.stats = std::move(*stats);
+    auto stats = KCACHE_TRY(txn.stats());
+    c.stats = std::move(stats);
     c.data_file_bytes = m_store.get().data_file_bytes();
     // Changes that log no event (another file published into an older entry) show
     // as gauges that no longer match the rows: then only a reload is right.

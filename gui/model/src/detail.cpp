@@ -19,20 +19,17 @@ std::string_view base_name(std::string_view path) {
 }  // namespace
 
 core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino entry) {
-    auto txn = store.read();
-    if (!txn) return tl::unexpected(txn.error());
-    auto info = txn->entry(entry);
-    if (!info) return tl::unexpected(info.error());
+    auto txn = KCACHE_TRY(store.read());
+    auto info = KCACHE_TRY(txn.entry(entry));
     EntryDetail detail;
-    detail.m_info = std::move(*info);
-    detail.m_txn_id = txn->id();
-    auto listed = txn->for_each_entry_file(detail.m_info, [&](const core::EntryFile& file) {
+    detail.m_info = std::move(info);
+    detail.m_txn_id = txn.id();
+    KCACHE_TRY(txn.for_each_entry_file(detail.m_info, [&](const core::EntryFile& file) {
         if (!file.attr.is_dir()) {
             detail.m_files.push_back({file.path, file.attr, core::role_of(base_name(file.path)), file.link_target});
         }
         return true;
-    });
-    if (!listed) return tl::unexpected(listed.error());
+    }));
     std::sort(detail.m_files.begin(), detail.m_files.end(),
               [](const EntryFile& a, const EntryFile& b) { return a.path < b.path; });
     return detail;
@@ -63,15 +60,13 @@ core::Result<FileView> load_file_view(const core::Store& store, const EntryFile&
         return core::fail(EISDIR, fmt::format("{} is not a regular file", file.path));
     }
     {
-        auto txn = store.read();
-        if (!txn) return tl::unexpected(txn.error());
+        auto txn = KCACHE_TRY(store.read());
         view.bytes.reserve(std::min<std::uint64_t>(file.attr.size, max_bytes));
-        core::Status status = txn->read_pieces(file.attr.ino, [&](std::string_view piece) {
+        KCACHE_TRY(txn.read_pieces(file.attr.ino, [&](std::string_view piece) {
             const std::size_t room = max_bytes - view.bytes.size();
             if (piece.size() > room) view.truncated = true;
             view.bytes.append(piece.substr(0, room));
-        });
-        if (!status) return tl::unexpected(status.error());
+        }));
         view.size = std::max<std::uint64_t>(view.size, view.bytes.size());
     }
 

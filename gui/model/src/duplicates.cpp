@@ -25,10 +25,9 @@ core::Status DuplicateScan::start(const core::Store& store, std::vector<core::In
     m_next = 0;
     m_started = true;
     m_entries = std::move(entries);
-    auto txn = store.read();
-    if (!txn) return tl::unexpected(txn.error());
-    m_txn_id = txn->id();
-    m_txn = std::make_unique<core::Txn>(std::move(*txn));
+    auto txn = KCACHE_TRY(store.read());
+    m_txn_id = txn.id();
+    m_txn = std::make_unique<core::Txn>(std::move(txn));
     return {};
 }
 
@@ -37,7 +36,7 @@ core::Result<bool> DuplicateScan::step(std::int64_t budget_ns) {
     const std::int64_t deadline = steady_ns() + budget_ns;
     do {
         if (m_next == m_entries.size()) {
-            if (auto status = finish(); !status) return tl::unexpected(status.error());
+            KCACHE_TRY(finish());
             return true;
         }
         const core::Ino entry = m_entries[m_next++];
@@ -52,9 +51,8 @@ core::Result<bool> DuplicateScan::step(std::int64_t budget_ns) {
 
 core::Status DuplicateScan::run_to_end() {
     while (true) {
-        auto finished = step(1'000'000'000);
-        if (!finished) return tl::unexpected(finished.error());
-        if (*finished) return {};
+        auto finished = KCACHE_TRY(step(1'000'000'000));
+        if (finished) return {};
     }
 }
 
@@ -65,9 +63,8 @@ core::Status DuplicateScan::scan_entry(core::Ino entry) {
     }
     if (attr->is_dir()) return scan_dir(entry, entry);
     if (attr->is_regular()) {
-        auto info = m_txn->entry(entry);
-        if (!info) return tl::unexpected(info.error());
-        const std::string_view name = info->name;
+        auto info = KCACHE_TRY(m_txn->entry(entry));
+        const std::string_view name = info.name;
         note_binary(entry, name.substr(name.rfind('/') + 1), *attr);
     }
     return {};
@@ -127,9 +124,8 @@ core::Status DuplicateScan::finish() {
             group.size = m_seen[i].size;
             group.file_name = m_names[m_seen[i].name];
             for (core::Ino ino : group.entries) {
-                auto info = m_txn->entry(ino);
-                if (!info) return tl::unexpected(info.error());
-                group.keys.push_back(std::move(info->name));
+                auto info = KCACHE_TRY(m_txn->entry(ino));
+                group.keys.push_back(std::move(info.name));
             }
             m_groups.push_back(std::move(group));
         }

@@ -7,10 +7,9 @@
 namespace kcache::gui {
 
 Result<std::unique_ptr<Model>> Model::open(const Options& options) {
-    auto worker = Worker::start(options);
-    if (!worker) return tl::unexpected(worker.error());
+    auto worker = KCACHE_TRY(Worker::start(options));
     std::unique_ptr<Model> model(new Model());
-    model->m_worker = std::move(*worker);
+    model->m_worker = std::move(worker);
     model->m_clock = options.clock;
     model->adopt(model->m_worker->published());
     return model;

@@ -353,14 +353,13 @@ core::Result<ActionReport> Worker::run_action(const ActionRequest& request) {
             } else {
                 evict.older_than_ns = request.age_ns;
             }
-            auto evicted = m_store.get().evict(evict);
-            if (!evicted) return tl::unexpected(evicted.error());
-            report = report_of(*evicted);
+            auto evicted = KCACHE_TRY(m_store.get().evict(evict));
+            report = report_of(evicted);
             break;
         }
     }
     if (!report) return report;
-    if (auto changed = look(true); !changed) return tl::unexpected(changed.error());
+    KCACHE_TRY(look(true));
     if (request.action == Action::clear && m_view->catalog->live > 0) {
         report->message += fmt::format("; {} pinned kept", m_view->catalog->live);
     }
@@ -369,12 +368,11 @@ core::Result<ActionReport> Worker::run_action(const ActionRequest& request) {
 
 core::Result<ActionReport> Worker::run_evict(const std::vector<core::Ino>& inos) {
     const Catalog& c = *m_view->catalog;
-    auto txn = m_store.get().write();
-    if (!txn) return tl::unexpected(txn.error());
+    auto txn = KCACHE_TRY(m_store.get().write());
     ActionReport report;
     for (core::Ino ino : inos) {
         const EntryRow* r = c.find(ino);
-        core::Status status = txn->evict_entry(ino);
+        core::Status status = txn.evict_entry(ino);
         if (!status) {
             const int code = status.error().code;
             if (code == EPERM || code == EBUSY) {  // pinned, or a write in flight
@@ -387,7 +385,7 @@ core::Result<ActionReport> Worker::run_evict(const std::vector<core::Ino>& inos)
         ++report.entries;
         if (r && !r->gone()) report.bytes += r->bytes;
     }
-    if (auto status = txn->commit(); !status) return tl::unexpected(status.error());
+    KCACHE_TRY(txn.commit());
     report.message =
         fmt::format("evicted {} {} ({})", report.entries, report.entries == 1 ? "entry" : "entries",
                     format_bytes(report.bytes));
@@ -399,18 +397,17 @@ core::Result<ActionReport> Worker::run_evict(const std::vector<core::Ino>& inos)
 
 core::Result<ActionReport> Worker::run_pin(const std::vector<core::Ino>& inos, bool pinned) {
     const Catalog& c = *m_view->catalog;
-    auto txn = m_store.get().write();
-    if (!txn) return tl::unexpected(txn.error());
+    auto txn = KCACHE_TRY(m_store.get().write());
     ActionReport report;
     for (core::Ino ino : inos) {
         const EntryRow* r = c.find(ino);
         if (r && !r->gone() && r->pinned() == pinned) continue;
-        core::Status status = txn->set_pinned(ino, pinned);
+        core::Status status = txn.set_pinned(ino, pinned);
         if (!status && status.error().code == ENOENT) continue;
-        if (!status) return tl::unexpected(status.error());
+        KCACHE_TRY(status);
         ++report.entries;
     }
-    if (auto status = txn->commit(); !status) return tl::unexpected(status.error());
+    KCACHE_TRY(txn.commit());
     report.message = fmt::format("{} {} {}", pinned ? "pinned" : "unpinned", report.entries,
                                  report.entries == 1 ? "entry" : "entries");
     return report;
