@@ -107,6 +107,9 @@ struct Filesystem::FileHandle {
     std::uint32_t opener = 0;  // writers: the process that opened it; only its close publishes early
     pid_t reader_tid = 0;      // readers: the thread that opened it
     bool page_cached = false;  // a reader counted in m_pages (leave_pages at release)
+    // A reader that opened following a shared version (PageState::followers): the
+    // version it reads, fixed at open. Compared only, never dereferenced.
+    const Version* followed = nullptr;
     // A page-cache reader whose open made the kernel drop its pages: its first READ
     // shows the drop is done (settle_pages). Set under m_pages_mutex, read anywhere.
     std::atomic<bool> refilling{false};
@@ -190,7 +193,8 @@ void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
     m_orphans.erase(ino);  // the kernel will not ask for it again
     std::lock_guard pages(m_pages_mutex);  // nor keep pages of it: bounded by the kernel's cache
     if (auto page = m_pages.find(ino);
-        page != m_pages.end() && page->second.readers.empty() && page->second.writers == 0) {
+        page != m_pages.end() && page->second.readers.empty() && page->second.followers.empty() &&
+        page->second.writers == 0) {
         m_pages.erase(page);
     }
 }
@@ -671,7 +675,7 @@ void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
 Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Digest& digest, std::uint64_t size,
                                             bool* stale_attr) {
     std::lock_guard lock(m_pages_mutex);
-    auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, 0});
+    auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, {}, 0});
     PageState& state = it->second;
     // The kernel may still hold the attributes (the size) of another version, told
     // before it was replaced: it must forget them before this reader reads (open()).
@@ -684,12 +688,14 @@ Filesystem::PageUse Filesystem::enter_pages(FileHandle* reader, const core::Dige
         inserted = true;
     }
     // A writer counts itself in (enter_pages_as_writer) under the same lock: a reader
-    // either sees it here or is among the readers it waits for.
+    // either sees it here or is among the readers it waits for. Followers of a shared
+    // version read what its writers left in the pages, of no version this reader knows.
     // A writer that closed and published what the reader opens is only waiting for its
     // RELEASE (sent after close() returns): the reader refills from the db below, as
     // after the release, and may map the file shared (direct_io could not).
     const bool closed = state.writers == 1 && state.closed_writers == 1 && state.closed_digest == digest;
     if (state.writers > 0 && !closed) return PageUse::direct;
+    if (!state.followers.empty()) return PageUse::direct;
     PageUse use = inserted ? PageUse::refill : PageUse::keep;
     if (!inserted && state.digest != digest) {
         // Another version's reader still fills the cache: mixing would tear both.
@@ -725,12 +731,20 @@ void Filesystem::settle_pages(FileHandle* reader) {
     }
 }
 
+void Filesystem::enter_pages_as_follower(FileHandle* reader, const Version* version) {
+    std::lock_guard lock(m_pages_mutex);
+    m_pages[reader->ino].followers.push_back(reader);
+    reader->page_cached = true;
+    reader->followed = version;
+}
+
 void Filesystem::leave_pages(FileHandle* reader) {
     std::vector<std::function<void()>> admitted;
     {
         std::lock_guard lock(m_pages_mutex);
         if (auto it = m_pages.find(reader->ino); it != m_pages.end()) {
             std::erase(it->second.readers, reader);
+            std::erase(it->second.followers, reader);
             if (reader->lazy && --it->second.lazy == 0) m_lazy_inodes.erase(reader->ino);
             if (it->second.readers.empty()) it->second.kept.reset();
         }
@@ -879,6 +893,11 @@ std::vector<std::pair<Filesystem::FileHandle*, pid_t>> Filesystem::enter_pages_a
     writer->page_writer = true;
     std::vector<std::pair<FileHandle*, pid_t>> readers;
     for (FileHandle* r : state.readers) readers.emplace_back(r, r->reader_tid);
+    // Readers of another shared version than the writer's (one that ended): the
+    // writer's pages would be theirs. Those of its own version read what it writes.
+    for (FileHandle* r : state.followers) {
+        if (r->followed != writer->version.get()) readers.emplace_back(r, r->reader_tid);
+    }
     return readers;
 }
 
@@ -919,8 +938,11 @@ void Filesystem::admit_writer(FileHandle* writer, std::function<void()> reply) {
         // Some may have closed meanwhile; none entered (the writer is registered).
         const auto it = m_pages.find(writer->ino);
         std::erase_if(others, [&](FileHandle* r) {
-            return it == m_pages.end() || std::find(it->second.readers.begin(), it->second.readers.end(), r) ==
-                                              it->second.readers.end();
+            if (it == m_pages.end()) return true;
+            const auto& still = it->second.readers;
+            const auto& following = it->second.followers;
+            return std::find(still.begin(), still.end(), r) == still.end() &&
+                   std::find(following.begin(), following.end(), r) == following.end();
         });
         if (!others.empty()) {
             m_waiting_writers.push_back({writer, std::move(others),
@@ -1061,6 +1083,8 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             if (auto shared = shared_version(ino)) {
                 // The file is being shared by writers: read it as they write it, through
                 // the page cache they write through.
+                handle->reader_tid = fuse_req_ctx(req)->pid;
+                enter_pages_as_follower(handle.get(), shared.get());
                 handle->version = std::move(shared);
                 fi->keep_cache = 1;
             } else {

@@ -184,6 +184,7 @@ private:
     // A refilling reader's first READ: its open completed, so the kernel's pages hold
     // only its version from now on.
     void settle_pages(FileHandle* reader);
+    void enter_pages_as_follower(FileHandle* reader, const Version* version);
     void leave_pages(FileHandle* reader);
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded
     // in PageState::told) while every caller gets that answer (no writer at work, no
@@ -244,6 +245,9 @@ private:
         core::Digest digest;                // the version whose pages the kernel caches
         std::uint64_t size = 0;             // its size
         std::vector<FileHandle*> readers;   // open handles reading through the page cache
+        // Read-only handles that opened following a shared version (its writers' pages):
+        // a writer of another version waits for them, other readers bypass the pages.
+        std::vector<FileHandle*> followers;
         std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
         std::uint32_t closed_writers = 0;   // of them, closed with their version published (FileHandle::closed_clean)
         core::Digest closed_digest;         // what the last of them published

@@ -5,7 +5,9 @@
 // nobody, but still runs what waits for its notifications.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -319,4 +321,60 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
     d.fs->release(reader_closed.get(), ino, &reader->fi);
     auto released = d.req();
     d.fs->release(released.get(), ino, &writer);
+}
+
+TEST_CASE("a rewrite waits for readers still following a shared version that ended", "[fsd][direct]") {
+    // A reader that opens while a shared version is at work (a file created without
+    // O_TRUNC, as O_EXCL creates are) reads its writers' pages. When that version has
+    // ended and another process rewrites the file, the rewriter's pages would be read
+    // as the follower's, cut at its own version's size (the soak caught one): the
+    // rewrite waits for such readers as for any page-cache reader.
+    Direct d;
+    const pid_t other = ::fork();  // a process of its own for the reader (process_of)
+    if (other == 0) {
+        ::pause();
+        ::_exit(0);
+    }
+    REQUIRE(other > 0);
+    struct Reaper {
+        pid_t pid;
+        ~Reaper() {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
+        }
+    } reaper{other};
+
+    auto made = d.req();
+    fuse_file_info created{};
+    created.flags = O_WRONLY | O_CREAT | O_EXCL;  // no O_TRUNC: a shared version
+    d.fs->create(made.get(), kcache::core::kRootIno, ".tmp.kernel", S_IFREG | 0644, &created);
+    REQUIRE(made->err == 0);
+    const Ino ino = made->entry.ino;
+    const std::string first(1220, 'a');
+    auto written = d.req();
+    d.fs->write(written.get(), ino, first.data(), first.size(), 0, &made->fi);
+    REQUIRE(written->err == 0);
+
+    auto follower = d.req();
+    follower->ctx.pid = other;
+    fuse_file_info fi{};
+    fi.flags = O_RDONLY;
+    d.fs->open(follower.get(), ino, &fi);
+    REQUIRE(replied_within(*follower, 10));
+    REQUIRE(follower->err == 0);
+    REQUIRE(follower->fi.keep_cache == 1);  // it reads the shared version's pages
+    auto closed = d.req();
+    d.fs->release(closed.get(), ino, &made->fi);  // the shared version ends, published
+
+    auto rewriter = d.req();
+    fuse_file_info rw{};
+    rw.flags = O_WRONLY | O_TRUNC;
+    d.fs->open(rewriter.get(), ino, &rw);
+    CHECK_FALSE(replied_within(*rewriter, 0.3));  // held while the follower reads
+    auto follower_closed = d.req();
+    d.fs->release(follower_closed.get(), ino, &follower->fi);
+    REQUIRE(replied_within(*rewriter, 10));
+    REQUIRE(rewriter->err == 0);
+    auto rewrite_closed = d.req();
+    d.fs->release(rewrite_closed.get(), ino, &rewriter->fi);
 }
