@@ -28,6 +28,7 @@
 #include <zstd.h>
 
 #include "kcache/core/bundle.hpp"
+#include "kcache/core/byte_reader.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -187,7 +188,10 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
 // ---- reading ----------------------------------------------------------------------
 
 // Streams a bundle, hashing what it reads; every length is checked against what is
-// left in the file before anything is allocated for it.
+// left in the file before anything is allocated for it. Each piece read from the file
+// is decoded by a ByteReader (kcache/core/byte_reader.hpp); reading past the end of the
+// file is that reader's error ("<path>: 8 bytes at offset 120 run past the end (123
+// bytes)"), with EINVAL, the code of every invalid bundle.
 class BundleReader {
 public:
     static Result<BundleReader> open(const std::string& path) {
@@ -202,29 +206,32 @@ public:
         r.m_size = static_cast<std::uint64_t>(st.st_size);
         return r;
     }
-    Status read(void* p, std::size_t n, bool hashed = true) {
-        if (n > m_size - m_pos || std::fread(p, 1, n, m_file.get()) != n) {
-            return truncated();
+    // The next `n` bytes of the file, owned (file contents: no second copy).
+    Result<std::string> bytes(std::uint64_t n, bool hashed = true) {
+        if (n > m_size - m_pos) return invalid(past_end_error(m_path, m_pos, n, m_size));
+        std::string out(static_cast<std::size_t>(n), '\0');
+        if (const std::size_t got = std::fread(out.data(), 1, out.size(), m_file.get()); got != out.size()) {
+            // The file shrank while being read (or the read failed): it ends sooner.
+            return invalid(past_end_error(m_path, m_pos, n, m_pos + got));
         }
-        if (hashed) m_hash->update(p, n);
+        if (hashed && !out.empty()) m_hash->update(out.data(), out.size());
         m_pos += n;
-        return {};
-    }
-    Result<std::uint64_t> le(int n) {
-        unsigned char b[8] = {};
-        if (auto s = read(b, static_cast<std::size_t>(n)); !s) return tl::unexpected(s.error());
-        std::uint64_t v = 0;
-        for (int i = n - 1; i >= 0; --i) v = (v << 8) | b[i];
-        return v;
-    }
-    Result<std::string> bytes(std::uint64_t n) {
-        if (n > m_size - m_pos) return truncated();
-        std::string out(n, '\0');
-        if (auto s = read(out.data(), n); !s) return tl::unexpected(s.error());
         return out;
     }
-    tl::unexpected<Error> truncated() const {
-        return fail(EINVAL, fmt::format("{}: truncated or damaged at byte {}", m_path, m_pos));
+    // Reads each field in turn (ByteReader::read) from the next bytes of the file.
+    template <class... Ts>
+    Status read(Ts&... fields) {
+        return read_from(true, fields...);
+    }
+    template <class... Ts>
+    Status read_unhashed(Ts&... fields) {
+        return read_from(false, fields...);
+    }
+    // A u16 length, then that many bytes.
+    Result<std::string> str16() {
+        std::uint16_t n = 0;
+        if (auto s = read(n); !s) return tl::unexpected(s.error());
+        return bytes(n);
     }
     tl::unexpected<Error> bad(std::string_view why) const {
         return fail(EINVAL, fmt::format("{}: invalid bundle at byte {}: {}", m_path, m_pos, why));
@@ -235,11 +242,23 @@ public:
 
 private:
     BundleReader() = default;
+    static tl::unexpected<Error> invalid(Error e) { return fail(EINVAL, std::move(e.message)); }
+    template <class... Ts>
+    Status read_from(bool hashed, Ts&... fields) {
+        constexpr std::uint64_t total = (std::uint64_t{0} + ... + sizeof(Ts));
+        const std::uint64_t at = m_pos;
+        auto piece = bytes(total, hashed);
+        if (!piece) return tl::unexpected(piece.error());
+        m_piece = std::move(*piece);
+        if (auto s = ByteReader(m_piece, m_path, at).read(fields...); !s) return invalid(s.error());
+        return {};
+    }
     std::string m_path;
     File m_file;
     std::unique_ptr<HashState> m_hash = std::make_unique<HashState>();
     std::uint64_t m_size = 0;
     std::uint64_t m_pos = 0;
+    std::string m_piece;  // the fields read last
 };
 
 struct BundleNode {
@@ -307,10 +326,10 @@ Status parse_bundle(const std::string& path,
     BundleReader& in = *opened;
     auto magic = in.bytes(kMagic.size());
     if (!magic || *magic != kMagic) return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
-    auto format = in.le(4);
-    if (!format) return tl::unexpected(format.error());
-    if (*format != kFormat && *format != kFormatFlatDigests && *format != kFormatNodeEntries) {
-        return in.bad(fmt::format("unsupported format {}", *format));
+    std::uint32_t format = 0;
+    if (auto s = in.read(format); !s) return s;
+    if (format != kFormat && format != kFormatFlatDigests && format != kFormatNodeEntries) {
+        return in.bad(fmt::format("unsupported format {}", format));
     }
 
     std::string entry;  // current entry path
@@ -319,21 +338,19 @@ Status parse_bundle(const std::string& path,
     std::uint64_t entries = 0, nodes = 0;
     std::unordered_map<std::string, FileType> seen;  // paths of this entry
     for (;;) {
-        auto tag = in.le(1);
-        if (!tag) return tl::unexpected(tag.error());
-        if (*tag == 'Z') break;
-        if (*tag == 'E') {
-            auto len = in.le(2);
-            if (!len) return tl::unexpected(len.error());
-            auto name = in.bytes(*len);
+        std::uint8_t tag = 0;
+        if (auto s = in.read(tag); !s) return s;
+        if (tag == 'Z') break;
+        if (tag == 'E') {
+            auto name = in.str16();
             if (!name) return tl::unexpected(name.error());
             if (auto s = check_path(*name); !s) return in.bad(s.error().message);
             kind = EntryKind::node;
-            if (*format >= kFormatFlatDigests) {
-                auto k = in.le(1);
-                if (!k) return tl::unexpected(k.error());
-                if (*k > static_cast<std::uint8_t>(EntryKind::stem)) return in.bad("unknown entry kind");
-                kind = static_cast<EntryKind>(*k);
+            if (format >= kFormatFlatDigests) {
+                std::uint8_t k = 0;
+                if (auto s = in.read(k); !s) return s;
+                if (k > static_cast<std::uint8_t>(EntryKind::stem)) return in.bad("unknown entry kind");
+                kind = static_cast<EntryKind>(k);
             }
             entry = std::move(*name);
             const auto slash = entry.rfind('/');
@@ -344,21 +361,15 @@ Status parse_bundle(const std::string& path,
             if (auto s = on_entry(entry, kind); !s) return s;
             continue;
         }
-        if (*tag != 'N' || entry.empty()) return in.bad("unexpected record");
+        if (tag != 'N' || entry.empty()) return in.bad("unexpected record");
         BundleNode node;
-        auto len = in.le(2);
-        if (!len) return tl::unexpected(len.error());
-        auto p = in.bytes(*len);
+        auto p = in.str16();
         if (!p) return tl::unexpected(p.error());
         node.path = std::move(*p);
-        auto type = in.le(1);
-        auto mode = in.le(4);
-        auto mtime = in.le(8);
-        if (!type || !mode || !mtime) return in.truncated();
-        if (*type < 1 || *type > 3) return in.bad("unknown node type");
-        node.type = static_cast<FileType>(*type);
-        node.mode = static_cast<std::uint32_t>(*mode);
-        node.mtime_ns = static_cast<std::int64_t>(*mtime);
+        std::uint8_t type = 0;
+        if (auto s = in.read(type, node.mode, node.mtime_ns); !s) return s;
+        if (type < 1 || type > 3) return in.bad("unknown node type");
+        node.type = static_cast<FileType>(type);
         if (auto s = check_path(node.path); !s) return in.bad(s.error().message);
         // A node entry's node first, then nodes whose parent came before in this entry;
         // a stem entry's files, siblings named with its stem.
@@ -383,33 +394,30 @@ Status parse_bundle(const std::string& path,
         }
         seen.emplace(node.path, node.type);
         if (node.type == FileType::regular) {
-            auto raw_size = in.le(8);
-            auto high = in.le(8);
-            auto low = in.le(8);
-            auto codec = in.le(1);
-            auto stored_len = in.le(4);
-            if (!raw_size || !high || !low || !codec || !stored_len) return in.truncated();
-            auto stored = in.bytes(*stored_len);
+            std::uint64_t raw_size = 0;
+            Digest declared;
+            std::uint8_t codec = 0;
+            std::uint32_t stored_len = 0;
+            if (auto s = in.read(raw_size, declared.high, declared.low, codec, stored_len); !s) return s;
+            auto stored = in.bytes(stored_len);
             if (!stored) return tl::unexpected(stored.error());
-            if (*codec == static_cast<std::uint8_t>(Codec::zstd)) {
-                if (*raw_size > in.size() * 1024 + (1u << 20)) return in.bad("implausible file size");
-                node.content.assign(*raw_size, '\0');
+            if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
+                if (raw_size > in.size() * 1024 + (1u << 20)) return in.bad("implausible file size");
+                node.content.assign(raw_size, '\0');
                 const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
                                                       stored->data(), stored->size());
-                if (ZSTD_isError(n) || n != *raw_size) return in.bad(fmt::format("'{}' does not decompress", node.path));
-            } else if (*codec == static_cast<std::uint8_t>(Codec::raw)) {
+                if (ZSTD_isError(n) || n != raw_size) return in.bad(fmt::format("'{}' does not decompress", node.path));
+            } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
                 node.content = std::move(*stored);
             } else {
                 return in.bad("unknown codec");
             }
-            const Digest digest = *format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
-            if (node.content.size() != *raw_size || !(digest == Digest{*high, *low})) {
+            const Digest digest = format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
+            if (node.content.size() != raw_size || !(digest == declared)) {
                 return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
             }
         } else if (node.type == FileType::symlink) {
-            auto tlen = in.le(2);
-            if (!tlen) return tl::unexpected(tlen.error());
-            auto target = in.bytes(*tlen);
+            auto target = in.str16();
             if (!target) return tl::unexpected(target.error());
             if (target->empty()) return in.bad("empty symlink target");
             if (auto s = check_symlink_target(node.path, *target); !s) {
@@ -421,16 +429,13 @@ Status parse_bundle(const std::string& path,
         if (auto s = on_node(node); !s) return s;
         if (progress) progress(in.pos(), in.size());
     }
-    auto count_entries = in.le(8);
-    auto count_nodes = in.le(8);
-    if (!count_entries || !count_nodes) return in.truncated();
+    std::uint64_t count_entries = 0, count_nodes = 0;
+    if (auto s = in.read(count_entries, count_nodes); !s) return s;
     const Digest computed = in.digest();
-    unsigned char sum[16];
-    if (auto s = in.read(sum, sizeof sum, false); !s) return s;
-    records::Reader r(std::string_view(reinterpret_cast<const char*>(sum), sizeof sum));
-    const Digest stored{r.u64(), r.u64()};
+    Digest stored;
+    if (auto s = in.read_unhashed(stored.high, stored.low); !s) return s;
     if (!(stored == computed)) return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
-    if (*count_entries != entries || *count_nodes != nodes) return in.bad("record counts do not match");
+    if (count_entries != entries || count_nodes != nodes) return in.bad("record counts do not match");
     if (in.pos() != in.size()) return in.bad("trailing bytes after the checksum");
     return {};
 }

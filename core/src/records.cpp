@@ -16,26 +16,36 @@ void put_be(std::string& out, std::uint64_t v, int n) {
     for (int i = n - 1; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-std::uint64_t get_be(std::string_view in, std::size_t at, int n) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<unsigned char>(in[at + i]);
-    return v;
+// A key's big-endian integer at `at`; 0 when the key is too short (records.hpp).
+std::uint64_t key_be(std::string_view key, std::uint64_t at) {
+    return ByteReader(key, "key").be_at<std::uint64_t>(at).value_or(0);
 }
 
 tl::unexpected<Error> corrupt(std::string_view what) {
     return fail(EIO, fmt::format("corrupt {} record", what));
 }
-
-// Checks the version byte and that the reader consumed exactly the record.
-bool well_formed(Reader& r, std::uint8_t version) {
-    return r.ok() && r.remaining() == 0 && version == kFormat;
+// A record the reader could not read (too short, or bytes left over).
+tl::unexpected<Error> corrupt(std::string_view what, const Error& why) {
+    return fail(EIO, fmt::format("corrupt {} record: {}", what, why.message));
 }
 
 // Inodes and entries gained fields with schema 2 (layouts): format 2 appends them to
 // format 1, which schema-1 dbs still hold and which decodes with their defaults.
 constexpr std::uint8_t kLayoutFormat = 2;
-bool well_formed_layout(Reader& r, std::uint8_t version) {
-    return r.ok() && r.remaining() == 0 && (version == kFormat || version == kLayoutFormat);
+bool known_layout(std::uint8_t version) { return version == kFormat || version == kLayoutFormat; }
+
+// A length-prefixed string into `out`.
+Status str16(ByteReader& r, std::string& out) {
+    auto s = r.str16();
+    if (!s) return tl::unexpected(s.error());
+    out.assign(*s);
+    return {};
+}
+Status str32(ByteReader& r, std::string& out) {
+    auto s = r.str32();
+    if (!s) return tl::unexpected(s.error());
+    out.assign(*s);
+    return {};
 }
 
 }  // namespace
@@ -48,7 +58,7 @@ std::string u64_key(std::uint64_t value) {
     return key;
 }
 
-std::uint64_t u64_from_key(std::string_view key) { return get_be(key, 0, 8); }
+std::uint64_t u64_from_key(std::string_view key) { return key_be(key, 0); }
 
 std::string dirent_key(Ino parent, std::string_view name) {
     std::string key = u64_key(parent);
@@ -75,7 +85,8 @@ std::string digest_key(const Digest& digest) {
 }
 
 Digest digest_from_key(std::string_view key) {
-    return Digest{get_be(key, 0, 8), get_be(key, 8, 8)};
+    if (key.size() < 16) return Digest{};  // too short (records.hpp): no digest
+    return Digest{key_be(key, 0), key_be(key, 8)};
 }
 
 std::string counter_key(Counter counter) {
@@ -92,24 +103,6 @@ void Writer::str16(std::string_view s) {
 void Writer::str32(std::string_view s) {
     u32(static_cast<std::uint32_t>(s.size()));
     m_out.append(s);
-}
-
-std::string_view Reader::take(std::size_t n) {
-    if (!m_ok || n > m_in.size() - m_pos) {
-        m_ok = false;
-        return {};
-    }
-    std::string_view out = m_in.substr(m_pos, n);
-    m_pos += n;
-    return out;
-}
-
-std::uint64_t Reader::le(int n) {
-    std::string_view b = take(static_cast<std::size_t>(n));
-    if (b.empty()) return 0;
-    std::uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[i]);
-    return v;
 }
 
 Attr Inode::attr() const {
@@ -156,30 +149,21 @@ std::string encode(const Inode& n) {
 }
 
 Result<Inode> decode_inode(Ino ino, std::string_view bytes) {
-    Reader r(bytes);
+    ByteReader r(bytes, "inode");
     Inode n;
     n.ino = ino;
-    std::uint8_t version = r.u8();
-    n.mode = r.u32();
-    n.uid = r.u32();
-    n.gid = r.u32();
-    n.nlink = r.u32();
-    n.size = r.u64();
-    n.atime_ns = r.i64();
-    n.mtime_ns = r.i64();
-    n.ctime_ns = r.i64();
-    n.parent = r.u64();
-    n.entry = r.u64();
-    n.depth = r.u16();
-    n.digest.high = r.u64();
-    n.digest.low = r.u64();
-    n.name = r.str16();
-    n.target = r.str16();
+    std::uint8_t version = 0;
     std::uint8_t flags = 0;
-    if (version == kLayoutFormat) flags = r.u8();
+    Status s = r.read(version, n.mode, n.uid, n.gid, n.nlink, n.size, n.atime_ns, n.mtime_ns, n.ctime_ns,
+                      n.parent, n.entry, n.depth, n.digest.high, n.digest.low);
+    if (s) s = str16(r, n.name);
+    if (s) s = str16(r, n.target);
+    if (s && version == kLayoutFormat) s = r.read(flags);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt(fmt::format("inode {}", ino), s.error());
     n.bookkeeping = flags & 1;
     const std::uint32_t type = n.mode & S_IFMT;
-    if (!well_formed_layout(r, version) || (flags & ~1u) != 0 || (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) ||
+    if (!known_layout(version) || (flags & ~1u) != 0 || (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) ||
         n.name.size() > kMaxNameLength) {
         return corrupt(fmt::format("inode {}", ino));
     }
@@ -195,11 +179,13 @@ std::string encode(const Dirent& d) {
 }
 
 Result<Dirent> decode_dirent(std::string_view bytes) {
-    Reader r(bytes);
+    ByteReader r(bytes, "directory entry");
     Dirent d;
-    d.child = r.u64();
-    const std::uint8_t type = r.u8();
-    if (!r.ok() || r.remaining() != 0 || d.child == 0 || type < 1 || type > 3) {
+    std::uint8_t type = 0;
+    Status s = r.read(d.child, type);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt("directory entry", s.error());
+    if (d.child == 0 || type < 1 || type > 3) {
         return corrupt("directory entry");
     }
     d.type = static_cast<FileType>(type);
@@ -234,15 +220,15 @@ std::string encode(const BlobRef& b) {
 }
 
 Result<BlobRef> decode_blob_ref(std::string_view bytes) {
-    Reader r(bytes);
+    ByteReader r(bytes, "blob reference");
     BlobRef b;
-    std::uint8_t version = r.u8();
-    b.refcount = r.u64();
-    b.raw_size = r.u64();
-    b.stored_size = r.u64();
-    const std::uint8_t codec = r.u8();
-    if (codec == static_cast<std::uint8_t>(Codec::segments)) b.segment_footprint = r.u64();
-    if (!well_formed(r, version) || codec > 2) return corrupt("blob reference");
+    std::uint8_t version = 0;
+    std::uint8_t codec = 0;
+    Status s = r.read(version, b.refcount, b.raw_size, b.stored_size, codec);
+    if (s && codec == static_cast<std::uint8_t>(Codec::segments)) s = r.read(b.segment_footprint);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt("blob reference", s.error());
+    if (version != kFormat || codec > 2) return corrupt("blob reference");
     b.codec = static_cast<Codec>(codec);
     return b;
 }
@@ -272,34 +258,29 @@ std::string encode(const EntryInfo& e) {
 }
 
 Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes) {
-    Reader r(bytes);
+    ByteReader r(bytes, "entry");
     EntryInfo e;
     e.ino = ino;
-    std::uint8_t version = r.u8();
-    e.name = r.str16();
-    e.bytes = r.u64();
-    e.stored_bytes = r.u64();
-    e.files = r.u64();
-    e.created_ns = r.i64();
-    e.last_access_ns = r.i64();
-    e.last_hit_ns = r.i64();
-    e.hits = r.u64();
-    const std::uint8_t flags = r.u8();
+    std::uint8_t version = 0;
+    std::uint8_t flags = 0;
+    std::uint8_t rule = 0;
+    Status s = r.read(version);
+    if (s) s = str16(r, e.name);
+    if (s) s = r.read(e.bytes, e.stored_bytes, e.files, e.created_ns, e.last_access_ns, e.last_hit_ns, e.hits, flags,
+                      e.populated_by_pid);
+    if (s) s = str16(r, e.populated_by_name);
+    if (s) s = r.read(e.producer);
+    if (s && version == kLayoutFormat) {
+        s = r.read(e.kind, rule, e.parent);
+        if (s) s = str16(r, e.stem);
+    }
+    if (s) s = r.expect_end();
+    if (!s) return corrupt(fmt::format("entry {}", ino), s.error());
     e.pinned = flags & 1;
     e.populated = flags & 2;
-    e.populated_by_pid = r.u32();
-    e.populated_by_name = r.str16();
-    e.producer = static_cast<Producer>(r.u8());
-    std::uint8_t rule = 0;
-    if (version == kLayoutFormat) {
-        e.kind = static_cast<EntryKind>(r.u8());
-        rule = r.u8();
-        e.parent = r.u64();
-        e.stem = r.str16();
-    }
     e.by_rule = rule & 1;
     const bool known_kind = e.kind == EntryKind::node || e.kind == EntryKind::stem;
-    if (!well_formed_layout(r, version) || (flags & ~3u) != 0 || (rule & ~1u) != 0 || !known_kind) {
+    if (!known_layout(version) || (flags & ~3u) != 0 || (rule & ~1u) != 0 || !known_kind) {
         return corrupt(fmt::format("entry {}", ino));
     }
     return e;
@@ -318,16 +299,15 @@ std::string encode(const Event& e) {
 }
 
 Result<Event> decode_event(std::uint64_t seq, std::string_view bytes) {
-    Reader r(bytes);
+    ByteReader r(bytes, "event");
     Event e;
     e.seq = seq;
-    std::uint8_t version = r.u8();
-    e.time_ns = r.i64();
-    e.kind = static_cast<EventKind>(r.u8());
-    e.entry = r.u64();
-    e.parent = r.u64();
-    e.name = r.str16();
-    if (!well_formed(r, version)) return corrupt(fmt::format("event {}", seq));
+    std::uint8_t version = 0;
+    Status s = r.read(version, e.time_ns, e.kind, e.entry, e.parent);
+    if (s) s = str16(r, e.name);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt(fmt::format("event {}", seq), s.error());
+    if (version != kFormat) return corrupt(fmt::format("event {}", seq));
     return e;
 }
 
@@ -345,16 +325,14 @@ std::string encode(const Config& c) {
 }
 
 Result<Config> decode_config(std::string_view bytes) {
-    Reader r(bytes);
+    ByteReader r(bytes, "config");
     Config c;
-    std::uint8_t version = r.u8();
-    c.entry_depth = r.u32();
-    c.max_bytes = r.u64();
-    c.max_entries = r.u64();
-    c.low_mark_percent = r.u32();
-    c.max_events = r.u64();
-    if (version == kLayoutFormat) c.layout_rules = r.str32();
-    if (!well_formed_layout(r, version) || c.entry_depth == 0 || c.low_mark_percent > 100) {
+    std::uint8_t version = 0;
+    Status s = r.read(version, c.entry_depth, c.max_bytes, c.max_entries, c.low_mark_percent, c.max_events);
+    if (s && version == kLayoutFormat) s = str32(r, c.layout_rules);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt("config", s.error());
+    if (!known_layout(version) || c.entry_depth == 0 || c.low_mark_percent > 100) {
         return corrupt("config");
     }
     return c;
@@ -367,9 +345,19 @@ std::string encode_u64(std::uint64_t value) {
 }
 
 Result<std::uint64_t> decode_u64(std::string_view bytes, std::string_view what) {
-    if (bytes.size() != 8) return corrupt(what);
-    Reader r(bytes);
-    return r.u64();
+    ByteReader r(bytes, what);
+    auto v = r.u64();
+    if (v && !r.at_end()) return corrupt(what, r.expect_end().error());
+    if (!v) return corrupt(what, v.error());
+    return *v;
+}
+
+Result<std::uint32_t> decode_u32(std::string_view bytes, std::string_view what) {
+    ByteReader r(bytes, what);
+    auto v = r.u32();
+    if (v && !r.at_end()) return corrupt(what, r.expect_end().error());
+    if (!v) return corrupt(what, v.error());
+    return *v;
 }
 
 }  // namespace kcache::core::records

@@ -41,12 +41,13 @@
 
 #include <fmt/format.h>
 
-#include "bytes.hpp"
+#include "kcache/core/byte_reader.hpp"
 #include "parsers.hpp"
 
 namespace kcache::loader::detail {
 namespace {
 
+using core::ByteReader;
 using core::fail;
 
 constexpr std::uint8_t kStoCudaEntry = 0x10;
@@ -70,33 +71,25 @@ struct Record {
 // malformed or runs past the section.
 template <class Fn>
 Status for_each_record(std::string_view data, std::string_view what, Fn&& fn) {
-    const Bytes in(data);
-    std::uint64_t at = 0;
-    while (at < data.size()) {
-        const auto head = in.slice(at, 4);
-        if (!head) {
-            return fail(EIO, fmt::format("{}: {} stray bytes at the end", what, data.size() - at));
-        }
-        Cursor c(*head);
+    ByteReader in(data, what);
+    while (!in.at_end()) {
         Record r;
-        r.at = at;
-        r.format = c.next<std::uint8_t>();
-        r.attribute = c.next<std::uint8_t>();
-        r.value = c.next<std::uint16_t>();
+        r.at = in.position();
+        if (in.remaining() < 4) {
+            return fail(EIO, fmt::format("{}: {} stray bytes at the end", what, in.remaining()));
+        }
+        if (auto s = in.read(r.format, r.attribute, r.value); !s) return s;
         if (r.format == kFmtSval) {
-            const auto payload = in.slice(at + 4, r.value);
+            const auto payload = in.bytes(r.value);
             if (!payload) {
                 return fail(EIO, fmt::format("{}: record 0x{:02x} at {} ({} bytes) runs past the "
                                              "end ({} bytes)",
-                                             what, r.attribute, at, r.value, data.size()));
+                                             what, r.attribute, r.at, r.value, data.size()));
             }
             r.payload = *payload;
-            at += 4 + std::uint64_t{r.value};
-        } else if (r.format >= 1 && r.format <= 3) {
-            at += 4;
-        } else {
+        } else if (r.format < 1 || r.format > 3) {
             return fail(EIO,
-                        fmt::format("{}: record at {} has unknown format {}", what, at, r.format));
+                        fmt::format("{}: record at {} has unknown format {}", what, r.at, r.format));
         }
         if (auto status = fn(r); !status) return status;
     }
@@ -110,12 +103,13 @@ Status parse_kernel_info(std::string_view data, const std::string& what, KernelI
             return fail(EIO, fmt::format("{}: parameter record at {} is {} bytes (expected {})",
                                          what, r.at, r.payload.size(), kKparamRecordSize));
         }
-        Cursor c(r.payload);
-        c.skip(4);
+        ByteReader c(r.payload, what, r.at + 4);
         ParamInfo p;
-        p.index = c.next<std::uint16_t>();
-        p.offset = c.next<std::uint16_t>();
-        const auto bits = c.next<std::uint32_t>();
+        std::uint32_t zero = 0, bits = 0;
+        std::uint16_t index = 0, offset = 0;
+        if (auto s = c.read(zero, index, offset, bits); !s) return s;
+        p.index = index;
+        p.offset = offset;
         p.size = r.attribute == kAttrKparamInfo ? bits >> 18 : bits & 0xffffffu;
         if (p.offset + std::uint64_t{p.size} > kMaxParamBytes) {
             return fail(EIO, fmt::format("{}: parameter {} at offset {} of {} bytes ends past the "
@@ -132,19 +126,18 @@ Status parse_kernel_info(std::string_view data, const std::string& what, KernelI
 std::string_view tkinfo_arch(const ElfFile& elf) {
     const ElfSection* note = elf.find(".note.nv.tkinfo");
     if (!note) return {};
-    const Bytes in(note->data);
-    const auto namesz = in.le<std::uint32_t>(0);
-    const auto descsz = in.le<std::uint32_t>(4);
+    const ByteReader in(note->data, ".note.nv.tkinfo");
+    const auto namesz = in.le_at<std::uint32_t>(0);
+    const auto descsz = in.le_at<std::uint32_t>(4);
     if (!namesz || !descsz) return {};
     const std::uint64_t desc_at = 12 + ((std::uint64_t{*namesz} + 3) & ~std::uint64_t{3});
-    const auto desc = in.slice(desc_at, *descsz);
-    if (!desc) return {};
+    const auto d = in.sub(desc_at, *descsz);
+    if (!d) return {};
     // Descriptor: six u32 (format, then string offsets: object, tool, version, branch,
     // options) followed by the strings.
-    const Bytes d(*desc);
-    const auto options_at = d.le<std::uint32_t>(20);
+    const auto options_at = d->le_at<std::uint32_t>(20);
     if (!options_at) return {};
-    const auto options = d.c_str(24 + std::uint64_t{*options_at});
+    const auto options = d->c_str(24 + std::uint64_t{*options_at});
     if (!options) return {};
     std::string_view args = *options;
     bool arch_follows = false;  // the previous word was "-arch" or "--gpu-name"
@@ -172,7 +165,8 @@ Result<std::string> cubin_arch(const ElfFile& elf) {
     if (sm == 0) {
         if (const ElfSection* note = elf.find(".note.nv.cuinfo")) {
             // namesz, descsz, type, "NVIDIA Corp\0" (12 bytes), then u16 version, u16 SM.
-            sm = Bytes(note->data).le<std::uint16_t>(26).value_or(0);
+            // Too short to hold it: no SM from the note (the error below).
+            if (auto v = ByteReader(note->data).le_at<std::uint16_t>(26)) sm = *v;
         }
     }
     if (sm == 0) return fail(EIO, "cubin: no SM architecture in e_flags or .note.nv.cuinfo");

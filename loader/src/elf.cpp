@@ -4,11 +4,12 @@
 
 #include <fmt/format.h>
 
-#include "bytes.hpp"
+#include "kcache/core/byte_reader.hpp"
 
 namespace kcache::loader::detail {
 namespace {
 
+using core::ByteReader;
 using core::fail;
 
 constexpr std::size_t kEhdrSize = 64;
@@ -21,10 +22,31 @@ constexpr std::uint16_t kPnXnum = 0xffff;
 tl::unexpected<core::Error> damaged(std::string_view what, const std::string& why) {
     return fail(EIO, fmt::format("{}: {}", what, why));
 }
+// A read the ByteReader refused (its message already names `what`).
+tl::unexpected<core::Error> damaged(const core::Error& error) { return fail(EIO, error.message); }
+
+struct SectionHeader {
+    std::uint32_t name = 0, type = 0;
+    std::uint64_t flags = 0, addr = 0, offset = 0, size = 0;
+    std::uint32_t link = 0, info = 0;
+    std::uint64_t addralign = 0, entsize = 0;
+};
+
+Result<SectionHeader> section_header(const ByteReader& in, std::uint64_t at) {
+    auto sh = in.sub(at, kShdrSize);
+    if (!sh) return tl::unexpected(sh.error());
+    SectionHeader h;
+    if (auto s = sh->read(h.name, h.type, h.flags, h.addr, h.offset, h.size, h.link, h.info,
+                          h.addralign, h.entsize);
+        !s) {
+        return tl::unexpected(s.error());
+    }
+    return h;
+}
 
 // The program header table and every segment's file bytes lie inside the file: a
 // cubin cut short in its segments is damaged even when its sections are whole.
-core::Status check_segments(const Bytes& in, std::uint64_t phoff, std::uint16_t phentsize,
+core::Status check_segments(const ByteReader& in, std::uint64_t phoff, std::uint16_t phentsize,
                             std::uint64_t phnum, std::string_view what) {
     if (phnum == 0) return {};
     if (phentsize != kPhdrSize) {
@@ -37,11 +59,11 @@ core::Status check_segments(const Bytes& in, std::uint64_t phoff, std::uint16_t 
                                          phnum, phoff, in.size()));
     }
     for (std::uint64_t i = 0; i < phnum; ++i) {
-        Cursor ph(*in.slice(phoff + i * kPhdrSize, kPhdrSize));
-        ph.skip(4 + 4);  // p_type, p_flags
-        const auto offset = ph.next<std::uint64_t>();
-        ph.skip(8 + 8);  // p_vaddr, p_paddr
-        const auto filesz = ph.next<std::uint64_t>();
+        auto ph = in.sub(phoff + i * kPhdrSize, kPhdrSize);
+        if (!ph) return damaged(ph.error());
+        std::uint32_t type = 0, flags = 0;
+        std::uint64_t offset = 0, vaddr = 0, paddr = 0, filesz = 0;
+        if (auto s = ph->read(type, flags, offset, vaddr, paddr, filesz); !s) return damaged(s.error());
         if (!in.contains(offset, filesz)) {
             return damaged(what, fmt::format("segment {} [{}, +{}) runs past the end of the file "
                                              "({} bytes)",
@@ -68,33 +90,34 @@ bool is_elf(std::string_view bytes) {
 }
 
 Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
-    const Bytes in(bytes);
+    const ByteReader in(bytes, what);
     if (!is_elf(bytes)) return fail(ENOEXEC, fmt::format("{}: no ELF header", what));
     if (bytes.size() < kEhdrSize) {
         return damaged(
             what, fmt::format("ELF header truncated ({} of {} bytes)", bytes.size(), kEhdrSize));
     }
-    const auto cls = static_cast<unsigned char>(bytes[4]);
-    const auto data = static_cast<unsigned char>(bytes[5]);
+    auto header = in.sub(0, kEhdrSize);
+    if (!header) return damaged(header.error());
+    std::uint32_t magic = 0;
+    std::uint8_t cls = 0, data = 0, ident_version = 0;
+    ElfFile elf;
+    if (auto s = header->read(magic, cls, data, ident_version, elf.osabi, elf.abi_version); !s) {
+        return damaged(s.error());
+    }
     if (cls != 2) return fail(ENOEXEC, fmt::format("{}: not a 64-bit ELF file", what));
     if (data != 1) return fail(ENOEXEC, fmt::format("{}: not a little-endian ELF file", what));
 
-    ElfFile elf;
-    elf.osabi = static_cast<std::uint8_t>(bytes[7]);
-    elf.abi_version = static_cast<std::uint8_t>(bytes[8]);
-    Cursor header(bytes.substr(16, kEhdrSize - 16));
-    elf.type = header.next<std::uint16_t>();
-    elf.machine = header.next<std::uint16_t>();
-    header.skip(4 + 8);  // e_version, e_entry
-    const auto phoff = header.next<std::uint64_t>();
-    const auto shoff = header.next<std::uint64_t>();
-    elf.flags = header.next<std::uint32_t>();
-    header.skip(2);  // e_ehsize
-    const auto phentsize = header.next<std::uint16_t>();
-    std::uint64_t phnum = header.next<std::uint16_t>();
-    const auto shentsize = header.next<std::uint16_t>();
-    std::uint64_t shnum = header.next<std::uint16_t>();
-    std::uint64_t shstrndx = header.next<std::uint16_t>();
+    std::uint32_t version = 0;
+    std::uint64_t entry = 0, phoff = 0, shoff = 0;
+    std::uint16_t ehsize = 0, phentsize = 0, phnum16 = 0, shentsize = 0, shnum16 = 0,
+                  shstrndx16 = 0;
+    if (auto s = header->seek(16); !s) return damaged(s.error());
+    if (auto s = header->read(elf.type, elf.machine, version, entry, phoff, shoff, elf.flags, ehsize,
+                              phentsize, phnum16, shentsize, shnum16, shstrndx16);
+        !s) {
+        return damaged(s.error());
+    }
+    std::uint64_t phnum = phnum16, shnum = shnum16, shstrndx = shstrndx16;
 
     if (shoff == 0) {
         if (shnum != 0) return damaged(what, "section headers declared at offset 0");
@@ -109,18 +132,18 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
     }
     // Section 0 holds the real count and string-table index when they do not fit the
     // 16-bit header fields (e_shnum == 0, e_shstrndx == SHN_XINDEX).
-    const auto first = in.slice(shoff, kShdrSize);
+    const auto first = section_header(in, shoff);
     if (!first) {
         return damaged(what, fmt::format("section header table at {} is past the end of the "
                                          "file ({} bytes)",
                                          shoff, bytes.size()));
     }
-    if (shnum == 0) shnum = Bytes(*first).le<std::uint64_t>(32).value_or(0);
-    if (phnum == kPnXnum) phnum = Bytes(*first).le<std::uint32_t>(44).value_or(0);
+    if (shnum == 0) shnum = first->size;
+    if (phnum == kPnXnum) phnum = first->info;
     if (auto status = check_segments(in, phoff, phentsize, phnum, what); !status) {
         return tl::unexpected(status.error());
     }
-    if (shstrndx == kShnXindex) shstrndx = Bytes(*first).le<std::uint32_t>(40).value_or(0);
+    if (shstrndx == kShnXindex) shstrndx = first->link;
     if (shnum == 0) return damaged(what, "no sections");
     if (shnum > (bytes.size() - shoff) / kShdrSize) {
         return damaged(what, fmt::format("{} section headers at {} run past the end of the "
@@ -129,20 +152,20 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
     }
 
     elf.sections.resize(static_cast<std::size_t>(shnum));
+    std::vector<std::uint32_t> name_offsets(elf.sections.size());
     for (std::size_t i = 0; i < elf.sections.size(); ++i) {
-        Cursor sh(*in.slice(shoff + i * kShdrSize, kShdrSize));
+        const auto sh = section_header(in, shoff + i * kShdrSize);
+        if (!sh) return damaged(sh.error());
         ElfSection& s = elf.sections[i];
         s.index = static_cast<std::uint32_t>(i);
-        sh.skip(4);  // sh_name, resolved below
-        s.type = sh.next<std::uint32_t>();
-        s.flags = sh.next<std::uint64_t>();
-        sh.skip(8);  // sh_addr
-        s.offset = sh.next<std::uint64_t>();
-        s.size = sh.next<std::uint64_t>();
-        s.link = sh.next<std::uint32_t>();
-        s.info = sh.next<std::uint32_t>();
-        sh.skip(8);  // sh_addralign
-        s.entsize = sh.next<std::uint64_t>();
+        name_offsets[i] = sh->name;  // resolved below
+        s.type = sh->type;
+        s.flags = sh->flags;
+        s.offset = sh->offset;
+        s.size = sh->size;
+        s.link = sh->link;
+        s.info = sh->info;
+        s.entsize = sh->entsize;
         if (i == 0 || s.type == kShtNobits || s.type == kShtNull) continue;
         const auto section_bytes = in.slice(s.offset, s.size);
         if (!section_bytes) {
@@ -160,14 +183,13 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
     if (names.type != kShtStrtab) {
         return damaged(what, fmt::format("section name table {} is not a string table", shstrndx));
     }
-    const Bytes name_bytes(names.data);
+    const ByteReader name_bytes(names.data, what);
     for (std::size_t i = 1; i < elf.sections.size(); ++i) {
-        const auto name_offset = in.le<std::uint32_t>(shoff + i * kShdrSize).value_or(0);
-        const auto name = name_bytes.c_str(name_offset);
+        const auto name = name_bytes.c_str(name_offsets[i]);
         if (!name) {
             return damaged(what, fmt::format("section {}: name offset {} outside the name "
                                              "table ({} bytes)",
-                                             i, name_offset, names.data.size()));
+                                             i, name_offsets[i], names.data.size()));
         }
         elf.sections[i].name = *name;
     }
@@ -193,19 +215,16 @@ Result<std::vector<ElfSymbol>> parse_symbols(const ElfFile& elf, std::string_vie
         return damaged(
             what, fmt::format("symbol table names section {}, not a string table", table->link));
     }
-    const Bytes strings(elf.sections[table->link].data);
-    const Bytes entries(table->data);
+    const ByteReader strings(elf.sections[table->link].data, what);
+    ByteReader entries(table->data, what);
     const std::size_t count = table->data.size() / kSymSize;
     symbols.reserve(count);
     for (std::size_t i = 0; i < count; ++i) {
-        Cursor sym(*entries.slice(i * kSymSize, kSymSize));
         ElfSymbol s;
-        const auto name_offset = sym.next<std::uint32_t>();
-        s.info = sym.next<std::uint8_t>();
-        s.other = sym.next<std::uint8_t>();
-        s.shndx = sym.next<std::uint16_t>();
-        s.value = sym.next<std::uint64_t>();
-        s.size = sym.next<std::uint64_t>();
+        std::uint32_t name_offset = 0;
+        if (auto st = entries.read(name_offset, s.info, s.other, s.shndx, s.value, s.size); !st) {
+            return damaged(st.error());
+        }
         const auto name = strings.c_str(name_offset);
         if (!name) {
             return damaged(what, fmt::format("symbol {}: name offset {} outside the string "

@@ -26,12 +26,13 @@
 
 #include <fmt/format.h>
 
-#include "bytes.hpp"
+#include "kcache/core/byte_reader.hpp"
 #include "parsers.hpp"
 
 namespace kcache::loader::detail {
 namespace {
 
+using core::ByteReader;
 using core::fail;
 
 constexpr std::uint32_t kFatbinMagic = 0xBA55ED50;
@@ -73,8 +74,8 @@ Status read_payload(FatbinEntry& entry, std::string_view stored, std::uint32_t c
             return {};  // listed without kernels
         }
         // The payload is padded to 8 bytes; the header has its exact length.
-        if (compressed_size != 0 && compressed_size <= stored.size()) {
-            stored = stored.substr(0, compressed_size);
+        if (compressed_size != 0) {
+            if (auto exact = ByteReader(stored).slice(0, compressed_size)) stored = *exact;
         }
         auto bytes = entry.compression == Compression::zstd
                          ? decompress_zstd(stored, entry.uncompressed_size)
@@ -102,7 +103,7 @@ Status read_payload(FatbinEntry& entry, std::string_view stored, std::uint32_t c
 
 Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint32_t first_container,
                                               const InspectOptions& options, BinaryInfo& out) {
-    const Bytes in(bytes);
+    const ByteReader in(bytes, "fatbin");
     std::uint32_t container = first_container;
     std::uint64_t at = 0;
     while (at < bytes.size()) {
@@ -111,54 +112,57 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
             at += 8;
             continue;
         }
-        const auto magic = in.le<std::uint32_t>(at);
-        if (magic != kFatbinMagic) {
+        const auto magic = in.le_at<std::uint32_t>(at);
+        if (!magic || *magic != kFatbinMagic) {
             return fail(EIO, fmt::format("fatbin: no container header at offset {}", at));
         }
-        const auto header = in.slice(at, kContainerHeaderSize);
+        auto header = in.sub(at, kContainerHeaderSize);
         if (!header) {
             return fail(EIO, fmt::format("fatbin: container header at {} truncated", at));
         }
-        Cursor h(*header);
-        h.skip(4 + 2);
-        const std::uint64_t header_size = h.next<std::uint16_t>();
-        const std::uint64_t body_size = h.next<std::uint64_t>();
+        std::uint32_t header_magic = 0;
+        std::uint16_t version = 0, header_size16 = 0;
+        std::uint64_t body_size = 0;
+        if (auto s = header->read(header_magic, version, header_size16, body_size); !s) {
+            return tl::unexpected(s.error());
+        }
+        const std::uint64_t header_size = header_size16;
         if (header_size < kContainerHeaderSize || !in.contains(at, header_size) ||
             !in.contains(at + header_size, body_size)) {
             return fail(EIO, fmt::format("fatbin: container at {} (header {} bytes, {} bytes of "
                                          "entries) runs past the end ({} bytes)",
                                          at, header_size, body_size, bytes.size()));
         }
-        const Bytes body(*in.slice(at + header_size, body_size));
+        const auto body = in.sub(at + header_size, body_size);
+        if (!body) return tl::unexpected(body.error());
         std::uint64_t p = 0;
-        while (p < body.size()) {
+        while (p < body->size()) {
             const std::uint64_t entry_at = at + header_size + p;
-            const auto rest = body.slice(p, body.size() - p);
-            if (rest && all_zero(*rest)) break;  // padding up to the declared size
-            const auto fixed = body.slice(p, kEntryHeaderSize);
+            if (all_zero(body->data().substr(static_cast<std::size_t>(p)))) {
+                break;  // padding up to the declared size
+            }
+            auto fixed = body->sub(p, kEntryHeaderSize);
             if (!fixed) {
                 return fail(EIO, fmt::format("fatbin: entry header at {} truncated", entry_at));
             }
-            Cursor e(*fixed);
             FatbinEntry entry;
             entry.container = container;
-            entry.raw_kind = e.next<std::uint16_t>();
+            std::uint16_t reserved16 = 0, minor = 0, major = 0;
+            std::uint32_t entry_header_size32 = 0, compressed_size = 0, options_offset = 0, sm = 0,
+                          name_offset = 0, name_size = 0;
+            std::uint64_t hash = 0, uncompressed_size = 0;
+            if (auto s = fixed->read(entry.raw_kind, reserved16, entry_header_size32, entry.size,
+                                     compressed_size, options_offset, minor, major, sm,
+                                     name_offset, name_size, entry.flags, hash,
+                                     uncompressed_size);
+                !s) {
+                return tl::unexpected(s.error());
+            }
             entry.kind = entry_kind(entry.raw_kind);
-            e.skip(2);
-            const std::uint64_t entry_header_size = e.next<std::uint32_t>();
-            entry.size = e.next<std::uint64_t>();
-            const auto compressed_size = e.next<std::uint32_t>();
-            e.skip(4);
-            const auto minor = e.next<std::uint16_t>();
-            const auto major = e.next<std::uint16_t>();
-            const auto sm = e.next<std::uint32_t>();
-            e.skip(8);  // object name
-            entry.flags = e.next<std::uint64_t>();
-            e.skip(8);
-            const auto uncompressed_size = e.next<std::uint64_t>();
+            const std::uint64_t entry_header_size = entry_header_size32;
 
-            if (entry_header_size < kEntryHeaderSize || !body.contains(p, entry_header_size) ||
-                !body.contains(p + entry_header_size, entry.size)) {
+            if (entry_header_size < kEntryHeaderSize || !body->contains(p, entry_header_size) ||
+                !body->contains(p + entry_header_size, entry.size)) {
                 return fail(EIO, fmt::format("fatbin: entry at {} (header {} bytes, payload {} "
                                              "bytes) runs past its container",
                                              entry_at, entry_header_size, entry.size));
@@ -187,8 +191,9 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
 
             const std::string what = fmt::format("fatbin entry {} ({} {})", out.entries.size(),
                                                  kind_name(entry.kind), entry.arch);
-            const std::string_view payload = *body.slice(p + entry_header_size, entry.size);
-            if (auto status = read_payload(entry, payload, compressed_size, options, what);
+            const auto payload = body->slice(p + entry_header_size, entry.size);
+            if (!payload) return tl::unexpected(payload.error());
+            if (auto status = read_payload(entry, *payload, compressed_size, options, what);
                 !status) {
                 return tl::unexpected(status.error());
             }

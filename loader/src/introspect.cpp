@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "bytes.hpp"
+#include "kcache/core/byte_reader.hpp"
 #include "elf.hpp"
 #include "parsers.hpp"
 
@@ -37,8 +37,8 @@ std::string describe(std::string_view bytes) {
 }
 
 Result<BinaryInfo> inspect_elf(std::string_view bytes, const InspectOptions& options) {
-    const auto machine = detail::Bytes(bytes).le<std::uint16_t>(18);
-    const bool cuda = machine == detail::kEmCuda;
+    const auto machine = core::ByteReader(bytes).le_at<std::uint16_t>(18);
+    const bool cuda = machine && *machine == detail::kEmCuda;
     auto elf = detail::parse_elf(bytes, cuda ? "cubin" : "ELF file");
     if (!elf) return tl::unexpected(elf.error());
     return cuda ? detail::parse_cubin(*elf) : detail::parse_host_elf(*elf, options);
@@ -95,7 +95,8 @@ const KernelInfo* BinaryInfo::find_kernel(std::string_view name) const {
 
 Result<BinaryInfo> inspect(std::string_view bytes, const InspectOptions& options) {
     Result<BinaryInfo> info;
-    if (detail::Bytes(bytes).le<std::uint32_t>(0) == kFatbinMagic) {
+    if (const auto magic = core::ByteReader(bytes).le_at<std::uint32_t>(0);
+        magic && *magic == kFatbinMagic) {
         info = BinaryInfo{};
         info->format = Format::fatbin;
         auto containers = detail::parse_fatbin_containers(bytes, 0, options, *info);

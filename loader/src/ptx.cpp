@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/byte_reader.hpp"
 #include "parsers.hpp"
 
 namespace kcache::loader::detail {
@@ -37,7 +38,7 @@ bool word_char(char c) {
 
 class Lexer {
   public:
-    explicit Lexer(std::string_view text) : m_text(text) {}
+    explicit Lexer(std::string_view text) : m_in(text, "ptx") {}
 
     // The next token: a word (directive, identifier, number), a string literal, or one
     // punctuation character. Empty at the end of the text.
@@ -58,49 +59,47 @@ class Lexer {
     std::size_t line() const { return m_line; }
 
   private:
+    // The lexer's position is m_in's; it looks ahead in m_in.rest() (the unread text)
+    // and consumes with bytes() / skip(), which cannot pass the end: a string literal
+    // cut short by the end (or by a trailing backslash) ends there.
     std::string_view scan() {
         skip_space_and_comments();
-        if (m_at >= m_text.size()) return {};
-        const std::size_t start = m_at;
-        const char c = m_text[m_at];
+        const std::string_view rest = m_in.rest();
+        if (rest.empty()) return {};
+        std::size_t n = 1;
+        const char c = rest[0];
         if (word_char(c)) {
-            while (m_at < m_text.size() && word_char(m_text[m_at])) ++m_at;
+            while (n < rest.size() && word_char(rest[n])) ++n;
         } else if (c == '"') {
-            ++m_at;
-            while (m_at < m_text.size() && m_text[m_at] != '"' && m_text[m_at] != '\n') {
-                m_at += m_text[m_at] == '\\' ? 2 : 1;
-            }
-            m_at = std::min(m_at + 1, m_text.size());
-        } else {
-            ++m_at;
+            while (n < rest.size() && rest[n] != '"' && rest[n] != '\n') n += rest[n] == '\\' ? 2 : 1;
+            n = std::min(n + 1, rest.size());
         }
-        return m_text.substr(start, m_at - start);
+        return m_in.bytes(n).value_or(std::string_view{});  // n <= rest.size(): never fails
     }
 
     void skip_space_and_comments() {
-        while (m_at < m_text.size()) {
-            const char c = m_text[m_at];
+        for (std::string_view rest = m_in.rest(); !rest.empty(); rest = m_in.rest()) {
+            const char c = rest[0];
+            std::size_t n = 0;
             if (c == '\n') {
                 ++m_line;
-                ++m_at;
+                n = 1;
             } else if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') {
-                ++m_at;
-            } else if (m_text.compare(m_at, 2, "//") == 0) {
-                const std::size_t end = m_text.find('\n', m_at);
-                m_at = end == std::string_view::npos ? m_text.size() : end;
-            } else if (m_text.compare(m_at, 2, "/*") == 0) {
-                const std::size_t end = m_text.find("*/", m_at + 2);
-                const std::size_t stop = end == std::string_view::npos ? m_text.size() : end + 2;
-                for (std::size_t i = m_at; i < stop; ++i) m_line += m_text[i] == '\n';
-                m_at = stop;
+                n = 1;
+            } else if (rest.starts_with("//")) {
+                n = std::min(rest.find('\n'), rest.size());
+            } else if (rest.starts_with("/*")) {
+                const std::size_t end = rest.find("*/", 2);
+                n = end == std::string_view::npos ? rest.size() : end + 2;
+                for (std::size_t i = 0; i < n; ++i) m_line += rest[i] == '\n';
             } else {
                 return;
             }
+            if (!m_in.skip(n)) return;  // n <= rest.size(): never fails
         }
     }
 
-    std::string_view m_text;
-    std::size_t m_at = 0;
+    core::ByteReader m_in;
     std::size_t m_line = 1;
     std::string_view m_peek;
     bool m_peeked = false;
