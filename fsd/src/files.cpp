@@ -346,14 +346,20 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
         dirty = version->staged.dirty();
     }
     core::Status s;
+    bool killed = false;
     if (dirty && killed_by_signal(tid)) {
+        killed = true;
         std::lock_guard lock(handle->mutex);
         handle->killed = true;
     } else if (dirty && process_of(tid) == handle->opener) {
         std::lock_guard lock(version->mutex);
         s = publish(req, *version);
     }
-    if (s && version && !handle->killed) {
+    if (!killed && version) {  // another thread's FLUSH of a killed writer may mark it meanwhile
+        std::lock_guard lock(handle->mutex);
+        killed = handle->killed;
+    }
+    if (s && version && !killed) {
         core::Digest published;
         bool clean = false;
         {
