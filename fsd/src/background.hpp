@@ -61,7 +61,7 @@ public:
     core::Status flush_stats();
 
     // Runs `fn` on the background thread at the start of every period (set before
-    // start()): Filesystem::renew_pin, which must see every commit soon after it.
+    // start()): Contents::renew_pin, which must see every commit soon after it.
     void on_period(std::function<void()> fn) { m_on_period = std::move(fn); }
 
 private:

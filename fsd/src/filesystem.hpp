@@ -32,36 +32,50 @@
 // version entering the page cache, events of other processes) is followed by an
 // attribute invalidation from the background thread; a reader that opens another
 // version than the kernel was told of is answered only after that invalidation.
-// A reader opened onto the kernel's kept pages loads its content at its first READ. Writers use the page cache (so MAP_SHARED works
+// A reader opened onto the kernel's kept pages loads its content at its first READ.
+// Writers use the page cache (so MAP_SHARED works
 // and every handle sees one page cache); readers that open while a writer is at work
 // and do not read the shared version use direct I/O: a rewrite's bytes in the page
 // cache are never theirs, and their reads end where their own version ends. The
 // kernel's one size per inode is the last shared thing: a writer's open waits (at
 // most kWriterWait) until readers of other processes that read the inode through the
 // page cache have closed.
+//
+// The units, each owning one kind of state behind its own mutex (their headers state
+// their contracts):
+// - Filesystem (filesystem.cpp: the operation table, namespace, attributes and
+//   directories; files.cpp: opens, reads, writes, publishing, closes): the handlers,
+//   which compose the units below and reply;
+// - handles.hpp: FileHandle, DirHandle, each field with the lock that guards it;
+// - Versions (versions.hpp): the writer registry, THE RULE;
+// - PageCache (page_cache.hpp): page-cache coherence, the kernel's told attributes,
+//   the writer gate thread;
+// - Lookups (lookups.hpp): the kernel's lookup references and orphans;
+// - Contents (contents.hpp): snapshots shared by readers, the pin, lazy loading;
+// - HitCounter (hits.hpp): hits and opens;
+// - Background (background.hpp): the one thread that notifies the kernel.
+// THE LOCK ORDER, the one order in which all of their locks nest, is lock_order.hpp.
 #pragma once
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <optional>
-#include <vector>
-#include <string>
-#include <thread>
-#include <unordered_map>
-#include <unordered_set>
+#include <utility>
 
 #include "background.hpp"
+#include "contents.hpp"
+#include "handles.hpp"
+#include "hits.hpp"
 #include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
+#include "lock_order.hpp"
+#include "lookups.hpp"
 #include "options.hpp"
+#include "page_cache.hpp"
 #include "remote_tier.hpp"
+#include "versions.hpp"
 
 namespace kcache::fsd {
 
@@ -109,20 +123,6 @@ public:
     void forget(fuse_ino_t ino, std::uint64_t count);
 
 private:
-    struct FileHandle;
-    struct DirHandle;
-    struct Version;
-    // The versions being written of one inode (THE RULE above).
-    struct InodeVersions {
-        std::shared_ptr<Version> shared;                 // at most one
-        std::vector<std::shared_ptr<Version>> rewrites;  // private O_TRUNC versions, oldest first
-    };
-
-    struct Orphan {
-        core::Attr attr;
-        std::shared_ptr<const std::string> content;
-    };
-
     void reply_error(fuse_req_t req, const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
     // first when `read_through` (then answered from a tier thread, asynchronously).
@@ -132,108 +132,33 @@ private:
                    const std::function<core::Result<core::Attr>(core::WriteTxn&, const fuse_ctx&)>& make);
     // Replies with an entry the kernel now holds a lookup reference on.
     void reply_entry(fuse_req_t req, const core::Attr& attr);
-    void remember_lookup(core::Ino ino);
     // Before a removal: keeps the content of `name` in `parent` if the kernel knows it.
     std::optional<std::pair<core::Ino, Orphan>> orphan_of(const core::ReadTxn& txn, core::Ino parent,
                                                           const char* name);
-    void adopt(std::optional<std::pair<core::Ino, Orphan>>& orphan);
-    void disown(const std::optional<std::pair<core::Ino, Orphan>>& orphan);
     // Runs `remove` (an unlink, or a rename over `name`) in one transaction, keeping
     // the removed file readable as an orphan while the kernel still knows it.
     core::Status remove_keeping_orphan(core::Ino parent, const char* name,
                                        const std::function<core::Status(core::WriteTxn&)>& remove);
-    std::optional<Orphan> find_orphan(core::Ino ino);
     // Attributes of a file removed from the db that a handle or orphan still holds.
     std::optional<core::Attr> removed_attr(core::Ino ino, FileHandle* handle);
-    // Gives `handle` (opened for writing, `truncate` for O_TRUNC) its version under
-    // THE RULE. `made` is a StagedFile already begun for it (create), or null: then
-    // one is begun here when a new version is needed. Waits while a version of the
-    // inode is ending (its last close is publishing), so that a new version starts
-    // from what that one published.
-    core::Status join_version(FileHandle* handle, bool truncate, std::optional<core::StagedFile> made);
     // Takes `handle` out of its version; the last handle of a version publishes it
     // (unless it is a rewrite whose writer was killed) and ends its lease.
     void leave_version(fuse_req_t req, FileHandle* handle);
-    std::shared_ptr<Version> shared_version(core::Ino ino);
-    bool has_rewrite(core::Ino ino);
-    // Every size the kernel is told of a file with a shared version is that version's
-    // (lookup, readdirplus, create, setattr, getattr): the kernel applies it to the one
-    // inode whose pages the version's handles map, and a smaller one would cut them
-    // (SIGBUS in a MAP_SHARED mapping, such as SQLite's -shm).
-    void apply_live_size(core::Attr& attr);
     // A read-only handle follows the shared version that grew out of the version it
     // reads (caller holds handle->mutex).
     void follow_shared(FileHandle* handle);
-    // The size the newest rewrite that `process` opened of `ino` has staged, if any.
-    std::optional<std::uint64_t> rewrite_size(core::Ino ino, std::uint32_t process);
-    // A truncate by path: applied to the shared version (then true: nothing to store)
-    // and to every rewrite; false when the db's content must be truncated too.
-    bool truncate_versions(core::Ino ino, std::uint64_t size, std::uint64_t* shared_size);
     // Publishes a version's content, first making room under the size bound (caller
     // holds version.mutex).
     core::Status publish(fuse_req_t req, Version& version);
-    // The page cache of an inode, and the kernel's size of it, are shared by all its
-    // readers: at most one version at a time is read through them, and while it is,
-    // the kernel's size must stay that version's. enter_pages says how `reader` (a new
-    // handle of `digest`) may use them: not at all while a writer is at work (its
-    // writes move the kernel's size) or another version's readers read.
-    // `stale_attr`: the kernel may hold attributes told of another version of the
-    // inode (PageState::told); the reader's open is answered only once they are gone.
-    enum class PageUse { keep, refill, direct };
-    PageUse enter_pages(FileHandle* reader, const core::Digest& digest, std::uint64_t size, bool* stale_attr);
-    // A refilling reader's first READ: its open completed, so the kernel's pages hold
-    // only its version from now on.
-    void settle_pages(FileHandle* reader);
-    void enter_pages_as_follower(FileHandle* reader, const Version* version);
-    void leave_pages(FileHandle* reader);
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded
-    // in PageState::told) while every caller gets that answer (no writer at work, no
-    // page-cache reader of another version, not removed), else 0. Every change of that
-    // answer is followed by Background::invalidate_attr.
+    // as told, PageCache::tell_attr) while every caller gets that answer (no writer at
+    // work, no page-cache reader of another version, not removed), else 0. Every
+    // change of that answer is followed by Background::invalidate_attr.
     double attr_timeout(const core::Attr& a);
-    // Before the stored content of `ino` is replaced by a publish: page-cache readers
-    // of it that load lazily keep it (PageState::kept) until the last one closes.
-    void keep_for_readers(core::Ino ino);
-    // A lazy reader's content (`digest` of `ino`): a live snapshot, the stored one, an
-    // orphan, what renew_pin or keep_for_readers kept, or the pin's; null only if
-    // reading failed.
-    std::shared_ptr<const std::string> load_content(core::Ino ino, const core::Digest& digest);
-    // A reader keeps its version even when it loads it lazily (docs/architecture.md,
-    // "A reader keeps its version"). The background thread holds one read snapshot,
-    // the *pin*, from its previous period; LMDB keeps every page that snapshot sees
-    // alive, whoever commits after it. renew_pin (background thread, every period in
-    // which the db changed) takes a new snapshot and, for every inode with lazy
-    // readers whose version is no longer the stored one, keeps the version's content
-    // from the pin (PageState::kept) before it lets the pin go.
-    void renew_pin();
-    // Whether a lazy reader of `digest` of `ino` (already counted in PageState::lazy)
-    // is covered by the pin; `txn` is the snapshot its OPEN read. If not, the open
-    // copies its content at once.
-    bool pinned(core::Ino ino, const core::Digest& digest, const core::ReadTxn& txn);
     // READ without a handle (read-only serving, no OPEN): the stored content.
     void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
-    // The size of the version being read through the page cache of `ino`, if any.
-    std::optional<std::uint64_t> page_cache_size(core::Ino ino);
-    // Answers a writer's open (`reply`) now, or once the readers that other processes
-    // have reading its inode through the page cache have closed: its writes would
-    // grow the size those readers read up to, and they would read zeros. Readers that
-    // outlast kWriterWait (an mmap kept for long) no longer hold it up; the writer
-    // gate thread answers then. Only for OPEN: a CREATE is answered while the kernel
-    // holds its directory's lock, which the background thread's notifications take.
-    void admit_writer(FileHandle* writer, std::function<void()> reply);
-    // Counts a writer of its inode in (new readers then read directly) and returns the
-    // readers already reading through the page cache, with the threads that opened them.
-    std::vector<std::pair<FileHandle*, pid_t>> enter_pages_as_writer(FileHandle* writer);
-    void leave_pages_as_writer(FileHandle* writer);
-    // Marks a page writer as closed with its version published as `published` (or,
-    // with `clean` false, written to again): see enter_pages.
-    void close_page_writer(FileHandle* writer, bool clean, const core::Digest& published);
-    void run_writer_gate();
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
     void discard_open(FileHandle* handle);
-    std::shared_ptr<const std::string> snapshot(const core::Digest& digest, std::string_view bytes);
-    std::shared_ptr<const std::string> find_snapshot(const core::Digest& digest);
-    void count_open(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr);
 
     core::Store& m_store;
     const Options m_options;
@@ -241,68 +166,13 @@ private:
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
-    struct PageState {
-        core::Digest digest;                // the version whose pages the kernel caches
-        std::uint64_t size = 0;             // its size
-        std::vector<FileHandle*> readers;   // open handles reading through the page cache
-        // Read-only handles that opened following a shared version (its writers' pages):
-        // a writer of another version waits for them, other readers bypass the pages.
-        std::vector<FileHandle*> followers;
-        std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
-        std::uint32_t closed_writers = 0;   // of them, closed with their version published (FileHandle::closed_clean)
-        core::Digest closed_digest;         // what the last of them published
-        // The kernel's pages are known to hold only `digest`: a reader that refilled
-        // them (its open made the kernel drop what it held) has sent a READ since.
-        // Until then a new reader refills too: a kept page could still be another
-        // version's, dropped only when the refilling open completes in the kernel.
-        bool settled = false;
-        // The version whose attributes the kernel was last told to keep (attr_timeout);
-        // a reader of another one waits for their invalidation (enter_pages).
-        std::optional<core::Digest> told;
-        std::shared_ptr<const std::string> kept;  // `digest`'s content once replaced (keep_for_readers, renew_pin)
-        std::uint32_t lazy = 0;  // of `readers`, those that load their content at the first READ
-    };
-    struct WaitingWriter {
-        FileHandle* writer;
-        std::vector<FileHandle*> readers;  // still open: the writer's open waits for them
-        std::chrono::steady_clock::time_point deadline;
-        std::function<void()> reply;
-    };
-    static constexpr auto kWriterWait = std::chrono::seconds(2);
-    std::mutex m_pages_mutex;  // a leaf: nothing else is locked while it is held
-    std::unordered_map<core::Ino, PageState> m_pages;
-    std::unordered_set<core::Ino> m_lazy_inodes;  // inodes whose PageState::lazy > 0
-    std::vector<WaitingWriter> m_waiting_writers;
-    std::condition_variable m_writer_gate_wake;  // a writer waits, or stop
-    bool m_writer_gate_stop = false;
-    std::thread m_writer_gate;
-
-    // Guards m_pin. Taken with nothing else held; under it renew_pin takes
-    // m_pages_mutex and m_snapshots_mutex. Held across renew_pin's scan and swap, so
-    // a lazy open's check (pinned) comes wholly before or after them.
-    std::mutex m_pin_mutex;
-    std::optional<core::ReadTxn> m_pin;  // used by one thread at a time, under m_pin_mutex
-
-    std::mutex m_snapshots_mutex;  // content shared by reader handles
-    std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots;
-
-    std::mutex m_seen_mutex;  // (entry, process) pairs that counted their hit
-    std::unordered_set<std::string> m_seen;
-
-    std::mutex m_lookups_mutex;  // kernel lookup references, and orphans they keep alive
-    std::unordered_map<core::Ino, std::uint64_t> m_lookups;
-    std::unordered_map<core::Ino, Orphan> m_orphans;
-
-    // Versions being written, per inode. Lock order: a handle's mutex, then a
-    // version's mutex, then LMDB's writer lock (publish() holds a version's mutex
-    // across its write transaction). m_versions_mutex, like m_pages_mutex, is a leaf:
-    // nothing is locked while it is held. join_version() may wait for an ending version
-    // to publish, so it is never called with a write transaction open (create() calls
-    // it after its commit) nor with a version's mutex held.
-    std::mutex m_versions_mutex;
-    std::unordered_map<core::Ino, InodeVersions> m_versions;
-    std::condition_variable m_version_ended;  // a version of some inode finished ending
-    std::atomic<std::uint64_t> m_write_clock{0};
+    // The units (each guards its own state; lock_order.hpp). Declared in dependency
+    // order: Lookups and Contents refer to the page cache.
+    Versions m_versions;
+    PageCache m_pages;
+    Lookups m_lookups;
+    Contents m_contents;
+    HitCounter m_hits;
 };
 
 }  // namespace kcache::fsd

@@ -1,0 +1,410 @@
+// The file handlers of kcache-fsd: open, create, read, write, flush, fsync, release,
+// and publishing (the Filesystem class, filesystem.hpp; the units it composes have
+// their own files). Every handler replies only after it let go of the handle's lock:
+// the reply may let the kernel release the handle on another thread at once.
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "filesystem.hpp"
+#include "kernel_attrs.hpp"
+#include "log.hpp"
+#include "process.hpp"
+
+namespace kcache::fsd {
+using core::Attr;
+using core::Ino;
+
+// ---- versions (THE RULE in filesystem.hpp) ------------------------------------------
+
+void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
+    const std::shared_ptr<Version> version = std::move(handle->version);
+    if (!version || !m_versions.leave(*version)) return;
+    {
+        std::lock_guard lock(version->mutex);
+        // A rewrite whose writer was killed publishes nothing; a shared version keeps
+        // every handle's writes, as a local disk does.
+        const bool keep = version->shared || !handle->killed;
+        if (keep) {
+            if (auto s = publish(req, *version); !s) {
+                log::error("content of inode {} lost at release: {}", handle->ino,
+                           s.error().message);
+            }
+        }
+        (void)version->staged.abandon();
+        version->ended = true;
+    }
+    m_versions.ended(handle->ino, version);
+    m_background.invalidate_attr(handle->ino);  // no writer: the answer is everybody's again
+}
+
+void Filesystem::follow_shared(FileHandle* handle) {
+    if (handle->writable || handle->orphan) return;
+    auto current = m_versions.shared(handle->ino);
+    if (!current || current == handle->version) return;
+    core::Digest reading = handle->snapshot_digest;
+    if (handle->version) {
+        std::lock_guard lock(handle->version->mutex);
+        if (!handle->version->ended) return;
+        reading = handle->version->staged.stored_digest();  // what it published last
+    }
+    if (current->started_from != reading) return;  // a reader of another version keeps it
+    handle->version = std::move(current);
+    handle->snapshot.reset();
+}
+
+void Filesystem::discard_open(FileHandle* handle) {
+    if (handle->writable) {
+        handle->killed = true;  // its opener never got it: a rewrite publishes nothing
+        leave_version(nullptr, handle);
+    }
+    if (handle->page_cached) m_pages.leave(handle);
+    if (handle->page_writer) m_pages.leave_as_writer(handle);
+    delete handle;
+}
+
+void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+    // Read-only serving: no handles. The kernel takes ENOSYS as "opens always
+    // succeed" and sends no OPEN, FLUSH or RELEASE from now on (read() serves
+    // the stored content by inode; docs/stats.md says what is not counted).
+    if (m_no_open) return (void)fuse_reply_err(req, ENOSYS);
+    auto handle = std::make_unique<FileHandle>();
+    handle->ino = ino;
+    handle->writable = (fi->flags & O_ACCMODE) != O_RDONLY;
+    handle->readable = (fi->flags & O_ACCMODE) != O_WRONLY;
+    const bool truncate = handle->writable && (fi->flags & O_TRUNC);
+    bool joined_existing = false;
+    bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
+    // A refilling reader must not read before the kernel's size is at least its
+    // version's (Background::grow_size): the size and last byte of that version.
+    std::optional<std::pair<std::uint64_t, char>> grow;
+    {
+        auto txn = m_store.read();
+        if (!txn) return reply_error(req, txn.error());
+        auto attr = txn->getattr(ino);
+        if (!attr) {
+            auto orphan = attr.error().code == ENOENT ? m_lookups.find_orphan(ino) : std::nullopt;
+            if (!orphan && attr.error().code == ENOENT) {
+                // Evicted by another process, and the kernel's name for it not yet
+                // invalidated: ESTALE makes the kernel look the name up again and open
+                // (or, with O_CREAT, create) what is there now, as NFS clients do.
+                return reply_error(req, {ESTALE, "evicted since the kernel looked it up"});
+            }
+            if (!orphan) return reply_error(req, attr.error());
+            // Removed since the kernel looked it up: open what it was, as a local disk would.
+            handle->orphan = true;
+            handle->attr = orphan->attr;
+            if (!truncate) handle->snapshot = orphan->content;
+            handle->snapshot_digest = orphan->attr.digest;
+            fi->direct_io = 1;
+        } else if (attr->is_dir()) {
+            return reply_error(req, {EISDIR, "is a directory"});
+        } else if (!handle->writable) {
+            handle->attr = *attr;
+            m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
+            fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
+            if (auto shared = m_versions.shared(ino)) {
+                // The file is being shared by writers: read it as they write it, through
+                // the page cache they write through.
+                handle->reader_tid = fuse_req_ctx(req)->pid;
+                m_pages.enter_as_follower(handle.get(), shared.get());
+                handle->version = std::move(shared);
+                fi->keep_cache = 1;
+            } else {
+                handle->snapshot_digest = attr->digest;
+                handle->reader_tid = fuse_req_ctx(req)->pid;
+                const PageCache::Use use = m_pages.enter(handle.get(), attr->digest, attr->size, &stale_attr);
+                fi->direct_io = use == PageCache::Use::direct;
+                fi->keep_cache = use == PageCache::Use::keep;
+                // The kernel's pages hold this version: a READ comes only for pages it
+                // dropped, so the content is loaded then (read()), not copied here.
+                // PageCache::enter counted it as lazy; if the pin does not cover its
+                // version (committed since the background thread's last period), it
+                // copies the content now, as a reader that refills the pages does.
+                if (!handle->lazy || !m_contents.pinned(ino, attr->digest, *txn)) {
+                    auto content = txn->read(ino);
+                    if (!content) {
+                        if (handle->page_cached) m_pages.leave(handle.get());
+                        return reply_error(req, content.error());
+                    }
+                    handle->snapshot = m_contents.snapshot(attr->digest, content->bytes());
+                }
+                if (use == PageCache::Use::refill && !handle->snapshot->empty()) {
+                    grow.emplace(handle->snapshot->size(), handle->snapshot->back());
+                }
+            }
+        } else {
+            handle->attr = *attr;
+            // A read-write open without O_TRUNC (a database) reads what it opens: it
+            // counts as an open for reading. Its reads may all come from the page cache,
+            // so the open, not a READ, is what the daemon sees.
+            if (handle->readable && !truncate) m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
+        }
+    }
+    if (handle->writable && !handle->orphan) {
+        handle->opener = process_of(fuse_req_ctx(req)->pid);
+        joined_existing = m_versions.shared(ino) != nullptr || (!truncate && m_versions.has_rewrite(ino));
+        auto s = m_versions.join(ino, truncate, handle->opener, std::nullopt, &handle->version);
+        if (!s && s.error().code == ENOENT) {
+            handle->orphan = true;  // replaced since the snapshot above: as for a removed file
+            fi->direct_io = 1;
+        } else if (!s) {
+            return reply_error(req, s.error());
+        } else {
+            // Through the page cache: every handle of the version sees one page cache,
+            // and MAP_SHARED works. A new version drops what the cache held.
+            fi->keep_cache = joined_existing;
+            m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
+        }
+    }
+    FileHandle* raw = handle.release();
+    fi->fh = reinterpret_cast<std::uint64_t>(raw);
+    auto reply = [this, req, opened = *fi, raw]() mutable {
+        if (fuse_reply_open(req, &opened) != 0) discard_open(raw);  // the opener is gone (interrupted)
+    };
+    if (raw->version && raw->writable) return m_pages.admit_writer(raw, std::move(reply));
+    if (grow) {
+        if (stale_attr) m_background.invalidate_attr(ino);  // the same pass, before the reply
+        return m_background.grow_size(ino, grow->first, grow->second, std::move(reply));
+    }
+    if (stale_attr) return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
+    reply();
+}
+
+void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+                        fuse_file_info* fi) {
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    auto handle = std::make_unique<FileHandle>();
+    const bool truncate = (fi->flags & O_TRUNC) != 0;
+    Attr attr;
+    std::optional<core::StagedFile> made;
+    {
+        auto txn = m_store.write();
+        if (!txn) return reply_error(req, txn.error());
+        auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
+        if (!created) return reply_error(req, created.error());
+        auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
+        if (!staged) return reply_error(req, staged.error());
+        if (auto s = txn->commit(); !s) {
+            staged->forget();
+            return reply_error(req, s.error());
+        }
+        staged->set_max_size(m_options.max_file_size);
+        made = std::move(*staged);
+        attr = *created;
+    }
+    handle->ino = attr.ino;
+    handle->attr = attr;
+    handle->writable = true;
+    handle->readable = (fi->flags & O_ACCMODE) == O_RDWR;
+    handle->opener = process_of(ctx->pid);
+    // After the commit: Versions::join may wait for another version to end.
+    const bool joined_existing = m_versions.shared(attr.ino) != nullptr;
+    if (auto s = m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &handle->version); !s) {
+        return reply_error(req, s.error());
+    }
+    fi->keep_cache = joined_existing;  // as in open() for writing
+    FileHandle* raw = handle.release();
+    fi->fh = reinterpret_cast<std::uint64_t>(raw);
+    (void)m_pages.enter_as_writer(raw);  // no reader enters the page cache while it writes; see admit_writer
+    m_versions.apply_live_size(attr);
+    const fuse_entry_param e = kernel::entry_param(attr, attr_timeout(attr));  // 0: its version is at work
+    m_lookups.remember(attr.ino);
+    // O_CREAT of a file that existed: the kernel may hold its settled attributes.
+    m_background.invalidate_attr(attr.ino);
+    if (fuse_reply_create(req, &e, fi) != 0) {
+        forget(attr.ino, 1);
+        discard_open(raw);
+    }
+}
+
+void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    if (!handle) return read_unopened(req, ino, size, off);
+    std::shared_ptr<Version> version;
+    std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
+    bool lost = false;
+    if (handle->refilling.load(std::memory_order_relaxed)) m_pages.settle(handle);
+    {
+        std::lock_guard lock(handle->mutex);
+        follow_shared(handle);
+        version = handle->version;
+        if (!version && handle->lazy && !handle->snapshot) {
+            handle->snapshot = m_contents.load(ino, handle->snapshot_digest);
+            // renew_pin keeps a version that left the db for its lazy readers; null
+            // only if reading it from the pin failed (logged there).
+            lost = !handle->snapshot;
+        }
+        shared = handle->snapshot;
+    }
+    if (lost) return reply_error(req, {EIO, "content removed by another process before its first read, and not kept"});
+    std::string copy;  // a version's bytes, which may change after the lock
+    std::string_view slice;
+    if (version) {
+        std::lock_guard lock(version->mutex);
+        const std::string_view content = version->staged.content();
+        copy.assign(content.substr(std::min(static_cast<std::size_t>(off), content.size()), size));
+        slice = copy;
+    } else if (shared) {
+        const std::string_view content = *shared;
+        slice = content.substr(std::min(static_cast<std::size_t>(off), content.size()), size);
+    }
+    m_background.count(core::Counter::bytes_read, slice.size());
+    fuse_reply_buf(req, slice.data(), slice.size());
+}
+
+void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) {
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto content = txn->read(ino);
+    if (!content) return reply_error(req, content.error());
+    const std::string_view bytes = content->bytes();
+    const std::string_view slice = bytes.substr(std::min(static_cast<std::size_t>(off), bytes.size()), size);
+    m_background.count(core::Counter::bytes_read, slice.size());
+    fuse_reply_buf(req, slice.data(), slice.size());  // from the map: before the snapshot ends
+}
+
+void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
+                       fuse_file_info* fi) {
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::shared_ptr<Version> version;
+    bool orphan = false;
+    {
+        std::lock_guard lock(handle->mutex);
+        orphan = handle->orphan;
+        if (handle->writable) version = handle->version;
+    }
+    core::Status s;
+    if (orphan) {
+        // The file is gone: like an unlinked file's, its new bytes go nowhere.
+    } else if (!version) {
+        s = core::fail(EBADF, "not open for writing");
+    } else {
+        m_pages.close_writer(handle, false, {});  // written again after its close
+        std::lock_guard lock(version->mutex);
+        s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
+    }
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_write(req, size);
+}
+
+core::Status Filesystem::publish(fuse_req_t req, Version& version) {
+    if (version.ended || !version.staged.dirty()) return {};  // an unchanged file publishes nothing
+    const std::uint64_t size = version.staged.content().size();
+    // Make room first. If the cache cannot get under its bound (everything left is
+    // pinned or being written), the writer gets ENOSPC and nothing is published.
+    std::uint64_t max = 0, stored = 0;
+    {
+        auto txn = m_store.read();
+        if (!txn) return tl::unexpected(txn.error());
+        max = txn->config().max_bytes;
+        stored = txn->counter(core::Counter::stored_bytes).value_or(0);
+    }
+    if (max && stored + size > max) {
+        auto evicted = m_store.evict({.max_bytes = size > max ? 0 : max - size});
+        if (!evicted) return tl::unexpected(evicted.error());
+        if (!evicted->satisfied) {
+            return core::fail(ENOSPC, fmt::format("cache full: {} bytes do not fit under the {} byte bound "
+                                                  "(the rest is pinned or being written)", size, max));
+        }
+    }
+    // Readers of the stored version that load it lazily (open()) may still need it.
+    m_contents.keep_for_readers(version.staged.ino());
+    auto s = version.staged.commit(req ? kernel::origin_of(req) : core::Origin{});
+    if (!s && s.error().code == ENOENT) return {};  // removed while open: its bytes go nowhere
+    if (!s) return s;
+    // A rewrite's pages may be cached by its own process's readers of the old version.
+    // A shared version's are the page cache its handles read: nothing is stale, but
+    // its attributes (times) changed.
+    if (!version.shared) m_background.invalidate_inode(version.staged.ino());
+    else m_background.invalidate_attr(version.staged.ino());
+    m_background.check_limits();
+    return {};
+}
+
+void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    // Every close() of a descriptor flushes, also a forked child closing the copy it
+    // inherited (at exec, or at exit) while the opener is still writing. Only the
+    // opener's close publishes here; release (the last descriptor gone) always does.
+    // A process killed by a signal closes its files too: a rewriter killed mid-file
+    // must not publish what it had written so far.
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    if (!handle) return (void)fuse_reply_err(req, m_no_open ? ENOSYS : 0);  // read-only: never again
+    const pid_t tid = fuse_req_ctx(req)->pid;
+    std::shared_ptr<Version> version;
+    {
+        std::lock_guard lock(handle->mutex);
+        if (handle->writable && !handle->killed) version = handle->version;
+    }
+    bool dirty = false;
+    if (version) {
+        std::lock_guard lock(version->mutex);
+        dirty = version->staged.dirty();
+    }
+    core::Status s;
+    bool killed = false;
+    if (dirty && killed_by_signal(tid)) {
+        killed = true;
+        std::lock_guard lock(handle->mutex);
+        handle->killed = true;
+    } else if (dirty && process_of(tid) == handle->opener) {
+        std::lock_guard lock(version->mutex);
+        s = publish(req, *version);
+    }
+    if (!killed && version) {  // another thread's FLUSH of a killed writer may mark it meanwhile
+        std::lock_guard lock(handle->mutex);
+        killed = handle->killed;
+    }
+    if (s && version && !killed) {
+        core::Digest published;
+        bool clean = false;
+        {
+            std::lock_guard lock(version->mutex);
+            clean = !version->staged.dirty();
+            published = version->staged.stored_digest();
+        }
+        if (clean) m_pages.close_writer(handle, true, published);
+    }
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
+    // fsync and fdatasync alike publish the version the handle writes (every handle's
+    // writes, for the shared version); with durability=full the commit is synced.
+    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    std::shared_ptr<Version> version;
+    if (handle) {
+        std::lock_guard lock(handle->mutex);
+        if (handle->writable) version = handle->version;
+    }
+    core::Status s;
+    if (version) {
+        std::lock_guard lock(version->mutex);
+        s = publish(req, *version);
+    }
+    if (s) s = m_store.sync();
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+    std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+    if (!handle) return (void)fuse_reply_err(req, 0);
+    // flush() published already unless a write came after it (or it failed, in which
+    // case the writer was told), or its writer was killed. The last handle of a
+    // version publishes it and ends its lease, before readers may use the page cache.
+    if (handle->writable) leave_version(req, handle.get());
+    if (handle->page_cached) m_pages.leave(handle.get());
+    if (handle->page_writer) m_pages.leave_as_writer(handle.get());
+    fuse_reply_err(req, 0);
+}
+
+
+}  // namespace kcache::fsd

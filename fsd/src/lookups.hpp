@@ -1,0 +1,57 @@
+// The kernel's lookup references in kcache-fsd, and the orphans they keep alive.
+//
+// Inode numbers are the store's (stable, never reused), so the daemon needs no table
+// to translate them; it counts the kernel's lookup references (every entry reply
+// takes one, FORGET drops them) for what it keeps per inode while the kernel knows
+// it: a file removed (unlink, rename over it) while the kernel still knows its inode
+// stays readable as an *orphan* until the kernel forgets it, as an unlinked inode does
+// on a local disk; and the page-cache state of the inode (dropped at the last FORGET).
+//
+// Contract: adopt() records an orphan only for an inode the kernel knows; forget()
+// of the last reference drops the inode's orphan and its idle page-cache state.
+// Nothing here fails or touches the db.
+//
+// Locks (lock_order.hpp): m_mutex, level 5; under it forget() takes the page cache's
+// (level 7).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "kcache/core/store.hpp"
+#include "lock_order.hpp"
+
+namespace kcache::fsd {
+
+class PageCache;
+
+struct Orphan {
+    core::Attr attr;  // nlink 0
+    std::shared_ptr<const std::string> content;
+};
+
+class Lookups {
+public:
+    explicit Lookups(PageCache& pages) : m_pages(pages) {}
+
+    void remember(core::Ino ino);
+    void forget(core::Ino ino, std::uint64_t count);
+    bool known(core::Ino ino);
+
+    // Records `orphan` of `ino` if the kernel still knows `ino`.
+    void adopt(core::Ino ino, const Orphan& orphan);
+    void disown(core::Ino ino);
+    std::optional<Orphan> find_orphan(core::Ino ino);
+
+private:
+    PageCache& m_pages;
+    std::mutex m_mutex;  // level 5; guards the maps below
+    std::unordered_map<core::Ino, std::uint64_t> m_lookups;
+    std::unordered_map<core::Ino, Orphan> m_orphans;
+};
+
+}  // namespace kcache::fsd
