@@ -290,8 +290,10 @@ int main(int argc, char** argv) {
         const double d = median(from_db), f = median(from_dir);
         std::printf("%s page cache: db %8.1f us/entry   plain dir %8.1f us/entry   db/dir %.2fx\n",
                     cold ? "cold" : "warm", d, f, d / f);
-        std::printf("  per entry: major faults db %.1f, dir %.1f; read from disk db %.0f KiB, dir %.0f KiB\n",
-                    median(db_faults), median(dir_faults), median(db_kib), median(dir_kib));
+        std::printf(
+            "  per entry: major faults db %.1f, dir %.1f; read from disk db %.0f KiB, dir %.0f "
+            "KiB\n",
+            median(db_faults), median(dir_faults), median(db_kib), median(dir_kib));
     }
     fs::remove_all(root);
     launch_bench(launches);

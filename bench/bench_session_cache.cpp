@@ -29,7 +29,9 @@ std::vector<KernelKey> make_keys() {
     return keys;
 }
 
-std::string flat(const KernelKey& k) { return k.entry + "/" + k.kernel + ":" + std::to_string(k.device); }
+std::string flat(const KernelKey& k) {
+    return k.entry + "/" + k.kernel + ":" + std::to_string(k.device);
+}
 
 void BM_BareMapHit(benchmark::State& state) {
     const auto keys = make_keys();
@@ -49,7 +51,8 @@ void BM_BareMapHit(benchmark::State& state) {
 void BM_SessionCacheHit(benchmark::State& state) {
     const auto keys = make_keys();
     SessionCache<int> cache(kKernels);
-    for (int i = 0; i < kKernels; ++i) cache.insert(keys[static_cast<std::size_t>(i)], std::make_shared<const int>(i));
+    for (int i = 0; i < kKernels; ++i)
+        cache.insert(keys[static_cast<std::size_t>(i)], std::make_shared<const int>(i));
     std::size_t i = 0;
     for (auto _ : state) {
         auto hit = cache.find(keys[i++ % kKernels]);
@@ -63,7 +66,7 @@ BENCHMARK(BM_SessionCacheHit)->Threads(2);
 
 // Prints the ratio of the two single-thread means after the run.
 class RatioReporter : public benchmark::ConsoleReporter {
-public:
+  public:
     void ReportRuns(const std::vector<Run>& runs) override {
         for (const Run& r : runs) {
             if (r.threads != 1) continue;
@@ -75,12 +78,14 @@ public:
     void Finalize() override {
         ConsoleReporter::Finalize();
         if (m_bare > 0 && m_cache > 0) {
-            std::printf("session-cache hit / bare unordered_map<std::string> lookup: %.2fx (%.1f ns vs %.1f ns; target <= 2x)\n",
-                        m_cache / m_bare, m_cache, m_bare);
+            std::printf(
+                "session-cache hit / bare unordered_map<std::string> lookup: %.2fx (%.1f ns vs "
+                "%.1f ns; target <= 2x)\n",
+                m_cache / m_bare, m_cache, m_bare);
         }
     }
 
-private:
+  private:
     double m_bare = 0, m_cache = 0;
 };
 

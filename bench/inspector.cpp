@@ -167,9 +167,9 @@ int run_measure(const std::string& db) {
     fmt::print("filter \"ab\"             {:.1f} ms ({} visible)\n", filter_ms,
                model.visible_count());
     fmt::print("filter cleared          {:.1f} ms\n", time_ms([&] {
-                                                         model.set_filter("");
-                                                         model.wait_idle();
-                                                     }));
+                   model.set_filter("");
+                   model.wait_idle();
+               }));
     std::vector<double> polls;
     for (int i = 0; i < 50; ++i) polls.push_back(time_ms([&] { (void)model.refresh(true); }));
     fmt::print("refresh, db unchanged   {:.1f} us (median of 50)\n", median(polls) * 1000);
@@ -198,7 +198,6 @@ int run_measure(const std::string& db) {
                model.duplicates().groups().size());
     return 0;
 }
-
 
 // One frame of the view without ImGui: take the worker's newest catalog, then read
 // what the entries table and the status line read (40 rows at a scroll position).
@@ -265,26 +264,34 @@ int run_frames_bench(const std::string& db, bool sync) {
     gui::Model& model = **opened;
     fmt::print("entries {}\n", model.entry_count());
     auto print = [](const char* what, const FrameFigures& f) {
-        fmt::print("{:<34} frames {:>5}  median {:7.3f} ms  p99 {:8.3f} ms  max {:8.3f} ms\n",
-                   what, f.frames, f.median, f.p99, f.max);
+        fmt::print("{:<34} frames {:>5}  median {:7.3f} ms  p99 {:8.3f} ms  max {:8.3f} ms\n", what,
+                   f.frames, f.median, f.p99, f.max);
     };
-    print("idle", run_frames(model, sync, [] {}, [] { return false; }));
+    print("idle", run_frames(
+                      model, sync, [] {}, [] { return false; }));
     std::future<core::Status> reload;
-    print("during a full reload", run_frames(
-              model, sync, [&] { reload = model.worker().reload_now(); },
-              [&] { return reload.wait_for(std::chrono::seconds(0)) != std::future_status::ready; }));
+    print(
+        "during a full reload",
+        run_frames(
+            model, sync, [&] { reload = model.worker().reload_now(); },
+            [&] { return reload.wait_for(std::chrono::seconds(0)) != std::future_status::ready; }));
     for (gui::Column c : {gui::Column::bytes, gui::Column::key, gui::Column::last_access}) {
         const std::string what = fmt::format("during a sort by {}", gui::column_name(c));
         print(what.c_str(), run_frames(
-                  model, sync, [&] { model.set_sort({c, true}); },
-                  [&] { return model.ordering(); }));
+                                model, sync,
+                                [&] {
+                                    model.set_sort({c, true});
+                                },
+                                [&] { return model.ordering(); }));
     }
-    print("during a filter (\"ab\")", run_frames(
+    print("during a filter (\"ab\")",
+          run_frames(
               model, sync, [&] { model.set_filter("ab"); }, [&] { return model.ordering(); }));
     model.set_filter("");
     model.wait_idle();
     if (!sync) {
-        print("during the duplicates scan", run_frames(
+        print("during the duplicates scan",
+              run_frames(
                   model, sync, [&] { (void)model.start_duplicate_scan(); },
                   [&] { return !model.duplicates().done(); }));
     }

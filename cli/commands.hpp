@@ -31,13 +31,13 @@ inline constexpr int kExitUsage = 2;  // the command line was wrong
 
 // A command that could not do its work; main() prints the message and exits 1.
 class Failure : public std::runtime_error {
-public:
+  public:
     explicit Failure(const std::string& message) : std::runtime_error(message) {}
 };
 
 // A command line that parses but makes no sense; main() exits 2.
 class UsageError : public std::runtime_error {
-public:
+  public:
     explicit UsageError(const std::string& message) : std::runtime_error(message) {}
 };
 
@@ -96,14 +96,14 @@ std::vector<EntryFile> entry_files(const core::Txn& txn, const core::EntryInfo& 
 // A progress line on stderr, shown only when stderr is a terminal and cleared when
 // the Progress is destroyed. fn() is empty (no callback at all) otherwise.
 class Progress {
-public:
+  public:
     explicit Progress(std::string label);
     ~Progress();
     Progress(const Progress&) = delete;
     Progress& operator=(const Progress&) = delete;
     core::ProgressFn fn();
 
-private:
+  private:
     void update(std::uint64_t done, std::uint64_t total);
     std::string m_label;
     bool m_enabled = false;
@@ -113,13 +113,13 @@ private:
 
 // Columns aligned with spaces. A header of empty strings is not printed.
 class Table {
-public:
+  public:
     explicit Table(std::vector<std::string> header, std::vector<bool> right_aligned = {});
     void add(std::vector<std::string> row);
     void print() const;  // to stdout
     bool empty() const { return m_rows.empty(); }
 
-private:
+  private:
     std::vector<std::string> m_header;
     std::vector<bool> m_right;
     std::vector<std::vector<std::string>> m_rows;

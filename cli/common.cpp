@@ -202,7 +202,7 @@ nlohmann::json config_json(const core::Config& config) {
     return {
         {"entry_depth", config.entry_depth}, {"max_bytes", config.max_bytes},
         {"max_entries", config.max_entries}, {"low_mark_percent", config.low_mark_percent},
-        {"max_events", config.max_events}, {"layout_rules", config.layout_rules},
+        {"max_events", config.max_events},   {"layout_rules", config.layout_rules},
     };
 }
 

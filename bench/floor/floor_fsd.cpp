@@ -12,6 +12,8 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include <pthread.h>
+#include <unistd.h>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -21,10 +23,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <pthread.h>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <unordered_map>
 #include <vector>
 
@@ -39,19 +39,52 @@ constexpr double kFileAttrTimeout = 0;  // kcache-fsd: another process may repla
 
 // ---- request counters -------------------------------------------------------------
 // One slot per opcode we serve; names as libfuse's debug log prints them.
-enum Op { LOOKUP, FORGET, BATCH_FORGET, GETATTR, SETATTR, MKDIR, UNLINK, RMDIR, RENAME, RENAME2,
-          OPEN, READ, WRITE, STATFS, RELEASE, FSYNC, FLUSH, OPENDIR, READDIR, READDIRPLUS,
-          RELEASEDIR, FSYNCDIR, CREATE, IOCTL, GETXATTR, SETXATTR, LISTXATTR, REMOVEXATTR, ACCESS,
-          FALLOCATE, LSEEK, kOps };
+enum Op {
+    LOOKUP,
+    FORGET,
+    BATCH_FORGET,
+    GETATTR,
+    SETATTR,
+    MKDIR,
+    UNLINK,
+    RMDIR,
+    RENAME,
+    RENAME2,
+    OPEN,
+    READ,
+    WRITE,
+    STATFS,
+    RELEASE,
+    FSYNC,
+    FLUSH,
+    OPENDIR,
+    READDIR,
+    READDIRPLUS,
+    RELEASEDIR,
+    FSYNCDIR,
+    CREATE,
+    IOCTL,
+    GETXATTR,
+    SETXATTR,
+    LISTXATTR,
+    REMOVEXATTR,
+    ACCESS,
+    FALLOCATE,
+    LSEEK,
+    kOps
+};
 const char* const kOpNames[kOps] = {
-    "LOOKUP", "FORGET", "BATCH_FORGET", "GETATTR", "SETATTR", "MKDIR", "UNLINK", "RMDIR", "RENAME",
-    "RENAME2", "OPEN", "READ", "WRITE", "STATFS", "RELEASE", "FSYNC", "FLUSH", "OPENDIR", "READDIR",
-    "READDIRPLUS", "RELEASEDIR", "FSYNCDIR", "CREATE", "IOCTL", "GETXATTR", "SETXATTR", "LISTXATTR",
-    "REMOVEXATTR", "ACCESS", "FALLOCATE", "LSEEK"};
+    "LOOKUP",   "FORGET",    "BATCH_FORGET", "GETATTR",  "SETATTR",  "MKDIR",       "UNLINK",
+    "RMDIR",    "RENAME",    "RENAME2",      "OPEN",     "READ",     "WRITE",       "STATFS",
+    "RELEASE",  "FSYNC",     "FLUSH",        "OPENDIR",  "READDIR",  "READDIRPLUS", "RELEASEDIR",
+    "FSYNCDIR", "CREATE",    "IOCTL",        "GETXATTR", "SETXATTR", "LISTXATTR",   "REMOVEXATTR",
+    "ACCESS",   "FALLOCATE", "LSEEK"};
 std::atomic<unsigned long long> g_counts[kOps];  // relaxed increments: no cost worth measuring
 std::string g_counts_path;
 
-void count(Op op) { g_counts[op].fetch_add(1, std::memory_order_relaxed); }
+void count(Op op) {
+    g_counts[op].fetch_add(1, std::memory_order_relaxed);
+}
 
 // Written to a temporary name and renamed, so a reader polling for the file never
 // sees half of it (bench/fsd_flows.py removes it, sends SIGUSR1, waits for it).
@@ -77,7 +110,7 @@ struct Node {
     // replies without it; a writer copies first if a read still holds the old bytes.
     std::shared_ptr<std::string> data = std::make_shared<std::string>();
     std::map<std::string, fuse_ino_t> children;  // directories
-    std::uint64_t lookups = 0;  // the kernel's references (freed by FORGET)
+    std::uint64_t lookups = 0;                   // the kernel's references (freed by FORGET)
     unsigned opens = 0;
     unsigned writers = 0;  // open for writing: a second writer shares their page cache
 };
@@ -112,11 +145,12 @@ Node& make_node(mode_t mode, const fuse_ctx* ctx) {
 
 // A node goes when no name, no kernel reference and no open handle is left.
 void maybe_free(Node* n) {
-    if (n && n->ino != FUSE_ROOT_ID && n->nlink == 0 && n->lookups == 0 && n->opens == 0) g_nodes.erase(n->ino);
+    if (n && n->ino != FUSE_ROOT_ID && n->nlink == 0 && n->lookups == 0 && n->opens == 0)
+        g_nodes.erase(n->ino);
 }
 
 struct stat to_stat(const Node& n) {
-    struct stat st{};
+    struct stat st {};
     st.st_ino = n.ino;
     st.st_mode = n.mode;
     st.st_nlink = n.nlink;
@@ -131,7 +165,9 @@ struct stat to_stat(const Node& n) {
     return st;
 }
 
-double attr_timeout(const Node& n) { return S_ISDIR(n.mode) ? kDirAttrTimeout : kFileAttrTimeout; }
+double attr_timeout(const Node& n) {
+    return S_ISDIR(n.mode) ? kDirAttrTimeout : kFileAttrTimeout;
+}
 
 // Every entry handed to the kernel is a reference it will FORGET.
 fuse_entry_param entry_of(Node& n) {
@@ -236,10 +272,14 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, f
         n->data = std::move(copy);
         n->mtime = t;
     }
-    if (to_set & FUSE_SET_ATTR_ATIME_NOW) n->atime = t;
-    else if (to_set & FUSE_SET_ATTR_ATIME) n->atime = attr->st_atim;
-    if (to_set & FUSE_SET_ATTR_MTIME_NOW) n->mtime = t;
-    else if (to_set & FUSE_SET_ATTR_MTIME) n->mtime = attr->st_mtim;
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+        n->atime = t;
+    else if (to_set & FUSE_SET_ATTR_ATIME)
+        n->atime = attr->st_atim;
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+        n->mtime = t;
+    else if (to_set & FUSE_SET_ATTR_MTIME)
+        n->mtime = attr->st_mtim;
     n->ctime = t;
     const struct stat st = to_stat(*n);
     const double timeout = attr_timeout(*n);
@@ -269,7 +309,8 @@ void remove_name(fuse_req_t req, fuse_ino_t parent, const char* name, bool want_
     auto it = dir->children.find(name);
     if (it == dir->children.end()) return (void)fuse_reply_err(req, ENOENT);
     Node* child = node(it->second);
-    if (child && S_ISDIR(child->mode) != want_dir) return (void)fuse_reply_err(req, want_dir ? ENOTDIR : EISDIR);
+    if (child && S_ISDIR(child->mode) != want_dir)
+        return (void)fuse_reply_err(req, want_dir ? ENOTDIR : EISDIR);
     if (child && want_dir && !child->children.empty()) return (void)fuse_reply_err(req, ENOTEMPTY);
     unlink_child(*dir, it);
     lock.unlock();
@@ -290,7 +331,8 @@ void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                const char* newname, unsigned int flags) {
     count(flags ? RENAME2 : RENAME);
-    if (flags & ~RENAME_NOREPLACE) return (void)fuse_reply_err(req, EINVAL);  // no EXCHANGE/WHITEOUT
+    if (flags & ~RENAME_NOREPLACE)
+        return (void)fuse_reply_err(req, EINVAL);  // no EXCHANGE/WHITEOUT
     std::unique_lock lock(g_mutex);
     Node* from = node(parent);
     Node* to = node(newparent);
@@ -307,7 +349,8 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
         if (old && mv && S_ISDIR(old->mode) != S_ISDIR(mv->mode)) {
             return (void)fuse_reply_err(req, S_ISDIR(old->mode) ? EISDIR : ENOTDIR);
         }
-        if (old && S_ISDIR(old->mode) && !old->children.empty()) return (void)fuse_reply_err(req, ENOTEMPTY);
+        if (old && S_ISDIR(old->mode) && !old->children.empty())
+            return (void)fuse_reply_err(req, ENOTEMPTY);
         unlink_child(*to, dst);
     }
     from->children.erase(src);
@@ -358,13 +401,15 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
 }
 
-void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+               fuse_file_info* fi) {
     count(CREATE);
     std::unique_lock lock(g_mutex);
     Node* dir = node(parent);
     if (!dir || !S_ISDIR(dir->mode)) return (void)fuse_reply_err(req, ENOENT);
     Node* n = nullptr;
-    if (auto it = dir->children.find(name); it != dir->children.end()) {  // raced with another creator
+    if (auto it = dir->children.find(name);
+        it != dir->children.end()) {  // raced with another creator
         if (fi->flags & O_EXCL) return (void)fuse_reply_err(req, EEXIST);
         n = node(it->second);
         if (fi->flags & O_TRUNC) n->data = std::make_shared<std::string>();
@@ -390,12 +435,14 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     fuse_reply_buf(req, data->data() + at, std::min(size, data->size() - at));
 }
 
-void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info*) {
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
+              fuse_file_info*) {
     count(WRITE);
     std::unique_lock lock(g_mutex);
     Node* n = node(ino);
     if (!n) return (void)fuse_reply_err(req, ENOENT);
-    if (n->data.use_count() > 1) n->data = std::make_shared<std::string>(*n->data);  // a read holds it
+    if (n->data.use_count() > 1)
+        n->data = std::make_shared<std::string>(*n->data);  // a read holds it
     std::string& d = *n->data;
     const size_t end = static_cast<size_t>(off) + size;
     if (d.size() < end) d.resize(end);
@@ -470,7 +517,8 @@ void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) 
         used += need;
         return true;
     };
-    if (!add(".", *dir, false) || !add("..", *dir, false)) return (void)fuse_reply_buf(req, buf.data(), used);
+    if (!add(".", *dir, false) || !add("..", *dir, false))
+        return (void)fuse_reply_buf(req, buf.data(), used);
     for (const auto& [name, child] : dir->children) {
         if (Node* n = node(child); n && !add(name.c_str(), *n, true)) break;
     }
@@ -479,7 +527,7 @@ void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) 
 
 void op_statfs(fuse_req_t req, fuse_ino_t) {
     count(STATFS);
-    struct statvfs out{};
+    struct statvfs out {};
     out.f_bsize = out.f_frsize = 4096;
     out.f_blocks = out.f_bfree = out.f_bavail = 1u << 20;  // 4 GiB, all free: it is a bench
     out.f_files = out.f_ffree = out.f_favail = 1u << 20;
@@ -514,9 +562,12 @@ int main(int argc, char** argv) {
     std::string mountpoint;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--counts" && i + 1 < argc) g_counts_path = argv[++i];
-        else if (a == "-d") fuse_argv_storage.push_back("-d");  // libfuse logs every request
-        else if (!a.empty() && a[0] != '-' && mountpoint.empty()) mountpoint = a;
+        if (a == "--counts" && i + 1 < argc)
+            g_counts_path = argv[++i];
+        else if (a == "-d")
+            fuse_argv_storage.push_back("-d");  // libfuse logs every request
+        else if (!a.empty() && a[0] != '-' && mountpoint.empty())
+            mountpoint = a;
         else {
             std::fprintf(stderr, "usage: %s [--counts FILE] [-d] MOUNTPOINT\n", argv[0]);
             return 2;
@@ -564,17 +615,25 @@ int main(int argc, char** argv) {
     ops.opendir = op_opendir;
     ops.releasedir = op_releasedir;
     ops.fsyncdir = op_fsyncdir;
-    ops.readdir = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info*) { readdir(r, i, s, o, false); };
-    ops.readdirplus = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info*) { readdir(r, i, s, o, true); };
+    ops.readdir = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info*) {
+        readdir(r, i, s, o, false);
+    };
+    ops.readdirplus = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info*) {
+        readdir(r, i, s, o, true);
+    };
     ops.statfs = op_statfs;
-    ops.ioctl = [](fuse_req_t r, fuse_ino_t, unsigned int, void*, fuse_file_info*, unsigned, const void*, size_t,
-                   size_t) { enosys(r, IOCTL); };
+    ops.ioctl = [](fuse_req_t r, fuse_ino_t, unsigned int, void*, fuse_file_info*, unsigned,
+                   const void*, size_t, size_t) { enosys(r, IOCTL); };
     ops.getxattr = [](fuse_req_t r, fuse_ino_t, const char*, size_t) { enosys(r, GETXATTR); };
-    ops.setxattr = [](fuse_req_t r, fuse_ino_t, const char*, const char*, size_t, int) { enosys(r, SETXATTR); };
+    ops.setxattr = [](fuse_req_t r, fuse_ino_t, const char*, const char*, size_t, int) {
+        enosys(r, SETXATTR);
+    };
     ops.listxattr = [](fuse_req_t r, fuse_ino_t, size_t) { enosys(r, LISTXATTR); };
     ops.removexattr = [](fuse_req_t r, fuse_ino_t, const char*) { enosys(r, REMOVEXATTR); };
     ops.access = [](fuse_req_t r, fuse_ino_t, int) { enosys(r, ACCESS); };
-    ops.fallocate = [](fuse_req_t r, fuse_ino_t, int, off_t, off_t, fuse_file_info*) { enosys(r, FALLOCATE); };
+    ops.fallocate = [](fuse_req_t r, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
+        enosys(r, FALLOCATE);
+    };
     ops.lseek = [](fuse_req_t r, fuse_ino_t, off_t, int, fuse_file_info*) { enosys(r, LSEEK); };
     // No lock operations, as kcache-fsd: the kernel keeps flock()/fcntl() locks itself.
 
@@ -583,7 +642,8 @@ int main(int argc, char** argv) {
     fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
     fuse_session* session = fuse_session_new(&args, &ops, sizeof(ops), nullptr);
     if (!session) return 1;
-    if (fuse_set_signal_handlers(session) != 0 || fuse_session_mount(session, mountpoint.c_str()) != 0) {
+    if (fuse_set_signal_handlers(session) != 0 ||
+        fuse_session_mount(session, mountpoint.c_str()) != 0) {
         fuse_session_destroy(session);
         return 1;
     }

@@ -53,8 +53,9 @@ void print_config(const std::string& path, const core::Config& config) {
     table.add({"max events", std::to_string(config.max_events)});
     std::size_t rules = 0;
     for (char c : config.layout_rules) rules += c == '\n';
-    table.add({"layout rules", config.layout_rules.empty() ? std::string("built-in only")
-                                                           : fmt::format("{} line(s), then built-in", rules)});
+    table.add({"layout rules", config.layout_rules.empty()
+                                   ? std::string("built-in only")
+                                   : fmt::format("{} line(s), then built-in", rules)});
     table.print();
 }
 

@@ -186,8 +186,9 @@ int run_cat(const Cli& cli, const CatOptions& opts) {
             }
         }
         if (files != 1) {
-            throw UsageError(fmt::format("entry {} has {} files: name a FILE in it (see `kcache show {}`)",
-                                         entry.name, files, entry.name));
+            throw UsageError(
+                fmt::format("entry {} has {} files: name a FILE in it (see `kcache show {}`)",
+                            entry.name, files, entry.name));
         }
     } else {
         for (const auto& node : nodes) {

@@ -39,7 +39,8 @@ struct RemoteStatsOptions {
 std::unique_ptr<remote::Remote> make_remote(const RemoteCommon& c) {
     // Combinations of arguments are usage errors (exit 2); resolve() says the same
     // but cannot tell them from a bad URL or password source (exit 1).
-    if (remote::configured_urls(c).empty()) throw UsageError("no remote server: give --remote URL or set KCACHE_REMOTE");
+    if (remote::configured_urls(c).empty())
+        throw UsageError("no remote server: give --remote URL or set KCACHE_REMOTE");
     if (!c.password_env.empty() && !c.password_file.empty()) {
         throw UsageError("--remote-password-env and --remote-password-file exclude each other");
     }
@@ -48,7 +49,7 @@ std::unique_ptr<remote::Remote> make_remote(const RemoteCommon& c) {
 
 // Records the remote's counts in the db when the command ends, however it ends.
 class CountsRecorder {
-public:
+  public:
     CountsRecorder(core::Store& store, const remote::Remote& r) : m_store(store), m_remote(r) {}
     ~CountsRecorder() {
         if (auto s = remote::record_counts(m_store, m_remote.counts()); !s) {
@@ -58,7 +59,7 @@ public:
     CountsRecorder(const CountsRecorder&) = delete;
     CountsRecorder& operator=(const CountsRecorder&) = delete;
 
-private:
+  private:
     core::Store& m_store;
     const remote::Remote& m_remote;
 };
@@ -81,7 +82,8 @@ int run_push(const Cli& cli, const PushOptions& opts) {
                 return true;
             }));
         } else {
-            for (const std::string& name : opts.entries) names.push_back(find_entry(txn, name).name);
+            for (const std::string& name : opts.entries)
+                names.push_back(find_entry(txn, name).name);
         }
     }
     std::uint64_t uploaded = 0, already = 0, failed = 0;
@@ -93,15 +95,18 @@ int run_push(const Cli& cli, const PushOptions& opts) {
             continue;
         }
         (result->outcome == remote::Outcome::uploaded ? uploaded : already) += 1;
-        fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name, describe(*result));
+        fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name,
+                   describe(*result));
     }
     fmt::print("pushed {}, already remote {}, failed {}\n", uploaded, already, failed);
     return failed ? kExitError : kExitOk;
 }
 
 int run_pull(const Cli& cli, const PullOptions& opts) {
-    if (!opts.job_tag.empty() && !opts.entries.empty()) throw UsageError("give --job-tag or entries, not both");
-    if (opts.job_tag.empty() && opts.entries.empty()) throw UsageError("give --job-tag TAG or the entries to pull");
+    if (!opts.job_tag.empty() && !opts.entries.empty())
+        throw UsageError("give --job-tag or entries, not both");
+    if (opts.job_tag.empty() && opts.entries.empty())
+        throw UsageError("give --job-tag TAG or the entries to pull");
     // A fresh node prefetches into a db that does not exist yet.
     auto store = open_store(cli, Access::create);
     auto r = make_remote(*opts.common);
@@ -111,23 +116,26 @@ int run_pull(const Cli& cli, const PullOptions& opts) {
         if (!result) {
             fmt::print(stderr, "kcache: pull {}: {}\n", name, result.error().message);
         } else if (result->detail.empty()) {
-            fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name, describe(*result));
+            fmt::print("{:<15} {} ({})\n", remote::outcome_name(result->outcome), name,
+                       describe(*result));
         } else {
-            fmt::print("{:<15} {}: {}\n", remote::outcome_name(result->outcome), name, result->detail);
+            fmt::print("{:<15} {}: {}\n", remote::outcome_name(result->outcome), name,
+                       result->detail);
         }
         return true;
     };
-    const remote::PullSummary done = opts.job_tag.empty()
-                                         ? r->pull_entries(*store, opts.entries, report)
-                                         : check(r->pull_job(*store, opts.job_tag, report), "job " + opts.job_tag);
-    fmt::print("pulled {}, already local {}, not available {}, failed {}\n", done.pulled, done.already_local,
-               done.missing, done.failed);
+    const remote::PullSummary done =
+        opts.job_tag.empty()
+            ? r->pull_entries(*store, opts.entries, report)
+            : check(r->pull_job(*store, opts.job_tag, report), "job " + opts.job_tag);
+    fmt::print("pulled {}, already local {}, not available {}, failed {}\n", done.pulled,
+               done.already_local, done.missing, done.failed);
     return done.failed || done.missing ? kExitError : kExitOk;
 }
 
 // The remote tier's statistics, in id order.
-constexpr auto kRemoteCounters = core::statistics_counted_by_list<core::statistics_counted_by(core::by_remote)>(
-    core::by_remote);
+constexpr auto kRemoteCounters =
+    core::statistics_counted_by_list<core::statistics_counted_by(core::by_remote)>(core::by_remote);
 
 int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     auto store = open_store(cli, Access::read);
@@ -136,10 +144,12 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     std::unique_ptr<remote::Remote> r;
     if (!remote::configured_urls(*opts.common).empty()) r = make_remote(*opts.common);
     std::vector<std::string> pings = r ? r->ping() : std::vector<std::string>{};
-    const std::vector<remote::ServerState> servers = r ? r->servers() : std::vector<remote::ServerState>{};
+    const std::vector<remote::ServerState> servers =
+        r ? r->servers() : std::vector<remote::ServerState>{};
     if (opts.json) {
         nlohmann::json out;
-        for (core::Counter c : kRemoteCounters) out[std::string(core::counter_name(c))] = stats.get(c);
+        for (core::Counter c : kRemoteCounters)
+            out[std::string(core::counter_name(c))] = stats.get(c);
         out["servers"] = nlohmann::json::array();
         for (std::size_t i = 0; i < servers.size(); ++i) {
             out["servers"].push_back({{"id", servers[i].id},
@@ -152,12 +162,14 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     } else {
         Table counters({"", ""}, {false, true});
         for (core::Counter c : kRemoteCounters) {
-            counters.add({core::counter_label(c), core::counts_bytes(c) ? core::format_size(stats.get(c))
-                                                                        : std::to_string(stats.get(c))});
+            counters.add({core::counter_label(c), core::counts_bytes(c)
+                                                      ? core::format_size(stats.get(c))
+                                                      : std::to_string(stats.get(c))});
         }
         counters.print();
         for (std::size_t i = 0; i < servers.size(); ++i) {
-            fmt::print("\nserver {}: {}\n", servers[i].id, pings[i].empty() ? "reachable" : pings[i]);
+            fmt::print("\nserver {}: {}\n", servers[i].id,
+                       pings[i].empty() ? "reachable" : pings[i]);
         }
     }
     for (const std::string& p : pings) {
@@ -170,30 +182,37 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
 
 void add_remote_commands(CLI::App& app, Cli& cli) {
     auto common = std::make_shared<RemoteCommon>();
-    auto* group = app.add_subcommand("remote", "push entries to and pull them from the shared tier (Redis)");
+    auto* group =
+        app.add_subcommand("remote", "push entries to and pull them from the shared tier (Redis)");
     group->require_subcommand(1);
     remote::add_options(*group, *common);
 
     {
         auto opts = std::make_shared<PushOptions>();
         opts->common = common;
-        auto* sub = group->add_subcommand("push", "upload entries (default: all) to the shared tier");
-        sub->add_option("--job-tag", opts->job_tag, "also add them to this job's set")->type_name("TAG");
-        sub->add_option("entries", opts->entries, "entry names (a unique prefix will do)")->type_name("ENTRY");
+        auto* sub =
+            group->add_subcommand("push", "upload entries (default: all) to the shared tier");
+        sub->add_option("--job-tag", opts->job_tag, "also add them to this job's set")
+            ->type_name("TAG");
+        sub->add_option("entries", opts->entries, "entry names (a unique prefix will do)")
+            ->type_name("ENTRY");
         on_run(sub, cli, opts, &run_push);
     }
     {
         auto opts = std::make_shared<PullOptions>();
         opts->common = common;
-        auto* sub = group->add_subcommand("pull", "fetch entries (or a job's entries) into the db, verified");
-        sub->add_option("--job-tag", opts->job_tag, "every entry of this job's set")->type_name("TAG");
+        auto* sub = group->add_subcommand(
+            "pull", "fetch entries (or a job's entries) into the db, verified");
+        sub->add_option("--job-tag", opts->job_tag, "every entry of this job's set")
+            ->type_name("TAG");
         sub->add_option("entries", opts->entries, "exact entry names")->type_name("ENTRY");
         on_run(sub, cli, opts, &run_pull);
     }
     {
         auto opts = std::make_shared<RemoteStatsOptions>();
         opts->common = common;
-        auto* sub = group->add_subcommand("stats", "the remote counters of the db, and each server's state");
+        auto* sub = group->add_subcommand("stats",
+                                          "the remote counters of the db, and each server's state");
         sub->add_flag("--json", opts->json, "print JSON");
         on_run(sub, cli, opts, &run_remote_stats);
     }

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <unordered_map>
@@ -63,13 +63,14 @@ using File = std::unique_ptr<std::FILE, FileCloser>;
 // ---- writing ----------------------------------------------------------------------
 
 class BundleWriter {
-public:
+  public:
     BundleWriter(std::FILE* out, std::string path) : m_out(out), m_path(std::move(path)) {}
     Status put(std::string_view bytes) {
         if (bytes.empty()) return {};  // (an empty view may have no data pointer at all)
         m_hash.update(bytes.data(), bytes.size());
         if (std::fwrite(bytes.data(), 1, bytes.size(), m_out) != bytes.size()) {
-            return fail(errno ? errno : EIO, fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
+            return fail(errno ? errno : EIO,
+                        fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
         }
         m_written += bytes.size();
         return {};
@@ -86,14 +87,15 @@ public:
         records::Writer(sum).u64(d.high);
         records::Writer(sum).u64(d.low);
         if (std::fwrite(sum.data(), 1, sum.size(), m_out) != sum.size()) {
-            return fail(errno ? errno : EIO, fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
+            return fail(errno ? errno : EIO,
+                        fmt::format("{}: write failed: {}", m_path, std::strerror(errno)));
         }
         m_written += sum.size();
         return {};
     }
     std::uint64_t written() const { return m_written; }
 
-private:
+  private:
     std::FILE* m_out;
     std::string m_path;
     HashState m_hash;
@@ -106,7 +108,8 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
     auto node = tx.inode(ino);
     if (!node) return tl::unexpected(node.error());
     if (path.size() > kMaxBundlePath) {  // str16 would truncate its length
-        return fail(ENAMETOOLONG, fmt::format("'{}...': path too long for a bundle", path.substr(0, 64)));
+        return fail(ENAMETOOLONG,
+                    fmt::format("'{}...': path too long for a bundle", path.substr(0, 64)));
     }
     std::string rec;
     records::Writer w(rec);
@@ -131,7 +134,8 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
                 if (!raw) return tl::unexpected(with_context(raw.error(), path));
                 std::string compressed = ops::compressed_form(raw->bytes());
                 codec = compressed.empty() ? Codec::raw : Codec::zstd;
-                stored_content = compressed.empty() ? std::move(*raw) : Content::owned(std::move(compressed));
+                stored_content =
+                    compressed.empty() ? std::move(*raw) : Content::owned(std::move(compressed));
             } else {
                 auto data = ops::stored_form(tx, node->digest, **r);
                 if (!data) return tl::unexpected(with_context(data.error(), path));
@@ -163,10 +167,12 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
     w.u8(static_cast<std::uint8_t>(entry.kind));
     if (auto s = out.put(rec); !s) return s;
     const auto slash = entry.name.rfind('/');
-    const std::string dir = slash == std::string::npos ? std::string() : entry.name.substr(0, slash + 1);
+    const std::string dir =
+        slash == std::string::npos ? std::string() : entry.name.substr(0, slash + 1);
     std::vector<std::pair<Ino, std::string>> work;
     auto listed = ops::for_each_member(tx, entry, [&](const records::Inode& member) {
-        work.emplace_back(member.ino, entry.kind == EntryKind::node ? entry.name : dir + member.name);
+        work.emplace_back(member.ino,
+                          entry.kind == EntryKind::node ? entry.name : dir + member.name);
         return true;
     });
     if (!listed) return listed;
@@ -193,13 +199,13 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
 // file is that reader's error ("<path>: 8 bytes at offset 120 run past the end (123
 // bytes)"), with EINVAL, the code of every invalid bundle.
 class BundleReader {
-public:
+  public:
     static Result<BundleReader> open(const std::string& path) {
         BundleReader r;
         r.m_path = path;
         r.m_file.reset(std::fopen(path.c_str(), "rb"));
         if (!r.m_file) return fail(errno, fmt::format("{}: {}", path, std::strerror(errno)));
-        struct stat st{};
+        struct stat st {};
         if (fstat(fileno(r.m_file.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
             return fail(EINVAL, fmt::format("{}: not a regular file", path));
         }
@@ -210,7 +216,8 @@ public:
     Result<std::string> bytes(std::uint64_t n, bool hashed = true) {
         if (n > m_size - m_pos) return invalid(past_end_error(m_path, m_pos, n, m_size));
         std::string out(static_cast<std::size_t>(n), '\0');
-        if (const std::size_t got = std::fread(out.data(), 1, out.size(), m_file.get()); got != out.size()) {
+        if (const std::size_t got = std::fread(out.data(), 1, out.size(), m_file.get());
+            got != out.size()) {
             // The file shrank while being read (or the read failed): it ends sooner.
             return invalid(past_end_error(m_path, m_pos, n, m_pos + got));
         }
@@ -240,7 +247,7 @@ public:
     std::uint64_t pos() const { return m_pos; }
     std::uint64_t size() const { return m_size; }
 
-private:
+  private:
     BundleReader() = default;
     static tl::unexpected<Error> invalid(Error e) { return fail(EINVAL, std::move(e.message)); }
     template <class... Ts>
@@ -303,8 +310,9 @@ Status check_symlink_target(std::string_view link_path, std::string_view target)
         const std::string_view part = target.substr(at, slash - at);
         if (part == "..") {
             if (depth == 0) {
-                return fail(EINVAL, fmt::format("refused symlink '{}': target '{}' leaves the cache",
-                                                link_path, target));
+                return fail(EINVAL,
+                            fmt::format("refused symlink '{}': target '{}' leaves the cache",
+                                        link_path, target));
             }
             --depth;
         } else if (!part.empty() && part != ".") {
@@ -325,7 +333,8 @@ Status parse_bundle(const std::string& path,
     if (!opened) return tl::unexpected(opened.error());
     BundleReader& in = *opened;
     auto magic = in.bytes(kMagic.size());
-    if (!magic || *magic != kMagic) return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
+    if (!magic || *magic != kMagic)
+        return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
     std::uint32_t format = 0;
     if (auto s = in.read(format); !s) return s;
     if (format != kFormat && format != kFormatFlatDigests && format != kFormatNodeEntries) {
@@ -349,7 +358,8 @@ Status parse_bundle(const std::string& path,
             if (format >= kFormatFlatDigests) {
                 std::uint8_t k = 0;
                 if (auto s = in.read(k); !s) return s;
-                if (k > static_cast<std::uint8_t>(EntryKind::stem)) return in.bad("unknown entry kind");
+                if (k > static_cast<std::uint8_t>(EntryKind::stem))
+                    return in.bad("unknown entry kind");
                 kind = static_cast<EntryKind>(k);
             }
             entry = std::move(*name);
@@ -380,7 +390,8 @@ Status parse_bundle(const std::string& path,
                                node.path.compare(stem_dir.size(), stem.size(), stem) == 0;
         if (kind == EntryKind::stem) {
             if (!stem_file || seen.count(node.path)) {
-                return in.bad(fmt::format("node '{}' is not a file of stem entry '{}'", node.path, entry));
+                return in.bad(
+                    fmt::format("node '{}' is not a file of stem entry '{}'", node.path, entry));
             }
         } else if (seen.empty() ? node.path != entry : false) {
             return in.bad("entry must start with its own node");
@@ -389,7 +400,8 @@ Status parse_bundle(const std::string& path,
             auto it = seen.find(parent);
             if (node.path.substr(0, entry.size() + 1) != entry + "/" || it == seen.end() ||
                 it->second != FileType::directory || seen.count(node.path)) {
-                return in.bad(fmt::format("node '{}' is not under a directory of entry '{}'", node.path, entry));
+                return in.bad(fmt::format("node '{}' is not under a directory of entry '{}'",
+                                          node.path, entry));
             }
         }
         seen.emplace(node.path, node.type);
@@ -398,21 +410,25 @@ Status parse_bundle(const std::string& path,
             Digest declared;
             std::uint8_t codec = 0;
             std::uint32_t stored_len = 0;
-            if (auto s = in.read(raw_size, declared.high, declared.low, codec, stored_len); !s) return s;
+            if (auto s = in.read(raw_size, declared.high, declared.low, codec, stored_len); !s)
+                return s;
             auto stored = in.bytes(stored_len);
             if (!stored) return tl::unexpected(stored.error());
             if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
-                if (raw_size > in.size() * 1024 + (1u << 20)) return in.bad("implausible file size");
+                if (raw_size > in.size() * 1024 + (1u << 20))
+                    return in.bad("implausible file size");
                 node.content.assign(raw_size, '\0');
                 const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
                                                       stored->data(), stored->size());
-                if (ZSTD_isError(n) || n != raw_size) return in.bad(fmt::format("'{}' does not decompress", node.path));
+                if (ZSTD_isError(n) || n != raw_size)
+                    return in.bad(fmt::format("'{}' does not decompress", node.path));
             } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
                 node.content = std::move(*stored);
             } else {
                 return in.bad("unknown codec");
             }
-            const Digest digest = format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
+            const Digest digest =
+                format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
             if (node.content.size() != raw_size || !(digest == declared)) {
                 return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
             }
@@ -434,8 +450,10 @@ Status parse_bundle(const std::string& path,
     const Digest computed = in.digest();
     Digest stored;
     if (auto s = in.read_unhashed(stored.high, stored.low); !s) return s;
-    if (!(stored == computed)) return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
-    if (count_entries != entries || count_nodes != nodes) return in.bad("record counts do not match");
+    if (!(stored == computed))
+        return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
+    if (count_entries != entries || count_nodes != nodes)
+        return in.bad("record counts do not match");
     if (in.pos() != in.size()) return in.bad("trailing bytes after the checksum");
     return {};
 }
@@ -545,21 +563,29 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         if (skipping) return {};
         const std::size_t slash = node.path.rfind('/');
         Ino parent;
-        const bool top = made.empty() || kind == EntryKind::stem;  // an entry's own node, or a stem file
+        const bool top =
+            made.empty() || kind == EntryKind::stem;  // an entry's own node, or a stem file
         if (top) {
             // The directories above the entry (entry depth > 1), like mkdir -p.
-            auto p = txn->mkdirs(slash == std::string::npos ? std::string_view() : std::string_view(node.path).substr(0, slash));
+            auto p = txn->mkdirs(slash == std::string::npos
+                                     ? std::string_view()
+                                     : std::string_view(node.path).substr(0, slash));
             if (!p) return tl::unexpected(p.error());
             parent = *p;
         } else {
             parent = made.at(node.path.substr(0, slash));
         }
-        const std::string_view name = slash == std::string::npos ? std::string_view(node.path)
-                                                                 : std::string_view(node.path).substr(slash + 1);
+        const std::string_view name = slash == std::string::npos
+                                          ? std::string_view(node.path)
+                                          : std::string_view(node.path).substr(slash + 1);
         Result<Attr> attr = fail(EINVAL, "unknown node type");
         switch (node.type) {
-            case FileType::directory: attr = txn->mkdir(parent, name, node.mode, getuid(), getgid()); break;
-            case FileType::symlink: attr = txn->symlink(parent, name, node.target, getuid(), getgid()); break;
+            case FileType::directory:
+                attr = txn->mkdir(parent, name, node.mode, getuid(), getgid());
+                break;
+            case FileType::symlink:
+                attr = txn->symlink(parent, name, node.target, getuid(), getgid());
+                break;
             case FileType::regular:
                 attr = txn->create(parent, name, node.mode, getuid(), getgid(), true);
                 if (attr) attr = txn->write(attr->ino, node.content, origin);
@@ -573,7 +599,9 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         if (auto a = txn->setattr(attr->ino, times); !a) return tl::unexpected(a.error());
         if (top) {  // a name the daemon learns of from the log
             Tx tx = TxnAccess::tx(*txn);
-            if (auto l = tx.log(EventKind::import, attr->entry ? attr->entry : attr->ino, parent, name); !l) {
+            if (auto l =
+                    tx.log(EventKind::import, attr->entry ? attr->entry : attr->ino, parent, name);
+                !l) {
                 return l;
             }
         }

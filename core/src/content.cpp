@@ -50,8 +50,8 @@ ZstdContexts& zstd() {
 std::string compress(std::string_view content) {
     if (content.size() < kMinCompressSize) return {};
     std::string out(ZSTD_compressBound(content.size()), '\0');
-    const std::size_t n = ZSTD_compressCCtx(zstd().compress, out.data(), out.size(),
-                                            content.data(), content.size(), kZstdLevel);
+    const std::size_t n = ZSTD_compressCCtx(zstd().compress, out.data(), out.size(), content.data(),
+                                            content.size(), kZstdLevel);
     const std::uint64_t raw = records::footprint(content.size());
     if (ZSTD_isError(n) || records::footprint(n) > raw - raw / 8) return {};
     out.resize(n);
@@ -95,7 +95,9 @@ void prefetch(const std::vector<std::string_view>& pieces) {
 
 namespace ops {
 
-std::string compressed_form(std::string_view content) { return compress(content); }
+std::string compressed_form(std::string_view content) {
+    return compress(content);
+}
 
 ContentDigests digests_of(std::string_view content) {
     ContentDigests d;
@@ -123,14 +125,17 @@ Status add_refs(Tx& tx, const Digest& digest, BlobRef ref, std::uint64_t n) {
 Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const BlobRef& ref) {
     for (std::uint64_t i = 0; i < records::chunk_count(stored.size()); ++i) {
         const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
-        auto place = KCACHE_TRY(tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
-                                           chunk.size()));
+        auto place = KCACHE_TRY(
+            tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
+                       chunk.size()));
         std::memcpy(place, chunk.data(), chunk.size());
     }
-    if (auto s = tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref)); !s) return s;
+    if (auto s = tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref)); !s)
+        return s;
     Status s = tx.add(Counter::blobs, 1);
     if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
-    if (s) s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
+    if (s)
+        s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
     return s;
 }
 
@@ -142,12 +147,14 @@ Status drop_blob(Tx& tx, const Digest& digest, const BlobRef& ref) {
     }
     if (s) s = tx.add(Counter::blobs, -1);
     if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(records::footprint(ref)));
-    if (s) s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(records::raw_counted(ref)));
+    if (s)
+        s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(records::raw_counted(ref)));
     return s;
 }
 
 // `n` more references to the flat blob `digest` of `content`, stored if new.
-Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view content, std::uint64_t n) {
+Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view content,
+                             std::uint64_t n) {
     auto existing = KCACHE_TRY(tx.blob_ref(digest));
     if (existing) {
         KCACHE_TRY(add_refs(tx, digest, *existing, n));
@@ -155,21 +162,24 @@ Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view cont
     }
     const std::string compressed = compress(content);
     const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
-    const BlobRef ref{n, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
+    const BlobRef ref{n, content.size(), stored.size(),
+                      compressed.empty() ? Codec::raw : Codec::zstd};
     KCACHE_TRY(put_blob(tx, digest, stored, ref));
     return ref;
 }
 
 // References `n` fewer to `digest` (n at most its refcount); frees it at zero.
 // `footprint_out`, when given, receives the blob's footprint.
-Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t* footprint_out = nullptr);
+Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n,
+                    std::uint64_t* footprint_out = nullptr);
 
 std::string_view segment_of(std::string_view content, std::size_t i) {
     return content.substr(i * kSegmentSize, kSegmentSize);
 }
 
 // How often each segment digest occurs (a sparse file repeats its zero segment).
-std::unordered_map<Digest, std::uint64_t, DigestHash> occurrences(const std::vector<Digest>& segments) {
+std::unordered_map<Digest, std::uint64_t, DigestHash> occurrences(
+    const std::vector<Digest>& segments) {
     std::unordered_map<Digest, std::uint64_t, DigestHash> counts;
     for (const Digest& d : segments) ++counts[d];
     return counts;
@@ -177,7 +187,8 @@ std::unordered_map<Digest, std::uint64_t, DigestHash> occurrences(const std::vec
 
 // Stores the list blob of segmented content; `segment_footprint` is the sum of its
 // segments' footprints, one per occurrence.
-Result<BlobRef> put_list(Tx& tx, const ContentDigests& d, std::uint64_t raw_size, std::uint64_t segment_footprint) {
+Result<BlobRef> put_list(Tx& tx, const ContentDigests& d, std::uint64_t raw_size,
+                         std::uint64_t segment_footprint) {
     std::string list;
     list.reserve(d.segments.size() * 16);
     for (const Digest& seg : d.segments) list += records::digest_key(seg);
@@ -235,7 +246,8 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
                                                  std::string_view content) {
     if (old.empty() || d.segments.empty() || old == d.digest) return std::nullopt;
     auto old_ref = KCACHE_TRY(tx.blob_ref(old));
-    if (!old_ref || old_ref->codec != Codec::segments || old_ref->refcount != 1) return std::nullopt;
+    if (!old_ref || old_ref->codec != Codec::segments || old_ref->refcount != 1)
+        return std::nullopt;
     auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
     if (existing) return std::nullopt;
     auto old_list = KCACHE_TRY(segment_list(tx, old));
@@ -245,10 +257,12 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
     for (const Digest& seg : d.segments) ++delta[seg];
     for (const Digest& seg : *old_list) --delta[seg];
     std::int64_t sum = static_cast<std::int64_t>(old_ref->segment_footprint);
-    for (std::size_t i = 0; i < d.segments.size(); ++i) {  // new segments, at their first occurrence
+    for (std::size_t i = 0; i < d.segments.size();
+         ++i) {  // new segments, at their first occurrence
         auto n = delta.find(d.segments[i]);
         if (n->second <= 0) continue;
-        auto ref = KCACHE_TRY(acquire_flat(tx, d.segments[i], segment_of(content, i), static_cast<std::uint64_t>(n->second)));
+        auto ref = KCACHE_TRY(acquire_flat(tx, d.segments[i], segment_of(content, i),
+                                           static_cast<std::uint64_t>(n->second)));
         sum += n->second * static_cast<std::int64_t>(records::footprint(ref));
         n->second = 0;
     }
@@ -259,7 +273,8 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
         sum += n * static_cast<std::int64_t>(fp);
     }
     KCACHE_TRY(drop_blob(tx, old, *old_ref));
-    auto ref = KCACHE_TRY(put_list(tx, d, content.size(), static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0))));
+    auto ref = KCACHE_TRY(put_list(tx, d, content.size(),
+                                   static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0))));
     return std::optional<BlobRef>(ref);
 }
 
@@ -279,19 +294,25 @@ Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view c
     return put_segmented(tx, d, content);
 }
 
-Status release_blob(Tx& tx, const Digest& digest) { return release_refs(tx, digest, 1); }
+Status release_blob(Tx& tx, const Digest& digest) {
+    return release_refs(tx, digest, 1);
+}
 
 // The views of a blob's stored chunks, in order, their pages not yet touched.
-static Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest, const BlobRef& ref) {
+static Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest,
+                                                         const BlobRef& ref) {
     const std::uint64_t chunks = records::chunk_count(ref.stored_size);
     std::vector<std::string_view> pieces;
     pieces.reserve(chunks);
     for (std::uint64_t i = 0; i < chunks; ++i) {
-        auto data = KCACHE_TRY(tx.get(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i))));
-        const std::uint64_t expected = std::min<std::uint64_t>(records::kChunkSize, ref.stored_size - i * records::kChunkSize);
+        auto data = KCACHE_TRY(
+            tx.get(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i))));
+        const std::uint64_t expected =
+            std::min<std::uint64_t>(records::kChunkSize, ref.stored_size - i * records::kChunkSize);
         if (!data || data->size() != expected) {
-            return fail(EIO, fmt::format("db {}: blob {} is missing or has the wrong size (chunk {})", tx.db.path,
-                                         digest.hex(), i));
+            return fail(EIO,
+                        fmt::format("db {}: blob {} is missing or has the wrong size (chunk {})",
+                                    tx.db.path, digest.hex(), i));
         }
         pieces.push_back(*data);
     }
@@ -313,13 +334,15 @@ Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Dige
     if (!ref || ref->codec != Codec::segments) return std::nullopt;
     const BlobRef& r = *ref;
     if (r.stored_size != segment_count(r.raw_size) * 16 || r.raw_size < kSegmentedSize) {
-        return fail(EIO, fmt::format("db {}: blob {} has a segment list of the wrong size", tx.db.path, digest.hex()));
+        return fail(EIO, fmt::format("db {}: blob {} has a segment list of the wrong size",
+                                     tx.db.path, digest.hex()));
     }
     auto stored = KCACHE_TRY(stored_form(tx, digest, r));
     const std::string_view list = stored.bytes();
     std::vector<Digest> segments;
     segments.reserve(list.size() / 16);
-    for (std::size_t at = 0; at < list.size(); at += 16) segments.push_back(records::digest_from_key(list.substr(at, 16)));
+    for (std::size_t at = 0; at < list.size(); at += 16)
+        segments.push_back(records::digest_from_key(list.substr(at, 16)));
     return std::optional<std::vector<Digest>>(std::move(segments));
 }
 
@@ -337,7 +360,8 @@ Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobR
     const std::size_t n = ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(),
                                               stored.bytes().data(), stored.bytes().size());
     if (ZSTD_isError(n) || n != r.raw_size) {
-        return fail(EIO, fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
+        return fail(EIO,
+                    fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
     }
     return raw;
 }
@@ -347,7 +371,8 @@ Result<BlobRef> sized_ref(const Tx& tx, const Digest& digest, std::uint64_t size
     auto ref = KCACHE_TRY(tx.blob_ref(digest));
     if (!ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
     if (ref->raw_size != size) {
-        return fail(EIO, fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
+        return fail(EIO,
+                    fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
     }
     return *ref;
 }
@@ -361,10 +386,13 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
     auto r = KCACHE_TRY(sized_ref(tx, digest, size));
     switch (r.codec) {
         case Codec::segments: {
-            if (in_list) return fail(EIO, fmt::format("db {}: segment {} is a list", tx.db.path, digest.hex()));
+            if (in_list)
+                return fail(EIO,
+                            fmt::format("db {}: segment {} is a list", tx.db.path, digest.hex()));
             auto list = KCACHE_TRY(segment_list(tx, digest));
             for (std::size_t i = 0; i < list->size(); ++i) {
-                const std::uint64_t seg_size = std::min<std::uint64_t>(kSegmentSize, size - i * kSegmentSize);
+                const std::uint64_t seg_size =
+                    std::min<std::uint64_t>(kSegmentSize, size - i * kSegmentSize);
                 if (auto s = for_each_piece(tx, (*list)[i], seg_size, fn, true); !s) return s;
             }
             return {};
@@ -374,7 +402,8 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
             fn(raw);
             return {};
         }
-        case Codec::raw: break;
+        case Codec::raw:
+            break;
     }
     auto pieces = KCACHE_TRY(chunk_views(tx, digest, r));
     if (pieces.size() > 1) prefetch(pieces);
@@ -398,7 +427,8 @@ Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size
     } catch (const std::bad_alloc&) {
         return fail(ENOMEM, fmt::format("no memory to read {} bytes", size));
     }
-    KCACHE_TRY(for_each_piece(tx, digest, size, [&](std::string_view piece) { assembled.append(piece); }));
+    KCACHE_TRY(
+        for_each_piece(tx, digest, size, [&](std::string_view piece) { assembled.append(piece); }));
     return Content::owned(std::move(assembled));
 }
 
@@ -420,10 +450,11 @@ Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
     return tx.put_entry(entry);
 }
 
-Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const ContentDigests& digests,
-                        const Origin& origin) {
+Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content,
+                        const ContentDigests& digests, const Origin& origin) {
     if (content.size() > kMaxFileSize) {
-        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}", content.size(), kMaxFileSize));
+        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}",
+                                       content.size(), kMaxFileSize));
     }
     auto fail_with = [](const Error& e) { return tl::unexpected(e); };
     std::uint64_t old_stored = 0;
@@ -456,8 +487,10 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const Con
 
     auto entry = KCACHE_TRY(tx.entry(node.entry));
     // The file stays in its entry: only its bytes change.
-    entry.bytes = entry.bytes + content.size() - std::min<std::uint64_t>(entry.bytes, static_cast<std::uint64_t>(old_size));
-    entry.stored_bytes = entry.stored_bytes + records::file_footprint(ref) - std::min(entry.stored_bytes, old_stored);
+    entry.bytes = entry.bytes + content.size() -
+                  std::min<std::uint64_t>(entry.bytes, static_cast<std::uint64_t>(old_size));
+    entry.stored_bytes = entry.stored_bytes + records::file_footprint(ref) -
+                         std::min(entry.stored_bytes, old_stored);
     if (entry.producer == Producer::unknown) entry.producer = producer_of(node.name);
     // Absent or empty until now: this store is the miss. Temp files and locks are not.
     if (!node.bookkeeping) {
@@ -471,8 +504,10 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content, const Con
 // The checks every write to an inode makes before its content changes.
 Result<Inode> writable_file(const Tx& tx, Ino file) {
     auto node = KCACHE_TRY(tx.inode(file));
-    if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    if ((node.mode & S_IFMT) == S_IFDIR)
+        return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if ((node.mode & S_IFMT) != S_IFREG)
+        return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return node;
 }
 
@@ -481,15 +516,18 @@ Result<Inode> writable_file(const Tx& tx, Ino file) {
 Result<Content> Txn::read(Ino file) const {
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(tx.inode(file));
-    if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    if ((node.mode & S_IFMT) == S_IFDIR)
+        return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if ((node.mode & S_IFMT) != S_IFREG)
+        return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return ops::read_blob(tx, node.digest, node.size);
 }
 
 Status Txn::read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(tx.inode(file));
-    if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    if ((node.mode & S_IFMT) != S_IFREG)
+        return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return ops::for_each_piece(tx, node.digest, node.size, fn);
 }
 
@@ -510,7 +548,8 @@ Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& o
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(ops::writable_file(tx, file));
     if (content.size() > kMaxFileSize) {  // before hashing it
-        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}", content.size(), kMaxFileSize));
+        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}",
+                                       content.size(), kMaxFileSize));
     }
     return ops::write_file(tx, node, content, ops::digests_of(content), origin);
 }

@@ -64,7 +64,8 @@ Result<bool> entry_in_flight(const Tx& tx, Ino entry_ino) {
 Result<Inode> regular_file(const Tx& tx, Ino file) {
     auto node = tx.inode(file);
     if (!node) return node;
-    if ((node->mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    if ((node->mode & S_IFMT) != S_IFREG)
+        return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return node;
 }
 
@@ -89,7 +90,8 @@ namespace {
 Status insert_entry(Tx& tx, EntryInfo& entry) {
     entry.created_ns = entry.last_access_ns = tx.now();
     if (auto s = tx.put_entry(entry); !s) return s;
-    if (auto s = tx.put(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino), {}); !s) return s;
+    if (auto s = tx.put(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino), {}); !s)
+        return s;
     return tx.add(Counter::entries, 1);
 }
 
@@ -115,7 +117,8 @@ Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string
     return std::optional<Ino>{value};
 }
 
-Result<Ino> stem_entry(Tx& tx, const Inode& parent, std::string_view stem, Producer producer, bool by_rule) {
+Result<Ino> stem_entry(Tx& tx, const Inode& parent, std::string_view stem, Producer producer,
+                       bool by_rule) {
     auto existing = KCACHE_TRY(find_stem_entry(tx, parent.ino, stem));
     if (existing) return *existing;
     if (!tx.db.has_stems) return fail(EROFS, fmt::format("db {}: schema 1, read-only", tx.db.path));
@@ -135,7 +138,8 @@ Result<Ino> stem_entry(Tx& tx, const Inode& parent, std::string_view stem, Produ
     return id;
 }
 
-Status for_each_member(const Tx& tx, const EntryInfo& entry, const std::function<bool(const Inode&)>& fn) {
+Status for_each_member(const Tx& tx, const EntryInfo& entry,
+                       const std::function<bool(const Inode&)>& fn) {
     if (entry.kind == EntryKind::node) {
         auto node = KCACHE_TRY(tx.inode(entry.ino));
         fn(node);
@@ -180,10 +184,12 @@ Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::
     if (!entry) return {};
     if (auto s = tx.del(tx.db.entries, records::u64_key(entry_ino)); !s) return s;
     if (!entry->pinned) {
-        if (auto s = tx.del(tx.db.lru, records::lru_key(entry->last_access_ns, entry_ino)); !s) return s;
+        if (auto s = tx.del(tx.db.lru, records::lru_key(entry->last_access_ns, entry_ino)); !s)
+            return s;
     }
     if (entry->kind == EntryKind::stem && tx.db.has_stems) {
-        if (auto s = tx.del(tx.db.stems, records::stem_key(entry->parent, entry->stem)); !s) return s;
+        if (auto s = tx.del(tx.db.stems, records::stem_key(entry->parent, entry->stem)); !s)
+            return s;
     }
     if (auto s = tx.add(Counter::entries, -1); !s) return s;
     return tx.log(why, entry_ino, parent, name);
@@ -191,7 +197,8 @@ Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::
 
 Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time) {
     if (!entry.pinned && new_time != entry.last_access_ns) {
-        if (auto s = tx.del(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino)); !s) return s;
+        if (auto s = tx.del(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino)); !s)
+            return s;
         if (auto s = tx.put(tx.db.lru, records::lru_key(new_time, entry.ino), {}); !s) return s;
     }
     entry.last_access_ns = new_time;
@@ -217,7 +224,9 @@ Status drop_leases(Tx& tx, Ino file) {
 
 // ---- reads --------------------------------------------------------------------------
 
-Result<EntryInfo> Txn::entry(Ino entry) const { return TxnAccess::tx(*this).entry(entry); }
+Result<EntryInfo> Txn::entry(Ino entry) const {
+    return TxnAccess::tx(*this).entry(entry);
+}
 
 Result<EntryInfo> Txn::find_entry(std::string_view name) const {
     Tx tx = TxnAccess::tx(*this);
@@ -230,7 +239,8 @@ Result<EntryInfo> Txn::find_entry(std::string_view name) const {
     }
     // A stem entry: its name is the directory's path and the stem its files share.
     const auto slash = name.rfind('/');
-    const std::string_view dir = slash == std::string_view::npos ? std::string_view{} : name.substr(0, slash);
+    const std::string_view dir =
+        slash == std::string_view::npos ? std::string_view{} : name.substr(0, slash);
     const std::string_view stem = slash == std::string_view::npos ? name : name.substr(slash + 1);
     if (auto parent = resolve(dir); parent && !stem.empty()) {
         auto found = KCACHE_TRY(ops::find_stem_entry(tx, *parent, stem));
@@ -265,7 +275,8 @@ Status Txn::for_each_entry_file(const EntryInfo& entry,
             if (!item.path.empty() && !fn(EntryFile{item.path, item.node.attr(), {}})) return {};
             for (auto it = children.rbegin(); it != children.rend(); ++it) {
                 auto child = KCACHE_TRY(tx.inode(it->second.child));
-                work.push_back({std::move(child), item.path.empty() ? it->first : item.path + "/" + it->first});
+                work.push_back({std::move(child),
+                                item.path.empty() ? it->first : item.path + "/" + it->first});
             }
             continue;
         }
@@ -303,7 +314,9 @@ Status Txn::for_each_lru(const std::function<bool(const EntryInfo&)>& fn) const 
     return s ? result : s;
 }
 
-Result<bool> Txn::in_flight(Ino entry) const { return entry_in_flight(TxnAccess::tx(*this), entry); }
+Result<bool> Txn::in_flight(Ino entry) const {
+    return entry_in_flight(TxnAccess::tx(*this), entry);
+}
 
 // ---- writes -------------------------------------------------------------------------
 
@@ -364,7 +377,9 @@ Status WriteTxn::evict_entry(Ino entry_ino, bool force) {
         if (auto s = ops::remove_subtree(tx, parent, name, EventKind::evict); !s) return s;
     }
     if (entry.kind == EntryKind::stem) {  // an entry with no file left (or none yet)
-        if (auto s = ops::drop_entry_record(tx, entry_ino, EventKind::evict, entry.parent, entry.stem); !s) {
+        if (auto s =
+                ops::drop_entry_record(tx, entry_ino, EventKind::evict, entry.parent, entry.stem);
+            !s) {
             return s;
         }
     }
@@ -423,7 +438,8 @@ Result<EvictReport> Store::evict(const EvictRequest& request, const ProgressFn& 
             const auto stored_before = tx.counter(Counter::stored_bytes);
             KCACHE_TRY(txn.evict_entry(ino, true));
             const auto stored_after = tx.counter(Counter::stored_bytes);
-            if (stored_before && stored_after) report.stored_bytes_freed += *stored_before - *stored_after;
+            if (stored_before && stored_after)
+                report.stored_bytes_freed += *stored_before - *stored_after;
             ++report.entries;
             report.bytes += entry.bytes;
         }

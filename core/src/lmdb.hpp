@@ -24,7 +24,7 @@ inline std::string_view view(const MDB_val& v) {
 
 // Owns an MDB_cursor for the duration of a scope.
 class Cursor {
-public:
+  public:
     Cursor() = default;
     ~Cursor() {
         if (m_cursor) mdb_cursor_close(m_cursor);
@@ -34,7 +34,7 @@ public:
     int open(MDB_txn* txn, MDB_dbi dbi) { return mdb_cursor_open(txn, dbi, &m_cursor); }
     MDB_cursor* get() const { return m_cursor; }
 
-private:
+  private:
     MDB_cursor* m_cursor = nullptr;
 };
 

@@ -32,7 +32,9 @@ tl::unexpected<Error> corrupt(std::string_view what, const Error& why) {
 // Inodes and entries gained fields with schema 2 (layouts): format 2 appends them to
 // format 1, which schema-1 dbs still hold and which decodes with their defaults.
 constexpr std::uint8_t kLayoutFormat = 2;
-bool known_layout(std::uint8_t version) { return version == kFormat || version == kLayoutFormat; }
+bool known_layout(std::uint8_t version) {
+    return version == kFormat || version == kLayoutFormat;
+}
 
 // A length-prefixed string into `out`.
 Status str16(ByteReader& r, std::string& out) {
@@ -50,7 +52,9 @@ Status str32(ByteReader& r, std::string& out) {
 
 }  // namespace
 
-std::string stem_key(Ino parent, std::string_view stem) { return dirent_key(parent, stem); }
+std::string stem_key(Ino parent, std::string_view stem) {
+    return dirent_key(parent, stem);
+}
 
 std::string u64_key(std::uint64_t value) {
     std::string key;
@@ -58,7 +62,9 @@ std::string u64_key(std::uint64_t value) {
     return key;
 }
 
-std::uint64_t u64_from_key(std::string_view key) { return key_be(key, 0); }
+std::uint64_t u64_from_key(std::string_view key) {
+    return key_be(key, 0);
+}
 
 std::string dirent_key(Ino parent, std::string_view name) {
     std::string key = u64_key(parent);
@@ -154,8 +160,8 @@ Result<Inode> decode_inode(Ino ino, std::string_view bytes) {
     n.ino = ino;
     std::uint8_t version = 0;
     std::uint8_t flags = 0;
-    Status s = r.read(version, n.mode, n.uid, n.gid, n.nlink, n.size, n.atime_ns, n.mtime_ns, n.ctime_ns,
-                      n.parent, n.entry, n.depth, n.digest.high, n.digest.low);
+    Status s = r.read(version, n.mode, n.uid, n.gid, n.nlink, n.size, n.atime_ns, n.mtime_ns,
+                      n.ctime_ns, n.parent, n.entry, n.depth, n.digest.high, n.digest.low);
     if (s) s = str16(r, n.name);
     if (s) s = str16(r, n.target);
     if (s && version == kLayoutFormat) s = r.read(flags);
@@ -163,8 +169,8 @@ Result<Inode> decode_inode(Ino ino, std::string_view bytes) {
     if (!s) return corrupt(fmt::format("inode {}", ino), s.error());
     n.bookkeeping = flags & 1;
     const std::uint32_t type = n.mode & S_IFMT;
-    if (!known_layout(version) || (flags & ~1u) != 0 || (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) ||
-        n.name.size() > kMaxNameLength) {
+    if (!known_layout(version) || (flags & ~1u) != 0 ||
+        (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) || n.name.size() > kMaxNameLength) {
         return corrupt(fmt::format("inode {}", ino));
     }
     return n;
@@ -197,7 +203,8 @@ std::uint64_t footprint(std::uint64_t stored_size) {
     constexpr std::uint64_t kNodeMax = ((kPage - kPageHeader) / 2 & ~std::uint64_t{1}) - 2;  // 2038
     const std::uint64_t rest = stored_size % kChunkSize;  // empty content has no blob: 0
     std::uint64_t bytes = stored_size / kChunkSize * kPage;
-    if (rest) bytes += kNodeHeader + kKey + rest <= kNodeMax ? kNodeHeader + kKey + 2 + rest : kPage;
+    if (rest)
+        bytes += kNodeHeader + kKey + rest <= kNodeMax ? kNodeHeader + kKey + 2 + rest : kPage;
     return bytes;
 }
 
@@ -266,8 +273,9 @@ Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes) {
     std::uint8_t rule = 0;
     Status s = r.read(version);
     if (s) s = str16(r, e.name);
-    if (s) s = r.read(e.bytes, e.stored_bytes, e.files, e.created_ns, e.last_access_ns, e.last_hit_ns, e.hits, flags,
-                      e.populated_by_pid);
+    if (s)
+        s = r.read(e.bytes, e.stored_bytes, e.files, e.created_ns, e.last_access_ns, e.last_hit_ns,
+                   e.hits, flags, e.populated_by_pid);
     if (s) s = str16(r, e.populated_by_name);
     if (s) s = r.read(e.producer);
     if (s && version == kLayoutFormat) {
@@ -328,7 +336,8 @@ Result<Config> decode_config(std::string_view bytes) {
     ByteReader r(bytes, "config");
     Config c;
     std::uint8_t version = 0;
-    Status s = r.read(version, c.entry_depth, c.max_bytes, c.max_entries, c.low_mark_percent, c.max_events);
+    Status s = r.read(version, c.entry_depth, c.max_bytes, c.max_entries, c.low_mark_percent,
+                      c.max_events);
     if (s && version == kLayoutFormat) s = str32(r, c.layout_rules);
     if (s) s = r.expect_end();
     if (!s) return corrupt("config", s.error());

@@ -18,26 +18,26 @@
 namespace kcache::core::records {
 
 // ---- keys -------------------------------------------------------------------
-std::string u64_key(std::uint64_t value);                     // 8 bytes, big-endian
+std::string u64_key(std::uint64_t value);  // 8 bytes, big-endian
 // Key decoders read the key's first bytes (big-endian, through ByteReader); a key too
 // short for them (only a damaged db holds one) decodes as 0, which is no inode, entry
 // or digest of any record.
-std::uint64_t u64_from_key(std::string_view key);             // key's first 8 bytes
-std::string dirent_key(Ino parent, std::string_view name);    // parent + name
-std::string lru_key(std::int64_t time_ns, Ino entry);         // time + entry
-std::string lease_key(Ino file, std::uint32_t pid);           // file + pid
-std::string digest_key(const Digest& digest);                 // 16 bytes
-Digest digest_from_key(std::string_view key);                 // key's first 16 bytes
+std::uint64_t u64_from_key(std::string_view key);           // key's first 8 bytes
+std::string dirent_key(Ino parent, std::string_view name);  // parent + name
+std::string lru_key(std::int64_t time_ns, Ino entry);       // time + entry
+std::string lease_key(Ino file, std::uint32_t pid);         // file + pid
+std::string digest_key(const Digest& digest);               // 16 bytes
+Digest digest_from_key(std::string_view key);               // key's first 16 bytes
 // A blob's stored bytes are kept in chunks of at most one LMDB page each: a value of
 // several pages would need a contiguous run of free pages, which a churning cache's
 // free list rarely has, so the file would keep growing. Single pages always fit.
-inline constexpr std::size_t kChunkSize = 4080;               // an overflow page's payload
+inline constexpr std::size_t kChunkSize = 4080;                    // an overflow page's payload
 std::string chunk_key(const Digest& digest, std::uint32_t index);  // digest + index
 inline std::uint64_t chunk_count(std::uint64_t stored_size) {
     return (stored_size + kChunkSize - 1) / kChunkSize;
 }
-std::string counter_key(Counter counter);                     // 4 bytes, big-endian
-std::string stem_key(Ino parent, std::string_view stem);      // parent + stem
+std::string counter_key(Counter counter);                 // 4 bytes, big-endian
+std::string stem_key(Ino parent, std::string_view stem);  // parent + stem
 
 // ---- values -----------------------------------------------------------------
 // An inode. Each node has exactly one parent and name (no hard links), kept here so
@@ -57,7 +57,7 @@ struct Inode {
     std::uint16_t depth = 0;
     Digest digest;
     std::string name;
-    std::string target;  // symlinks
+    std::string target;        // symlinks
     bool bookkeeping = false;  // layout.hpp: never forms or populates an entry
 
     Attr attr() const;
@@ -90,19 +90,25 @@ std::string encode(const BlobRef& ref);
 // not the byte count, is what the disk holds and the size bound counts.
 std::uint64_t footprint(std::uint64_t stored_size);
 // A blob's own pages (what Counter::stored_bytes sums over all blobs, each once).
-inline std::uint64_t footprint(const BlobRef& ref) { return footprint(ref.stored_size); }
+inline std::uint64_t footprint(const BlobRef& ref) {
+    return footprint(ref.stored_size);
+}
 // The pages behind a file of this content (what its entry's stored_bytes counts): for
 // segmented content, its list and its segments.
-inline std::uint64_t file_footprint(const BlobRef& ref) { return footprint(ref) + ref.segment_footprint; }
+inline std::uint64_t file_footprint(const BlobRef& ref) {
+    return footprint(ref) + ref.segment_footprint;
+}
 // The raw bytes a blob adds to Counter::blob_raw_bytes: a list adds none of its own
 // (its segments count theirs).
-inline std::uint64_t raw_counted(const BlobRef& ref) { return ref.codec == Codec::segments ? 0 : ref.raw_size; }
+inline std::uint64_t raw_counted(const BlobRef& ref) {
+    return ref.codec == Codec::segments ? 0 : ref.raw_size;
+}
 Result<BlobRef> decode_blob_ref(std::string_view bytes);
 
 std::string encode(const EntryInfo& entry);  // ino is the key, not encoded
 Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes);
 
-std::string encode(const Event& event);      // seq is the key, not encoded
+std::string encode(const Event& event);  // seq is the key, not encoded
 Result<Event> decode_event(std::uint64_t seq, std::string_view bytes);
 
 std::string encode(const Config& config);
@@ -110,11 +116,12 @@ Result<Config> decode_config(std::string_view bytes);
 
 std::string encode_u64(std::uint64_t value);  // 8 bytes, little-endian
 Result<std::uint64_t> decode_u64(std::string_view bytes, std::string_view what);
-Result<std::uint32_t> decode_u32(std::string_view bytes, std::string_view what);  // 4 bytes, little-endian
+Result<std::uint32_t> decode_u32(std::string_view bytes,
+                                 std::string_view what);  // 4 bytes, little-endian
 
 // ---- primitive writer (also used by the bundle format) ----------------------
 class Writer {
-public:
+  public:
     explicit Writer(std::string& out) : m_out(out) {}
     void u8(std::uint8_t v) { m_out.push_back(static_cast<char>(v)); }
     void u16(std::uint16_t v) { le(v, 2); }
@@ -125,7 +132,7 @@ public:
     void str32(std::string_view s);  // u32 length + bytes
     void bytes(std::string_view s) { m_out.append(s); }
 
-private:
+  private:
     void le(std::uint64_t v, int n) {
         for (int i = 0; i < n; ++i) m_out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
     }
@@ -141,12 +148,12 @@ private:
 // ByteReader, decode_u32 or decode_u64), and replace those two calls with decode_u32 /
 // decode_u64 when those files are next edited.
 class Reader {
-public:
+  public:
     explicit Reader(std::string_view in) : m_in(in, "value") {}
     std::uint32_t u32() { return m_in.u32().value_or(0); }
     std::uint64_t u64() { return m_in.u64().value_or(0); }
 
-private:
+  private:
     ByteReader m_in;
 };
 

@@ -5,26 +5,25 @@
 namespace kcache::core {
 namespace {
 
-
 struct Suffix {
     std::string_view suffix;
     Role role;
 };
 // The one table of file roles. Longer suffixes first where one ends another.
 constexpr std::array kRoles{
-    Suffix{".cubin", Role::binary},  Suffix{".fatbin", Role::binary},
-    Suffix{".hsaco", Role::binary},  Suffix{".vmfb", Role::binary},
-    Suffix{".so", Role::binary},     Suffix{".o", Role::binary},
-    Suffix{".bin", Role::binary},    Suffix{".spv", Role::binary},
-    Suffix{".xclbin", Role::binary}, Suffix{".neff", Role::binary},
+    Suffix{".cubin", Role::binary},   Suffix{".fatbin", Role::binary},
+    Suffix{".hsaco", Role::binary},   Suffix{".vmfb", Role::binary},
+    Suffix{".so", Role::binary},      Suffix{".o", Role::binary},
+    Suffix{".bin", Role::binary},     Suffix{".spv", Role::binary},
+    Suffix{".xclbin", Role::binary},  Suffix{".neff", Role::binary},
     Suffix{".json", Role::signature}, Suffix{"kernel_sig", Role::signature},
-    Suffix{".sig", Role::signature},
-    Suffix{".ptx", Role::ir},        Suffix{".mlir", Role::ir},
-    Suffix{".llir", Role::ir},       Suffix{".ll", Role::ir},
-    Suffix{".ttir", Role::ir},       Suffix{".ttgir", Role::ir},
-    Suffix{".amdgcn", Role::ir},     Suffix{".source", Role::ir},
-    Suffix{".sass", Role::ir},       Suffix{".cu", Role::ir},
-    Suffix{".py", Role::ir},         Suffix{".hlo", Role::ir},
+    Suffix{".sig", Role::signature},  Suffix{".ptx", Role::ir},
+    Suffix{".mlir", Role::ir},        Suffix{".llir", Role::ir},
+    Suffix{".ll", Role::ir},          Suffix{".ttir", Role::ir},
+    Suffix{".ttgir", Role::ir},       Suffix{".amdgcn", Role::ir},
+    Suffix{".source", Role::ir},      Suffix{".sass", Role::ir},
+    Suffix{".cu", Role::ir},          Suffix{".py", Role::ir},
+    Suffix{".hlo", Role::ir},
 };
 
 }  // namespace
@@ -59,25 +58,38 @@ Producer producer_of(std::string_view name) {
 
 std::string_view role_name(Role r) {
     switch (r) {
-        case Role::binary: return "binary";
-        case Role::signature: return "signature";
-        case Role::ir: return "ir";
-        case Role::other: return "other";
+        case Role::binary:
+            return "binary";
+        case Role::signature:
+            return "signature";
+        case Role::ir:
+            return "ir";
+        case Role::other:
+            return "other";
     }
     return "other";
 }
 
 std::string_view producer_name(Producer p) {
     switch (p) {
-        case Producer::unknown: return "unknown";
-        case Producer::triton: return "triton";
-        case Producer::wave: return "wave";
-        case Producer::inductor: return "inductor";
-        case Producer::jax: return "jax";
-        case Producer::ccache: return "ccache";
-        case Producer::cutedsl: return "cutedsl";
-        case Producer::helion: return "helion";
-        case Producer::kcache: return "kcache";
+        case Producer::unknown:
+            return "unknown";
+        case Producer::triton:
+            return "triton";
+        case Producer::wave:
+            return "wave";
+        case Producer::inductor:
+            return "inductor";
+        case Producer::jax:
+            return "jax";
+        case Producer::ccache:
+            return "ccache";
+        case Producer::cutedsl:
+            return "cutedsl";
+        case Producer::helion:
+            return "helion";
+        case Producer::kcache:
+            return "kcache";
     }
     return "unknown";
 }

@@ -18,14 +18,23 @@ namespace kcache::core {
 // ---- StagedFile ---------------------------------------------------------------------
 
 StagedFile::StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments)
-    : m_store(store), m_ino(ino), m_content(std::move(content)), m_segments(std::move(segments)), m_open(true) {
+    : m_store(store),
+      m_ino(ino),
+      m_content(std::move(content)),
+      m_segments(std::move(segments)),
+      m_open(true) {
     m_segments.resize(segment_count(m_content.size()));  // unknown ones are empty
 }
 
 StagedFile::StagedFile(StagedFile&& other) noexcept
-    : m_store(other.m_store), m_ino(other.m_ino), m_content(std::move(other.m_content)),
-      m_segments(std::move(other.m_segments)), m_stored(other.m_stored), m_dirty(other.m_dirty),
-      m_open(std::exchange(other.m_open, false)), m_max_size(other.m_max_size) {}
+    : m_store(other.m_store),
+      m_ino(other.m_ino),
+      m_content(std::move(other.m_content)),
+      m_segments(std::move(other.m_segments)),
+      m_stored(other.m_stored),
+      m_dirty(other.m_dirty),
+      m_open(std::exchange(other.m_open, false)),
+      m_max_size(other.m_max_size) {}
 
 StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
     if (this != &other) {
@@ -51,7 +60,8 @@ StagedFile::~StagedFile() {
 Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
     auto attr = KCACHE_TRY(txn.getattr(file));
     if (attr.is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if (!attr.is_regular()) return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
+    if (!attr.is_regular())
+        return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     std::string content;
     std::vector<Digest> segments;
     if (!truncate) {
@@ -91,7 +101,8 @@ Status StagedFile::write(std::uint64_t offset, std::string_view data) {
     const std::uint64_t end = offset + data.size();
     const std::uint64_t limit = m_max_size ? std::min(m_max_size, kMaxFileSize) : kMaxFileSize;
     if (end < offset || end > limit) {
-        return fail(EFBIG, fmt::format("file would grow to {} bytes, over the limit of {}", end, limit));
+        return fail(EFBIG,
+                    fmt::format("file would grow to {} bytes, over the limit of {}", end, limit));
     }
     const std::uint64_t old_size = m_content.size();
     try {
@@ -128,7 +139,8 @@ ops::ContentDigests StagedFile::digests() {
     m_segments.resize(segment_count(m_content.size()));
     const std::string_view content = m_content;
     for (std::size_t i = 0; i < m_segments.size(); ++i) {
-        if (m_segments[i].empty()) m_segments[i] = flat_digest_of(content.substr(i * kSegmentSize, kSegmentSize));
+        if (m_segments[i].empty())
+            m_segments[i] = flat_digest_of(content.substr(i * kSegmentSize, kSegmentSize));
     }
     return {digest_of_segments(m_segments), m_segments};
 }

@@ -30,7 +30,9 @@ Result<Stats> Txn::stats() const {
     return stats;
 }
 
-Result<std::uint64_t> Txn::counter(Counter c) const { return TxnAccess::tx(*this).counter(c); }
+Result<std::uint64_t> Txn::counter(Counter c) const {
+    return TxnAccess::tx(*this).counter(c);
+}
 
 Status Txn::for_each_event(std::uint64_t after_seq,
                            const std::function<bool(const Event&)>& fn) const {

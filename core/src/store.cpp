@@ -42,9 +42,12 @@ Registry& registry() {
 
 unsigned durability_flags(Durability d) {
     switch (d) {
-        case Durability::full: return 0;
-        case Durability::no_meta_sync: return MDB_NOMETASYNC;
-        case Durability::none: return MDB_NOSYNC;
+        case Durability::full:
+            return 0;
+        case Durability::no_meta_sync:
+            return MDB_NOMETASYNC;
+        case Durability::none:
+            return MDB_NOSYNC;
     }
     return 0;
 }
@@ -61,7 +64,9 @@ Result<std::uint64_t> requested_map_size(const OpenOptions& options) {
     return kDefaultMapSize;
 }
 
-bool denied(int code) { return code == EACCES || code == EROFS || code == EPERM; }
+bool denied(int code) {
+    return code == EACCES || code == EROFS || code == EPERM;
+}
 
 // Opens the LMDB environment at `path`, read-write when the filesystem allows it
 // even for a read-only Store (read-only is enforced by Store::write), so that one
@@ -100,7 +105,8 @@ Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
 
     // Every user of a db holds kcache.lock shared; compaction holds it exclusively.
     const std::string lock_path = path + "/kcache.lock";
-    impl->lock_fd = ::open(lock_path.c_str(), (options.read_only ? O_RDWR : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
+    impl->lock_fd = ::open(lock_path.c_str(),
+                           (options.read_only ? O_RDWR : O_RDWR | O_CREAT) | O_CLOEXEC, 0644);
     if (impl->lock_fd < 0 && options.read_only && denied(errno)) {
         impl->lock_fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
     }
@@ -108,10 +114,14 @@ Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
         return fail(ENOENT, fmt::format("no kcache db at {} (no kcache.lock)", path));
     }
     if (impl->lock_fd < 0 && errno == EROFS) {
-        return fail(EROFS, fmt::format("db {} is on a read-only filesystem: it can only be opened read-only", path));
+        return fail(
+            EROFS,
+            fmt::format("db {} is on a read-only filesystem: it can only be opened read-only",
+                        path));
     }
     if (impl->lock_fd < 0) {
-        return fail(errno, fmt::format("db {}: cannot open kcache.lock: {}", path, std::strerror(errno)));
+        return fail(errno,
+                    fmt::format("db {}: cannot open kcache.lock: {}", path, std::strerror(errno)));
     }
     if (flock(impl->lock_fd, LOCK_SH | LOCK_NB) != 0) {
         return fail(EBUSY, fmt::format("db {}: locked by a compaction in progress", path));
@@ -160,13 +170,15 @@ Status init_schema(Store& store, const OpenOptions& options) {
     for (const auto& spec : kDbis) {
         // Tables are created only for a new db, never added to some other LMDB file.
         const bool may_create = !ro && !options.read_only && options.create;
-        const int rc = mdb_dbi_open(txn, spec.name, may_create ? MDB_CREATE : 0, &(impl.*spec.member));
+        const int rc =
+            mdb_dbi_open(txn, spec.name, may_create ? MDB_CREATE : 0, &(impl.*spec.member));
         if (rc == MDB_NOTFOUND) {
-            return abort({ENOENT, fmt::format("db {}: not a kcache db (no '{}' table)",
-                                              impl.path, spec.name)});
+            return abort({ENOENT, fmt::format("db {}: not a kcache db (no '{}' table)", impl.path,
+                                              spec.name)});
         }
         if (rc != 0) {
-            return abort(lmdb::error(rc, fmt::format("db {}: open table {}", impl.path, spec.name)));
+            return abort(
+                lmdb::error(rc, fmt::format("db {}: open table {}", impl.path, spec.name)));
         }
     }
     Config defaults;
@@ -181,13 +193,14 @@ Status init_schema(Store& store, const OpenOptions& options) {
         if (!version) return abort(with_context(version.error(), "db " + impl.path));
         if (*version > kSchemaVersion) {
             return abort({ENOTSUP, fmt::format("db {}: schema {} is newer than this kcache "
-                                               "supports ({})", impl.path, *version,
-                                               kSchemaVersion)});
+                                               "supports ({})",
+                                               impl.path, *version, kSchemaVersion)});
         }
         // Schema 1 had no stem entries: the table is added (and the version raised)
         // by the first process that opens the db for writing.
         const bool writable = !ro && !options.read_only;
-        const int stems_rc = mdb_dbi_open(txn, "stems", *version < 2 && writable ? MDB_CREATE : 0, &impl.stems);
+        const int stems_rc =
+            mdb_dbi_open(txn, "stems", *version < 2 && writable ? MDB_CREATE : 0, &impl.stems);
         if (stems_rc != 0 && stems_rc != MDB_NOTFOUND) {
             return abort(lmdb::error(stems_rc, fmt::format("db {}: open table stems", impl.path)));
         }
@@ -222,7 +235,8 @@ Status init_schema(Store& store, const OpenOptions& options) {
     Status s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion));
     if (s) s = tx.put(impl.meta, kMetaConfig, records::encode(defaults));
     if (s) s = tx.put(impl.meta, kMetaNextIno, records::encode_u64(kRootIno + 1));
-    if (s) s = tx.put(impl.meta, kMetaCreated, records::encode_u64(static_cast<std::uint64_t>(now)));
+    if (s)
+        s = tx.put(impl.meta, kMetaCreated, records::encode_u64(static_cast<std::uint64_t>(now)));
     if (s) s = tx.put_inode(root);
     if (!s) return abort(s.error());
     if (int rc = mdb_txn_commit(txn); rc != 0) {
@@ -242,7 +256,8 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
             return fail(ENOENT, fmt::format("no kcache db at {}", path));
         }
         fs::create_directories(path, ec);
-        if (ec) return fail(ec.value(), fmt::format("db {}: cannot create: {}", path, ec.message()));
+        if (ec)
+            return fail(ec.value(), fmt::format("db {}: cannot create: {}", path, ec.message()));
     } else if (!fs::is_directory(path, ec)) {
         return fail(ENOTDIR, fmt::format("db {}: not a directory", path));
     }
@@ -250,7 +265,7 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
         return fail(ENOENT, fmt::format("no kcache db at {} (no data.mdb)", path));
     }
 
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
         return fail(errno, fmt::format("db {}: {}", path, std::strerror(errno)));
     }
@@ -269,7 +284,8 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
     if (impl && impl->read_only && !options.read_only) {
         // Only where the filesystem denies writing: the environment could not be
         // opened for writing then, and cannot be now.
-        return fail(EROFS, fmt::format("db {}: the db is on a read-only filesystem or directory", path));
+        return fail(EROFS,
+                    fmt::format("db {}: the db is on a read-only filesystem or directory", path));
     }
     const bool fresh = !impl;
     if (fresh) {
@@ -287,7 +303,7 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
 Store::~Store() = default;
 
 std::uint64_t Store::data_file_bytes() const {
-    struct stat st{};
+    struct stat st {};
     if (::stat((m_path + "/data.mdb").c_str(), &st) != 0) return 0;
     return static_cast<std::uint64_t>(st.st_size);
 }

@@ -16,7 +16,9 @@
 namespace kcache::core {
 
 struct DigestHash {
-    std::size_t operator()(const Digest& d) const { return static_cast<std::size_t>(d.low ^ d.high); }
+    std::size_t operator()(const Digest& d) const {
+        return static_cast<std::size_t>(d.low ^ d.high);
+    }
 };
 
 // One per LMDB environment per process: LMDB forbids opening an environment twice
@@ -24,19 +26,19 @@ struct DigestHash {
 // on the same db shares one Impl (see the registry in store.cpp).
 struct Store::Impl {
     MDB_env* env = nullptr;
-    MDB_dbi inodes = 0;     // ino -> Inode
-    MDB_dbi dirents = 0;    // parent + name -> Dirent
-    MDB_dbi blob_refs = 0;  // digest -> BlobRef (small, rewritten on every refcount change)
-    MDB_dbi blob_data = 0;  // digest -> stored bytes (written once, never rewritten)
-    MDB_dbi entries = 0;    // entry ino -> EntryInfo
-    MDB_dbi lru = 0;        // last access + entry ino -> "" (unpinned entries only)
-    MDB_dbi leases = 0;     // file ino + pid -> write count (writes in flight)
-    MDB_dbi stats = 0;      // counter id -> u64
-    MDB_dbi events = 0;     // seq -> Event
-    MDB_dbi meta = 0;       // name -> value
-    MDB_dbi stems = 0;      // parent ino + stem -> stem entry id (schema 2)
-    bool has_stems = false; // false: a schema-1 db opened read-only (no stem entries)
-    int lock_fd = -1;       // shared flock on kcache.lock: compaction takes it exclusively
+    MDB_dbi inodes = 0;      // ino -> Inode
+    MDB_dbi dirents = 0;     // parent + name -> Dirent
+    MDB_dbi blob_refs = 0;   // digest -> BlobRef (small, rewritten on every refcount change)
+    MDB_dbi blob_data = 0;   // digest -> stored bytes (written once, never rewritten)
+    MDB_dbi entries = 0;     // entry ino -> EntryInfo
+    MDB_dbi lru = 0;         // last access + entry ino -> "" (unpinned entries only)
+    MDB_dbi leases = 0;      // file ino + pid -> write count (writes in flight)
+    MDB_dbi stats = 0;       // counter id -> u64
+    MDB_dbi events = 0;      // seq -> Event
+    MDB_dbi meta = 0;        // name -> value
+    MDB_dbi stems = 0;       // parent ino + stem -> stem entry id (schema 2)
+    bool has_stems = false;  // false: a schema-1 db opened read-only (no stem entries)
+    int lock_fd = -1;        // shared flock on kcache.lock: compaction takes it exclusively
     bool read_only = false;
     std::string path;
     ~Impl();
@@ -58,7 +60,7 @@ inline constexpr std::string_view kMetaCreated = "created_ns";
 // The typed view of one transaction. Read methods work on both kinds; write
 // methods require `write` (a WriteTxn) and record the first storage error there.
 class Tx {
-public:
+  public:
     Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state);
 
     Store& store;
@@ -82,14 +84,14 @@ public:
     tl::unexpected<Error> storage_error(int rc, std::string_view what);
 
     // ---- typed access ----
-    Result<records::Inode> inode(Ino ino) const;            // ENOENT if absent
+    Result<records::Inode> inode(Ino ino) const;  // ENOENT if absent
     Status put_inode(const records::Inode& inode);
     Result<std::optional<records::Dirent>> child(Ino parent, std::string_view name) const;
     Result<bool> has_children(Ino dir) const;
     // The children of `dir` in name order, collected (safe to modify the tree after).
     Result<std::vector<std::pair<std::string, records::Dirent>>> children(Ino dir) const;
     Result<std::optional<EntryInfo>> find_entry_record(Ino entry) const;
-    Result<EntryInfo> entry(Ino entry) const;                // ENOENT if absent
+    Result<EntryInfo> entry(Ino entry) const;  // ENOENT if absent
     Status put_entry(const EntryInfo& entry);
     Result<std::optional<records::BlobRef>> blob_ref(const Digest& digest) const;
     Result<std::uint64_t> counter(Counter counter) const;
@@ -102,9 +104,7 @@ public:
 // Accessors for the implementation files (Txn's and Store's members are private).
 struct TxnAccess {
     static Store::Impl& impl(const Store& store) { return store.impl(); }
-    static Tx tx(const Txn& t) {
-        return Tx(*t.m_store, t.m_txn, t.m_config, nullptr);
-    }
+    static Tx tx(const Txn& t) { return Tx(*t.m_store, t.m_txn, t.m_config, nullptr); }
     static Tx tx(WriteTxn& t) { return Tx(*t.m_store, t.m_txn, t.m_config, t.m_state.get()); }
 };
 
@@ -129,7 +129,8 @@ struct ContentDigests {
 ContentDigests digests_of(std::string_view content);
 // One more reference to the blob of `content` (stored if new: compressed, or by
 // segment). Counts a dedup hit when it was there.
-Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests, std::string_view content);
+Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests,
+                                      std::string_view content);
 // One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);
 // Replaces `file`'s content (inode record, statistics, entry accounting, population;
@@ -148,11 +149,11 @@ Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::B
 std::string compressed_form(std::string_view content);
 // entries.cpp
 // Makes `node` (a directory, or a file of a schema-1 db) an entry of its own.
-Status create_entry_record(Tx& tx, const records::Inode& node, Producer producer = Producer::unknown,
-                           bool by_rule = false);
+Status create_entry_record(Tx& tx, const records::Inode& node,
+                           Producer producer = Producer::unknown, bool by_rule = false);
 // The stem entry `stem` of directory `parent`, made (empty) if it does not exist.
-Result<Ino> stem_entry(Tx& tx, const records::Inode& parent, std::string_view stem, Producer producer,
-                       bool by_rule);
+Result<Ino> stem_entry(Tx& tx, const records::Inode& parent, std::string_view stem,
+                       Producer producer, bool by_rule);
 Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string_view stem);
 // Calls fn(member) for the top nodes of an entry: its directory, or its stem's files.
 Status for_each_member(const Tx& tx, const EntryInfo& entry,

@@ -20,8 +20,8 @@ namespace ops {
 
 Status validate_name(std::string_view name) {
     if (name.size() > kMaxNameLength) {
-        return fail(ENAMETOOLONG, fmt::format("name of {} bytes is longer than {}", name.size(),
-                                              kMaxNameLength));
+        return fail(ENAMETOOLONG,
+                    fmt::format("name of {} bytes is longer than {}", name.size(), kMaxNameLength));
     }
     if (name.empty() || name == "." || name == ".." ||
         name.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
@@ -39,14 +39,15 @@ namespace {
 // directory), joins the entry of its stem (a file; the entry is made if new), or
 // stays outside every entry.
 struct Place {
-    Ino entry = 0;           // the entry it joins; 0: none, or it forms its own
+    Ino entry = 0;             // the entry it joins; 0: none, or it forms its own
     bool forms_entry = false;  // a directory that is an entry
     bool bookkeeping = false;
     Producer producer = Producer::unknown;
     bool by_rule = false;
 };
 
-Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_view name, FileType type) {
+Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_view name,
+                               FileType type) {
     auto path = KCACHE_TRY(tx.path_of(parent.ino));  // the ancestors' names, root first
     LayoutContext context;
     context.entry_depth = tx.config.entry_depth;
@@ -79,9 +80,14 @@ Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType
     p.producer = c.producer;
     p.by_rule = c.by_rule;
     switch (c.placement) {
-        case Placement::container: break;
-        case Placement::bookkeeping: p.bookkeeping = true; break;
-        case Placement::entry_dir: p.forms_entry = true; break;
+        case Placement::container:
+            break;
+        case Placement::bookkeeping:
+            p.bookkeeping = true;
+            break;
+        case Placement::entry_dir:
+            p.forms_entry = true;
+            break;
         case Placement::entry_stem: {
             auto id = KCACHE_TRY(ops::stem_entry(tx, parent, c.stem, c.producer, c.by_rule));
             p.entry = id;
@@ -94,7 +100,8 @@ Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType
 Result<Inode> directory(const Tx& tx, Ino ino) {
     auto dir = tx.inode(ino);
     if (!dir) return dir;
-    if ((dir->mode & S_IFMT) != S_IFDIR) return fail(ENOTDIR, fmt::format("inode {} is not a directory", ino));
+    if ((dir->mode & S_IFMT) != S_IFDIR)
+        return fail(ENOTDIR, fmt::format("inode {} is not a directory", ino));
     return dir;
 }
 
@@ -106,9 +113,12 @@ Status touch_dir(Tx& tx, Inode& dir, int nlink_delta) {
 
 FileType type_of(std::uint32_t mode) {
     switch (mode & S_IFMT) {
-        case S_IFDIR: return FileType::directory;
-        case S_IFLNK: return FileType::symlink;
-        default: return FileType::regular;
+        case S_IFDIR:
+            return FileType::directory;
+        case S_IFLNK:
+            return FileType::symlink;
+        default:
+            return FileType::regular;
     }
 }
 
@@ -123,7 +133,8 @@ Status dissolve_if_container(Tx& tx, Inode& dir, std::string_view name, FileType
     if (!entry || entry->by_rule || entry->kind != EntryKind::node) return {};
     auto c = KCACHE_TRY(classify_in(tx, dir, name, type));
     if (!c.by_rule || c.placement == Placement::bookkeeping) return {};
-    if (auto s = ops::drop_entry_record(tx, dir.ino, EventKind::remove, dir.parent, dir.name); !s) return s;
+    if (auto s = ops::drop_entry_record(tx, dir.ino, EventKind::remove, dir.parent, dir.name); !s)
+        return s;
     dir.entry = 0;
     if (auto s = tx.put_inode(dir); !s) return s;
     auto children = KCACHE_TRY(tx.children(dir.ino));
@@ -204,7 +215,8 @@ Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, 
 
 // Removes one node that has no children: its dirent, inode, content and accounting.
 // `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
-Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool keep_entry = false) {
+Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why,
+                   bool keep_entry = false) {
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, node.name)); !s) return s;
     if (auto s = tx.del(tx.db.inodes, records::u64_key(node.ino)); !s) return s;
     const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
@@ -266,7 +278,8 @@ Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind w
         if (stack.empty()) {
             container = parent;
         } else {
-            container = KCACHE_TRY(tx.inode(done.parent));  // re-read: its nlink changes as children go
+            container =
+                KCACHE_TRY(tx.inode(done.parent));  // re-read: its nlink changes as children go
         }
         if (auto s = remove_node(tx, container, done, why); !s) return s;
     }
@@ -280,8 +293,8 @@ Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind w
 Result<Attr> Txn::lookup(Ino parent, std::string_view name) const {
     Tx tx = TxnAccess::tx(*this);
     if (name.size() > kMaxNameLength) {
-        return fail(ENAMETOOLONG, fmt::format("name of {} bytes is longer than {}", name.size(),
-                                              kMaxNameLength));
+        return fail(ENAMETOOLONG,
+                    fmt::format("name of {} bytes is longer than {}", name.size(), kMaxNameLength));
     }
     KCACHE_TRY(directory(tx, parent));
     auto d = KCACHE_TRY(tx.child(parent, name));
@@ -297,16 +310,19 @@ Result<Attr> Txn::getattr(Ino ino) const {
 
 Result<std::string> Txn::readlink(Ino ino) const {
     auto node = KCACHE_TRY(TxnAccess::tx(*this).inode(ino));
-    if ((node.mode & S_IFMT) != S_IFLNK) return fail(EINVAL, fmt::format("inode {} is not a symlink", ino));
+    if ((node.mode & S_IFMT) != S_IFLNK)
+        return fail(EINVAL, fmt::format("inode {} is not a symlink", ino));
     return std::move(node.target);
 }
 
-Result<std::string> Txn::path(Ino ino) const { return TxnAccess::tx(*this).path_of(ino); }
+Result<std::string> Txn::path(Ino ino) const {
+    return TxnAccess::tx(*this).path_of(ino);
+}
 
 Result<Ino> Txn::resolve(std::string_view path) const {
     if (path.size() > kMaxPathLength) {
-        return fail(ENAMETOOLONG, fmt::format("path of {} bytes is longer than {}", path.size(),
-                                              kMaxPathLength));
+        return fail(ENAMETOOLONG,
+                    fmt::format("path of {} bytes is longer than {}", path.size(), kMaxPathLength));
     }
     Ino at = kRootIno;
     while (!path.empty()) {
@@ -328,14 +344,15 @@ Status Txn::readdir(Ino dir, std::string_view after,
     std::string start = records::dirent_key(dir, after);
     if (!after.empty()) start.push_back('\0');  // strictly after `after`
     Status result;
-    auto s = tx.scan(tx.db.dirents, prefix, start, [&](std::string_view key, std::string_view value) {
-        auto d = records::decode_dirent(value);
-        if (!d) {
-            result = tl::unexpected(d.error());
-            return false;
-        }
-        return fn(DirEntry{key.substr(8), d->child, d->type});
-    });
+    auto s =
+        tx.scan(tx.db.dirents, prefix, start, [&](std::string_view key, std::string_view value) {
+            auto d = records::decode_dirent(value);
+            if (!d) {
+                result = tl::unexpected(d.error());
+                return false;
+            }
+            return fn(DirEntry{key.substr(8), d->child, d->type});
+        });
     return s ? result : s;
 }
 
@@ -349,7 +366,8 @@ Result<Ino> WriteTxn::mkdirs(std::string_view dir) {
         from = slash + 1;
         auto existing = lookup(at, part);
         if (existing) {
-            if (!existing->is_dir()) return fail(ENOTDIR, fmt::format("'{}' is not a directory", part));
+            if (!existing->is_dir())
+                return fail(ENOTDIR, fmt::format("'{}' is not a directory", part));
             at = existing->ino;
             continue;
         }
@@ -374,7 +392,8 @@ Result<Attr> WriteTxn::create(Ino parent, std::string_view name, std::uint32_t m
     auto prep = KCACHE_TRY(prepare_create(tx, parent, name));
     if (const auto& existing = prep.second) {
         if (exclusive) return fail(EEXIST, fmt::format("'{}' exists", name));
-        if (existing->type == FileType::directory) return fail(EISDIR, fmt::format("'{}' is a directory", name));
+        if (existing->type == FileType::directory)
+            return fail(EISDIR, fmt::format("'{}' is a directory", name));
         return getattr(existing->child);
     }
     return make_node(tx, prep.first, name, S_IFREG | (mode & 07777), uid, gid, {});
@@ -408,7 +427,8 @@ Status WriteTxn::unlink(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
     auto found = KCACHE_TRY(existing_child(tx, parent, name));
     auto& [dir, node] = found;
-    if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("'{}' is a directory", name));
+    if ((node.mode & S_IFMT) == S_IFDIR)
+        return fail(EISDIR, fmt::format("'{}' is a directory", name));
     return remove_node(tx, dir, node, EventKind::remove);
 }
 
@@ -416,7 +436,8 @@ Status WriteTxn::rmdir(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
     auto found = KCACHE_TRY(existing_child(tx, parent, name));
     auto& [dir, node] = found;
-    if ((node.mode & S_IFMT) != S_IFDIR) return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
+    if ((node.mode & S_IFMT) != S_IFDIR)
+        return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
     auto full = KCACHE_TRY(tx.has_children(node.ino));
     if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
     return remove_node(tx, dir, node, EventKind::remove);
@@ -454,12 +475,14 @@ Status retag(Tx& tx, Ino moved, const Origin* origin) {
             continue;
         }
         if (was_entry) {
-            if (auto s = ops::drop_entry_record(tx, node.ino, EventKind::remove, 0, {}); !s) return s;
+            if (auto s = ops::drop_entry_record(tx, node.ino, EventKind::remove, 0, {}); !s)
+                return s;
         }
         node.entry = new_entry;
         if (auto s = tx.put_inode(node); !s) return s;
         if (where.forms_entry) {
-            if (auto s = ops::create_entry_record(tx, node, where.producer, where.by_rule); !s) return s;
+            if (auto s = ops::create_entry_record(tx, node, where.producer, where.by_rule); !s)
+                return s;
         }
         const bool moved_out = old_entry && old_entry != node.ino && old_entry != new_entry;
         if (type == FileType::regular) {
@@ -475,13 +498,15 @@ Status retag(Tx& tx, Ino moved, const Origin* origin) {
             if (new_entry && !node.bookkeeping) {
                 auto e = KCACHE_TRY(tx.entry(new_entry));
                 if (!e.populated) {
-                    if (auto s = ops::populate(tx, e, origin ? *origin : Origin::current()); !s) return s;
+                    if (auto s = ops::populate(tx, e, origin ? *origin : Origin::current()); !s)
+                        return s;
                     if (auto s = tx.put_entry(e); !s) return s;
                 }
             }
         }
         if (moved_out) {
-            if (auto s = left_stem_entry(tx, old_entry, node, EventKind::remove, false); !s) return s;
+            if (auto s = left_stem_entry(tx, old_entry, node, EventKind::remove, false); !s)
+                return s;
         }
         if (type == FileType::directory) {
             auto children = KCACHE_TRY(tx.children(node.ino));
@@ -508,8 +533,9 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     const bool src_is_dir = (src.mode & S_IFMT) == S_IFDIR;
 
     if (src_is_dir) {  // a directory cannot move into its own subtree
-        for (Ino at = new_parent;; ) {
-            if (at == src.ino) return fail(EINVAL, fmt::format("cannot move '{}' into itself", name));
+        for (Ino at = new_parent;;) {
+            if (at == src.ino)
+                return fail(EINVAL, fmt::format("cannot move '{}' into itself", name));
             if (at == kRootIno) break;
             auto up = KCACHE_TRY(tx.inode(at));
             at = up.parent;
@@ -520,8 +546,10 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     if (dst_d) {
         if (flags & kRenameNoReplace) return fail(EEXIST, fmt::format("'{}' exists", new_name));
         const bool dst_is_dir = dst_d->type == FileType::directory;
-        if (src_is_dir && !dst_is_dir) return fail(ENOTDIR, fmt::format("'{}' is not a directory", new_name));
-        if (!src_is_dir && dst_is_dir) return fail(EISDIR, fmt::format("'{}' is a directory", new_name));
+        if (src_is_dir && !dst_is_dir)
+            return fail(ENOTDIR, fmt::format("'{}' is not a directory", new_name));
+        if (!src_is_dir && dst_is_dir)
+            return fail(EISDIR, fmt::format("'{}' is a directory", new_name));
         if (dst_is_dir) {
             auto full = KCACHE_TRY(tx.has_children(dst_d->child));
             if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", new_name));
@@ -532,7 +560,8 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         // A file replaced in a stem entry keeps the entry for the one that takes its
         // name (a racing duplicate store is not a new entry, nor a miss).
         const bool replaced_in_stem = dst.entry && dst.entry != dst.ino && !dst_is_dir;
-        if (auto s = remove_node(tx, container, dst, EventKind::remove, replaced_in_stem); !s) return s;
+        if (auto s = remove_node(tx, container, dst, EventKind::remove, replaced_in_stem); !s)
+            return s;
         replaced_entry = replaced_in_stem ? dst.entry : 0;
     }
 
@@ -545,7 +574,8 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         return s;
     }
     auto old_parent = KCACHE_TRY(tx.inode(parent));  // re-read: replacing may have touched it
-    if (auto s = touch_dir(tx, old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s) return s;
+    if (auto s = touch_dir(tx, old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s)
+        return s;
     if (parent != new_parent) {
         auto target_dir = KCACHE_TRY(tx.inode(new_parent));
         if (auto s = touch_dir(tx, target_dir, src_is_dir ? 1 : 0); !s) return s;
@@ -561,8 +591,8 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         if (moved.entry != replaced_entry) {
             auto gone = KCACHE_TRY(tx.find_entry_record(replaced_entry));
             if (gone) {
-                if (auto s = ops::drop_entry_record(tx, replaced_entry, EventKind::remove, gone->parent,
-                                                    gone->stem);
+                if (auto s = ops::drop_entry_record(tx, replaced_entry, EventKind::remove,
+                                                    gone->parent, gone->stem);
                     !s) {
                     return s;
                 }
@@ -580,10 +610,13 @@ Result<Attr> WriteTxn::setattr(Ino ino, const SetAttr& changes) {
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(tx.inode(ino));
     if (changes.size) {
-        if ((node.mode & S_IFMT) == S_IFDIR) return fail(EISDIR, fmt::format("inode {} is a directory", ino));
-        if ((node.mode & S_IFMT) != S_IFREG) return fail(EINVAL, fmt::format("inode {} is not a regular file", ino));
+        if ((node.mode & S_IFMT) == S_IFDIR)
+            return fail(EISDIR, fmt::format("inode {} is a directory", ino));
+        if ((node.mode & S_IFMT) != S_IFREG)
+            return fail(EINVAL, fmt::format("inode {} is not a regular file", ino));
         if (*changes.size > kMaxFileSize) {
-            return fail(EFBIG, fmt::format("cannot extend inode {} to {} bytes", ino, *changes.size));
+            return fail(EFBIG,
+                        fmt::format("cannot extend inode {} to {} bytes", ino, *changes.size));
         }
         if (*changes.size != node.size) {
             auto content = KCACHE_TRY(read(ino));

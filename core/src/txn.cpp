@@ -40,7 +40,8 @@ Result<Config> load_config(Store& store, MDB_txn* txn) {
 Txn::Txn(Store* store, MDB_txn* txn) : m_store(store), m_txn(txn) {}
 
 Txn::Txn(Txn&& other) noexcept
-    : m_store(other.m_store), m_txn(std::exchange(other.m_txn, nullptr)),
+    : m_store(other.m_store),
+      m_txn(std::exchange(other.m_txn, nullptr)),
       m_config(other.m_config) {}
 
 Txn& Txn::operator=(Txn&& other) noexcept {
@@ -57,8 +58,12 @@ Txn::~Txn() {
     if (m_txn) mdb_txn_abort(m_txn);
 }
 
-const Config& Txn::config() const { return m_config; }
-std::uint64_t Txn::id() const { return m_txn ? mdb_txn_id(m_txn) : 0; }
+const Config& Txn::config() const {
+    return m_config;
+}
+std::uint64_t Txn::id() const {
+    return m_txn ? mdb_txn_id(m_txn) : 0;
+}
 
 Result<ReadTxn> Store::read() const {
     auto txn = KCACHE_TRY(begin_txn(*m_impl, MDB_RDONLY));
@@ -93,10 +98,11 @@ Status WriteTxn::commit() {
     if (const int rc = mdb_txn_commit(txn); rc != 0) {
         // LMDB reports a short write (what a full filesystem gives) as EIO; tell the
         // caller the truth when the filesystem under the db is out of space.
-        struct statvfs fs{};
+        struct statvfs fs {};
         if (rc == EIO && statvfs(m_store->path().c_str(), &fs) == 0 &&
             static_cast<std::uint64_t>(fs.f_bavail) * fs.f_bsize < (1u << 20)) {
-            return fail(ENOSPC, fmt::format("db {}: commit: no space left on device", m_store->path()));
+            return fail(ENOSPC,
+                        fmt::format("db {}: commit: no space left on device", m_store->path()));
         }
         return tl::unexpected(lmdb::error(rc, fmt::format("db {}: commit", m_store->path())));
     }

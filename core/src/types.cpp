@@ -20,7 +20,9 @@ std::int64_t system_clock_ns() {
     return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-std::string Digest::hex() const { return fmt::format("{:016x}{:016x}", high, low); }
+std::string Digest::hex() const {
+    return fmt::format("{:016x}{:016x}", high, low);
+}
 
 namespace {
 Digest from_xxh(XXH128_hash_t h) {
@@ -57,24 +59,37 @@ Digest digest_of(std::string_view bytes) {
 
 FileType Attr::type() const {
     switch (mode & S_IFMT) {
-        case S_IFDIR: return FileType::directory;
-        case S_IFLNK: return FileType::symlink;
-        default: return FileType::regular;
+        case S_IFDIR:
+            return FileType::directory;
+        case S_IFLNK:
+            return FileType::symlink;
+        default:
+            return FileType::regular;
     }
 }
 
 std::string_view event_kind_name(EventKind k) {
     switch (k) {
-        case EventKind::populate: return "populate";
-        case EventKind::hit: return "hit";
-        case EventKind::evict: return "evict";
-        case EventKind::pin: return "pin";
-        case EventKind::unpin: return "unpin";
-        case EventKind::remove: return "remove";
-        case EventKind::rename: return "rename";
-        case EventKind::import: return "import";
-        case EventKind::reset: return "reset";
-        case EventKind::member: return "member";
+        case EventKind::populate:
+            return "populate";
+        case EventKind::hit:
+            return "hit";
+        case EventKind::evict:
+            return "evict";
+        case EventKind::pin:
+            return "pin";
+        case EventKind::unpin:
+            return "unpin";
+        case EventKind::remove:
+            return "remove";
+        case EventKind::rename:
+            return "rename";
+        case EventKind::import:
+            return "import";
+        case EventKind::reset:
+            return "reset";
+        case EventKind::member:
+            return "member";
     }
     return "unknown";
 }

@@ -14,7 +14,8 @@ namespace {
 Result<std::pair<double, std::string_view>> number_and_unit(std::string_view text,
                                                             std::string_view what) {
     std::size_t i = 0;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+        ++i;
     const std::string number(text.substr(0, i));
     char* end = nullptr;
     errno = 0;
@@ -48,15 +49,24 @@ Result<std::uint64_t> parse_size(std::string_view text) {
     std::string unit(text.substr(i));
     while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
     for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "IB") unit.resize(unit.size() - 2);
-    else if (unit.size() >= 2 && unit.back() == 'B') unit.pop_back();
+    if (unit.size() >= 2 && unit.substr(unit.size() - 2) == "IB")
+        unit.resize(unit.size() - 2);
+    else if (unit.size() >= 2 && unit.back() == 'B')
+        unit.pop_back();
     int shift = 0;
-    if (unit.empty() || unit == "B") shift = 0;
-    else if (unit == "K") shift = 10;
-    else if (unit == "M") shift = 20;
-    else if (unit == "G") shift = 30;
-    else if (unit == "T") shift = 40;
-    else return fail(EINVAL, fmt::format("invalid size '{}': unknown unit '{}'", text, text.substr(i)));
+    if (unit.empty() || unit == "B")
+        shift = 0;
+    else if (unit == "K")
+        shift = 10;
+    else if (unit == "M")
+        shift = 20;
+    else if (unit == "G")
+        shift = 30;
+    else if (unit == "T")
+        shift = 40;
+    else
+        return fail(EINVAL,
+                    fmt::format("invalid size '{}': unknown unit '{}'", text, text.substr(i)));
     if (shift == 0 && !fraction.empty()) return invalid();  // no fractions of a byte
     const std::uint64_t scale = std::uint64_t{1} << shift;
     std::uint64_t bytes = 0;
@@ -77,12 +87,18 @@ Result<std::int64_t> parse_duration(std::string_view text) {
     auto parsed = KCACHE_TRY(number_and_unit(text, "duration"));
     auto [value, unit] = parsed;
     double seconds = 0;
-    if (unit.empty() || unit == "s") seconds = value;
-    else if (unit == "m" || unit == "min") seconds = value * 60;
-    else if (unit == "h") seconds = value * 3600;
-    else if (unit == "d") seconds = value * 86400;
-    else if (unit == "w") seconds = value * 7 * 86400;
-    else return fail(EINVAL, fmt::format("invalid duration '{}': unknown unit '{}'", text, unit));
+    if (unit.empty() || unit == "s")
+        seconds = value;
+    else if (unit == "m" || unit == "min")
+        seconds = value * 60;
+    else if (unit == "h")
+        seconds = value * 3600;
+    else if (unit == "d")
+        seconds = value * 86400;
+    else if (unit == "w")
+        seconds = value * 7 * 86400;
+    else
+        return fail(EINVAL, fmt::format("invalid duration '{}': unknown unit '{}'", text, unit));
     if (seconds > 9.2e9) return fail(ERANGE, fmt::format("duration '{}' is too long", text));
     return static_cast<std::int64_t>(std::llround(seconds * 1e9));
 }

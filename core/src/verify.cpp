@@ -29,19 +29,22 @@ struct Totals {
 // A segmented blob: its digest is its list's, its size the list's span, and each
 // segment a stored blob (never a list) of its share of the size.
 template <typename Problem>
-void verify_list(const Tx& tx, const Digest& digest, const records::BlobRef& ref, const std::vector<Digest>& list,
-                 Problem& problem, std::unordered_map<Digest, bool, DigestHash>& damaged) {
+void verify_list(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
+                 const std::vector<Digest>& list, Problem& problem,
+                 std::unordered_map<Digest, bool, DigestHash>& damaged) {
     if (!(digest_of_segments(list) == digest)) {
         problem(fmt::format("blob {}: segment list does not match its digest", digest.hex()));
         damaged[digest] = true;
         return;
     }
     for (std::size_t i = 0; i < list.size(); ++i) {
-        const std::uint64_t size = std::min<std::uint64_t>(kSegmentSize, ref.raw_size - i * kSegmentSize);
+        const std::uint64_t size =
+            std::min<std::uint64_t>(kSegmentSize, ref.raw_size - i * kSegmentSize);
         auto seg = tx.blob_ref(list[i]);
-        if (!seg || !*seg || (*seg)->raw_size != size || (*seg)->codec == records::Codec::segments) {
-            problem(fmt::format("blob {}: segment {} ({}) is missing or not {} bytes", digest.hex(), i,
-                                list[i].hex(), size));
+        if (!seg || !*seg || (*seg)->raw_size != size ||
+            (*seg)->codec == records::Codec::segments) {
+            problem(fmt::format("blob {}: segment {} ({}) is missing or not {} bytes", digest.hex(),
+                                i, list[i].hex(), size));
             damaged[digest] = true;
             return;
         }
@@ -83,25 +86,28 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         ++dirents_expected;
         auto parent = dirs.find(node.parent);
         if (parent == dirs.end()) {
-            problem(fmt::format("inode {} ('{}'): parent {} is not a directory", node.ino, node.name, node.parent));
+            problem(fmt::format("inode {} ('{}'): parent {} is not a directory", node.ino,
+                                node.name, node.parent));
             continue;
         }
         auto link = tx.child(node.parent, node.name);
         if (!link || !*link || (*link)->child != node.ino) {
-            problem(fmt::format("inode {} ('{}'): not linked from its parent", node.ino, node.name));
+            problem(
+                fmt::format("inode {} ('{}'): not linked from its parent", node.ino, node.name));
         }
         if (node.depth != parent->second.depth + 1) {
-            problem(fmt::format("inode {} ('{}'): depth {} under a parent at depth {}", node.ino, node.name,
-                                node.depth, parent->second.depth));
+            problem(fmt::format("inode {} ('{}'): depth {} under a parent at depth {}", node.ino,
+                                node.name, node.depth, parent->second.depth));
         }
         // Inside an entry everything belongs to it; in a container a node is outside
         // every entry, an entry of its own (directory) or in its stem's entry (file).
         const Ino parent_entry = parent->second.entry;
         if (parent_entry && node.entry != parent_entry) {
-            problem(fmt::format("inode {} ('{}'): in entry {}, expected {}", node.ino, node.name, node.entry,
-                                parent_entry));
+            problem(fmt::format("inode {} ('{}'): in entry {}, expected {}", node.ino, node.name,
+                                node.entry, parent_entry));
         } else if (node.entry && !tx.find_entry_record(node.entry).value_or(std::nullopt)) {
-            problem(fmt::format("inode {} ('{}'): its entry {} has no record", node.ino, node.name, node.entry));
+            problem(fmt::format("inode {} ('{}'): its entry {} has no record", node.ino, node.name,
+                                node.entry));
         }
         if ((node.mode & S_IFMT) != S_IFREG) continue;
         ++all.files;
@@ -113,14 +119,16 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             if (ref && *ref) {
                 stored = records::file_footprint(**ref);
                 if ((*ref)->raw_size != node.size) {
-                    problem(fmt::format("inode {} ('{}'): size {} but its blob holds {} bytes", node.ino,
-                                        node.name, node.size, (*ref)->raw_size));
+                    problem(fmt::format("inode {} ('{}'): size {} but its blob holds {} bytes",
+                                        node.ino, node.name, node.size, (*ref)->raw_size));
                 }
             } else {
-                problem(fmt::format("inode {} ('{}'): blob {} is missing", node.ino, node.name, node.digest.hex()));
+                problem(fmt::format("inode {} ('{}'): blob {} is missing", node.ino, node.name,
+                                    node.digest.hex()));
             }
         } else if (node.size != 0) {
-            problem(fmt::format("inode {} ('{}'): size {} with no content", node.ino, node.name, node.size));
+            problem(fmt::format("inode {} ('{}'): size {} with no content", node.ino, node.name,
+                                node.size));
         }
         if (node.entry) {
             Totals& t = per_entry[node.entry];
@@ -135,7 +143,8 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         return true;
     }));
     if (dirents != dirents_expected) {
-        problem(fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
+        problem(
+            fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
     }
 
     // 2. Blobs: content matches digest and size, refcounts match references (a
@@ -149,7 +158,8 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         const Digest digest = records::digest_from_key(key);
         auto list = ops::segment_list(tx, digest);
         if (!list || !*list) {
-            problem(fmt::format("blob {}: {}", digest.hex(), list ? "no segment list" : list.error().message));
+            problem(fmt::format("blob {}: {}", digest.hex(),
+                                list ? "no segment list" : list.error().message));
             damaged[digest] = true;
             return true;
         }
@@ -175,7 +185,8 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         const auto it = refs.find(digest);
         const std::uint64_t counted = it == refs.end() ? 0 : it->second;
         if (ref->refcount != counted) {
-            problem(fmt::format("blob {}: refcount {} but {} files refer to it", digest.hex(), ref->refcount, counted));
+            problem(fmt::format("blob {}: refcount {} but {} files refer to it", digest.hex(),
+                                ref->refcount, counted));
         }
         if (ref->codec == records::Codec::segments) {
             // Its segments are blobs checked on their own: check the list and sizes.
@@ -185,7 +196,8 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             problem(fmt::format("blob {}: {}", digest.hex(), content.error().message));
             damaged[digest] = true;
         } else if (!(digest_of(content->bytes()) == digest) &&
-                   !(content->bytes().size() >= kSegmentedSize && flat_digest_of(content->bytes()) == digest)) {
+                   !(content->bytes().size() >= kSegmentedSize &&
+                     flat_digest_of(content->bytes()) == digest)) {
             // (A big file stored before schema 3 keeps its flat digest.)
             problem(fmt::format("blob {}: content does not match its digest", digest.hex()));
             damaged[digest] = true;
@@ -203,12 +215,13 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     for (const Inode& node : nodes) {
         if (node.digest.empty() || !damaged.count(node.digest)) continue;
         auto path = tx.path_of(node.ino);
-        problem(fmt::format("file '{}' has damaged content (blob {})", path ? *path : node.name, node.digest.hex()));
+        problem(fmt::format("file '{}' has damaged content (blob {})", path ? *path : node.name,
+                            node.digest.hex()));
     }
     mdb_stat(tx.txn, tx.db.blob_data, &st);
     if (st.ms_entries != chunks_expected) {
-        problem(fmt::format("{} blob chunks stored where the blob references need {}", st.ms_entries,
-                            chunks_expected));
+        problem(fmt::format("{} blob chunks stored where the blob references need {}",
+                            st.ms_entries, chunks_expected));
     }
 
     // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.
@@ -224,19 +237,23 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         ++entry_count;
         const Totals t = per_entry[ino];
         if (entry->files != t.files || entry->bytes != t.bytes || entry->stored_bytes != t.stored) {
-            problem(fmt::format("entry '{}': records {} files/{} bytes/{} stored, tree has {}/{}/{}", entry->name,
-                                entry->files, entry->bytes, entry->stored_bytes, t.files, t.bytes, t.stored));
+            problem(fmt::format(
+                "entry '{}': records {} files/{} bytes/{} stored, tree has {}/{}/{}", entry->name,
+                entry->files, entry->bytes, entry->stored_bytes, t.files, t.bytes, t.stored));
         }
         if (entry->kind == EntryKind::node) {
             auto node = tx.inode(ino);
-            if (!node || node->entry != ino) problem(fmt::format("entry '{}': its node is missing", entry->name));
+            if (!node || node->entry != ino)
+                problem(fmt::format("entry '{}': its node is missing", entry->name));
         } else {
             auto id = ops::find_stem_entry(tx, entry->parent, entry->stem);
-            if (!id || !*id || **id != ino) problem(fmt::format("entry '{}': missing from the stem index", entry->name));
+            if (!id || !*id || **id != ino)
+                problem(fmt::format("entry '{}': missing from the stem index", entry->name));
         }
         if (!entry->pinned) {
             auto lru = tx.get(tx.db.lru, records::lru_key(entry->last_access_ns, ino));
-            if (!lru || !*lru) problem(fmt::format("entry '{}': missing from the LRU index", entry->name));
+            if (!lru || !*lru)
+                problem(fmt::format("entry '{}': missing from the LRU index", entry->name));
         }
         return true;
     }));
@@ -245,7 +262,8 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     auto gauge = [&](Counter c, std::uint64_t actual) {
         auto value = tx.counter(c);
         if (value && *value != actual) {
-            problem(fmt::format("statistic {} is {} but the db holds {}", counter_name(c), *value, actual));
+            problem(fmt::format("statistic {} is {} but the db holds {}", counter_name(c), *value,
+                                actual));
         }
     };
     gauge(Counter::entries, entry_count);
@@ -268,7 +286,8 @@ Result<GcReport> collect_garbage(Store& store) {
         auto scanned = tx.scan(tx.db.leases, {}, {}, [&](std::string_view key, std::string_view) {
             std::uint32_t pid = 0;
             for (char c : key.substr(8, 4)) pid = (pid << 8) | static_cast<unsigned char>(c);
-            const bool alive = pid != 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+            const bool alive =
+                pid != 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
             if (!alive || key.size() != 12) dead.emplace_back(key);
             return true;
         });
@@ -297,14 +316,18 @@ Result<GcReport> collect_garbage(Store& store) {
 Result<CompactReport> compact(const std::string& db_path) {
     const std::string lock_path = db_path + "/kcache.lock";
     const int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return fail(errno, fmt::format("no kcache db at {}: {}", db_path, std::strerror(errno)));
+    if (fd < 0)
+        return fail(errno, fmt::format("no kcache db at {}: {}", db_path, std::strerror(errno)));
     struct Closer {
         int fd;
         ~Closer() { close(fd); }
     } closer{fd};
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        return fail(EBUSY, fmt::format("db {}: in use by another process (stop the daemon and other tools to compact)",
-                                       db_path));
+        return fail(
+            EBUSY,
+            fmt::format(
+                "db {}: in use by another process (stop the daemon and other tools to compact)",
+                db_path));
     }
     CompactReport report;
     std::error_code ec;
@@ -325,7 +348,9 @@ Result<CompactReport> compact(const std::string& db_path) {
         return tl::unexpected(lmdb::error(rc, fmt::format("db {}: compact", db_path)));
     }
     fs::rename(tmp_dir + "/data.mdb", db_path + "/data.mdb", ec);
-    if (ec) return fail(ec.value(), fmt::format("db {}: replacing data.mdb: {}", db_path, ec.message()));
+    if (ec)
+        return fail(ec.value(),
+                    fmt::format("db {}: replacing data.mdb: {}", db_path, ec.message()));
     fs::remove_all(tmp_dir, ec);
     report.bytes_after = fs::file_size(db_path + "/data.mdb", ec);
     return report;

@@ -11,7 +11,7 @@ namespace kcache::fsd {
 namespace {
 
 constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
-constexpr int kFlushEvery = 4;                            // statistics: every 4 periods
+constexpr int kFlushEvery = 4;                           // statistics: every 4 periods
 
 constexpr int find_slot(core::Counter c) {
     for (int i = 0; i < Background::kSlots; ++i) {
@@ -33,7 +33,9 @@ int slot_of(core::Counter c) {
 Background::Background(core::Store& store, double sync_interval_s)
     : m_store(store), m_sync_interval_s(sync_interval_s) {}
 
-Background::~Background() { stop(); }
+Background::~Background() {
+    stop();
+}
 
 void Background::start(fuse_session* session) {
     m_session = session;
@@ -55,7 +57,8 @@ void Background::stop() {
     m_wake.notify_all();
     if (m_thread.joinable()) m_thread.join();
     m_session = nullptr;
-    std::vector<std::function<void()>> after;  // replies still owed (their notification no longer matters)
+    std::vector<std::function<void()>>
+        after;  // replies still owed (their notification no longer matters)
     {
         std::lock_guard lock(m_mutex);
         after.swap(m_after_invalidation);
@@ -82,7 +85,8 @@ void Background::invalidate_attr(core::Ino ino, std::function<void()> then) {
     m_wake.notify_all();
 }
 
-void Background::grow_size(core::Ino ino, std::uint64_t size, char last_byte, std::function<void()> then) {
+void Background::grow_size(core::Ino ino, std::uint64_t size, char last_byte,
+                           std::function<void()> then) {
     {
         std::lock_guard lock(m_mutex);
         m_sizes_to_grow.push_back({ino, size, last_byte});
@@ -146,8 +150,8 @@ void Background::run() {
         {
             std::unique_lock lock(m_mutex);
             m_wake.wait_for(lock, kPeriod, [&] {
-                return m_stop || !m_inodes_to_invalidate.empty() || !m_attrs_to_invalidate.empty() ||
-                       !m_sizes_to_grow.empty();
+                return m_stop || !m_inodes_to_invalidate.empty() ||
+                       !m_attrs_to_invalidate.empty() || !m_sizes_to_grow.empty();
             });
             if (m_stop) return;
             inodes.swap(m_inodes_to_invalidate);
@@ -207,7 +211,8 @@ void Background::follow_events() {
                     if (e.parent) entries.emplace_back(e.parent, e.name);
                     inodes.push_back(e.entry);
                     break;
-                default: break;  // hits, pins, resets change nothing the kernel caches
+                default:
+                    break;  // hits, pins, resets change nothing the kernel caches
             }
             return true;
         });
@@ -232,9 +237,10 @@ void Background::notify_sizes(const std::vector<Growth>& growths) {
         fuse_bufvec buf = FUSE_BUFVEC_INIT(1);
         char byte = g.last_byte;
         buf.buf[0].mem = &byte;
-        const int err = fuse_lowlevel_notify_store(m_session, g.ino, static_cast<off_t>(g.size - 1), &buf,
-                                                   fuse_buf_copy_flags{});
-        if (err != 0 && err != -ENOENT) log::warning("telling the kernel the size of inode {}: {}", g.ino, strerror(-err));
+        const int err = fuse_lowlevel_notify_store(m_session, g.ino, static_cast<off_t>(g.size - 1),
+                                                   &buf, fuse_buf_copy_flags{});
+        if (err != 0 && err != -ENOENT)
+            log::warning("telling the kernel the size of inode {}: {}", g.ino, strerror(-err));
     }
 }
 

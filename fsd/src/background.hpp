@@ -28,7 +28,7 @@ struct fuse_session;
 namespace kcache::fsd {
 
 class Background {
-public:
+  public:
     Background(core::Store& store, double sync_interval_s);
     ~Background();
     Background(const Background&) = delete;
@@ -64,7 +64,7 @@ public:
     // start()): Contents::renew_pin, which must see every commit soon after it.
     void on_period(std::function<void()> fn) { m_on_period = std::move(fn); }
 
-private:
+  private:
     void run();
     void follow_events();
     void notify(const std::vector<core::Ino>& inodes,
@@ -91,14 +91,14 @@ private:
     std::vector<core::Ino> m_hits;
     std::atomic<bool> m_check_limits{false};
     std::function<void()> m_on_period;  // set before start(); only the thread calls it
-public:
+  public:
     // The counters handlers count in memory, flushed together: the rows of the table
     // of statistics that the daemon counts (core::by_daemon).
     static constexpr int kSlots = static_cast<int>(core::statistics_counted_by(core::by_daemon));
     static constexpr std::array<core::Counter, kSlots> kCounted =
         core::statistics_counted_by_list<kSlots>(core::by_daemon);
 
-private:
+  private:
     std::atomic<std::uint64_t> m_counts[kSlots] = {};
     std::uint64_t m_event_seq = 0;
     const double m_sync_interval_s;

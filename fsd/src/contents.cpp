@@ -15,7 +15,8 @@ std::shared_ptr<const std::string> Contents::find_snapshot(const core::Digest& d
     return it == m_snapshots.end() ? nullptr : it->second.lock();
 }
 
-std::shared_ptr<const std::string> Contents::snapshot(const core::Digest& digest, std::string_view bytes) {
+std::shared_ptr<const std::string> Contents::snapshot(const core::Digest& digest,
+                                                      std::string_view bytes) {
     const std::string key = digest.hex();
     std::lock_guard lock(m_snapshots_mutex);
     if (auto it = m_snapshots.find(key); it != m_snapshots.end()) {
@@ -50,7 +51,8 @@ std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& d
         }
     }
     // Removed by this daemon since the open: an orphan.
-    if (auto orphan = m_lookups.find_orphan(ino); orphan && orphan->attr.digest == digest) return orphan->content;
+    if (auto orphan = m_lookups.find_orphan(ino); orphan && orphan->attr.digest == digest)
+        return orphan->content;
     // Replaced or removed by this daemon (keep_for_readers) or another process: kept
     // by renew_pin, or still in the pin if renew_pin has not seen the change yet.
     // Both under m_pin_mutex: renew_pin moves the content from one to the other.
@@ -69,20 +71,23 @@ void Contents::renew_pin() {
     auto now = m_store.read();
     if (!now) return;
     std::lock_guard pin_lock(m_pin_mutex);
-    if (m_pin && m_pin->id() == now->id()) return;  // nothing committed since: the pin covers it all
+    if (m_pin && m_pin->id() == now->id())
+        return;  // nothing committed since: the pin covers it all
     if (m_pin) {
         // Lazy readers whose version left the db between the pin and now: keep it
         // from the pin, where LMDB still holds its pages.
         for (const auto& [ino, digest] : m_pages.unkept_lazy()) {
             auto stored = now->getattr(ino);
             if (stored && stored->digest == digest) continue;  // still there: the READ finds it
-            auto live = find_snapshot(digest);  // a reader loaded it already
+            auto live = find_snapshot(digest);                 // a reader loaded it already
             if (!live) {
                 auto old = m_pin->getattr(ino);
-                if (!old || old->digest != digest) continue;  // opened after the pin: pinned() copied it
+                if (!old || old->digest != digest)
+                    continue;  // opened after the pin: pinned() copied it
                 auto content = m_pin->read(ino);
                 if (!content) {
-                    log::error("keeping the content of inode {} for its readers: {}", ino, content.error().message);
+                    log::error("keeping the content of inode {} for its readers: {}", ino,
+                               content.error().message);
                     continue;
                 }
                 live = snapshot(digest, content->bytes());

@@ -36,7 +36,7 @@ class Lookups;
 class PageCache;
 
 class Contents {
-public:
+  public:
     Contents(core::Store& store, PageCache& pages, Lookups& lookups)
         : m_store(store), m_pages(pages), m_lookups(lookups) {}
 
@@ -58,7 +58,7 @@ public:
     // not, the open copies its content at once.
     bool pinned(core::Ino ino, const core::Digest& digest, const core::ReadTxn& txn);
 
-private:
+  private:
     core::Store& m_store;
     PageCache& m_pages;
     Lookups& m_lookups;

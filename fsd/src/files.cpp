@@ -119,7 +119,8 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             } else {
                 handle->snapshot_digest = attr->digest;
                 handle->reader_tid = fuse_req_ctx(req)->pid;
-                const PageCache::Use use = m_pages.enter(handle.get(), attr->digest, attr->size, &stale_attr);
+                const PageCache::Use use =
+                    m_pages.enter(handle.get(), attr->digest, attr->size, &stale_attr);
                 fi->direct_io = use == PageCache::Use::direct;
                 fi->keep_cache = use == PageCache::Use::keep;
                 // The kernel's pages hold this version: a READ comes only for pages it
@@ -144,12 +145,14 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             // A read-write open without O_TRUNC (a database) reads what it opens: it
             // counts as an open for reading. Its reads may all come from the page cache,
             // so the open, not a READ, is what the daemon sees.
-            if (handle->readable && !truncate) m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
+            if (handle->readable && !truncate)
+                m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
         }
     }
     if (handle->writable && !handle->orphan) {
         handle->opener = process_of(fuse_req_ctx(req)->pid);
-        joined_existing = m_versions.shared(ino) != nullptr || (!truncate && m_versions.has_rewrite(ino));
+        joined_existing =
+            m_versions.shared(ino) != nullptr || (!truncate && m_versions.has_rewrite(ino));
         auto s = m_versions.join(ino, truncate, handle->opener, std::nullopt, &handle->version);
         if (!s && s.error().code == ENOENT) {
             handle->orphan = true;  // replaced since the snapshot above: as for a removed file
@@ -166,14 +169,16 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
     auto reply = [this, req, opened = *fi, raw]() mutable {
-        if (fuse_reply_open(req, &opened) != 0) discard_open(raw);  // the opener is gone (interrupted)
+        if (fuse_reply_open(req, &opened) != 0)
+            discard_open(raw);  // the opener is gone (interrupted)
     };
     if (raw->version && raw->writable) return m_pages.admit_writer(raw, std::move(reply));
     if (grow) {
         if (stale_attr) m_background.invalidate_attr(ino);  // the same pass, before the reply
         return m_background.grow_size(ino, grow->first, grow->second, std::move(reply));
     }
-    if (stale_attr) return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
+    if (stale_attr)
+        return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
     reply();
 }
 
@@ -187,7 +192,8 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     {
         auto txn = m_store.write();
         if (!txn) return reply_error(req, txn.error());
-        auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
+        auto created =
+            txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
         if (!created) return reply_error(req, created.error());
         auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
         if (!staged) return reply_error(req, staged.error());
@@ -206,15 +212,19 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     handle->opener = process_of(ctx->pid);
     // After the commit: Versions::join may wait for another version to end.
     const bool joined_existing = m_versions.shared(attr.ino) != nullptr;
-    if (auto s = m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &handle->version); !s) {
+    if (auto s =
+            m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &handle->version);
+        !s) {
         return reply_error(req, s.error());
     }
     fi->keep_cache = joined_existing;  // as in open() for writing
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
-    (void)m_pages.enter_as_writer(raw);  // no reader enters the page cache while it writes; see admit_writer
+    (void)m_pages.enter_as_writer(
+        raw);  // no reader enters the page cache while it writes; see admit_writer
     m_versions.apply_live_size(attr);
-    const fuse_entry_param e = kernel::entry_param(attr, attr_timeout(attr));  // 0: its version is at work
+    const fuse_entry_param e =
+        kernel::entry_param(attr, attr_timeout(attr));  // 0: its version is at work
     m_lookups.remember(attr.ino);
     // O_CREAT of a file that existed: the kernel may hold its settled attributes.
     m_background.invalidate_attr(attr.ino);
@@ -243,7 +253,9 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
         }
         shared = handle->snapshot;
     }
-    if (lost) return reply_error(req, {EIO, "content removed by another process before its first read, and not kept"});
+    if (lost)
+        return reply_error(
+            req, {EIO, "content removed by another process before its first read, and not kept"});
     std::string copy;  // a version's bytes, which may change after the lock
     std::string_view slice;
     if (version) {
@@ -265,7 +277,8 @@ void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) 
     auto content = txn->read(ino);
     if (!content) return reply_error(req, content.error());
     const std::string_view bytes = content->bytes();
-    const std::string_view slice = bytes.substr(std::min(static_cast<std::size_t>(off), bytes.size()), size);
+    const std::string_view slice =
+        bytes.substr(std::min(static_cast<std::size_t>(off), bytes.size()), size);
     m_background.count(core::Counter::bytes_read, slice.size());
     fuse_reply_buf(req, slice.data(), slice.size());  // from the map: before the snapshot ends
 }
@@ -310,8 +323,10 @@ core::Status Filesystem::publish(fuse_req_t req, Version& version) {
         auto evicted = m_store.evict({.max_bytes = size > max ? 0 : max - size});
         if (!evicted) return tl::unexpected(evicted.error());
         if (!evicted->satisfied) {
-            return core::fail(ENOSPC, fmt::format("cache full: {} bytes do not fit under the {} byte bound "
-                                                  "(the rest is pinned or being written)", size, max));
+            return core::fail(ENOSPC,
+                              fmt::format("cache full: {} bytes do not fit under the {} byte bound "
+                                          "(the rest is pinned or being written)",
+                                          size, max));
         }
     }
     // Readers of the stored version that load it lazily (open()) may still need it.
@@ -322,8 +337,10 @@ core::Status Filesystem::publish(fuse_req_t req, Version& version) {
     // A rewrite's pages may be cached by its own process's readers of the old version.
     // A shared version's are the page cache its handles read: nothing is stale, but
     // its attributes (times) changed.
-    if (!version.shared) m_background.invalidate_inode(version.staged.ino());
-    else m_background.invalidate_attr(version.staged.ino());
+    if (!version.shared)
+        m_background.invalidate_inode(version.staged.ino());
+    else
+        m_background.invalidate_attr(version.staged.ino());
     m_background.check_limits();
     return {};
 }
@@ -335,7 +352,8 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     // A process killed by a signal closes its files too: a rewriter killed mid-file
     // must not publish what it had written so far.
     auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    if (!handle) return (void)fuse_reply_err(req, m_no_open ? ENOSYS : 0);  // read-only: never again
+    if (!handle)
+        return (void)fuse_reply_err(req, m_no_open ? ENOSYS : 0);  // read-only: never again
     const pid_t tid = fuse_req_ctx(req)->pid;
     std::shared_ptr<Version> version;
     {
@@ -405,6 +423,5 @@ void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     if (handle->page_writer) m_pages.leave_as_writer(handle.get());
     fuse_reply_err(req, 0);
 }
-
 
 }  // namespace kcache::fsd

@@ -20,7 +20,9 @@ using kernel::to_stat;
 
 namespace {
 
-Filesystem* self(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_userdata(req)); }
+Filesystem* self(fuse_req_t req) {
+    return static_cast<Filesystem*>(fuse_req_userdata(req));
+}
 
 }  // namespace
 
@@ -50,11 +52,18 @@ void Filesystem::start(fuse_session* session) {
 
 void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
     switch (error.code) {
-        case ENOSPC: m_background.count(core::Counter::errors_nospc); break;
-        case EIO: m_background.count(core::Counter::errors_io); break;
+        case ENOSPC:
+            m_background.count(core::Counter::errors_nospc);
+            break;
+        case EIO:
+            m_background.count(core::Counter::errors_io);
+            break;
         case EFBIG:
-        case ENOMEM: m_background.count(core::Counter::errors_other); break;
-        default: break;  // ENOENT, EEXIST, ENOTEMPTY ... are answers, not failures
+        case ENOMEM:
+            m_background.count(core::Counter::errors_other);
+            break;
+        default:
+            break;  // ENOENT, EEXIST, ENOTEMPTY ... are answers, not failures
     }
     if (error.code == EIO || error.code == ENOSPC) {
         log::error("{}", error.message);
@@ -72,9 +81,12 @@ void Filesystem::reply_entry(fuse_req_t req, const Attr& stored) {
 
 // ---- lookup references and orphans ------------------------------------------------
 
-void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) { m_lookups.forget(ino, count); }
+void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
+    m_lookups.forget(ino, count);
+}
 
-std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent, const char* name) {
+std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent,
+                                                            const char* name) {
     auto attr = txn.lookup(parent, name);
     if (!attr || !attr->is_regular()) return std::nullopt;
     if (!m_lookups.known(attr->ino)) return std::nullopt;  // the kernel does not know it
@@ -85,8 +97,8 @@ std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn&
     return std::pair{attr->ino, std::move(orphan)};
 }
 
-core::Status Filesystem::remove_keeping_orphan(Ino parent, const char* name,
-                                               const std::function<core::Status(core::WriteTxn&)>& remove) {
+core::Status Filesystem::remove_keeping_orphan(
+    Ino parent, const char* name, const std::function<core::Status(core::WriteTxn&)>& remove) {
     auto txn = m_store.write();
     if (!txn) return tl::unexpected(txn.error());
     auto orphan = orphan_of(*txn, parent, name);
@@ -95,22 +107,26 @@ core::Status Filesystem::remove_keeping_orphan(Ino parent, const char* name,
     // old inode concurrently (an open does not wait for a rename of its name).
     if (orphan) m_lookups.adopt(orphan->first, orphan->second);
     auto s = txn->commit();
-    if (!s && orphan) m_lookups.disown(orphan->first);
-    else if (orphan) m_background.invalidate_attr(orphan->first);  // nlink 0 now
+    if (!s && orphan)
+        m_lookups.disown(orphan->first);
+    else if (orphan)
+        m_background.invalidate_attr(orphan->first);  // nlink 0 now
     return s;
 }
 
 std::optional<Attr> Filesystem::removed_attr(Ino ino, FileHandle* handle) {
     std::optional<Attr> attr;
-    if (handle) attr = handle->attr;
-    else if (auto orphan = m_lookups.find_orphan(ino)) attr = orphan->attr;
+    if (handle)
+        attr = handle->attr;
+    else if (auto orphan = m_lookups.find_orphan(ino))
+        attr = orphan->attr;
     if (attr) attr->nlink = 0;
     return attr;
 }
 
 double Filesystem::attr_timeout(const Attr& a) {
     if (!a.is_regular()) return kernel::kDirAttrTimeout;
-    if (a.nlink == 0) return 0;  // removed: answered from a handle or an orphan
+    if (a.nlink == 0) return 0;               // removed: answered from a handle or an orphan
     if (m_versions.at_work(a.ino)) return 0;  // a writer at work: the answer depends on the caller
     return m_pages.tell_attr(a) ? kernel::kFileAttrTimeout : 0;
 }
@@ -124,8 +140,9 @@ void Filesystem::init(fuse_conn_info* conn) {
     // page cache meanwhile (PageCache: admit_writer, enter), and the next getattr answers
     // the size each one should see.
     if (!(conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)) {
-        log::warning("the kernel's FUSE lacks atomic O_TRUNC: an O_TRUNC open shares the file "
-                     "as any other writer (no private rewrite)");
+        log::warning(
+            "the kernel's FUSE lacks atomic O_TRUNC: an O_TRUNC open shares the file "
+            "as any other writer (no private rewrite)");
     }
     conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
     if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
@@ -201,7 +218,8 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             version = handle->version;
             snapshot = handle->snapshot;
             own_view = version || (!handle->orphan && handle->snapshot_digest != attr->digest);
-            if (handle->lazy && !snapshot) size = handle->attr.size;  // its version's, not yet loaded
+            if (handle->lazy && !snapshot)
+                size = handle->attr.size;  // its version's, not yet loaded
         }
         if (!version) version = m_versions.shared(ino);
         if (version) {
@@ -210,7 +228,9 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         }
         if (!size) size = m_pages.size(ino);
         if (!size && snapshot) size = snapshot->size();
-        if (!size) size = m_versions.rewrite_size(ino, process_of(fuse_req_ctx(req)->pid));  // stat by path by a rewriter
+        if (!size)
+            size = m_versions.rewrite_size(
+                ino, process_of(fuse_req_ctx(req)->pid));  // stat by path by a rewriter
         if (size) attr->size = *size;
     }
     struct stat st = to_stat(*attr);
@@ -221,7 +241,8 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
                          fuse_file_info* fi) {
     FileHandle* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
     std::optional<std::uint64_t> version_size;  // the size a truncated version now has
-    if ((to_set & FUSE_SET_ATTR_SIZE) && static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
+    if ((to_set & FUSE_SET_ATTR_SIZE) &&
+        static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
         return reply_error(req, {EFBIG, "file size over --max-file-size"});
     }
     if ((to_set & FUSE_SET_ATTR_SIZE) && handle) {
@@ -254,10 +275,14 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
     if (to_set & FUSE_SET_ATTR_GID) changes.gid = attr->st_gid;
     if (to_set & FUSE_SET_ATTR_SIZE) changes.size = static_cast<std::uint64_t>(attr->st_size);
     const std::int64_t now = m_store.now_ns();
-    if (to_set & FUSE_SET_ATTR_ATIME_NOW) changes.atime_ns = now;
-    else if (to_set & FUSE_SET_ATTR_ATIME) changes.atime_ns = ns_of(attr->st_atim);
-    if (to_set & FUSE_SET_ATTR_MTIME_NOW) changes.mtime_ns = now;
-    else if (to_set & FUSE_SET_ATTR_MTIME) changes.mtime_ns = ns_of(attr->st_mtim);
+    if (to_set & FUSE_SET_ATTR_ATIME_NOW)
+        changes.atime_ns = now;
+    else if (to_set & FUSE_SET_ATTR_ATIME)
+        changes.atime_ns = ns_of(attr->st_atim);
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+        changes.mtime_ns = now;
+    else if (to_set & FUSE_SET_ATTR_MTIME)
+        changes.mtime_ns = ns_of(attr->st_mtim);
     Attr result;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
         auto a = txn.setattr(ino, changes);
@@ -279,8 +304,10 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         (void)m_versions.truncate(ino, *changes.size, &unused);
         m_background.invalidate_inode(ino);
     }
-    if (version_size) result.size = *version_size;
-    else m_versions.apply_live_size(result);
+    if (version_size)
+        result.size = *version_size;
+    else
+        m_versions.apply_live_size(result);
     // The reply updates the caller's view; the notification reaches answers to
     // requests that were in flight meanwhile (the kernel drops those it overtakes).
     m_background.invalidate_attr(ino);
@@ -296,8 +323,9 @@ void Filesystem::readlink(fuse_req_t req, fuse_ino_t ino) {
     fuse_reply_readlink(req, target->c_str());
 }
 
-void Filesystem::make_node(fuse_req_t req,
-                           const std::function<core::Result<Attr>(core::WriteTxn&, const fuse_ctx&)>& make) {
+void Filesystem::make_node(
+    fuse_req_t req,
+    const std::function<core::Result<Attr>(core::WriteTxn&, const fuse_ctx&)>& make) {
     const fuse_ctx* ctx = fuse_req_ctx(req);
     Attr attr;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
@@ -330,7 +358,8 @@ void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, 
 }
 
 void Filesystem::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    auto s = remove_keeping_orphan(parent, name, [&](core::WriteTxn& txn) { return txn.unlink(parent, name); });
+    auto s = remove_keeping_orphan(parent, name,
+                                   [&](core::WriteTxn& txn) { return txn.unlink(parent, name); });
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
@@ -346,7 +375,8 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     unsigned ours = 0;
     if (flags & RENAME_NOREPLACE) ours |= core::kRenameNoReplace;
     if (flags & RENAME_EXCHANGE) ours |= core::kRenameExchange;
-    if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return reply_error(req, {EINVAL, "rename flags"});
+    if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE))
+        return reply_error(req, {EINVAL, "rename flags"});
     // The file a rename replaces may still be open (or about to be): keep it. A file
     // renamed into place populates its entry on behalf of the renaming process.
     const core::Origin origin = kernel::origin_of(req);
@@ -373,8 +403,8 @@ void Filesystem::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (fuse_reply_open(req, fi) != 0) delete reinterpret_cast<DirHandle*>(fi->fh);
 }
 
-void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                         fuse_file_info* fi, bool plus) {
+void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
+                         bool plus) {
     auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
     std::unique_lock lock(dir->mutex);
     auto txn = m_store.read();
@@ -417,15 +447,18 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
             } else {
                 e = kernel::entry_param(*attr, attr_timeout(*attr));
             }
-            n = fuse_add_direntry_plus(req, buf.data() + used, size - used, child.name.c_str(), &e, next);
-            if (n <= size - used && e.ino) m_lookups.remember(e.ino);  // the kernel takes a reference
+            n = fuse_add_direntry_plus(req, buf.data() + used, size - used, child.name.c_str(), &e,
+                                       next);
+            if (n <= size - used && e.ino)
+                m_lookups.remember(e.ino);  // the kernel takes a reference
         } else {
-            struct stat st{};
+            struct stat st {};
             st.st_ino = child.ino;
             st.st_mode = child.type == core::FileType::directory ? S_IFDIR
                          : child.type == core::FileType::symlink ? S_IFLNK
                                                                  : S_IFREG;
-            n = fuse_add_direntry(req, buf.data() + used, size - used, child.name.c_str(), &st, next);
+            n = fuse_add_direntry(req, buf.data() + used, size - used, child.name.c_str(), &st,
+                                  next);
         }
         if (n > size - used) break;  // did not fit: the kernel asks again from `next`
         used += n;
@@ -440,7 +473,7 @@ void Filesystem::releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 }
 
 void Filesystem::statfs(fuse_req_t req, fuse_ino_t) {
-    struct statvfs st{};
+    struct statvfs st {};
     if (::statvfs(m_store.path().c_str(), &st) != 0) return reply_error(req, {errno, "statvfs"});
     auto txn = m_store.read();
     if (!txn) return reply_error(req, txn.error());
@@ -453,7 +486,7 @@ void Filesystem::statfs(fuse_req_t req, fuse_ino_t) {
     std::uint64_t free = max ? (stored < max ? max - stored : 0) : disk_free;
     free = std::min(free, disk_free);
     total = std::max(total, stored);
-    struct statvfs out{};
+    struct statvfs out {};
     out.f_bsize = block;
     out.f_frsize = block;
     out.f_blocks = total / block;
@@ -471,38 +504,58 @@ void Filesystem::statfs(fuse_req_t req, fuse_ino_t) {
 const fuse_lowlevel_ops& Filesystem::operations() {
     static const fuse_lowlevel_ops ops = [] {
         fuse_lowlevel_ops t{};
-        t.init = [](void* userdata, fuse_conn_info* conn) { static_cast<Filesystem*>(userdata)->init(conn); };
+        t.init = [](void* userdata, fuse_conn_info* conn) {
+            static_cast<Filesystem*>(userdata)->init(conn);
+        };
         t.lookup = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->lookup(r, p, n); };
-        t.getattr = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->getattr(r, i, fi); };
+        t.getattr = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) {
+            self(r)->getattr(r, i, fi);
+        };
         t.setattr = [](fuse_req_t r, fuse_ino_t i, struct stat* a, int s, fuse_file_info* fi) {
             self(r)->setattr(r, i, a, s, fi);
         };
         t.readlink = [](fuse_req_t r, fuse_ino_t i) { self(r)->readlink(r, i); };
-        t.mknod = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, dev_t d) { self(r)->mknod(r, p, n, m, d); };
-        t.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) { self(r)->mkdir(r, p, n, m); };
+        t.mknod = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, dev_t d) {
+            self(r)->mknod(r, p, n, m, d);
+        };
+        t.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) {
+            self(r)->mkdir(r, p, n, m);
+        };
         t.unlink = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->unlink(r, p, n); };
         t.rmdir = [](fuse_req_t r, fuse_ino_t p, const char* n) { self(r)->rmdir(r, p, n); };
-        t.symlink = [](fuse_req_t r, const char* target, fuse_ino_t p, const char* n) { self(r)->symlink(r, target, p, n); };
-        t.rename = [](fuse_req_t r, fuse_ino_t p, const char* n, fuse_ino_t np, const char* nn, unsigned int f) {
-            self(r)->rename(r, p, n, np, nn, f);
+        t.symlink = [](fuse_req_t r, const char* target, fuse_ino_t p, const char* n) {
+            self(r)->symlink(r, target, p, n);
         };
-        t.link = [](fuse_req_t r, fuse_ino_t i, fuse_ino_t np, const char* nn) { self(r)->link(r, i, np, nn); };
+        t.rename = [](fuse_req_t r, fuse_ino_t p, const char* n, fuse_ino_t np, const char* nn,
+                      unsigned int f) { self(r)->rename(r, p, n, np, nn, f); };
+        t.link = [](fuse_req_t r, fuse_ino_t i, fuse_ino_t np, const char* nn) {
+            self(r)->link(r, i, np, nn);
+        };
         t.open = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->open(r, i, fi); };
-        t.read = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) { self(r)->read(r, i, s, o, fi); };
-        t.write = [](fuse_req_t r, fuse_ino_t i, const char* b, size_t s, off_t o, fuse_file_info* fi) {
-            self(r)->write(r, i, b, s, o, fi);
+        t.read = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) {
+            self(r)->read(r, i, s, o, fi);
         };
+        t.write = [](fuse_req_t r, fuse_ino_t i, const char* b, size_t s, off_t o,
+                     fuse_file_info* fi) { self(r)->write(r, i, b, s, o, fi); };
         t.flush = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->flush(r, i, fi); };
-        t.release = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->release(r, i, fi); };
-        t.fsync = [](fuse_req_t r, fuse_ino_t i, int d, fuse_file_info* fi) { self(r)->fsync(r, i, d, fi); };
-        t.opendir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->opendir(r, i, fi); };
+        t.release = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) {
+            self(r)->release(r, i, fi);
+        };
+        t.fsync = [](fuse_req_t r, fuse_ino_t i, int d, fuse_file_info* fi) {
+            self(r)->fsync(r, i, d, fi);
+        };
+        t.opendir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) {
+            self(r)->opendir(r, i, fi);
+        };
         t.readdir = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) {
             self(r)->readdir(r, i, s, o, fi, false);
         };
         t.readdirplus = [](fuse_req_t r, fuse_ino_t i, size_t s, off_t o, fuse_file_info* fi) {
             self(r)->readdir(r, i, s, o, fi, true);
         };
-        t.releasedir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) { self(r)->releasedir(r, i, fi); };
+        t.releasedir = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* fi) {
+            self(r)->releasedir(r, i, fi);
+        };
         t.fsyncdir = [](fuse_req_t r, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(r, 0); };
         t.statfs = [](fuse_req_t r, fuse_ino_t i) { self(r)->statfs(r, i); };
         t.forget = [](fuse_req_t r, fuse_ino_t i, std::uint64_t n) {

@@ -80,7 +80,7 @@
 namespace kcache::fsd {
 
 class Filesystem {
-public:
+  public:
     Filesystem(core::Store& store, const Options& options);
     ~Filesystem();
 
@@ -108,7 +108,8 @@ public:
                 const char* new_name, unsigned int flags);
     void link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name);
     void open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
-    void create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
+    void create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+                fuse_file_info* fi);
     void read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
     void write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
                fuse_file_info* fi);
@@ -122,19 +123,20 @@ public:
     void statfs(fuse_req_t req, fuse_ino_t ino);
     void forget(fuse_ino_t ino, std::uint64_t count);
 
-private:
+  private:
     void reply_error(fuse_req_t req, const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
     // first when `read_through` (then answered from a tier thread, asynchronously).
     void answer_lookup(fuse_req_t req, core::Ino parent, const char* name, bool read_through);
     // Makes a node in one transaction and replies with its entry.
-    void make_node(fuse_req_t req,
-                   const std::function<core::Result<core::Attr>(core::WriteTxn&, const fuse_ctx&)>& make);
+    void make_node(
+        fuse_req_t req,
+        const std::function<core::Result<core::Attr>(core::WriteTxn&, const fuse_ctx&)>& make);
     // Replies with an entry the kernel now holds a lookup reference on.
     void reply_entry(fuse_req_t req, const core::Attr& attr);
     // Before a removal: keeps the content of `name` in `parent` if the kernel knows it.
-    std::optional<std::pair<core::Ino, Orphan>> orphan_of(const core::ReadTxn& txn, core::Ino parent,
-                                                          const char* name);
+    std::optional<std::pair<core::Ino, Orphan>> orphan_of(const core::ReadTxn& txn,
+                                                          core::Ino parent, const char* name);
     // Runs `remove` (an unlink, or a rename over `name`) in one transaction, keeping
     // the removed file readable as an orphan while the kernel still knows it.
     core::Status remove_keeping_orphan(core::Ino parent, const char* name,
@@ -163,7 +165,7 @@ private:
     core::Store& m_store;
     const Options m_options;
     Background m_background;
-    bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
+    bool m_no_open = false;          // --read-only with the kernel's no-open support; set by init()
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
     // The units (each guards its own state; lock_order.hpp). Declared in dependency

@@ -24,12 +24,13 @@ namespace kcache::fsd {
 struct FileHandle {
     // ---- fixed at open ----
     core::Ino ino = 0;
-    core::Attr attr;          // as opened: answers getattr once the file is gone from the db
-    bool orphan = false;      // opened after its removal: writes are accepted and dropped
-    bool writable = false;    // opened for writing (O_WRONLY or O_RDWR)
-    bool readable = false;    // opened for reading (O_RDONLY or O_RDWR)
-    std::uint32_t opener = 0; // writers: the process that opened it; only its close publishes early
-    pid_t reader_tid = 0;     // readers: the thread that opened it
+    core::Attr attr;        // as opened: answers getattr once the file is gone from the db
+    bool orphan = false;    // opened after its removal: writes are accepted and dropped
+    bool writable = false;  // opened for writing (O_WRONLY or O_RDWR)
+    bool readable = false;  // opened for reading (O_RDONLY or O_RDWR)
+    std::uint32_t opener =
+        0;                 // writers: the process that opened it; only its close publishes early
+    pid_t reader_tid = 0;  // readers: the thread that opened it
     core::Digest snapshot_digest;  // readers that do not read a version: the version they read
     // A reader opened with the kernel's pages of its version kept: its content is
     // loaded at its first READ (Contents::load), if one comes; null snapshot until then.
@@ -56,7 +57,8 @@ struct FileHandle {
     // shows the drop is done (PageCache::settle). Written under the page cache's mutex;
     // read anywhere (atomic) to skip that lock on every other READ.
     std::atomic<bool> refilling{false};
-    bool page_writer = false;   // a writer counted in the page cache (PageCache::leave_as_writer at release)
+    bool page_writer =
+        false;  // a writer counted in the page cache (PageCache::leave_as_writer at release)
     bool closed_clean = false;  // a page writer whose close published it, nothing written since
 };
 

@@ -20,18 +20,19 @@
 namespace kcache::fsd {
 
 class HitCounter {
-public:
+  public:
     explicit HitCounter(Background& background) : m_background(background) {}
 
     // An open by thread `tid` of the file `attr` (read in `txn`): counts the open,
     // and the hit if it is one.
     void count_open(pid_t tid, const core::ReadTxn& txn, const core::Attr& attr);
 
-private:
+  private:
     static constexpr std::size_t kMaxSeenPairs = 1 << 20;
     Background& m_background;
     std::mutex m_mutex;  // level 9, a leaf; guards m_seen
-    std::unordered_set<std::string> m_seen;  // (entry, thread) and (entry, process) pairs that counted
+    std::unordered_set<std::string>
+        m_seen;  // (entry, thread) and (entry, process) pairs that counted
 };
 
 }  // namespace kcache::fsd

@@ -23,7 +23,7 @@ inline constexpr double kNegativeTimeout = 86400;
 inline constexpr double kFileAttrTimeout = 86400;
 
 inline struct stat to_stat(const core::Attr& a) {
-    struct stat st{};
+    struct stat st {};
     st.st_ino = a.ino;
     st.st_mode = a.mode;
     st.st_nlink = a.nlink;
@@ -33,7 +33,8 @@ inline struct stat to_stat(const core::Attr& a) {
     st.st_blksize = 4096;
     st.st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
     auto ts = [](std::int64_t ns) {
-        return timespec{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+        return timespec{static_cast<time_t>(ns / 1'000'000'000),
+                        static_cast<long>(ns % 1'000'000'000)};
     };
     st.st_atim = ts(a.atime_ns);
     st.st_mtim = ts(a.mtime_ns);

@@ -10,9 +10,12 @@ namespace {
 
 std::string_view name(Level level) {
     switch (level) {
-        case Level::error: return "error";
-        case Level::warning: return "warning";
-        case Level::info: return "info";
+        case Level::error:
+            return "error";
+        case Level::warning:
+            return "warning";
+        case Level::info:
+            return "info";
     }
     return "?";
 }

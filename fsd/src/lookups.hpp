@@ -35,7 +35,7 @@ struct Orphan {
 };
 
 class Lookups {
-public:
+  public:
     explicit Lookups(PageCache& pages) : m_pages(pages) {}
 
     void remember(core::Ino ino);
@@ -47,7 +47,7 @@ public:
     void disown(core::Ino ino);
     std::optional<Orphan> find_orphan(core::Ino ino);
 
-private:
+  private:
     PageCache& m_pages;
     std::mutex m_mutex;  // level 5; guards the maps below
     std::unordered_map<core::Ino, std::uint64_t> m_lookups;

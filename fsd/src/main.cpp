@@ -9,11 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <dirent.h>
 #include <filesystem>
 #include <string>
 
@@ -27,13 +27,13 @@
 namespace {
 
 using kcache::core::Error;
-using kcache::core::Status;
 using kcache::core::fail;
+using kcache::core::Status;
 namespace fsd = kcache::fsd;
 
 // Reports start-up success or failure to the parent that waits for it.
 class StartupPipe {
-public:
+  public:
     // Forks; returns only in the child. The parent exits with the child's verdict.
     void fork_daemon() {
         int fds[2];
@@ -44,9 +44,12 @@ public:
             close(fds[1]);
             std::string message;
             char buf[512];
-            for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) message.append(buf, static_cast<std::size_t>(n));
+            for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+                message.append(buf, static_cast<std::size_t>(n));
             if (message == "ready") std::_Exit(0);
-            std::fputs(message.empty() ? "kcache-fsd: the daemon died during start-up\n" : message.c_str(), stderr);
+            std::fputs(
+                message.empty() ? "kcache-fsd: the daemon died during start-up\n" : message.c_str(),
+                stderr);
             std::_Exit(1);
         }
         close(fds[0]);
@@ -55,8 +58,10 @@ public:
     }
     void fail_startup(const std::string& message) {
         const std::string line = "kcache-fsd: " + message + "\n";
-        if (m_fd >= 0) (void)!::write(m_fd, line.data(), line.size());
-        else std::fputs(line.c_str(), stderr);
+        if (m_fd >= 0)
+            (void)!::write(m_fd, line.data(), line.size());
+        else
+            std::fputs(line.c_str(), stderr);
         std::exit(1);
     }
     // Detaches from the terminal; the daemon's messages go to `log_path`.
@@ -75,19 +80,22 @@ public:
         (void)!chdir("/");
     }
 
-private:
+  private:
     int m_fd = -1;
 };
 
 Status check_mountpoint(const std::string& path) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
         if (errno == ENOTCONN) {
-            return fail(ENOTCONN, fmt::format("mountpoint {} is a dead mount: run `fusermount3 -u {}`", path, path));
+            return fail(
+                ENOTCONN,
+                fmt::format("mountpoint {} is a dead mount: run `fusermount3 -u {}`", path, path));
         }
         return fail(errno, fmt::format("mountpoint {}: {}", path, std::strerror(errno)));
     }
-    if (!S_ISDIR(st.st_mode)) return fail(ENOTDIR, fmt::format("mountpoint {} is not a directory", path));
+    if (!S_ISDIR(st.st_mode))
+        return fail(ENOTDIR, fmt::format("mountpoint {} is not a directory", path));
     DIR* dir = opendir(path.c_str());
     if (!dir) return fail(errno, fmt::format("mountpoint {}: {}", path, std::strerror(errno)));
     bool empty = true;
@@ -129,7 +137,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::error_code ec;
-    const auto mountpoint = std::filesystem::absolute(options->mountpoint, ec).lexically_normal().string();
+    const auto mountpoint =
+        std::filesystem::absolute(options->mountpoint, ec).lexically_normal().string();
     StartupPipe startup;
     if (auto s = check_mountpoint(mountpoint); !s) startup.fail_startup(s.error().message);
     if (!options->foreground) startup.fork_daemon();
@@ -142,13 +151,15 @@ int main(int argc, char** argv) {
     if (options->entry_depth) open.entry_depth = options->entry_depth;
     auto store = kcache::core::Store::open(open);
     if (!store && store.error().code == EROFS) {
-        startup.fail_startup(store.error().message + " (serve it read-only with --read-only or -o ro)");
+        startup.fail_startup(store.error().message +
+                             " (serve it read-only with --read-only or -o ro)");
     }
     if (!store) startup.fail_startup(store.error().message);
     // A read-only daemon changes nothing (no statistics, no eviction): several may
     // serve one db, beside a read-write one, and its filesystem may be read-only.
     if (!options->read_only) {
-        if (auto s = lock_db_for_daemon(options->db, mountpoint); !s) startup.fail_startup(s.error().message);
+        if (auto s = lock_db_for_daemon(options->db, mountpoint); !s)
+            startup.fail_startup(s.error().message);
         // Limits given on the command line become the db's (the CLI sees the same ones).
         auto configured = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
             kcache::core::Config config = txn.config();
@@ -184,9 +195,11 @@ int main(int argc, char** argv) {
     fuse_session* session = fuse_session_new(&args, &fsd::Filesystem::operations(),
                                              sizeof(fuse_lowlevel_ops), &filesystem);
     if (!session) startup.fail_startup("invalid FUSE options (see above)");
-    if (fuse_set_signal_handlers(session) != 0) startup.fail_startup("cannot install signal handlers");
+    if (fuse_set_signal_handlers(session) != 0)
+        startup.fail_startup("cannot install signal handlers");
     if (fuse_session_mount(session, mountpoint.c_str()) != 0) {
-        startup.fail_startup(fmt::format("cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", mountpoint));
+        startup.fail_startup(fmt::format(
+            "cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", mountpoint));
     }
     if (remote) remote->start();
     filesystem.start(session);
@@ -195,7 +208,8 @@ int main(int argc, char** argv) {
                    options->read_only ? " read-only" : "");
     if (options->remote) {
         std::string servers;
-        for (const auto& e : options->remote->servers) servers += (servers.empty() ? "" : ", ") + e.id();
+        for (const auto& e : options->remote->servers)
+            servers += (servers.empty() ? "" : ", ") + e.id();
         fsd::log::info("shared tier: {} (namespace {}{})", servers, options->remote->ns,
                        options->remote->read_only ? ", read-only" : "");
     }
@@ -207,14 +221,16 @@ int main(int argc, char** argv) {
     fuse_loop_cfg_destroy(loop);
 
     if (remote) remote->stop();  // waiting lookups answered, counts recorded
-    filesystem.stop();  // statistics flushed, db synced; no notification after this
+    filesystem.stop();           // statistics flushed, db synced; no notification after this
     fuse_session_unmount(session);
     fuse_remove_signal_handlers(session);
     fuse_session_destroy(session);
     fuse_opt_free_args(&args);
     // A loop ended by SIGTERM/SIGINT/SIGHUP returns the signal: a clean stop too.
     const bool clean = rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
-    if (clean) fsd::log::info("unmounted {}", mountpoint);
-    else fsd::log::error("the FUSE loop failed ({}); unmounted {}", rc, mountpoint);
+    if (clean)
+        fsd::log::info("unmounted {}", mountpoint);
+    else
+        fsd::log::error("the FUSE loop failed ({}); unmounted {}", rc, mountpoint);
     return clean ? 0 : 1;
 }

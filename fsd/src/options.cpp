@@ -7,8 +7,8 @@
 #include <map>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "kcache/core/units.hpp"
 
@@ -77,13 +77,15 @@ core::Result<Options> parse_options(int argc, char** argv) {
     std::vector<std::string> positionals, dash_o;
     // The long options' values by their -o key: both forms go through apply_option.
     std::map<std::string, std::string> long_options;
-    app.add_option("--db", o.db, "cache db directory (default: $KCACHE_DB, else ~/.cache/kcache/db)");
+    app.add_option("--db", o.db,
+                   "cache db directory (default: $KCACHE_DB, else ~/.cache/kcache/db)");
     app.add_option("--max-size", long_options["max_size"],
                    "evict least-recently-used entries above this size (e.g. 10G)");
     app.add_option("--max-entries", long_options["max_entries"],
                    "evict least-recently-used entries above this count (e.g. 100K)");
     app.add_option("--entry-depth", long_options["entry_depth"],
-                   "the layout's depth fallback: no entry above it, an unknown directory at it is one (new db: 1)");
+                   "the layout's depth fallback: no entry above it, an unknown directory at it is "
+                   "one (new db: 1)");
     std::string layout_rules_file;
     app.add_option("--layout-rules", layout_rules_file,
                    "a layout rules file for compilers kcache does not know (docs/architecture.md); "
@@ -95,13 +97,17 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
     app.add_flag("-d,--debug", o.debug, "log every FUSE request (implies -f)");
     app.add_flag("--read-only", o.read_only,
-                 "serve the db read-only (also -o ro): for a db on a read-only filesystem or a shared image");
+                 "serve the db read-only (also -o ro): for a db on a read-only filesystem or a "
+                 "shared image");
     remote::Settings remote_settings;
     remote::add_options(app, remote_settings);
-    app.add_option("--prefetch-job-tag", o.prefetch_job_tag,
-                   "with --remote: pull every entry of this job into the db in the background at mount")
+    app.add_option(
+           "--prefetch-job-tag", o.prefetch_job_tag,
+           "with --remote: pull every entry of this job into the db in the background at mount")
         ->type_name("TAG");
-    app.add_option("-o", dash_o, "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, max_file_size=, durability=")
+    app.add_option("-o", dash_o,
+                   "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, "
+                   "max_file_size=, durability=")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
     try {
@@ -140,29 +146,36 @@ core::Result<Options> parse_options(int argc, char** argv) {
         }
     }
     auto has = [&](const char* option) {
-        return std::find(o.fuse_options.begin(), o.fuse_options.end(), option) != o.fuse_options.end();
+        return std::find(o.fuse_options.begin(), o.fuse_options.end(), option) !=
+               o.fuse_options.end();
     };
     // The daemon checks no permissions itself: serving other users is only safe with
     // the kernel checking modes and owners for it.
-    if (has("allow_other") && !has("default_permissions")) o.fuse_options.push_back("default_permissions");
+    if (has("allow_other") && !has("default_permissions"))
+        o.fuse_options.push_back("default_permissions");
     if (o.read_only) {
         if (!has("ro")) o.fuse_options.push_back("ro");
         if (o.max_bytes || o.max_entries || o.entry_depth || o.layout_rules) {
-            return core::fail(EINVAL, "--max-size, --max-entries and --entry-depth change the db: "
-                                      "not with --read-only");
+            return core::fail(EINVAL,
+                              "--max-size, --max-entries and --entry-depth change the db: "
+                              "not with --read-only");
         }
     }
     // The shared tier is on when a server is named: same options and environment as
     // `kcache remote` (remote/settings.hpp), resolved here so a bad one stops start-up.
     if (!remote::configured_urls(remote_settings).empty()) {
-        if (o.read_only) return core::fail(EINVAL, "--remote writes what it fetches into the db: not with --read-only");
+        if (o.read_only)
+            return core::fail(EINVAL,
+                              "--remote writes what it fetches into the db: not with --read-only");
         auto resolved = remote::resolve(remote_settings);
         if (!resolved) return tl::unexpected(resolved.error());
         o.remote = std::move(*resolved);
     }
     if (!o.prefetch_job_tag.empty()) {
-        if (!o.remote) return core::fail(EINVAL, "--prefetch-job-tag needs a shared tier: give --remote URL");
-        if (auto s = remote::validate_job_tag(o.prefetch_job_tag); !s) return tl::unexpected(s.error());
+        if (!o.remote)
+            return core::fail(EINVAL, "--prefetch-job-tag needs a shared tier: give --remote URL");
+        if (auto s = remote::validate_job_tag(o.prefetch_job_tag); !s)
+            return tl::unexpected(s.error());
     }
     if (o.debug) o.foreground = true;
     if (o.db.empty()) o.db = core::default_db_path();

@@ -16,20 +16,20 @@ namespace kcache::fsd {
 inline constexpr double kBatchedSyncIntervalS = 1.0;
 
 struct Options {
-    std::string db;                       // --db or the first positional; default_db_path()
+    std::string db;  // --db or the first positional; default_db_path()
     std::string mountpoint;
-    std::uint64_t max_bytes = 0;          // --max-size: 0 keeps the db's setting
-    std::uint64_t max_entries = 0;        // --max-entries: 0 keeps the db's setting
-    std::uint32_t entry_depth = 0;        // --entry-depth: 0 keeps the db's (1 for a new db)
+    std::uint64_t max_bytes = 0;              // --max-size: 0 keeps the db's setting
+    std::uint64_t max_entries = 0;            // --max-entries: 0 keeps the db's setting
+    std::uint32_t entry_depth = 0;            // --entry-depth: 0 keeps the db's (1 for a new db)
     std::optional<std::string> layout_rules;  // --layout-rules FILE: its text becomes the db's
     std::uint64_t max_file_size = std::uint64_t{2} << 30;  // --max-file-size: EFBIG past it
     // --durability: full (synced commits, no timer), batched (the default: unsynced
     // commits, synced every kBatchedSyncIntervalS), none. See docs/operations.md.
     core::Durability durability = core::Durability::none;
     double sync_interval_s = kBatchedSyncIntervalS;  // 0: the daemon never syncs on a timer
-    bool foreground = false;              // -f
-    bool debug = false;                   // -d: libfuse's request log
-    bool read_only = false;               // --read-only or -o ro: serve the db, change nothing
+    bool foreground = false;                         // -f
+    bool debug = false;                              // -d: libfuse's request log
+    bool read_only = false;                 // --read-only or -o ro: serve the db, change nothing
     std::vector<std::string> fuse_options;  // -o options that are not ours, for libfuse
     // --remote ... (the CLI's options, remote/settings.hpp); set when a server is named
     // by --remote or $KCACHE_REMOTE: read-through and write-behind (remote_tier.hpp).

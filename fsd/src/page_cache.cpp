@@ -42,7 +42,8 @@ PageCache::Use PageCache::enter(FileHandle* reader, const core::Digest& digest, 
     // A writer that closed and published what the reader opens is only waiting for its
     // RELEASE (sent after close() returns): the reader refills from the db below, as
     // after the release, and may map the file shared (direct_io could not).
-    const bool closed = state.writers == 1 && state.closed_writers == 1 && state.closed_digest == digest;
+    const bool closed =
+        state.writers == 1 && state.closed_writers == 1 && state.closed_digest == digest;
     if (state.writers > 0 && !closed) return Use::direct;
     // Followers of a shared version read what its writers left in the pages, of no
     // version this reader knows.
@@ -75,9 +76,10 @@ PageCache::Use PageCache::enter(FileHandle* reader, const core::Digest& digest, 
 void PageCache::settle(FileHandle* reader) {
     std::lock_guard lock(m_mutex);
     reader->refilling = false;
-    if (auto it = m_pages.find(reader->ino); it != m_pages.end() && it->second.digest == reader->snapshot_digest &&
-                                             std::find(it->second.readers.begin(), it->second.readers.end(), reader) !=
-                                                 it->second.readers.end()) {
+    if (auto it = m_pages.find(reader->ino);
+        it != m_pages.end() && it->second.digest == reader->snapshot_digest &&
+        std::find(it->second.readers.begin(), it->second.readers.end(), reader) !=
+            it->second.readers.end()) {
         it->second.settled = true;
     }
 }
@@ -177,7 +179,8 @@ void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
         });
         if (!others.empty()) {
             m_waiting_writers.push_back({writer, std::move(others),
-                                         std::chrono::steady_clock::now() + kWriterWait, std::move(reply)});
+                                         std::chrono::steady_clock::now() + kWriterWait,
+                                         std::move(reply)});
             m_writer_gate_wake.notify_all();
             return;
         }
@@ -204,11 +207,12 @@ void PageCache::run_writer_gate() {
         if (overdue.empty()) continue;
         lock.unlock();
         for (auto& w : overdue) {
-            log::warning("a writer of inode {} waited {} s for {} reader(s) of the old content to "
-                         "close; it goes ahead (those readers may read past their end)",
-                         w.writer->ino,
-                         std::chrono::duration_cast<std::chrono::seconds>(kWriterWait).count(),
-                         w.readers.size());
+            log::warning(
+                "a writer of inode {} waited {} s for {} reader(s) of the old content to "
+                "close; it goes ahead (those readers may read past their end)",
+                w.writer->ino,
+                std::chrono::duration_cast<std::chrono::seconds>(kWriterWait).count(),
+                w.readers.size());
             w.reply();
         }
         lock.lock();
@@ -232,9 +236,9 @@ bool PageCache::tell_attr(const core::Attr& a) {
 
 void PageCache::forget(Ino ino) {
     std::lock_guard lock(m_mutex);
-    if (auto page = m_pages.find(ino);
-        page != m_pages.end() && page->second.readers.empty() && page->second.followers.empty() &&
-        page->second.writers == 0) {
+    if (auto page = m_pages.find(ino); page != m_pages.end() && page->second.readers.empty() &&
+                                       page->second.followers.empty() &&
+                                       page->second.writers == 0) {
         m_pages.erase(page);
     }
 }
@@ -246,8 +250,8 @@ std::optional<core::Digest> PageCache::unkept_readers(Ino ino) {
     return it->second.digest;
 }
 
-void PageCache::keep(Ino ino, const core::Digest& digest, std::shared_ptr<const std::string> content,
-                     bool lazy_only) {
+void PageCache::keep(Ino ino, const core::Digest& digest,
+                     std::shared_ptr<const std::string> content, bool lazy_only) {
     std::lock_guard lock(m_mutex);
     auto it = m_pages.find(ino);
     if (it == m_pages.end() || it->second.digest != digest) return;
@@ -257,7 +261,8 @@ void PageCache::keep(Ino ino, const core::Digest& digest, std::shared_ptr<const 
 
 std::shared_ptr<const std::string> PageCache::kept(Ino ino, const core::Digest& digest) {
     std::lock_guard lock(m_mutex);
-    if (auto it = m_pages.find(ino); it != m_pages.end() && it->second.kept && it->second.digest == digest) {
+    if (auto it = m_pages.find(ino);
+        it != m_pages.end() && it->second.kept && it->second.digest == digest) {
         return it->second.kept;
     }
     return nullptr;

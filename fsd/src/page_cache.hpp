@@ -46,7 +46,7 @@ struct FileHandle;
 struct Version;
 
 class PageCache {
-public:
+  public:
     PageCache() = default;
     ~PageCache() { stop(); }
     PageCache(const PageCache&) = delete;
@@ -103,22 +103,25 @@ public:
     std::optional<core::Digest> unkept_readers(core::Ino ino);
     // Keeps `content` of `digest` for the readers of `ino`, if they still read it
     // (with `lazy_only`: if lazy readers do) and nothing is kept yet.
-    void keep(core::Ino ino, const core::Digest& digest, std::shared_ptr<const std::string> content, bool lazy_only);
+    void keep(core::Ino ino, const core::Digest& digest, std::shared_ptr<const std::string> content,
+              bool lazy_only);
     std::shared_ptr<const std::string> kept(core::Ino ino, const core::Digest& digest);
     // Inodes with lazy readers and nothing kept, with the version they read.
     std::vector<std::pair<core::Ino, core::Digest>> unkept_lazy();
 
     static constexpr auto kWriterWait = std::chrono::seconds(2);
 
-private:
+  private:
     struct PageState {
-        core::Digest digest;                // the version whose pages the kernel caches
-        std::uint64_t size = 0;             // its size
-        std::vector<FileHandle*> readers;   // open handles reading through the page cache
-        std::vector<FileHandle*> followers; // read-only handles reading a shared version's pages (enter_as_follower)
-        std::uint32_t writers = 0;          // open writer handles: no reader enters meanwhile
-        std::uint32_t closed_writers = 0;   // of them, closed with their version published (FileHandle::closed_clean)
-        core::Digest closed_digest;         // what the last of them published
+        core::Digest digest;               // the version whose pages the kernel caches
+        std::uint64_t size = 0;            // its size
+        std::vector<FileHandle*> readers;  // open handles reading through the page cache
+        std::vector<FileHandle*>
+            followers;  // read-only handles reading a shared version's pages (enter_as_follower)
+        std::uint32_t writers = 0;  // open writer handles: no reader enters meanwhile
+        std::uint32_t closed_writers =
+            0;  // of them, closed with their version published (FileHandle::closed_clean)
+        core::Digest closed_digest;  // what the last of them published
         // The kernel's pages are known to hold only `digest`: a reader that refilled
         // them (its open made the kernel drop what it held) has sent a READ since.
         // Until then a new reader refills too: a kept page could still be another

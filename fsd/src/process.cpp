@@ -64,7 +64,8 @@ Caller caller_of(pid_t tid) {
     const std::string& start_time = fields[21];
     {
         std::lock_guard lock(g_known_mutex);
-        if (auto it = g_known.find(tid); it != g_known.end() && it->second.start_time == start_time) {
+        if (auto it = g_known.find(tid);
+            it != g_known.end() && it->second.start_time == start_time) {
             return it->second.caller;
         }
     }
@@ -72,7 +73,8 @@ Caller caller_of(pid_t tid) {
     caller.pid = tgid_from_status(tid);
     if (caller.pid == 0) return Caller{static_cast<std::uint32_t>(tid), {}};
     // The process's name (its main thread's): a worker thread may have named itself.
-    const auto process = caller.pid == static_cast<std::uint32_t>(tid) ? fields : stat_fields(caller.pid);
+    const auto process =
+        caller.pid == static_cast<std::uint32_t>(tid) ? fields : stat_fields(caller.pid);
     if (process.size() > 1) caller.name = process[1];
     std::lock_guard lock(g_known_mutex);
     if (g_known.size() >= kMaxKnown) g_known.clear();  // bounded: re-read after this
@@ -80,7 +82,9 @@ Caller caller_of(pid_t tid) {
     return caller;
 }
 
-std::uint32_t process_of(pid_t tid) { return caller_of(tid).pid; }
+std::uint32_t process_of(pid_t tid) {
+    return caller_of(tid).pid;
+}
 
 namespace {
 
@@ -110,8 +114,8 @@ bool killed_by_signal(pid_t tid) {
     const auto f = stat_fields(static_cast<std::uint32_t>(tid));
     if (f.size() <= 51) return false;  // gone, or a kernel before 3.5 (no exit_code)
     constexpr unsigned long kPfExiting = 0x4;
-    const unsigned long flags = std::strtoul(f[8].c_str(), nullptr, 10);     // field 9
-    const long exit_code = std::strtol(f[51].c_str(), nullptr, 10);          // field 52
+    const unsigned long flags = std::strtoul(f[8].c_str(), nullptr, 10);  // field 9
+    const long exit_code = std::strtol(f[51].c_str(), nullptr, 10);       // field 52
     return (flags & kPfExiting) && (exit_code & 0x7f) != 0;
 }
 

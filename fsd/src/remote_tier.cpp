@@ -69,23 +69,30 @@ bool write_file_atomically(const std::string& path, const std::string& content) 
 
 }  // namespace
 
-core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store, remote::Options options,
+core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store,
+                                                             remote::Options options,
                                                              std::string prefetch_job_tag) {
     if (!prefetch_job_tag.empty()) {
-        if (auto s = remote::validate_job_tag(prefetch_job_tag); !s) return tl::unexpected(s.error());
+        if (auto s = remote::validate_job_tag(prefetch_job_tag); !s)
+            return tl::unexpected(s.error());
     }
     auto r = remote::Remote::create(std::move(options));
     if (!r) return tl::unexpected(r.error());
-    return std::unique_ptr<RemoteTier>(new RemoteTier(store, std::move(*r), std::move(prefetch_job_tag)));
+    return std::unique_ptr<RemoteTier>(
+        new RemoteTier(store, std::move(*r), std::move(prefetch_job_tag)));
 }
 
-RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote, std::string prefetch_job_tag)
+RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote,
+                       std::string prefetch_job_tag)
     : m_store(store),
       m_remote(std::move(remote)),
-      m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns + m_remote->options().op_timeout_ns)),
+      m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns +
+                                          m_remote->options().op_timeout_ns)),
       m_prefetch_tag(std::move(prefetch_job_tag)) {}
 
-RemoteTier::~RemoteTier() { stop(); }
+RemoteTier::~RemoteTier() {
+    stop();
+}
 
 void RemoteTier::start() {
     {
@@ -135,14 +142,16 @@ const std::vector<core::LayoutRule>* RemoteTier::rules(const std::string& text) 
     return &*m_rules;
 }
 
-std::optional<std::string> RemoteTier::candidate(const core::ReadTxn& txn, core::Ino parent, std::string_view name) {
+std::optional<std::string> RemoteTier::candidate(const core::ReadTxn& txn, core::Ino parent,
+                                                 std::string_view name) {
     if (core::is_bookkeeping_name(name)) return std::nullopt;
     auto dir = txn.getattr(parent);
     if (!dir || !dir->is_dir() || dir->bookkeeping) return std::nullopt;
     if (dir->entry != 0) {
         // Inside an entry: only an entry directory with no file yet may be fetched.
         auto entry = txn.entry(dir->entry);
-        if (!entry || entry->kind != core::EntryKind::node || entry->files != 0) return std::nullopt;
+        if (!entry || entry->kind != core::EntryKind::node || entry->files != 0)
+            return std::nullopt;
         return entry->name;
     }
     auto path = txn.path(parent);
@@ -217,11 +226,15 @@ void RemoteTier::run_fetcher() {
         if (!result) {
             const std::int64_t now_ns = m_store.now_ns();
             std::int64_t last = m_last_warning_ns.load();
-            if (now_ns - last > 10'000'000'000 && m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
-                log::warning("remote: reading {} through: {} (a miss; further failures are counted, "
-                             "not logged, for 10 s)", entry, result.error().message);
+            if (now_ns - last > 10'000'000'000 &&
+                m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+                log::warning(
+                    "remote: reading {} through: {} (a miss; further failures are counted, "
+                    "not logged, for 10 s)",
+                    entry, result.error().message);
             }
-        } else if (result->outcome == remote::Outcome::corrupt || result->outcome == remote::Outcome::dangling) {
+        } else if (result->outcome == remote::Outcome::corrupt ||
+                   result->outcome == remote::Outcome::dangling) {
             log::warning("remote: {} is {} in the shared tier ({}): not stored, a miss", entry,
                          remote::outcome_name(result->outcome), result->detail);
         }
@@ -247,7 +260,8 @@ void RemoteTier::run_fetcher() {
 }
 
 void RemoteTier::remember_pulled(const std::string& entry) {
-    if (m_pulled.size() >= kMaxPulled) m_pulled.clear();  // a bound: at worst an upload is skipped by Redis
+    if (m_pulled.size() >= kMaxPulled)
+        m_pulled.clear();  // a bound: at worst an upload is skipped by Redis
     m_pulled.insert(entry);
 }
 
@@ -255,7 +269,8 @@ void RemoteTier::run_prefetch() {
     const auto begin = Clock::now();
     log::info("remote: prefetching job {}", m_prefetch_tag);
     auto summary = m_remote->pull_job(
-        m_store, m_prefetch_tag, [&](const std::string& entry, const core::Result<remote::EntryResult>& result) {
+        m_store, m_prefetch_tag,
+        [&](const std::string& entry, const core::Result<remote::EntryResult>& result) {
             std::lock_guard lock(m_mutex);
             if (result && result->outcome == remote::Outcome::pulled) {
                 remember_pulled(entry);
@@ -266,13 +281,17 @@ void RemoteTier::run_prefetch() {
         });
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     if (!summary) {
-        log::warning("remote: prefetching job {}: {} (entries are read through as they are asked for)",
-                     m_prefetch_tag, summary.error().message);
+        log::warning(
+            "remote: prefetching job {}: {} (entries are read through as they are asked for)",
+            m_prefetch_tag, summary.error().message);
         return;
     }
-    log::info("remote: prefetched job {} in {:.3f} s: {} pulled ({} bytes), {} already local, {} not available, "
-              "{} failed", m_prefetch_tag, seconds, summary->pulled, summary->pulled_bytes, summary->already_local,
-              summary->missing, summary->failed);
+    log::info(
+        "remote: prefetched job {} in {:.3f} s: {} pulled ({} bytes), {} already local, {} not "
+        "available, "
+        "{} failed",
+        m_prefetch_tag, seconds, summary->pulled, summary->pulled_bytes, summary->already_local,
+        summary->missing, summary->failed);
 }
 
 void RemoteTier::run_timer() {
@@ -319,7 +338,8 @@ void RemoteTier::follow_events(std::uint64_t& seq) {
                 return true;
         }
         if (e.entry == 0) return true;
-        if (auto entry = txn->entry(e.entry)) {  // pulled here (read through, prefetched): not uploaded back
+        if (auto entry =
+                txn->entry(e.entry)) {  // pulled here (read through, prefetched): not uploaded back
             std::lock_guard lock(m_mutex);
             if (m_pulled.count(entry->name)) return true;
         }
@@ -408,21 +428,26 @@ void RemoteTier::run_uploader() {
                     continue;
                 }
                 const unsigned failed = ++failures[id];
-                const bool again = failed < kMaxUploadTries && r.error().code != EROFS && m_pending.size() < kMaxQueued;
+                const bool again = failed < kMaxUploadTries && r.error().code != EROFS &&
+                                   m_pending.size() < kMaxQueued;
                 if (again) {
                     Pending retry;
                     retry.since = Clock::now();
-                    retry.not_before = retry.since + std::chrono::seconds(std::int64_t{1} << failed);
+                    retry.not_before =
+                        retry.since + std::chrono::seconds(std::int64_t{1} << failed);
                     m_pending[id] = retry;
                 } else {
                     failures.erase(id);
                 }
                 const std::int64_t now_ns = m_store.now_ns();
                 std::int64_t last = m_last_warning_ns.load();
-                if (now_ns - last > 10'000'000'000 && m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
-                    log::warning("remote: uploading {}: {} ({}; further failures are counted, not logged, "
-                                 "for 10 s)", name, r.error().message,
-                                 again ? "tried again later" : "left to `kcache remote push`");
+                if (now_ns - last > 10'000'000'000 &&
+                    m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+                    log::warning(
+                        "remote: uploading {}: {} ({}; further failures are counted, not logged, "
+                        "for 10 s)",
+                        name, r.error().message,
+                        again ? "tried again later" : "left to `kcache remote push`");
                 }
             }
             if (failures.size() > kMaxQueued) failures.clear();
@@ -443,10 +468,13 @@ void RemoteTier::record_counts() {
     const remote::Counts delta = minus(now, m_recorded);
     const std::uint64_t queued = m_queued.load(), dropped = m_dropped.load();
     const std::uint64_t dq = queued - m_recorded_queued, dd = dropped - m_recorded_dropped;
-    const std::uint64_t prefetched = m_prefetched.load(), prefetched_bytes = m_prefetched_bytes.load();
-    const std::uint64_t dp = prefetched - m_recorded_prefetched, dpb = prefetched_bytes - m_recorded_prefetched_bytes;
-    const bool any = dq || dd || dp || dpb || delta.hits || delta.misses || delta.errors || delta.timeouts || delta.corrupt ||
-                     delta.dangling || delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped;
+    const std::uint64_t prefetched = m_prefetched.load(),
+                        prefetched_bytes = m_prefetched_bytes.load();
+    const std::uint64_t dp = prefetched - m_recorded_prefetched,
+                        dpb = prefetched_bytes - m_recorded_prefetched_bytes;
+    const bool any = dq || dd || dp || dpb || delta.hits || delta.misses || delta.errors ||
+                     delta.timeouts || delta.corrupt || delta.dangling || delta.bytes_up ||
+                     delta.bytes_down || delta.uploads || delta.upload_skipped;
     if (!any) return;
     if (auto s = remote::record_counts(m_store, delta); !s) {
         log::warning("remote: recording statistics: {}", s.error().message);
@@ -480,9 +508,10 @@ void RemoteTier::publish_servers(bool stopping) {
     for (const remote::ServerState& s : servers) {
         open += s.breaker == "open";
         half_open += s.breaker == "half-open";
-        list += fmt::format("{}{{\"id\": {}, \"breaker\": {}, \"failures\": {}, \"uploads_paused\": {}}}",
-                            list.empty() ? "" : ", ", json_string(s.id), json_string(s.breaker), s.failures,
-                            s.uploads_paused ? "true" : "false");
+        list += fmt::format(
+            "{}{{\"id\": {}, \"breaker\": {}, \"failures\": {}, \"uploads_paused\": {}}}",
+            list.empty() ? "" : ", ", json_string(s.id), json_string(s.breaker), s.failures,
+            s.uploads_paused ? "true" : "false");
     }
     if (!stopping && list == m_published_servers) return;
     auto set = m_store.update([&](core::WriteTxn& txn) -> core::Status {
@@ -505,8 +534,9 @@ void RemoteTier::publish_servers(bool stopping) {
     const std::string path = m_store.path() + "/" + kServerStateFile;
     if (stopping) {
         (void)::unlink(path.c_str());
-    } else if (!write_file_atomically(path, fmt::format("{{\"pid\": {}, \"updated_ns\": {}, \"servers\": [{}]}}\n",
-                                                         ::getpid(), m_store.now_ns(), list))) {
+    } else if (!write_file_atomically(
+                   path, fmt::format("{{\"pid\": {}, \"updated_ns\": {}, \"servers\": [{}]}}\n",
+                                     ::getpid(), m_store.now_ns(), list))) {
         log::warning("remote: cannot write {}", path);
         return;
     }

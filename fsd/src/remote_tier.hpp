@@ -35,9 +35,9 @@
 //    kServerStateFile in the db directory (docs/stats.md). start() publishes them,
 //    stop() sets the gauges to 0 and removes the file.
 // Threads: kFetchers fetchers, one timer (deadlines), one uploader (events, settling,
-// pushes, statistics, breakers), one prefetcher while a prefetch runs. m_mutex guards the flights, the fetch queue, the miss memo, the
-// pulled set and m_stop; nothing else is locked while it is held, and no callback
-// runs under it. The Remote serializes operations per server itself.
+// pushes, statistics, breakers), one prefetcher while a prefetch runs. m_mutex guards the flights,
+// the fetch queue, the miss memo, the pulled set and m_stop; nothing else is locked while it is
+// held, and no callback runs under it. The Remote serializes operations per server itself.
 #pragma once
 
 #include <atomic>
@@ -63,13 +63,13 @@
 namespace kcache::fsd {
 
 class RemoteTier {
-public:
+  public:
     using Clock = std::chrono::steady_clock;
     static constexpr double kNegativeTimeoutS = 1.0;
     static constexpr auto kMissMemo = std::chrono::seconds(1);
     static constexpr auto kSettle = std::chrono::seconds(1);
-    static constexpr std::size_t kMaxQueued = 1024;   // entries waiting to settle or upload
-    static constexpr std::size_t kMaxFlights = 256;   // pulls pending or running
+    static constexpr std::size_t kMaxQueued = 1024;  // entries waiting to settle or upload
+    static constexpr std::size_t kMaxFlights = 256;  // pulls pending or running
     static constexpr int kFetchers = 2;
     // A failed upload (Redis down, frozen, circuit open, full) is tried again after
     // 2, 4, 8, 16 s; after kMaxUploadTries it is left to `kcache remote push`.
@@ -81,7 +81,8 @@ public:
 
     // Fails (EINVAL) for invalid options, as Remote::create does. Starts no thread.
     // `prefetch_job_tag`: the job whose entries start() prefetches (empty: none).
-    static core::Result<std::unique_ptr<RemoteTier>> create(core::Store& store, remote::Options options,
+    static core::Result<std::unique_ptr<RemoteTier>> create(core::Store& store,
+                                                            remote::Options options,
                                                             std::string prefetch_job_tag = {});
     ~RemoteTier();
     RemoteTier(const RemoteTier&) = delete;
@@ -96,13 +97,14 @@ public:
     // fetched as: an entry directory or stem file a compiler's layout rule would form
     // there, or any name inside an entry directory that has no file yet (Triton's
     // makedirs(<key>) then probing its files). nullopt otherwise. Reads `txn` only.
-    std::optional<std::string> candidate(const core::ReadTxn& txn, core::Ino parent, std::string_view name);
+    std::optional<std::string> candidate(const core::ReadTxn& txn, core::Ino parent,
+                                         std::string_view name);
 
     // Fetches `entry` into the db if Redis has it; `done` runs exactly once, on a tier
     // thread or (recent miss, overdue pull, too many pulls, stopped) on the caller's.
     void read_through(const std::string& entry, std::function<void()> done);
 
-private:
+  private:
     struct Flight {
         Clock::time_point deadline;
         std::vector<std::function<void()>> waiters;
@@ -112,11 +114,12 @@ private:
         std::uint64_t files = 0, bytes = 0;
         std::int64_t last_access_ns = 0;
         Clock::time_point since;
-        unsigned failures = 0;          // uploads of it that failed so far
-        Clock::time_point not_before{}; // after a failure: the next try
+        unsigned failures = 0;           // uploads of it that failed so far
+        Clock::time_point not_before{};  // after a failure: the next try
     };
 
-    RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote, std::string prefetch_job_tag);
+    RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote,
+               std::string prefetch_job_tag);
     void run_fetcher();
     void run_prefetch();
     // Publishes the servers' breaker states if they changed (or `stopping`: none).
@@ -136,15 +139,15 @@ private:
     const Clock::duration m_deadline;  // of a read-through: connect + one operation
 
     std::mutex m_mutex;
-    std::condition_variable m_fetch_wake;  // a fetch queued, or stop
-    std::condition_variable m_timer_wake;  // a flight began, or stop
-    std::condition_variable m_upload_wake; // stop
+    std::condition_variable m_fetch_wake;   // a fetch queued, or stop
+    std::condition_variable m_timer_wake;   // a flight began, or stop
+    std::condition_variable m_upload_wake;  // stop
     bool m_stop = false;
     bool m_started = false;
     std::unordered_map<std::string, Flight> m_flights;
     std::deque<std::string> m_fetch_queue;
     std::unordered_map<std::string, Clock::time_point> m_missed;  // entry -> memo ends
-    std::unordered_set<std::string> m_pulled;  // pulled here: not uploaded back
+    std::unordered_set<std::string> m_pulled;                     // pulled here: not uploaded back
 
     std::mutex m_rules_mutex;  // the db's layout rules, parsed once per text
     std::string m_rules_text;
@@ -159,7 +162,8 @@ private:
 
     const std::string m_prefetch_tag;
     std::atomic<std::uint64_t> m_prefetched{0}, m_prefetched_bytes{0};
-    std::uint64_t m_recorded_prefetched = 0, m_recorded_prefetched_bytes = 0;  // under m_record_mutex
+    std::uint64_t m_recorded_prefetched = 0,
+                  m_recorded_prefetched_bytes = 0;  // under m_record_mutex
     std::string m_published_servers;  // what publish_servers() wrote last, under m_record_mutex
 
     std::atomic<std::int64_t> m_last_warning_ns{0};  // failures are logged at most every 10 s

@@ -6,8 +6,8 @@ namespace kcache::fsd {
 using core::Attr;
 using core::Ino;
 
-core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener, std::optional<core::StagedFile> made,
-                            std::shared_ptr<Version>* out) {
+core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
+                            std::optional<core::StagedFile> made, std::shared_ptr<Version>* out) {
     std::shared_ptr<Version> joined;
     bool truncate_shared = false;
     for (;;) {
@@ -36,8 +36,10 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener, std::o
                 joined = std::make_shared<Version>(std::move(*made), !truncate, opener);
                 made.reset();
                 joined->touched = ++m_write_clock;
-                if (truncate) versions.rewrites.push_back(joined);
-                else versions.shared = joined;
+                if (truncate)
+                    versions.rewrites.push_back(joined);
+                else
+                    versions.shared = joined;
             }
             if (joined) {
                 ++joined->handles;

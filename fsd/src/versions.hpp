@@ -31,22 +31,26 @@ namespace kcache::fsd {
 // A version of a file being written.
 struct Version {
     Version(core::StagedFile content, bool is_shared, std::uint32_t by)
-        : staged(std::move(content)), started_from(staged.stored_digest()), shared(is_shared), opener(by) {}
-    std::mutex mutex;          // level 2; guards staged and ended
-    core::StagedFile staged;   // the content, and the write lease while not ended
-    bool ended = false;        // published and lease released by its last handle
+        : staged(std::move(content)),
+          started_from(staged.stored_digest()),
+          shared(is_shared),
+          opener(by) {}
+    std::mutex mutex;                 // level 2; guards staged and ended
+    core::StagedFile staged;          // the content, and the write lease while not ended
+    bool ended = false;               // published and lease released by its last handle
     const core::Digest started_from;  // the stored version it grew from: its readers follow
     // Guarded by Versions::m_mutex:
     std::atomic<bool> shared;  // the inode's shared version (else a private rewrite); read anywhere
     bool ending = false;       // its last handle left: publishing, then out of the registry
-    std::uint32_t handles = 0; // write-capable handles using it
+    std::uint32_t handles = 0;   // write-capable handles using it
     const std::uint32_t opener;  // rewrites: the process that opened it
-    std::uint64_t touched = 0; // when it was made (m_write_clock): the newest rewrite is promoted
+    std::uint64_t touched = 0;   // when it was made (m_write_clock): the newest rewrite is promoted
 };
 
 class Versions {
-public:
-    Versions(core::Store& store, std::uint64_t max_file_size) : m_store(store), m_max_file_size(max_file_size) {}
+  public:
+    Versions(core::Store& store, std::uint64_t max_file_size)
+        : m_store(store), m_max_file_size(max_file_size) {}
 
     // Gives a handle of `ino` opened for writing by `opener` (`truncate` for O_TRUNC)
     // its version under THE RULE, in *joined* (set also when truncating a joined
@@ -54,8 +58,8 @@ public:
     // already begun for it (create), or null: then one is begun here when a new
     // version is needed. Waits while a version of the inode is ending; call with no
     // lock held and no write transaction open.
-    core::Status join(core::Ino ino, bool truncate, std::uint32_t opener, std::optional<core::StagedFile> made,
-                      std::shared_ptr<Version>* joined);
+    core::Status join(core::Ino ino, bool truncate, std::uint32_t opener,
+                      std::optional<core::StagedFile> made, std::shared_ptr<Version>* joined);
     // Takes one handle out of `version`: true when it was the last, and the version is
     // now ending (new handles wait): the caller publishes it, then calls ended().
     bool leave(Version& version);
@@ -78,7 +82,7 @@ public:
     // (SIGBUS in a MAP_SHARED mapping, such as SQLite's -shm).
     void apply_live_size(core::Attr& attr);
 
-private:
+  private:
     // The versions being written of one inode (THE RULE).
     struct InodeVersions {
         std::shared_ptr<Version> shared;                 // at most one

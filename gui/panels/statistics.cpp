@@ -33,11 +33,13 @@ void draw_counters(const Model& model) {
                                  : fmt::format("{:.1f}%", 100.0 * static_cast<double>(hits) /
                                                               static_cast<double>(hits + misses));
     if (!ImGui::BeginTable("counters", 4, ImGuiTableFlags_SizingStretchProp)) return;
-    auto cell = [](int column, const std::string& name, const std::string& value, std::string_view help) {
+    auto cell = [](int column, const std::string& name, const std::string& value,
+                   std::string_view help) {
         if (column == 0) ImGui::TableNextRow();
         ImGui::TableSetColumnIndex(column);
         ImGui::TextDisabled("%s", name.c_str());
-        if (ImGui::IsItemHovered()) ImGui::SetTooltip("%.*s", static_cast<int>(help.size()), help.data());
+        if (ImGui::IsItemHovered())
+            ImGui::SetTooltip("%.*s", static_cast<int>(help.size()), help.data());
         ImGui::TableSetColumnIndex(column + 1);
         text(value);
     };
@@ -46,7 +48,8 @@ void draw_counters(const Model& model) {
     auto statistic = [&](int column, Counter c) {
         const core::StatisticField* f = core::statistic_field(c);
         const std::uint64_t v = s.get(c);
-        cell(column, core::counter_label(c), core::counts_bytes(c) ? format_bytes(v) : std::to_string(v),
+        cell(column, core::counter_label(c),
+             core::counts_bytes(c) ? format_bytes(v) : std::to_string(v),
              f ? f->description : std::string_view());
     };
     const std::uint64_t stored = s.get(Counter::stored_bytes);

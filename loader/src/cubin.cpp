@@ -88,8 +88,8 @@ Status for_each_record(std::string_view data, std::string_view what, Fn&& fn) {
             }
             r.payload = *payload;
         } else if (r.format < 1 || r.format > 3) {
-            return fail(EIO,
-                        fmt::format("{}: record at {} has unknown format {}", what, r.at, r.format));
+            return fail(
+                EIO, fmt::format("{}: record at {} has unknown format {}", what, r.at, r.format));
         }
         if (auto status = fn(r); !status) return status;
     }

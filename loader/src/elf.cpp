@@ -23,7 +23,9 @@ tl::unexpected<core::Error> damaged(std::string_view what, const std::string& wh
     return fail(EIO, fmt::format("{}: {}", what, why));
 }
 // A read the ByteReader refused (its message already names `what`).
-tl::unexpected<core::Error> damaged(const core::Error& error) { return fail(EIO, error.message); }
+tl::unexpected<core::Error> damaged(const core::Error& error) {
+    return fail(EIO, error.message);
+}
 
 struct SectionHeader {
     std::uint32_t name = 0, type = 0;
@@ -63,7 +65,8 @@ core::Status check_segments(const ByteReader& in, std::uint64_t phoff, std::uint
         if (!ph) return damaged(ph.error());
         std::uint32_t type = 0, flags = 0;
         std::uint64_t offset = 0, vaddr = 0, paddr = 0, filesz = 0;
-        if (auto s = ph->read(type, flags, offset, vaddr, paddr, filesz); !s) return damaged(s.error());
+        if (auto s = ph->read(type, flags, offset, vaddr, paddr, filesz); !s)
+            return damaged(s.error());
         if (!in.contains(offset, filesz)) {
             return damaged(what, fmt::format("segment {} [{}, +{}) runs past the end of the file "
                                              "({} bytes)",
@@ -112,8 +115,8 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
     std::uint16_t ehsize = 0, phentsize = 0, phnum16 = 0, shentsize = 0, shnum16 = 0,
                   shstrndx16 = 0;
     if (auto s = header->seek(16); !s) return damaged(s.error());
-    if (auto s = header->read(elf.type, elf.machine, version, entry, phoff, shoff, elf.flags, ehsize,
-                              phentsize, phnum16, shentsize, shnum16, shstrndx16);
+    if (auto s = header->read(elf.type, elf.machine, version, entry, phoff, shoff, elf.flags,
+                              ehsize, phentsize, phnum16, shentsize, shnum16, shstrndx16);
         !s) {
         return damaged(s.error());
     }

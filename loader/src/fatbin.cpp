@@ -152,9 +152,8 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
                           name_offset = 0, name_size = 0;
             std::uint64_t hash = 0, uncompressed_size = 0;
             if (auto s = fixed->read(entry.raw_kind, reserved16, entry_header_size32, entry.size,
-                                     compressed_size, options_offset, minor, major, sm,
-                                     name_offset, name_size, entry.flags, hash,
-                                     uncompressed_size);
+                                     compressed_size, options_offset, minor, major, sm, name_offset,
+                                     name_size, entry.flags, hash, uncompressed_size);
                 !s) {
                 return tl::unexpected(s.error());
             }

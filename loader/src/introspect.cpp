@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "kcache/core/byte_reader.hpp"
 #include "elf.hpp"
+#include "kcache/core/byte_reader.hpp"
 #include "parsers.hpp"
 
 namespace kcache::loader {

@@ -71,7 +71,8 @@ class Lexer {
         if (word_char(c)) {
             while (n < rest.size() && word_char(rest[n])) ++n;
         } else if (c == '"') {
-            while (n < rest.size() && rest[n] != '"' && rest[n] != '\n') n += rest[n] == '\\' ? 2 : 1;
+            while (n < rest.size() && rest[n] != '"' && rest[n] != '\n')
+                n += rest[n] == '\\' ? 2 : 1;
             n = std::min(n + 1, rest.size());
         }
         return m_in.bytes(n).value_or(std::string_view{});  // n <= rest.size(): never fails

@@ -164,8 +164,8 @@ Result<Signature> parse_kcache(const Json& doc) {
     sig.block = block;
     auto cluster = KCACHE_TRY(dims_field(doc, "cluster", F));
     sig.cluster = cluster;
-    sig.shared_memory = KCACHE_TRY(
-        uint_field(doc, "dynamic_shared_memory", 0, 0, std::numeric_limits<std::int32_t>::max(), F));
+    sig.shared_memory = KCACHE_TRY(uint_field(doc, "dynamic_shared_memory", 0, 0,
+                                              std::numeric_limits<std::int32_t>::max(), F));
     return sig;
 }
 
@@ -184,7 +184,8 @@ Result<Signature> parse_triton(const Json& doc) {
     auto warps = KCACHE_TRY(uint_field(doc, "num_warps", 4, 1, kMaxThreadsPerBlock, F));
     sig.block = {warps * warp_size, 1, 1};
     KCACHE_TRY(check_block(sig.block, F));
-    auto shared = KCACHE_TRY(uint_field(doc, "shared", 0, 0, std::numeric_limits<std::int32_t>::max(), F));
+    auto shared =
+        KCACHE_TRY(uint_field(doc, "shared", 0, 0, std::numeric_limits<std::int32_t>::max(), F));
     sig.shared_memory = shared;
     auto cluster = KCACHE_TRY(dims_field(doc, "cluster_dims", F));
     sig.cluster = cluster;

@@ -24,21 +24,35 @@ namespace {
 Reply convert(const redisReply* r, std::uint64_t* received) {
     Reply out;
     switch (r->type) {
-        case REDIS_REPLY_STRING: out.type = Reply::Type::string; break;
-        case REDIS_REPLY_ARRAY: out.type = Reply::Type::array; break;
-        case REDIS_REPLY_INTEGER: out.type = Reply::Type::integer; break;
-        case REDIS_REPLY_STATUS: out.type = Reply::Type::status; break;
-        case REDIS_REPLY_ERROR: out.type = Reply::Type::error; break;
-        default: out.type = Reply::Type::nil; break;
+        case REDIS_REPLY_STRING:
+            out.type = Reply::Type::string;
+            break;
+        case REDIS_REPLY_ARRAY:
+            out.type = Reply::Type::array;
+            break;
+        case REDIS_REPLY_INTEGER:
+            out.type = Reply::Type::integer;
+            break;
+        case REDIS_REPLY_STATUS:
+            out.type = Reply::Type::status;
+            break;
+        case REDIS_REPLY_ERROR:
+            out.type = Reply::Type::error;
+            break;
+        default:
+            out.type = Reply::Type::nil;
+            break;
     }
-    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_ERROR) {
+    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+        r->type == REDIS_REPLY_ERROR) {
         out.str.assign(r->str, r->len);
         if (received) *received += r->len;
     }
     if (r->type == REDIS_REPLY_INTEGER) out.integer = r->integer;
     if (r->type == REDIS_REPLY_ARRAY) {
         out.elements.reserve(r->elements);
-        for (std::size_t i = 0; i < r->elements; ++i) out.elements.push_back(convert(r->element[i], received));
+        for (std::size_t i = 0; i < r->elements; ++i)
+            out.elements.push_back(convert(r->element[i], received));
     }
     return out;
 }
@@ -53,20 +67,24 @@ int poll_ms(std::int64_t deadline_ns) {
 
 core::Error io_error(const std::string& name, redisContext* c, std::string_view what) {
     const int code = (c->err == REDIS_ERR_IO && errno) ? errno : EIO;
-    return {code == EAGAIN ? EIO : code, fmt::format("redis {}: {}: {}", name, what, c->errstr[0] ? c->errstr : "connection closed")};
+    return {code == EAGAIN ? EIO : code,
+            fmt::format("redis {}: {}: {}", name, what,
+                        c->errstr[0] ? c->errstr : "connection closed")};
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Connection>> Connection::open(const Endpoint& endpoint,
-                                                    const std::string& password,
-                                                    std::int64_t deadline_ns) {
+                                                     const std::string& password,
+                                                     std::int64_t deadline_ns) {
     const std::string name = endpoint.id();
     // Name resolution in redisConnectNonBlock is getaddrinfo(3) and may block: name
     // servers by address (or a name /etc/hosts answers) where that matters.
-    redisContext* c = endpoint.unix_socket ? redisConnectUnixNonBlock(endpoint.path.c_str())
-                                           : redisConnectNonBlock(endpoint.host.c_str(), endpoint.port);
-    if (c == nullptr) return core::fail(ENOMEM, fmt::format("redis {}: cannot allocate a context", name));
+    redisContext* c = endpoint.unix_socket
+                          ? redisConnectUnixNonBlock(endpoint.path.c_str())
+                          : redisConnectNonBlock(endpoint.host.c_str(), endpoint.port);
+    if (c == nullptr)
+        return core::fail(ENOMEM, fmt::format("redis {}: cannot allocate a context", name));
     if (c->err) {
         core::Error e{c->err == REDIS_ERR_IO && errno ? errno : ECONNREFUSED,
                       fmt::format("redis {}: connect: {}", name, c->errstr)};
@@ -82,13 +100,15 @@ Result<std::unique_ptr<Connection>> Connection::open(const Endpoint& endpoint,
         if (ms == 0) return core::fail(ETIMEDOUT, fmt::format("redis {}: connect timed out", name));
         const int n = ::poll(&p, 1, ms);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return core::fail(errno, fmt::format("redis {}: poll: {}", name, std::strerror(errno)));
+        if (n < 0)
+            return core::fail(errno, fmt::format("redis {}: poll: {}", name, std::strerror(errno)));
         if (n == 0) return core::fail(ETIMEDOUT, fmt::format("redis {}: connect timed out", name));
         int so_error = 0;
         socklen_t len = sizeof so_error;
         if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) so_error = errno;
         if (so_error != 0) {
-            return core::fail(so_error, fmt::format("redis {}: connect: {}", name, std::strerror(so_error)));
+            return core::fail(so_error,
+                              fmt::format("redis {}: connect: {}", name, std::strerror(so_error)));
         }
         break;
     }
@@ -106,9 +126,10 @@ Result<std::unique_ptr<Connection>> Connection::open(const Endpoint& endpoint,
             if (r.is_ok()) continue;
             // The reply to AUTH never echoes the password; it is still not quoted here.
             const bool auth = !password.empty() && i == 0;
-            return core::fail(auth ? EACCES : EINVAL,
-                              fmt::format("redis {}: {} refused: {}", name, auth ? "AUTH" : "SELECT",
-                                          r.is_error() ? r.str : "unexpected reply"));
+            return core::fail(
+                auth ? EACCES : EINVAL,
+                fmt::format("redis {}: {} refused: {}", name, auth ? "AUTH" : "SELECT",
+                            r.is_error() ? r.str : "unexpected reply"));
         }
     }
     return conn;
@@ -118,8 +139,9 @@ Connection::~Connection() {
     if (m_context) redisFree(m_context);
 }
 
-Result<std::vector<Reply>> Connection::exec(const std::vector<Command>& commands, std::int64_t deadline_ns,
-                                            std::uint64_t* sent, std::uint64_t* received) {
+Result<std::vector<Reply>> Connection::exec(const std::vector<Command>& commands,
+                                            std::int64_t deadline_ns, std::uint64_t* sent,
+                                            std::uint64_t* received) {
     redisContext* c = m_context;
     std::vector<const char*> argv;
     std::vector<std::size_t> lens;
@@ -131,7 +153,8 @@ Result<std::vector<Reply>> Connection::exec(const std::vector<Command>& commands
             lens.push_back(arg.size());
             if (sent) *sent += arg.size();
         }
-        if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK) {
+        if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+            REDIS_OK) {
             return core::fail(ENOMEM, fmt::format("redis {}: cannot queue a command", m_name));
         }
     }
@@ -151,15 +174,22 @@ Result<std::vector<Reply>> Connection::exec(const std::vector<Command>& commands
             continue;
         }
         const int ms = poll_ms(deadline_ns);
-        if (ms == 0) return core::fail(ETIMEDOUT, fmt::format("redis {}: no reply within the deadline", m_name));
+        if (ms == 0)
+            return core::fail(ETIMEDOUT,
+                              fmt::format("redis {}: no reply within the deadline", m_name));
         pollfd p{c->fd, static_cast<short>(POLLIN | (written ? 0 : POLLOUT)), 0};
         const int n = ::poll(&p, 1, ms);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return core::fail(errno, fmt::format("redis {}: poll: {}", m_name, std::strerror(errno)));
-        if (n == 0) return core::fail(ETIMEDOUT, fmt::format("redis {}: no reply within the deadline", m_name));
+        if (n < 0)
+            return core::fail(errno,
+                              fmt::format("redis {}: poll: {}", m_name, std::strerror(errno)));
+        if (n == 0)
+            return core::fail(ETIMEDOUT,
+                              fmt::format("redis {}: no reply within the deadline", m_name));
         if (!written && (p.revents & POLLOUT)) {
             errno = 0;
-            if (redisBufferWrite(c, &written) != REDIS_OK) return tl::unexpected(io_error(m_name, c, "write"));
+            if (redisBufferWrite(c, &written) != REDIS_OK)
+                return tl::unexpected(io_error(m_name, c, "write"));
         }
         if (p.revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) {
             errno = 0;

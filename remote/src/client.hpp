@@ -40,13 +40,13 @@ struct Reply {
 using Command = std::vector<std::string>;  // binary-safe arguments
 
 class Connection {
-public:
+  public:
     // Connects and authenticates (AUTH [user] password when `password` is non-empty)
     // and selects the endpoint's db, all before `deadline_ns` (steady_ns clock).
     // EACCES when the server refuses the credentials.
     static Result<std::unique_ptr<Connection>> open(const Endpoint& endpoint,
-                                                   const std::string& password,
-                                                   std::int64_t deadline_ns);
+                                                    const std::string& password,
+                                                    std::int64_t deadline_ns);
     ~Connection();
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
@@ -54,9 +54,10 @@ public:
     // Sends the commands as one pipeline and returns their replies in order.
     // `sent` / `received` add the bytes of arguments and reply values moved.
     Result<std::vector<Reply>> exec(const std::vector<Command>& commands, std::int64_t deadline_ns,
-                                    std::uint64_t* sent = nullptr, std::uint64_t* received = nullptr);
+                                    std::uint64_t* sent = nullptr,
+                                    std::uint64_t* received = nullptr);
 
-private:
+  private:
     explicit Connection(redisContext* context, std::string name)
         : m_context(context), m_name(std::move(name)) {}
     redisContext* m_context = nullptr;

@@ -21,7 +21,7 @@ tl::unexpected<core::Error> bad(std::string_view what) {
 }
 
 class Writer {
-public:
+  public:
     explicit Writer(std::string& out) : m_out(out) {}
     void u8(std::uint8_t v) { m_out.push_back(static_cast<char>(v)); }
     void le(std::uint64_t v, int bytes) {
@@ -39,20 +39,21 @@ public:
         bytes(s);
     }
 
-private:
+  private:
     std::string& m_out;
 };
 
 // Reads with bounds checks: a read past the end sets failed() and yields zeros.
 class Reader {
-public:
+  public:
     explicit Reader(std::string_view in) : m_in(in) {}
     bool failed() const { return m_failed; }
     bool at_end() const { return m_pos == m_in.size(); }
     std::uint64_t le(int bytes) {
         if (!take(static_cast<std::size_t>(bytes))) return 0;
         std::uint64_t v = 0;
-        for (int i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<unsigned char>(m_in[m_pos - bytes + i])} << (8 * i);
+        for (int i = 0; i < bytes; ++i)
+            v |= std::uint64_t{static_cast<unsigned char>(m_in[m_pos - bytes + i])} << (8 * i);
         return v;
     }
     std::uint8_t u8() { return static_cast<std::uint8_t>(le(1)); }
@@ -65,7 +66,7 @@ public:
     std::string str16() { return std::string(bytes(static_cast<std::size_t>(le(2)))); }
     std::string str32() { return std::string(bytes(static_cast<std::size_t>(le(4)))); }
 
-private:
+  private:
     bool take(std::size_t n) {
         if (m_failed || n > m_in.size() - m_pos) {
             m_failed = true;
@@ -88,7 +89,8 @@ std::string pack(std::string_view raw) {
     std::string out;
     Writer w(out);
     std::string compressed(ZSTD_compressBound(raw.size()), '\0');
-    const std::size_t n = ZSTD_compress(compressed.data(), compressed.size(), raw.data(), raw.size(), kZstdLevel);
+    const std::size_t n =
+        ZSTD_compress(compressed.data(), compressed.size(), raw.data(), raw.size(), kZstdLevel);
     const bool use_zstd = !ZSTD_isError(n) && n < raw.size();
     w.u8(use_zstd ? kZstd : kRaw);
     w.u32(static_cast<std::uint32_t>(raw.size()));
@@ -200,10 +202,12 @@ Result<Manifest> decode_manifest(std::string_view value) {
     m.created_ns = static_cast<std::int64_t>(r.u64());
     const std::uint32_t count = r.u32();
     if (r.failed()) return bad("manifest: truncated header");
-    if (kind > static_cast<std::uint8_t>(core::EntryKind::stem)) return bad("manifest: unknown entry kind");
+    if (kind > static_cast<std::uint8_t>(core::EntryKind::stem))
+        return bad("manifest: unknown entry kind");
     m.kind = static_cast<core::EntryKind>(kind);
-    m.producer = producer <= static_cast<std::uint8_t>(core::Producer::kcache) ? static_cast<core::Producer>(producer)
-                                                                               : core::Producer::unknown;
+    m.producer = producer <= static_cast<std::uint8_t>(core::Producer::kcache)
+                     ? static_cast<core::Producer>(producer)
+                     : core::Producer::unknown;
     if (count > kMaxNodes) return bad(fmt::format("manifest: {} nodes is over the limit", count));
     m.nodes.reserve(count);
     for (std::uint32_t i = 0; i < count; ++i) {
@@ -228,7 +232,8 @@ Result<Manifest> decode_manifest(std::string_view value) {
                 n.content = r.str32();
                 if (r.failed()) return bad("manifest: truncated inline content");
                 // Empty content has no digest to check (core keeps it all-zero).
-                if (n.content.size() != n.size || (n.size != 0 && !(core::digest_of(n.content) == n.digest))) {
+                if (n.content.size() != n.size ||
+                    (n.size != 0 && !(core::digest_of(n.content) == n.digest))) {
                     return bad("manifest: inline content does not match its digest");
                 }
             }
@@ -263,7 +268,9 @@ Result<BlobHeader> decode_blob_header(std::string_view value) {
     return h;
 }
 
-std::string encode_chunk(std::string_view raw_chunk) { return pack(raw_chunk); }
+std::string encode_chunk(std::string_view raw_chunk) {
+    return pack(raw_chunk);
+}
 
 core::Status decode_chunk(std::string_view value, std::size_t expected_raw, std::string& out) {
     const std::size_t before = out.size();

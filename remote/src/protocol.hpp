@@ -25,7 +25,7 @@ namespace kcache::remote::proto {
 using core::Result;
 
 inline constexpr std::size_t kChunkBytes = std::size_t{1} << 20;  // raw bytes per chunk
-inline constexpr std::size_t kInlineMax = 8 * 1024;   // files up to this size ride in the manifest
+inline constexpr std::size_t kInlineMax = 8 * 1024;  // files up to this size ride in the manifest
 inline constexpr std::size_t kMaxManifestBytes = std::size_t{64} << 20;  // decoded
 inline constexpr std::uint32_t kMaxNodes = 100'000;
 
@@ -42,17 +42,17 @@ struct Node {
     core::FileType type = core::FileType::regular;
     std::uint32_t mode = 0;  // permission bits
     std::int64_t mtime_ns = 0;
-    std::uint64_t size = 0;   // regular files
-    core::Digest digest;      // regular files
-    bool inlined = false;     // the content is `content`, else the blob `digest`
-    std::string content;      // inlined files
-    std::string target;       // symlinks
+    std::uint64_t size = 0;  // regular files
+    core::Digest digest;     // regular files
+    bool inlined = false;    // the content is `content`, else the blob `digest`
+    std::string content;     // inlined files
+    std::string target;      // symlinks
 };
 
 struct Manifest {
-    std::string entry;   // the entry's name in the cache (EntryInfo::name)
+    std::string entry;  // the entry's name in the cache (EntryInfo::name)
     core::EntryKind kind = core::EntryKind::node;
-    std::string stem;    // stem entries
+    std::string stem;               // stem entries
     std::uint32_t dir_mode = 0755;  // node entries: the entry directory's permission bits
     core::Producer producer = core::Producer::unknown;
     std::string writer;  // host (and mount point, from the daemon) that wrote it

@@ -11,8 +11,8 @@
 #include <fmt/core.h>
 
 #include "client.hpp"
-#include "server.hpp"
 #include "kcache/remote/remote.hpp"
+#include "server.hpp"
 
 namespace kcache::remote {
 
@@ -53,7 +53,8 @@ void ignore_sigpipe() {
 std::string Endpoint::id() const {
     // No user: a read-only node logs in as another user but must shard keys exactly
     // as the writers do.
-    if (unix_socket) return db ? fmt::format("unix:{}?db={}", path, db) : fmt::format("unix:{}", path);
+    if (unix_socket)
+        return db ? fmt::format("unix:{}?db={}", path, db) : fmt::format("unix:{}", path);
     const bool v6 = host.find(':') != std::string::npos;
     return fmt::format("redis://{}{}{}:{}/{}", v6 ? "[" : "", host, v6 ? "]" : "", port, db);
 }
@@ -67,33 +68,41 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
         if (rest.starts_with("//")) rest.remove_prefix(2);  // unix:///path
         const std::size_t q = rest.find('?');
         e.path = std::string(rest.substr(0, q));
-        if (e.path.empty() || e.path.front() != '/') return bad_url(url, "a unix socket path must be absolute");
-        std::string_view params = q == std::string_view::npos ? std::string_view() : rest.substr(q + 1);
+        if (e.path.empty() || e.path.front() != '/')
+            return bad_url(url, "a unix socket path must be absolute");
+        std::string_view params =
+            q == std::string_view::npos ? std::string_view() : rest.substr(q + 1);
         while (!params.empty()) {
             const std::size_t amp = params.find('&');
             const std::string_view p = params.substr(0, amp);
             params = amp == std::string_view::npos ? std::string_view() : params.substr(amp + 1);
             if (p.starts_with("db=")) {
-                if (!parse_number(p.substr(3), e.db, kMaxDb)) return bad_url(url, "db must be a number");
+                if (!parse_number(p.substr(3), e.db, kMaxDb))
+                    return bad_url(url, "db must be a number");
             } else if (p.starts_with("user=")) {
                 e.user = std::string(p.substr(5));
             } else if (p.starts_with("password=")) {
-                return bad_url(url, "a password in the URL is refused; use --remote-password-env or --remote-password-file");
+                return bad_url(url,
+                               "a password in the URL is refused; use --remote-password-env or "
+                               "--remote-password-file");
             } else {
-                return bad_url(url, fmt::format("unknown parameter '{}'", p.substr(0, p.find('='))));
+                return bad_url(url,
+                               fmt::format("unknown parameter '{}'", p.substr(0, p.find('='))));
             }
         }
         return e;
     }
-    if (!url.starts_with("redis://")) return bad_url(url, "expected redis://[user@]host:port[/db] or unix:/path");
+    if (!url.starts_with("redis://"))
+        return bad_url(url, "expected redis://[user@]host:port[/db] or unix:/path");
     std::string_view rest = url.substr(8);
     const std::size_t at = rest.rfind('@');
     if (at != std::string_view::npos) {
         const std::string_view userinfo = rest.substr(0, at);
         if (userinfo.find(':') != std::string_view::npos) {
             // Not echoed: the part after ':' is a secret.
-            return core::fail(EINVAL, "bad remote URL: a password in the URL is refused; use "
-                                      "--remote-password-env or --remote-password-file");
+            return core::fail(EINVAL,
+                              "bad remote URL: a password in the URL is refused; use "
+                              "--remote-password-env or --remote-password-file");
         }
         e.user = std::string(userinfo);
         rest.remove_prefix(at + 1);
@@ -102,7 +111,8 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
     std::string_view hostport = rest.substr(0, slash);
     if (slash != std::string_view::npos) {
         const std::string_view db = rest.substr(slash + 1);
-        if (!db.empty() && !parse_number(db, e.db, kMaxDb)) return bad_url(url, "db must be a number");
+        if (!db.empty() && !parse_number(db, e.db, kMaxDb))
+            return bad_url(url, "db must be a number");
     }
     std::string_view port;
     if (hostport.starts_with('[')) {  // [IPv6]:port
@@ -110,7 +120,8 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
         if (close == std::string_view::npos) return bad_url(url, "unclosed '['");
         e.host = std::string(hostport.substr(1, close - 1));
         const std::string_view after = hostport.substr(close + 1);
-        if (!after.empty() && !after.starts_with(':')) return bad_url(url, "expected ':' after ']'");
+        if (!after.empty() && !after.starts_with(':'))
+            return bad_url(url, "expected ':' after ']'");
         if (!after.empty()) port = after.substr(1);
     } else {
         const std::size_t colon = hostport.find(':');
@@ -127,7 +138,8 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
 Result<std::string> load_password(const std::string& env_name, const std::string& file) {
     if (!env_name.empty()) {
         const char* value = std::getenv(env_name.c_str());
-        if (value == nullptr) return core::fail(EINVAL, fmt::format("password variable {} is not set", env_name));
+        if (value == nullptr)
+            return core::fail(EINVAL, fmt::format("password variable {} is not set", env_name));
         return std::string(value);
     }
     if (file.empty()) return std::string();
@@ -143,31 +155,42 @@ Result<std::string> load_password(const std::string& env_name, const std::string
 Status validate(const Options& o) {
     if (o.servers.empty()) return core::fail(EINVAL, "no remote server given (--remote URL)");
     if (o.ns.empty() || o.ns.size() > 64 || !all_of_charset(o.ns, "._-")) {
-        return core::fail(EINVAL, fmt::format("bad remote namespace '{}': 1-64 of A-Z a-z 0-9 . _ -", o.ns));
+        return core::fail(
+            EINVAL, fmt::format("bad remote namespace '{}': 1-64 of A-Z a-z 0-9 . _ -", o.ns));
     }
-    if (o.connect_timeout_ns <= 0 || o.op_timeout_ns <= 0 || o.breaker_cooldown_ns <= 0 || o.oom_pause_ns < 0) {
+    if (o.connect_timeout_ns <= 0 || o.op_timeout_ns <= 0 || o.breaker_cooldown_ns <= 0 ||
+        o.oom_pause_ns < 0) {
         return core::fail(EINVAL, "remote timeouts must be positive");
     }
-    if (o.breaker_threshold == 0) return core::fail(EINVAL, "the breaker threshold must be at least 1");
+    if (o.breaker_threshold == 0)
+        return core::fail(EINVAL, "the breaker threshold must be at least 1");
     return {};
 }
 
 Status validate_job_tag(std::string_view tag) {
     if (tag.empty() || tag.size() > 128 || !all_of_charset(tag, "._:-")) {
-        return core::fail(EINVAL, fmt::format("bad job tag '{}': 1-128 of A-Z a-z 0-9 . _ : -", tag));
+        return core::fail(EINVAL,
+                          fmt::format("bad job tag '{}': 1-128 of A-Z a-z 0-9 . _ : -", tag));
     }
     return {};
 }
 
 std::string_view outcome_name(Outcome o) {
     switch (o) {
-        case Outcome::uploaded: return "uploaded";
-        case Outcome::already_remote: return "already remote";
-        case Outcome::pulled: return "pulled";
-        case Outcome::already_local: return "already local";
-        case Outcome::miss: return "miss";
-        case Outcome::dangling: return "dangling";
-        case Outcome::corrupt: return "corrupt";
+        case Outcome::uploaded:
+            return "uploaded";
+        case Outcome::already_remote:
+            return "already remote";
+        case Outcome::pulled:
+            return "pulled";
+        case Outcome::already_local:
+            return "already local";
+        case Outcome::miss:
+            return "miss";
+        case Outcome::dangling:
+            return "dangling";
+        case Outcome::corrupt:
+            return "corrupt";
     }
     return "unknown";
 }
@@ -185,7 +208,8 @@ Result<std::unique_ptr<Remote>> Remote::create(Options options) {
         server->id = e.id();
         server->cooldown = remote->m_options.breaker_cooldown_ns;
         for (const auto& other : remote->m_servers) {
-            if (other->id == server->id) return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
+            if (other->id == server->id)
+                return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
         }
         remote->m_servers.push_back(std::move(server));
     }
@@ -215,9 +239,10 @@ Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Comman
     if (server.breaker == Server::Breaker::open) {
         if (now < server.open_until) {
             m_counts.errors.fetch_add(1);
-            return core::fail(EAGAIN, fmt::format("redis {}: circuit open after {} failures (retry in {} ms)",
-                                                  server.id, server.failures,
-                                                  (server.open_until - now + 999'999) / 1'000'000));
+            return core::fail(
+                EAGAIN,
+                fmt::format("redis {}: circuit open after {} failures (retry in {} ms)", server.id,
+                            server.failures, (server.open_until - now + 999'999) / 1'000'000));
         }
         server.breaker = Server::Breaker::half_open;  // this operation is the trial
     }
@@ -225,7 +250,8 @@ Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Comman
         server.connection.reset();  // replies may be pending: never reuse it
         (e.code == ETIMEDOUT ? m_counts.timeouts : m_counts.errors).fetch_add(1);
         ++server.failures;
-        if (server.breaker == Server::Breaker::half_open || server.failures >= m_options.breaker_threshold) {
+        if (server.breaker == Server::Breaker::half_open ||
+            server.failures >= m_options.breaker_threshold) {
             server.breaker = Server::Breaker::open;
             server.open_until = steady_ns() + server.cooldown;
             e.message += fmt::format(" (circuit opened for {} ms)", server.cooldown / 1'000'000);
@@ -234,14 +260,16 @@ Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Comman
         return tl::unexpected(std::move(e));
     };
     if (!server.connection) {
-        auto conn = Connection::open(server.endpoint, m_options.password, now + m_options.connect_timeout_ns);
+        auto conn = Connection::open(server.endpoint, m_options.password,
+                                     now + m_options.connect_timeout_ns);
         if (!conn) return failed(std::move(conn.error()));
         server.connection = std::move(*conn);
         now = steady_ns();
     }
     std::uint64_t sent = 0;
     std::uint64_t received = 0;
-    auto replies = server.connection->exec(commands, now + m_options.op_timeout_ns, &sent, &received);
+    auto replies =
+        server.connection->exec(commands, now + m_options.op_timeout_ns, &sent, &received);
     if (!replies) return failed(std::move(replies.error()));
     m_counts.bytes_up.fetch_add(sent);
     m_counts.bytes_down.fetch_add(received);
@@ -249,7 +277,8 @@ Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Comman
     server.breaker = Server::Breaker::closed;
     server.cooldown = m_options.breaker_cooldown_ns;
     for (const Reply& r : *replies) {
-        if (r.is_error() && r.str.starts_with("OOM")) server.uploads_paused_until = steady_ns() + m_options.oom_pause_ns;
+        if (r.is_error() && r.str.starts_with("OOM"))
+            server.uploads_paused_until = steady_ns() + m_options.oom_pause_ns;
     }
     return replies;
 }
@@ -261,7 +290,8 @@ core::Error Remote::reply_error(const Server& server, const Reply& reply, std::s
     if (text.starts_with("OOM")) {
         code = ENOSPC;
         text += fmt::format(" (uploads paused for {} s)", m_options.oom_pause_ns / 1'000'000'000);
-    } else if (text.starts_with("NOPERM") || text.starts_with("NOAUTH") || text.starts_with("WRONGPASS")) {
+    } else if (text.starts_with("NOPERM") || text.starts_with("NOAUTH") ||
+               text.starts_with("WRONGPASS")) {
         code = EACCES;
     }
     return {code, fmt::format("redis {}: {}: {}", server.id, what, text)};
@@ -322,10 +352,10 @@ std::vector<ServerState> Remote::servers() const {
         std::lock_guard lock(s->mutex);
         ServerState st;
         st.id = s->id;
-        st.breaker = s->breaker == Server::Breaker::closed ? "closed"
+        st.breaker = s->breaker == Server::Breaker::closed      ? "closed"
                      : s->breaker == Server::Breaker::half_open ? "half-open"
-                     : now < s->open_until                     ? "open"
-                                                               : "half-open";
+                     : now < s->open_until                      ? "open"
+                                                                : "half-open";
         st.uploads_paused = now < s->uploads_paused_until;
         st.failures = s->failures;
         out.push_back(std::move(st));
@@ -336,11 +366,11 @@ std::vector<ServerState> Remote::servers() const {
 Status record_counts(core::Store& store, const Counts& c) {
     using core::Counter;
     const std::pair<Counter, std::uint64_t> deltas[] = {
-        {Counter::remote_hits, c.hits},          {Counter::remote_misses, c.misses},
-        {Counter::remote_errors, c.errors},      {Counter::remote_timeouts, c.timeouts},
-        {Counter::remote_corrupt, c.corrupt},    {Counter::remote_dangling, c.dangling},
-        {Counter::remote_bytes_up, c.bytes_up},  {Counter::remote_bytes_down, c.bytes_down},
-        {Counter::remote_uploads, c.uploads},    {Counter::remote_upload_skipped, c.upload_skipped},
+        {Counter::remote_hits, c.hits},         {Counter::remote_misses, c.misses},
+        {Counter::remote_errors, c.errors},     {Counter::remote_timeouts, c.timeouts},
+        {Counter::remote_corrupt, c.corrupt},   {Counter::remote_dangling, c.dangling},
+        {Counter::remote_bytes_up, c.bytes_up}, {Counter::remote_bytes_down, c.bytes_down},
+        {Counter::remote_uploads, c.uploads},   {Counter::remote_upload_skipped, c.upload_skipped},
     };
     return store.update([&](core::WriteTxn& txn) -> Status {
         for (const auto& [counter, delta] : deltas) {

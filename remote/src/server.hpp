@@ -21,9 +21,9 @@ struct Remote::Server {
     std::mutex mutex;
     std::unique_ptr<Connection> connection;  // null until needed, and after a failure
     Breaker breaker = Breaker::closed;
-    std::uint64_t failures = 0;    // consecutive
-    std::int64_t open_until = 0;   // steady_ns
-    std::int64_t cooldown = 0;     // the next time it opens
+    std::uint64_t failures = 0;   // consecutive
+    std::int64_t open_until = 0;  // steady_ns
+    std::int64_t cooldown = 0;    // the next time it opens
     std::int64_t uploads_paused_until = 0;
 };
 

@@ -13,12 +13,15 @@ namespace kcache::remote {
 
 Result<std::int64_t> parse_deadline(std::string_view text) {
     constexpr std::int64_t kMaxNs = std::int64_t{86'400} * 1'000'000'000;
-    auto invalid = [&] { return core::fail(EINVAL, fmt::format("invalid deadline '{}' (e.g. 250ms, 2s)", text)); };
+    auto invalid = [&] {
+        return core::fail(EINVAL, fmt::format("invalid deadline '{}' (e.g. 250ms, 2s)", text));
+    };
     if (text.size() > 2 && text.ends_with("ms")) {
         std::int64_t ms = 0;
         const std::string_view digits = text.substr(0, text.size() - 2);
         const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ms);
-        if (ec != std::errc() || end != digits.data() + digits.size() || ms <= 0 || ms > kMaxNs / 1'000'000) {
+        if (ec != std::errc() || end != digits.data() + digits.size() || ms <= 0 ||
+            ms > kMaxNs / 1'000'000) {
             return invalid();
         }
         return ms * 1'000'000;
@@ -53,14 +56,17 @@ void add_options(CLI::App& app, Settings& s) {
                    "keys live under kc1:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
         ->type_name("NS");
     app.add_option("--remote-password-env", s.password_env,
-                   "read the password from this environment variable (default: KCACHE_REMOTE_PASSWORD when set)")
+                   "read the password from this environment variable (default: "
+                   "KCACHE_REMOTE_PASSWORD when set)")
         ->type_name("VAR");
     app.add_option("--remote-password-file", s.password_file, "read the password from this file")
         ->type_name("FILE");
-    app.add_option("--remote-timeout", s.timeout_ns, "deadline of each remote operation: 250ms, 2s ... (default 2s)")
+    app.add_option("--remote-timeout", s.timeout_ns,
+                   "deadline of each remote operation: 250ms, 2s ... (default 2s)")
         ->transform(deadline_transform())
         ->type_name("DURATION");
-    app.add_option("--remote-connect-timeout", s.connect_timeout_ns, "deadline of a connect (default 1s)")
+    app.add_option("--remote-connect-timeout", s.connect_timeout_ns,
+                   "deadline of a connect (default 1s)")
         ->transform(deadline_transform())
         ->type_name("DURATION");
     app.add_flag("--remote-read-only", s.read_only, "never write to the remote");
@@ -82,7 +88,8 @@ std::vector<std::string> configured_urls(const Settings& s) {
 
 Result<Options> resolve(const Settings& s) {
     const std::vector<std::string> urls = configured_urls(s);
-    if (urls.empty()) return core::fail(EINVAL, "no remote server: give --remote URL or set KCACHE_REMOTE");
+    if (urls.empty())
+        return core::fail(EINVAL, "no remote server: give --remote URL or set KCACHE_REMOTE");
     Options options;
     for (const std::string& url : urls) {
         auto endpoint = parse_endpoint(url);
@@ -90,10 +97,12 @@ Result<Options> resolve(const Settings& s) {
         options.servers.push_back(std::move(*endpoint));
     }
     if (!s.password_env.empty() && !s.password_file.empty()) {
-        return core::fail(EINVAL, "--remote-password-env and --remote-password-file exclude each other");
+        return core::fail(EINVAL,
+                          "--remote-password-env and --remote-password-file exclude each other");
     }
     std::string env = s.password_env;
-    if (env.empty() && s.password_file.empty() && std::getenv("KCACHE_REMOTE_PASSWORD")) env = "KCACHE_REMOTE_PASSWORD";
+    if (env.empty() && s.password_file.empty() && std::getenv("KCACHE_REMOTE_PASSWORD"))
+        env = "KCACHE_REMOTE_PASSWORD";
     auto password = load_password(env, s.password_file);
     if (!password) return tl::unexpected(password.error());
     options.password = std::move(*password);

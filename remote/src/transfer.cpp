@@ -42,7 +42,8 @@ Status check_name(std::string_view name, std::string_view what) {
 
 // A relative path of valid names: no "..", no empty component, not absolute.
 Status check_path(std::string_view path, std::string_view what) {
-    if (path.empty() || path.size() > kMaxPath) return core::fail(EINVAL, fmt::format("{}: empty or too long path", what));
+    if (path.empty() || path.size() > kMaxPath)
+        return core::fail(EINVAL, fmt::format("{}: empty or too long path", what));
     for (std::size_t at = 0; at <= path.size();) {
         const std::size_t slash = std::min(path.find('/', at), path.size());
         if (auto s = check_name(path.substr(at, slash - at), what); !s) return s;
@@ -58,12 +59,15 @@ Status check_symlink(std::string_view link_path, std::string_view target) {
     if (target.empty() || target.front() == '/') {
         return core::fail(EINVAL, fmt::format("symlink '{}': empty or absolute target", link_path));
     }
-    std::size_t depth = static_cast<std::size_t>(std::count(link_path.begin(), link_path.end(), '/'));
+    std::size_t depth =
+        static_cast<std::size_t>(std::count(link_path.begin(), link_path.end(), '/'));
     for (std::size_t at = 0; at <= target.size();) {
         const std::size_t slash = std::min(target.find('/', at), target.size());
         const std::string_view part = target.substr(at, slash - at);
         if (part == "..") {
-            if (depth == 0) return core::fail(EINVAL, fmt::format("symlink '{}': target '{}' leaves the cache", link_path, target));
+            if (depth == 0)
+                return core::fail(EINVAL, fmt::format("symlink '{}': target '{}' leaves the cache",
+                                                      link_path, target));
             --depth;
         } else if (!part.empty() && part != ".") {
             ++depth;
@@ -81,7 +85,8 @@ std::string dir_of(std::string_view path) {
 // Everything a hostile manifest could get wrong about names, checked before any
 // blob is fetched.
 Status check_manifest(const proto::Manifest& m, std::string_view asked) {
-    if (m.entry != asked) return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.entry));
+    if (m.entry != asked)
+        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.entry));
     if (auto s = check_path(m.entry, "entry"); !s) return s;
     const std::string dir = dir_of(m.entry);
     if (m.kind == core::EntryKind::stem) {
@@ -93,10 +98,13 @@ Status check_manifest(const proto::Manifest& m, std::string_view asked) {
     std::map<std::string, core::FileType, std::less<>> seen;
     for (const proto::Node& n : m.nodes) {
         if (auto s = check_path(n.path, "file"); !s) return s;
-        if (seen.count(n.path)) return core::fail(EINVAL, fmt::format("'{}' appears twice", n.path));
+        if (seen.count(n.path))
+            return core::fail(EINVAL, fmt::format("'{}' appears twice", n.path));
         if (m.kind == core::EntryKind::stem) {
-            if (n.path.find('/') != std::string::npos || !n.path.starts_with(m.stem) || n.type == core::FileType::directory) {
-                return core::fail(EINVAL, fmt::format("'{}' is not a file of stem '{}'", n.path, m.stem));
+            if (n.path.find('/') != std::string::npos || !n.path.starts_with(m.stem) ||
+                n.type == core::FileType::directory) {
+                return core::fail(EINVAL,
+                                  fmt::format("'{}' is not a file of stem '{}'", n.path, m.stem));
             }
         } else if (const std::string parent = dir_of(n.path); !parent.empty()) {
             auto it = seen.find(parent);
@@ -105,8 +113,9 @@ Status check_manifest(const proto::Manifest& m, std::string_view asked) {
             }
         }
         if (n.type == core::FileType::symlink) {
-            const std::string full = m.kind == core::EntryKind::stem ? (dir.empty() ? n.path : dir + "/" + n.path)
-                                                                     : m.entry + "/" + n.path;
+            const std::string full = m.kind == core::EntryKind::stem
+                                         ? (dir.empty() ? n.path : dir + "/" + n.path)
+                                         : m.entry + "/" + n.path;
             if (auto s = check_symlink(full, n.target); !s) return s;
         }
         seen.emplace(n.path, n.type);
@@ -126,7 +135,9 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
         if (!parent) return tl::unexpected(parent.error());
         const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
         auto existing = txn.lookup(*parent, base);  // an empty entry directory is filled
-        auto dir = existing && existing->is_dir() ? existing : txn.mkdir(*parent, base, m.dir_mode & 0777, getuid(), getgid());
+        auto dir = existing && existing->is_dir()
+                       ? existing
+                       : txn.mkdir(*parent, base, m.dir_mode & 0777, getuid(), getgid());
         if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
         top = dir->ino;
     } else {
@@ -135,17 +146,23 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
         top = *parent;
     }
     for (const proto::Node& n : m.nodes) {
-        const std::string parent_path = m.kind == core::EntryKind::node ? dir_of(n.path) : std::string();
+        const std::string parent_path =
+            m.kind == core::EntryKind::node ? dir_of(n.path) : std::string();
         const core::Ino parent = parent_path.empty() ? top : made.at(parent_path);
         const std::string name = n.path.substr(n.path.rfind('/') + 1);
         core::Result<core::Attr> attr = core::fail(EINVAL, "unknown node type");
         switch (n.type) {
-            case core::FileType::directory: attr = txn.mkdir(parent, name, n.mode & 0777, getuid(), getgid()); break;
-            case core::FileType::symlink: attr = txn.symlink(parent, name, n.target, getuid(), getgid()); break;
+            case core::FileType::directory:
+                attr = txn.mkdir(parent, name, n.mode & 0777, getuid(), getgid());
+                break;
+            case core::FileType::symlink:
+                attr = txn.symlink(parent, name, n.target, getuid(), getgid());
+                break;
             case core::FileType::regular: {
                 attr = txn.create(parent, name, n.mode & 0777, getuid(), getgid(), true);
-                const std::string_view content = n.inlined || n.size == 0 ? std::string_view(n.content)
-                                                                          : std::string_view(blobs.at(n.digest));
+                const std::string_view content = n.inlined || n.size == 0
+                                                     ? std::string_view(n.content)
+                                                     : std::string_view(blobs.at(n.digest));
                 if (attr && !content.empty()) attr = txn.write(attr->ino, content, origin);
                 break;
             }
@@ -157,15 +174,19 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
         made[n.path] = attr->ino;
     }
     auto formed = txn.find_entry(m.entry);
-    if (!formed || formed->kind != m.kind || (m.kind == core::EntryKind::node && formed->ino != top)) {
-        return core::fail(EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)", m.entry));
+    if (!formed || formed->kind != m.kind ||
+        (m.kind == core::EntryKind::node && formed->ino != top)) {
+        return core::fail(
+            EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)",
+                                m.entry));
     }
     return {};
 }
 
 // The content of a blob the local db holds with `size` raw bytes, copied out of a
 // snapshot; nullopt when it lacks it (or cannot read it: then the remote's copy is used).
-std::optional<std::string> local_blob(const core::Store& store, const core::Digest& digest, std::uint64_t size) {
+std::optional<std::string> local_blob(const core::Store& store, const core::Digest& digest,
+                                      std::uint64_t size) {
     auto txn = store.read();
     if (!txn) return std::nullopt;
     auto present = txn->has_blob(digest);
@@ -181,9 +202,12 @@ Status Remote::upload_blob(Server& server, const core::Digest& digest, std::stri
     const std::uint32_t chunks = proto::chunk_count(content.size());
     for (std::uint32_t first = 0; first < chunks; first += kChunksPerRoundTrip) {
         std::vector<Command> batch;
-        for (std::uint32_t i = first; i < std::min<std::uint32_t>(chunks, first + kChunksPerRoundTrip); ++i) {
-            const std::string_view raw = content.substr(std::size_t{i} * proto::kChunkBytes, proto::kChunkBytes);
-            batch.push_back({"SET", proto::chunk_key(m_options.ns, digest, i), proto::encode_chunk(raw)});
+        for (std::uint32_t i = first;
+             i < std::min<std::uint32_t>(chunks, first + kChunksPerRoundTrip); ++i) {
+            const std::string_view raw =
+                content.substr(std::size_t{i} * proto::kChunkBytes, proto::kChunkBytes);
+            batch.push_back(
+                {"SET", proto::chunk_key(m_options.ns, digest, i), proto::encode_chunk(raw)});
         }
         auto replies = exec(server, batch);
         if (!replies) return tl::unexpected(replies.error());
@@ -195,12 +219,15 @@ Status Remote::upload_blob(Server& server, const core::Digest& digest, std::stri
     auto header = exec(server, {{"SET", proto::blob_key(m_options.ns, digest),
                                  proto::encode(proto::BlobHeader{content.size(), chunks})}});
     if (!header) return tl::unexpected(header.error());
-    if (!header->front().is_ok()) return tl::unexpected(reply_error(server, header->front(), "upload"));
+    if (!header->front().is_ok())
+        return tl::unexpected(reply_error(server, header->front(), "upload"));
     return {};
 }
 
-Result<EntryResult> Remote::push(const core::Store& store, std::string_view name, std::string_view job_tag) {
-    if (m_options.read_only) return core::fail(EROFS, "the remote is read-only (--remote-read-only): nothing is pushed");
+Result<EntryResult> Remote::push(const core::Store& store, std::string_view name,
+                                 std::string_view job_tag) {
+    if (m_options.read_only)
+        return core::fail(EROFS, "the remote is read-only (--remote-read-only): nothing is pushed");
     if (!job_tag.empty()) {
         if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
     }
@@ -208,53 +235,53 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     std::map<core::Digest, std::string, DigestLess> blobs;  // not inlined, by digest
     EntryResult result;
     {  // the manifest and the contents, from one snapshot that ends here
-    auto txn = store.read();
-    if (!txn) return tl::unexpected(txn.error());
-    auto entry = txn->find_entry(name);
-    if (!entry) return tl::unexpected(entry.error());
+        auto txn = store.read();
+        if (!txn) return tl::unexpected(txn.error());
+        auto entry = txn->find_entry(name);
+        if (!entry) return tl::unexpected(entry.error());
 
-    m.entry = entry->name;
-    m.kind = entry->kind;
-    m.stem = entry->stem;
-    m.producer = entry->producer;
-    m.created_ns = entry->created_ns;
-    char host[256] = {};
-    if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
-    if (entry->kind == core::EntryKind::node) {
-        auto dir = txn->getattr(entry->ino);
-        if (!dir) return tl::unexpected(dir.error());
-        m.dir_mode = dir->mode & 07777;
-    }
-    std::vector<core::EntryFile> files;
-    auto listed = txn->for_each_entry_file(*entry, [&](const core::EntryFile& f) {
-        files.push_back(f);
-        return true;
-    });
-    if (!listed) return tl::unexpected(listed.error());
-    for (const core::EntryFile& f : files) {
-        proto::Node n;
-        n.path = f.path;
-        n.type = f.attr.type();
-        n.mode = f.attr.mode & 07777;
-        n.mtime_ns = f.attr.mtime_ns;
-        if (f.attr.is_symlink()) n.target = f.link_target;
-        if (f.attr.is_regular()) {
-            auto content = txn->read(f.attr.ino);
-            if (!content) return tl::unexpected(core::with_context(content.error(), f.path));
-            const std::string_view bytes = content->bytes();
-            n.size = bytes.size();
-            n.digest = f.attr.digest;
-            n.inlined = bytes.size() <= proto::kInlineMax;
-            if (n.inlined) {
-                n.content = std::string(bytes);
-            } else if (!blobs.count(n.digest)) {
-                blobs.emplace(n.digest, std::string(bytes));
-            }
-            ++result.files;
-            result.bytes += n.size;
+        m.entry = entry->name;
+        m.kind = entry->kind;
+        m.stem = entry->stem;
+        m.producer = entry->producer;
+        m.created_ns = entry->created_ns;
+        char host[256] = {};
+        if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
+        if (entry->kind == core::EntryKind::node) {
+            auto dir = txn->getattr(entry->ino);
+            if (!dir) return tl::unexpected(dir.error());
+            m.dir_mode = dir->mode & 07777;
         }
-        m.nodes.push_back(std::move(n));
-    }
+        std::vector<core::EntryFile> files;
+        auto listed = txn->for_each_entry_file(*entry, [&](const core::EntryFile& f) {
+            files.push_back(f);
+            return true;
+        });
+        if (!listed) return tl::unexpected(listed.error());
+        for (const core::EntryFile& f : files) {
+            proto::Node n;
+            n.path = f.path;
+            n.type = f.attr.type();
+            n.mode = f.attr.mode & 07777;
+            n.mtime_ns = f.attr.mtime_ns;
+            if (f.attr.is_symlink()) n.target = f.link_target;
+            if (f.attr.is_regular()) {
+                auto content = txn->read(f.attr.ino);
+                if (!content) return tl::unexpected(core::with_context(content.error(), f.path));
+                const std::string_view bytes = content->bytes();
+                n.size = bytes.size();
+                n.digest = f.attr.digest;
+                n.inlined = bytes.size() <= proto::kInlineMax;
+                if (n.inlined) {
+                    n.content = std::string(bytes);
+                } else if (!blobs.count(n.digest)) {
+                    blobs.emplace(n.digest, std::string(bytes));
+                }
+                ++result.files;
+                result.bytes += n.size;
+            }
+            m.nodes.push_back(std::move(n));
+        }
     }
 
     const std::string mkey = proto::manifest_key(m_options.ns, m.entry);
@@ -265,15 +292,20 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         Server& js = shard(jkey);
         auto r = exec(js, {{"SADD", jkey, m.entry}});
         if (!r) return tl::unexpected(r.error());
-        if (r->front().type != Reply::Type::integer) return tl::unexpected(reply_error(js, r->front(), "job set"));
+        if (r->front().type != Reply::Type::integer)
+            return tl::unexpected(reply_error(js, r->front(), "job set"));
         return {};
     };
     if (uploads_paused(mserver)) {
-        return core::fail(ENOSPC, fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)", mserver.id));
+        return core::fail(
+            ENOSPC,
+            fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)",
+                        mserver.id));
     }
     auto exists = exec(mserver, {{"EXISTS", mkey}});
     if (!exists) return tl::unexpected(exists.error());
-    if (exists->front().type != Reply::Type::integer) return tl::unexpected(reply_error(mserver, exists->front(), "EXISTS"));
+    if (exists->front().type != Reply::Type::integer)
+        return tl::unexpected(reply_error(mserver, exists->front(), "EXISTS"));
     if (exists->front().integer == 1) {
         if (auto s = add_to_job(); !s) return tl::unexpected(s.error());
         m_counts.upload_skipped.fetch_add(1);
@@ -282,20 +314,27 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     }
     // Only the blobs the remote lacks are sent, grouped by the server that holds them.
     std::map<Server*, std::vector<core::Digest>> by_server;
-    for (const auto& [digest, content] : blobs) by_server[&shard(proto::blob_key(m_options.ns, digest))].push_back(digest);
+    for (const auto& [digest, content] : blobs)
+        by_server[&shard(proto::blob_key(m_options.ns, digest))].push_back(digest);
     for (const auto& [server, digests] : by_server) {
         if (uploads_paused(*server)) {
-            return core::fail(ENOSPC, fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)", server->id));
+            return core::fail(
+                ENOSPC,
+                fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)",
+                            server->id));
         }
         std::vector<Command> probes;
-        for (const core::Digest& d : digests) probes.push_back({"EXISTS", proto::blob_key(m_options.ns, d)});
+        for (const core::Digest& d : digests)
+            probes.push_back({"EXISTS", proto::blob_key(m_options.ns, d)});
         auto have = exec(*server, probes);
         if (!have) return tl::unexpected(have.error());
         for (std::size_t i = 0; i < digests.size(); ++i) {
             const Reply& r = (*have)[i];
-            if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(*server, r, "EXISTS"));
+            if (r.type != Reply::Type::integer)
+                return tl::unexpected(reply_error(*server, r, "EXISTS"));
             if (r.integer == 1) continue;
-            if (auto s = upload_blob(*server, digests[i], blobs.at(digests[i])); !s) return tl::unexpected(s.error());
+            if (auto s = upload_blob(*server, digests[i], blobs.at(digests[i])); !s)
+                return tl::unexpected(s.error());
         }
     }
     // Every blob is acknowledged: now the manifest, first writer wins.
@@ -315,8 +354,8 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     return result;
 }
 
-Result<std::string> Remote::fetch_blob(Server& server, const core::Digest& digest, std::uint64_t size,
-                                       EntryResult& result) {
+Result<std::string> Remote::fetch_blob(Server& server, const core::Digest& digest,
+                                       std::uint64_t size, EntryResult& result) {
     const std::string bkey = proto::blob_key(m_options.ns, digest);
     auto dangling = [&](std::string why) -> Result<std::string> {
         result.outcome = Outcome::dangling;
@@ -328,7 +367,8 @@ Result<std::string> Remote::fetch_blob(Server& server, const core::Digest& diges
         result.detail = fmt::format("blob {}: {}", digest.hex(), why);
         if (!m_options.read_only) {  // dropped, so that the next push uploads it again
             Command del{"DEL", bkey};
-            for (std::uint32_t i = 0; i < proto::chunk_count(size); ++i) del.push_back(proto::chunk_key(m_options.ns, digest, i));
+            for (std::uint32_t i = 0; i < proto::chunk_count(size); ++i)
+                del.push_back(proto::chunk_key(m_options.ns, digest, i));
             (void)exec(server, {del});  // best effort: a failure is counted by exec
         }
         return std::string();
@@ -345,16 +385,20 @@ Result<std::string> Remote::fetch_blob(Server& server, const core::Digest& diges
     content.reserve(size);
     for (std::uint32_t first = 0; first < header->chunks; first += kChunksPerRoundTrip) {
         std::vector<Command> batch;
-        const std::uint32_t end = std::min<std::uint32_t>(header->chunks, first + kChunksPerRoundTrip);
-        for (std::uint32_t i = first; i < end; ++i) batch.push_back({"GET", proto::chunk_key(m_options.ns, digest, i)});
+        const std::uint32_t end =
+            std::min<std::uint32_t>(header->chunks, first + kChunksPerRoundTrip);
+        for (std::uint32_t i = first; i < end; ++i)
+            batch.push_back({"GET", proto::chunk_key(m_options.ns, digest, i)});
         auto replies = exec(server, batch);
         if (!replies) return tl::unexpected(replies.error());
         for (std::uint32_t i = first; i < end; ++i) {
             const Reply& r = (*replies)[i - first];
             if (r.type == Reply::Type::nil) return dangling(fmt::format("has lost chunk {}", i));
             if (r.type != Reply::Type::string) return tl::unexpected(reply_error(server, r, "GET"));
-            const std::size_t raw = std::min<std::uint64_t>(proto::kChunkBytes, size - std::uint64_t{i} * proto::kChunkBytes);
-            if (auto s = proto::decode_chunk(r.str, raw, content); !s) return corrupt(fmt::format("chunk {}: {}", i, s.error().message));
+            const std::size_t raw = std::min<std::uint64_t>(
+                proto::kChunkBytes, size - std::uint64_t{i} * proto::kChunkBytes);
+            if (auto s = proto::decode_chunk(r.str, raw, content); !s)
+                return corrupt(fmt::format("chunk {}: {}", i, s.error().message));
         }
     }
     if (!(core::digest_of(content) == digest)) return corrupt("content does not match its digest");
@@ -387,7 +431,8 @@ Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
     }
     if (mr.type != Reply::Type::string) return tl::unexpected(reply_error(mserver, mr, "GET"));
     auto manifest = proto::decode_manifest(mr.str);
-    Status checked = manifest ? check_manifest(*manifest, name) : Status(tl::unexpected(manifest.error()));
+    Status checked =
+        manifest ? check_manifest(*manifest, name) : Status(tl::unexpected(manifest.error()));
     if (!checked) {
         // A manifest that fails its checksum or names anything it must not is dropped
         // like a corrupt blob; SET NX would otherwise keep it there for good.
@@ -409,7 +454,8 @@ Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
             blobs.emplace(n.digest, std::move(*local));
             continue;
         }
-        auto content = fetch_blob(shard(proto::blob_key(m_options.ns, n.digest)), n.digest, n.size, result);
+        auto content =
+            fetch_blob(shard(proto::blob_key(m_options.ns, n.digest)), n.digest, n.size, result);
         if (!content) return tl::unexpected(content.error());
         if (result.outcome == Outcome::dangling) {
             m_counts.dangling.fetch_add(1);
@@ -432,7 +478,8 @@ Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
         result.outcome = Outcome::already_local;
         return result;
     }
-    if (auto s = write_entry(*txn, *manifest, blobs); !s) return tl::unexpected(core::with_context(s.error(), std::string(name)));
+    if (auto s = write_entry(*txn, *manifest, blobs); !s)
+        return tl::unexpected(core::with_context(s.error(), std::string(name)));
     if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
     m_counts.hits.fetch_add(1);
     result.outcome = Outcome::pulled;
@@ -475,7 +522,8 @@ PullSummary Remote::pull_entries(core::Store& store, const std::vector<std::stri
     return summary;
 }
 
-Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_tag, const PullProgress& progress) {
+Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_tag,
+                                     const PullProgress& progress) {
     auto names = job_entries(job_tag);
     if (!names) return tl::unexpected(names.error());
     return pull_entries(store, *names, progress);

@@ -42,7 +42,7 @@ inline constexpr std::int64_t kDayNs = 86'400 * kSecondNs;
 // A db in a private temporary directory. The test opens it through the core API only
 // between CLI runs (store() / close()); run() closes it first.
 class CliDb {
-public:
+  public:
     CliDb();
     const TempDir& dir() const { return m_dir; }
     std::string path() const { return (m_dir / "db").string(); }
@@ -62,7 +62,7 @@ public:
     nlohmann::json json(std::vector<std::string> args);
     std::vector<std::string> ls_names(std::vector<std::string> args = {});
 
-private:
+  private:
     TempDir m_dir;
     std::unique_ptr<core::Store> m_store;
 };

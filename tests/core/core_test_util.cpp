@@ -295,7 +295,8 @@ void check_consistent(core::Store& store) {
              INFO("node " << path);
              CHECK(a.depth == d);
              entry_of[a.ino] = a.entry;
-             if (auto parent = entry_of.find(a.parent); parent != entry_of.end() && parent->second) {
+             if (auto parent = entry_of.find(a.parent);
+                 parent != entry_of.end() && parent->second) {
                  CHECK(a.entry == parent->second);  // inside an entry: in it
              }
              if (a.entry) {

@@ -60,7 +60,8 @@ TEST_CASE("byte reader: every sequential accessor at and past the end", "[byte_r
     check_past_end(r.i64(), "t: 8 bytes at offset 11 run past the end (11 bytes)");
     check_past_end(r.be<std::uint32_t>(), "t: 4 bytes at offset 11 run past the end (11 bytes)");
     check_past_end(r.bytes(1), "t: 1 byte at offset 11 runs past the end (11 bytes)");
-    check_past_end(r.bytes(kMax), "t: 18446744073709551615 bytes at offset 11 run past the end (11 bytes)");
+    check_past_end(r.bytes(kMax),
+                   "t: 18446744073709551615 bytes at offset 11 run past the end (11 bytes)");
     check_past_end(r.skip(1), "t: 1 byte at offset 11 runs past the end (11 bytes)");
     check_past_end(r.str16(), "t: 2 bytes at offset 11 run past the end (11 bytes)");
     check_past_end(r.str32(), "t: 4 bytes at offset 11 run past the end (11 bytes)");
@@ -74,7 +75,8 @@ TEST_CASE("byte reader: every sequential accessor at and past the end", "[byte_r
     CHECK(r.position() == 0);
 }
 
-TEST_CASE("byte reader: a read that straddles the end fails whole and consumes nothing", "[byte_reader]") {
+TEST_CASE("byte reader: a read that straddles the end fails whole and consumes nothing",
+          "[byte_reader]") {
     ByteReader r(kBytes, "t");
     REQUIRE(r.skip(8));
     check_past_end(r.u32(), "t: 4 bytes at offset 8 run past the end (11 bytes)");
@@ -112,17 +114,23 @@ TEST_CASE("byte reader: random access at and past the end", "[byte_reader]") {
     CHECK_FALSE(r.contains(1, kMax));  // no overflow
     CHECK_FALSE(r.contains(kMax, 1));
     CHECK(*r.le_at<std::uint8_t>(10) == 0x0b);
-    check_past_end(r.le_at<std::uint16_t>(10), "t: 2 bytes at offset 10 run past the end (11 bytes)");
-    check_past_end(r.be_at<std::uint16_t>(10), "t: 2 bytes at offset 10 run past the end (11 bytes)");
-    check_past_end(r.le_at<std::uint64_t>(kMax), "t: 8 bytes at offset 18446744073709551615 run past the end (11 bytes)");
+    check_past_end(r.le_at<std::uint16_t>(10),
+                   "t: 2 bytes at offset 10 run past the end (11 bytes)");
+    check_past_end(r.be_at<std::uint16_t>(10),
+                   "t: 2 bytes at offset 10 run past the end (11 bytes)");
+    check_past_end(r.le_at<std::uint64_t>(kMax),
+                   "t: 8 bytes at offset 18446744073709551615 run past the end (11 bytes)");
     CHECK(*r.slice(11, 0) == "");
     check_past_end(r.slice(10, 2), "t: 2 bytes at offset 10 run past the end (11 bytes)");
-    check_past_end(r.slice(kMax, kMax), "t: 18446744073709551615 bytes at offset 18446744073709551615 run past the end (11 bytes)");
+    check_past_end(
+        r.slice(kMax, kMax),
+        "t: 18446744073709551615 bytes at offset 18446744073709551615 run past the end (11 bytes)");
     check_past_end(r.sub(4, 8), "t: 8 bytes at offset 4 run past the end (11 bytes)");
     check_past_end(r.c_str(11), "t: 1 byte at offset 11 runs past the end (11 bytes)");
     REQUIRE_FALSE(r.c_str(0).has_value());  // no NUL in the view
     CHECK(r.c_str(0).error().code == EIO);
-    CHECK(r.c_str(0).error().message == "t: string at offset 0 runs past the end without a NUL (11 bytes)");
+    CHECK(r.c_str(0).error().message ==
+          "t: string at offset 0 runs past the end without a NUL (11 bytes)");
     const ByteReader s(std::string_view("ab\0c\0", 5), "s");
     CHECK(*s.c_str(0) == "ab");
     CHECK(*s.c_str(2) == "");
@@ -146,12 +154,14 @@ TEST_CASE("byte reader: an empty view", "[byte_reader]") {
     CHECK(r.at_end());
     CHECK(r.size() == 0);
     check_past_end(r.u8(), "input: 1 byte at offset 0 runs past the end (0 bytes)");
-    check_past_end(r.le_at<std::uint8_t>(0), "input: 1 byte at offset 0 runs past the end (0 bytes)");
+    check_past_end(r.le_at<std::uint8_t>(0),
+                   "input: 1 byte at offset 0 runs past the end (0 bytes)");
     check_past_end(r.c_str(0), "input: 1 byte at offset 0 runs past the end (0 bytes)");
     CHECK(r.expect_end());
 }
 
-TEST_CASE("byte reader: records decoders report a short record as the reader's error", "[byte_reader]") {
+TEST_CASE("byte reader: records decoders report a short record as the reader's error",
+          "[byte_reader]") {
     namespace records = kcache::core::records;
     records::Dirent d{42, kcache::core::FileType::regular};
     const std::string whole = records::encode(d);
@@ -160,7 +170,8 @@ TEST_CASE("byte reader: records decoders report a short record as the reader's e
     REQUIRE_FALSE(cut);
     CHECK(cut.error().code == EIO);
     CHECK(cut.error().message ==
-          "corrupt directory entry record: directory entry: 9 bytes at offset 0 run past the end (5 bytes)");
+          "corrupt directory entry record: directory entry: 9 bytes at offset 0 run past the end "
+          "(5 bytes)");
     const auto longer = records::decode_dirent(whole + "x");
     REQUIRE_FALSE(longer);
     CHECK(longer.error().message ==

@@ -129,8 +129,9 @@ TEST_CASE("content: compressible content is stored compressed and read back exac
     check_consistent(ts.store());
 }
 
-TEST_CASE("content: identical files share one blob with refcounts that follow overwrite, rename, unlink",
-          "[content][dedup]") {
+TEST_CASE(
+    "content: identical files share one blob with refcounts that follow overwrite, rename, unlink",
+    "[content][dedup]") {
     TestStore ts;
     const auto same = random_bytes(4096, 21);
     ts.put("k/a", same);
@@ -295,7 +296,9 @@ TEST_CASE("content: a full map fails the transaction with ENOSPC and writes noth
     check_consistent(ts.store());
 }
 
-TEST_CASE("content: has_blob and read_blob find content by digest, flat or segmented, until it is gone", "[content]") {
+TEST_CASE(
+    "content: has_blob and read_blob find content by digest, flat or segmented, until it is gone",
+    "[content]") {
     TestStore ts;
     const std::string small = random_bytes(5000, 21);
     const std::string big = random_bytes(core::kSegmentedSize + 12345, 22);
@@ -308,7 +311,8 @@ TEST_CASE("content: has_blob and read_blob find content by digest, flat or segme
         CHECK(KC_MUST(txn.has_blob(core::digest_of(big))));
         CHECK_FALSE(KC_MUST(txn.has_blob(core::digest_of(absent))));
         CHECK(KC_MUST(txn.has_blob(core::Digest{})));  // empty content needs no blob
-        CHECK(std::string(KC_MUST(txn.read_blob(core::digest_of(small), small.size())).bytes()) == small);
+        CHECK(std::string(KC_MUST(txn.read_blob(core::digest_of(small), small.size())).bytes()) ==
+              small);
         CHECK(std::string(KC_MUST(txn.read_blob(core::digest_of(big), big.size())).bytes()) == big);
         auto missing = txn.read_blob(core::digest_of(absent), absent.size());
         REQUIRE_FALSE(missing);

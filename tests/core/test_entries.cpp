@@ -291,7 +291,8 @@ TEST_CASE("entries: Inductor publishing a tmp dir by rename keeps one entry and 
     {
         auto txn = ts.write();
         const core::Origin inductor{55, "inductor"};  // the renaming process populates
-        KC_MUST(txn.rename(kRootIno, "tmp.123", kRootIno, "fxhash", core::kRenameNoReplace, &inductor));
+        KC_MUST(
+            txn.rename(kRootIno, "tmp.123", kRootIno, "fxhash", core::kRenameNoReplace, &inductor));
         KC_MUST(txn.commit());
     }
     CHECK(ts.entry_names() == Names{"fxhash"});

@@ -132,7 +132,7 @@ TEST_CASE("events: removing and renaming an entry's node are logged", "[events]"
     TestStore ts;
     ts.put("flat", "x");
     ts.mkdirs("dir");
-    ts.put("work/a", "y");  // (a name starting "tmp" is bookkeeping)
+    ts.put("work/a", "y");                   // (a name starting "tmp" is bookkeeping)
     const auto flat = ts.entry("flat").ino;  // a stem entry: its own id
     const auto tmp = ts.ino("work");
     const auto last = events_after(ts).back().seq;

@@ -21,11 +21,13 @@ using Names = std::vector<std::string>;
 
 namespace {
 
-const std::string kTritonKey = "KZ5XLZ3ZQ2UGDPZ7CLCXEQMBVIV4ONPTEEPSDC5X63IAPWQU4HAQ";  // base32, 52
+const std::string kTritonKey =
+    "KZ5XLZ3ZQ2UGDPZ7CLCXEQMBVIV4ONPTEEPSDC5X63IAPWQU4HAQ";  // base32, 52
 const std::string kHex = "0f3c6e8a1b2d4c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6";
 
-core::Classified classify_path(const std::vector<std::string_view>& ancestors, std::string_view name,
-                               FileType type, std::uint32_t entry_depth = 1) {
+core::Classified classify_path(const std::vector<std::string_view>& ancestors,
+                               std::string_view name, FileType type,
+                               std::uint32_t entry_depth = 1) {
     core::LayoutContext context;
     context.ancestors = ancestors;
     context.entry_depth = entry_depth;
@@ -36,8 +38,9 @@ void rename(TestStore& ts, const std::string& from, const std::string& to) {
     auto txn = ts.write();
     const auto split = [&](const std::string& path) {
         const auto slash = path.rfind('/');
-        return std::pair{KC_MUST(txn.resolve(slash == std::string::npos ? "" : path.substr(0, slash))),
-                         path.substr(slash == std::string::npos ? 0 : slash + 1)};
+        return std::pair{
+            KC_MUST(txn.resolve(slash == std::string::npos ? "" : path.substr(0, slash))),
+            path.substr(slash == std::string::npos ? 0 : slash + 1)};
     };
     auto [from_dir, from_name] = split(from);
     auto [to_dir, to_name] = split(to);
@@ -68,14 +71,16 @@ TEST_CASE("layout: names classify as each compiler lays its cache out", "[layout
     CHECK(triton.placement == Placement::entry_dir);
     CHECK(triton.producer == Producer::triton);
     CHECK(triton.by_rule);
-    auto fx = classify_path({"inductor", "fxgraph", "ab"}, "fabcdefgh2345abcdefgh2345abcdefgh2345abcdefgh2345abc",
-                            D::directory);
+    auto fx = classify_path({"inductor", "fxgraph", "ab"},
+                            "fabcdefgh2345abcdefgh2345abcdefgh2345abcdefgh2345abc", D::directory);
     CHECK(fx.placement == Placement::entry_dir);
     CHECK(fx.producer == Producer::inductor);
     CHECK(classify_path({"inductor"}, "ab", D::directory).placement == Placement::container);
-    CHECK(classify_path({"inductor", "triton"}, "0", D::directory).placement == Placement::container);
+    CHECK(classify_path({"inductor", "triton"}, "0", D::directory).placement ==
+          Placement::container);
 
-    auto module = classify_path({"inductor", "ab"}, "cabqzt5c2xyzpl3mnk7rrwv6q2d4h7j2y5k3l6m4n2p7q3r5s6t7u.py", D::regular);
+    auto module = classify_path(
+        {"inductor", "ab"}, "cabqzt5c2xyzpl3mnk7rrwv6q2d4h7j2y5k3l6m4n2p7q3r5s6t7u.py", D::regular);
     CHECK(module.placement == Placement::entry_stem);
     CHECK(module.stem == "cabqzt5c2xyzpl3mnk7rrwv6q2d4h7j2y5k3l6m4n2p7q3r5s6t7u");
     CHECK(module.producer == Producer::inductor);
@@ -87,16 +92,20 @@ TEST_CASE("layout: names classify as each compiler lays its cache out", "[layout
     CHECK(jax_atime.stem == jax_cache.stem);
     CHECK(jax_cache.producer == Producer::jax);
 
-    auto ccache = classify_path({"ccache", "a", "b"}, "c9a5f1c2b3d4e5f60718293a4b5c6d7eR", D::regular);
+    auto ccache =
+        classify_path({"ccache", "a", "b"}, "c9a5f1c2b3d4e5f60718293a4b5c6d7eR", D::regular);
     CHECK(ccache.placement == Placement::entry_stem);
     CHECK(ccache.producer == Producer::ccache);
-    CHECK(classify_path({"cute"}, "cutlass_" + kHex + ".mlir", D::regular).producer == Producer::cutedsl);
-    CHECK(classify_path({"helion"}, kHex + ".best_config", D::regular).producer == Producer::helion);
+    CHECK(classify_path({"cute"}, "cutlass_" + kHex + ".mlir", D::regular).producer ==
+          Producer::cutedsl);
+    CHECK(classify_path({"helion"}, kHex + ".best_config", D::regular).producer ==
+          Producer::helion);
 
-    for (const char* name : {".lockfile", "locks", "lock", "tmp", "stats", "ccache.conf", "CACHEDIR.TAG",
-                             "tmpa1b2c3d4", "x.json.tmp.pid_12_34", ".1234.5678.tmp", "k.lock", "__pycache__",
-                             "c9a5f1c2b3d4e5f60718293a4b5c6d7eR.Xy12ab.tmp", "_temp_jit_f-0f3c6e8a1b2d4c5e6f70-cache", "cache-v1.sqlite3-journal", "cache-v1.sqlite3-wal",
-                             "cache-v1.sqlite3-shm"}) {
+    for (const char* name :
+         {".lockfile", "locks", "lock", "tmp", "stats", "ccache.conf", "CACHEDIR.TAG",
+          "tmpa1b2c3d4", "x.json.tmp.pid_12_34", ".1234.5678.tmp", "k.lock", "__pycache__",
+          "c9a5f1c2b3d4e5f60718293a4b5c6d7eR.Xy12ab.tmp", "_temp_jit_f-0f3c6e8a1b2d4c5e6f70-cache",
+          "cache-v1.sqlite3-journal", "cache-v1.sqlite3-wal", "cache-v1.sqlite3-shm"}) {
         INFO(name);
         CHECK(core::is_bookkeeping_name(name));
         CHECK(classify_path({"jax"}, name, D::regular).placement == Placement::bookkeeping);
@@ -109,7 +118,8 @@ TEST_CASE("layout: names classify as each compiler lays its cache out", "[layout
     auto plain = classify_path({}, "myproject", D::directory);
     CHECK(plain.placement == Placement::entry_dir);
     CHECK_FALSE(plain.by_rule);
-    CHECK(classify_path({}, "ab", D::directory).placement == Placement::entry_dir);  // short, at the top
+    CHECK(classify_path({}, "ab", D::directory).placement ==
+          Placement::entry_dir);  // short, at the top
     CHECK(classify_path({}, "myproject", D::directory, 2).placement == Placement::container);
     auto loose = classify_path({"triton"}, "cache-v1.sqlite3", D::regular);
     CHECK(loose.placement == Placement::entry_stem);
@@ -144,10 +154,11 @@ TEST_CASE("layout: several compilers in one cache, one entry per kernel at any d
     ts.put("ccache/CACHEDIR.TAG", "Signature: 8a477f597d28d172789f06886806bc55");
     ts.put("ccache/tmp/tmp.cpp_stdout.abc", "x");
 
-    CHECK(sorted_entry_names(ts) ==
-          Names{"ccache/a/b/c9a5f1c2b3d4e5f60718293a4b5c6d7eR", "ccache/a/b/d1a5f1c2b3d4e5f60718293a4b5c6d7eM",
-                "inductor/fxgraph/q3/" + fx, "inductor/q3/" + stem, "inductor/triton/0/" + kTritonKey,
-                "jax/" + key, "triton/" + kTritonKey});
+    CHECK(sorted_entry_names(ts) == Names{"ccache/a/b/c9a5f1c2b3d4e5f60718293a4b5c6d7eR",
+                                          "ccache/a/b/d1a5f1c2b3d4e5f60718293a4b5c6d7eM",
+                                          "inductor/fxgraph/q3/" + fx, "inductor/q3/" + stem,
+                                          "inductor/triton/0/" + kTritonKey, "jax/" + key,
+                                          "triton/" + kTritonKey});
     CHECK(ts.entry("triton/" + kTritonKey).producer == Producer::triton);
     CHECK(ts.entry("inductor/triton/0/" + kTritonKey).producer == Producer::triton);
     CHECK(ts.entry("inductor/fxgraph/q3/" + fx).producer == Producer::inductor);
@@ -195,14 +206,16 @@ TEST_CASE("layout: a file renamed into place populates its entry once", "[layout
         ts.put("triton/" + kTritonKey + "/add.json.tmp.pid_7_1", "{}");
         CHECK(ts.counter(Counter::misses) == 0);
         CHECK_FALSE(ts.entry("triton/" + kTritonKey).populated);
-        rename(ts, "triton/" + kTritonKey + "/add.json.tmp.pid_7_1", "triton/" + kTritonKey + "/add.json");
+        rename(ts, "triton/" + kTritonKey + "/add.json.tmp.pid_7_1",
+               "triton/" + kTritonKey + "/add.json");
         CHECK(ts.counter(Counter::misses) == 1);
         const auto entry = ts.entry("triton/" + kTritonKey);
         CHECK(entry.populated);
         CHECK(entry.populated_by_pid == test_origin().pid);
         // A racing duplicate store of the same file: no second miss.
         ts.put("triton/" + kTritonKey + "/add.json.tmp.pid_8_1", "{}");
-        rename(ts, "triton/" + kTritonKey + "/add.json.tmp.pid_8_1", "triton/" + kTritonKey + "/add.json");
+        rename(ts, "triton/" + kTritonKey + "/add.json.tmp.pid_8_1",
+               "triton/" + kTritonKey + "/add.json");
         CHECK(ts.counter(Counter::misses) == 1);
     }
     SECTION("CuTe DSL: up from a temp directory at the top of its cache") {
@@ -239,7 +252,8 @@ TEST_CASE("layout: a file renamed into place populates its entry once", "[layout
     check_consistent(ts.store());
 }
 
-TEST_CASE("layout: an unknown directory that turns out to hold a compiler's cache dissolves", "[layout]") {
+TEST_CASE("layout: an unknown directory that turns out to hold a compiler's cache dissolves",
+          "[layout]") {
     TestStore ts;
     ts.put("my-triton-cache/.lock", "");
     CHECK(sorted_entry_names(ts) == Names{"my-triton-cache"});  // the depth fallback, for now
@@ -272,11 +286,13 @@ TEST_CASE("layout: stem entries travel in bundles at any depth", "[layout][bundl
     check_consistent(to.store());
 }
 
-TEST_CASE("layout: a schema-1 db opens, keeps its entries and takes stem entries", "[layout][open]") {
+TEST_CASE("layout: a schema-1 db opens, keeps its entries and takes stem entries",
+          "[layout][open]") {
     TempDir dir;
     const std::string db = dir.str() + "/db";
     std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema1/data.mdb", db + "/data.mdb");
+    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema1/data.mdb",
+                               db + "/data.mdb");
     std::ofstream(db + "/kcache.lock").flush();  // as `kcache init` leaves it
     {  // read-only first: nothing is upgraded, everything reads
         core::OpenOptions options;
@@ -313,7 +329,8 @@ TEST_CASE("layout: a schema-1 db opens, keeps its entries and takes stem entries
     auto txn = KC_MUST(store->read());
     CHECK(KC_MUST(txn.find_entry("jax/jit_g-" + kHex)).kind == EntryKind::stem);
     const auto report = KC_MUST(core::verify(*store));
-    INFO(report.problems.size() << " problems, first: " << (report.problems.empty() ? "" : report.problems[0]));
+    INFO(report.problems.size() << " problems, first: "
+                                << (report.problems.empty() ? "" : report.problems[0]));
     CHECK(report.problems.empty());
 }
 
@@ -322,7 +339,9 @@ TEST_CASE("layout: a user's rules place a compiler the built-in rules do not kno
     {
         auto txn = ts.write();
         core::Config config = txn.config();
-        config.layout_rules = "# mycc: <shard>/<name>/ per kernel\ncontainer mycc/*\nignore mycc/*/*.journal\nentry mycc/*/*\n";
+        config.layout_rules =
+            "# mycc: <shard>/<name>/ per kernel\ncontainer mycc/*\nignore mycc/*/*.journal\nentry "
+            "mycc/*/*\n";
         KC_MUST(txn.set_config(config));
         KC_MUST(txn.commit());
     }

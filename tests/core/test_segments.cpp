@@ -16,8 +16,8 @@
 using namespace kcache;
 using namespace kcache::test;
 using core::Counter;
-using core::kSegmentSize;
 using core::kSegmentedSize;
+using core::kSegmentSize;
 using core::StagedFile;
 
 namespace {
@@ -32,7 +32,8 @@ void model_write(std::string& content, std::size_t offset, std::string_view data
 
 }  // namespace
 
-TEST_CASE("segments: content of 1 MiB or more is digested by segment, smaller content flat", "[segments]") {
+TEST_CASE("segments: content of 1 MiB or more is digested by segment, smaller content flat",
+          "[segments]") {
     const std::string small = random_bytes(kSegmentedSize - 1, 1);
     CHECK(core::digest_of(small) == core::flat_digest_of(small));
 
@@ -69,7 +70,8 @@ TEST_CASE("segments: a big file reads back byte for byte, whatever its size", "[
     check_consistent(ts.store());
 }
 
-TEST_CASE("segments: a copy with one page changed stores one segment more, not a second file", "[segments]") {
+TEST_CASE("segments: a copy with one page changed stores one segment more, not a second file",
+          "[segments]") {
     TestStore ts;
     const std::string a = random_bytes(4 << 20, 3);  // 64 segments
     std::string b = a;
@@ -88,7 +90,8 @@ TEST_CASE("segments: a copy with one page changed stores one segment more, not a
     check_consistent(ts.store());
 }
 
-TEST_CASE("segments: a staged file updated a page at a time, published after each update", "[segments][staged]") {
+TEST_CASE("segments: a staged file updated a page at a time, published after each update",
+          "[segments][staged]") {
     TestStore ts;
     const std::size_t size = 4 << 20;
     std::string model = random_bytes(size, 5);
@@ -111,7 +114,8 @@ TEST_CASE("segments: a staged file updated a page at a time, published after eac
     check_consistent(ts.store());
 }
 
-TEST_CASE("segments: random writes, truncates and publishes equal a local file", "[segments][staged]") {
+TEST_CASE("segments: random writes, truncates and publishes equal a local file",
+          "[segments][staged]") {
     TestStore ts;
     std::mt19937_64 rng(GENERATE(11u, 12u, 13u));
     std::string model = random_bytes(kSegmentedSize + kSegmentSize / 2, rng());
@@ -128,14 +132,20 @@ TEST_CASE("segments: random writes, truncates and publishes equal a local file",
                 break;
             }
             case 2: {  // across the segmented size, both ways, and on segment boundaries
-                const std::size_t sizes[] = {0, kSegmentSize, kSegmentedSize - 1, kSegmentedSize,
-                                             kSegmentedSize + kSegmentSize + 3, rng() % (3 * kSegmentedSize)};
+                const std::size_t sizes[] = {0,
+                                             kSegmentSize,
+                                             kSegmentedSize - 1,
+                                             kSegmentedSize,
+                                             kSegmentedSize + kSegmentSize + 3,
+                                             rng() % (3 * kSegmentedSize)};
                 const std::size_t to = sizes[rng() % 6];
                 KC_MUST(staged.truncate(to));
                 model.resize(to, '\0');
                 break;
             }
-            case 3: KC_MUST(staged.commit(test_origin())); break;
+            case 3:
+                KC_MUST(staged.commit(test_origin()));
+                break;
             default: {  // a sparse run of zeros: the same segment many times
                 const std::size_t at = rng() % (2 * kSegmentedSize);
                 const std::string zeros(kSegmentSize * (1 + rng() % 6), '\0');
@@ -191,7 +201,8 @@ TEST_CASE("segments: a file of zeros holds one segment once per occurrence", "[s
     check_consistent(ts.store());
 }
 
-TEST_CASE("segments: a flipped byte in one segment is found by verify and named by its file", "[segments][verify]") {
+TEST_CASE("segments: a flipped byte in one segment is found by verify and named by its file",
+          "[segments][verify]") {
     TestStore ts;
     const std::string marker = "KCACHE-SEGMENT-MARKER-51c9a3f7";
     std::string content = random_bytes(2 << 20, 31);
@@ -215,7 +226,8 @@ TEST_CASE("segments: a flipped byte in one segment is found by verify and named 
     CHECK(named);
 }
 
-TEST_CASE("segments: bundles carry big files whole and import them segmented", "[segments][bundle]") {
+TEST_CASE("segments: bundles carry big files whole and import them segmented",
+          "[segments][bundle]") {
     TestStore from;
     const std::string content = random_bytes(3 << 20, 41) + std::string(1 << 20, 'x');
     from.put("t/abc/kernel.so", content);
@@ -243,9 +255,11 @@ std::string schema2_file() {
 }
 }  // namespace
 
-TEST_CASE("segments: a format-2 bundle's big file (a flat digest) imports, segmented", "[segments][bundle]") {
+TEST_CASE("segments: a format-2 bundle's big file (a flat digest) imports, segmented",
+          "[segments][bundle]") {
     TestStore to;
-    auto report = KC_MUST(core::import_bundle(to.store(), std::string(KCACHE_TEST_DATA_DIR) + "/schema2/format2.kcb"));
+    auto report = KC_MUST(core::import_bundle(
+        to.store(), std::string(KCACHE_TEST_DATA_DIR) + "/schema2/format2.kcb"));
     CHECK(report.files == 1);
     const std::string expected = schema2_file();
     CHECK(to.get("0123456789abcdef0123456789abcdef/big.so") == expected);
@@ -253,13 +267,15 @@ TEST_CASE("segments: a format-2 bundle's big file (a flat digest) imports, segme
     check_consistent(to.store());
 }
 
-TEST_CASE("segments: a schema-2 db's big file keeps its flat digest until it changes", "[segments][open]") {
+TEST_CASE("segments: a schema-2 db's big file keeps its flat digest until it changes",
+          "[segments][open]") {
     std::string expected = schema2_file();
     const std::string path = "0123456789abcdef0123456789abcdef/big.so";
     TempDir dir;
     const std::string db = dir.str() + "/db";
     std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb", db + "/data.mdb");
+    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb",
+                               db + "/data.mdb");
     std::ofstream(db + "/kcache.lock").flush();
     core::OpenOptions options;
     options.path = db;

@@ -16,7 +16,9 @@ using core::Counter;
 
 namespace {
 
-std::uint32_t id_of(Counter c) { return static_cast<std::uint32_t>(c); }
+std::uint32_t id_of(Counter c) {
+    return static_cast<std::uint32_t>(c);
+}
 
 std::string read_docs() {
     std::ifstream in(std::string(KCACHE_DOCS_DIR) + "/stats.md");
@@ -81,7 +83,8 @@ TEST_CASE("statistics table: docs/stats.md documents every row and no other", "[
     const std::size_t gauges_at = docs.find("## Gauges");
     REQUIRE(gauges_at != std::string::npos);
     for (const core::StatisticField& f : core::kStatistics) {
-        const std::string row = "| " + std::to_string(id_of(f.id)) + " | `" + std::string(f.name) + "` |";
+        const std::string row =
+            "| " + std::to_string(id_of(f.id)) + " | `" + std::string(f.name) + "` |";
         INFO(row);
         const std::size_t at = docs.find(row);
         REQUIRE(at != std::string::npos);
@@ -92,8 +95,8 @@ TEST_CASE("statistics table: docs/stats.md documents every row and no other", "[
     // and every documented id is a row, under its name
     const std::regex documented(R"(\| (\d+) \| `(\w+)` \|)");
     int rows = 0;
-    for (auto it = std::sregex_iterator(docs.begin(), docs.end(), documented); it != std::sregex_iterator();
-         ++it) {
+    for (auto it = std::sregex_iterator(docs.begin(), docs.end(), documented);
+         it != std::sregex_iterator(); ++it) {
         const auto id = static_cast<std::uint32_t>(std::stoul((*it)[1].str()));
         INFO("docs/stats.md: " << (*it)[0].str());
         const core::StatisticField* f = core::statistic_field(static_cast<Counter>(id));

@@ -44,7 +44,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+void sleep_ms(int ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 
 bool on_path(const std::string& name) {
     const char* path = std::getenv("PATH");
@@ -106,15 +108,16 @@ std::pair<int, bool> wait_with_timeout(pid_t pid, double timeout_s, bool own_gro
     return {status, true};
 }
 
-int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+int exit_code_of(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 // Unmounts without Catch2 (for destructors and the watchdog). Lazily when `lazy`.
 bool fusermount_unmount(const fs::path& mnt, bool lazy) {
     try {
         ProcOptions options;
         options.timeout_s = 10;
-        const ProcResult r =
-            run_process({kFusermount, lazy ? "-uz" : "-u", mnt.string()}, options);
+        const ProcResult r = run_process({kFusermount, lazy ? "-uz" : "-u", mnt.string()}, options);
         return r.exit_code == 0;
     } catch (...) {
         return false;
@@ -403,8 +406,7 @@ pid_t find_daemon_with_arg(const std::string& needle) {
         if (!end || *end != '\0' || pid <= 0 || pid == getpid()) continue;
         std::error_code ignored;
         if (fs::read_symlink(fs::path("/proc") / d->d_name / "exe", ignored) != exe) continue;
-        const std::string cmdline =
-            read_text_file(fs::path("/proc") / d->d_name / "cmdline");
+        const std::string cmdline = read_text_file(fs::path("/proc") / d->d_name / "cmdline");
         std::size_t start = 0;
         while (start < cmdline.size()) {
             std::size_t stop = cmdline.find('\0', start);
@@ -431,8 +433,8 @@ MountedCache::MountedCache(DaemonOptions options) : m_options(std::move(options)
     m_db = m_options.db.empty() ? m_root / "db" : m_options.db;
     m_log = m_root / "daemon.stderr";
     fs::create_directories(m_mnt);
-    m_watchdog = std::make_unique<Watchdog>(
-        m_options.watchdog_s, "test with a kcache-fsd mount", [this] {
+    m_watchdog =
+        std::make_unique<Watchdog>(m_options.watchdog_s, "test with a kcache-fsd mount", [this] {
             std::fprintf(stderr, "daemon stderr:\n%s\n", daemon_stderr().c_str());
             pid_t pid = m_pid.load();
             if (pid <= 0) pid = find_daemon_with_arg(m_mnt.string());
@@ -459,8 +461,8 @@ std::string daemon_death(pid_t pid) {
         return "";
     }
     if (info.si_code == CLD_EXITED) return "exited with status " + std::to_string(info.si_status);
-    return "killed by signal " + std::to_string(info.si_status) + " (" +
-           strsignal(info.si_status) + ")";
+    return "killed by signal " + std::to_string(info.si_status) + " (" + strsignal(info.si_status) +
+           ")";
 }
 
 }  // namespace

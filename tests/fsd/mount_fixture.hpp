@@ -38,24 +38,24 @@
 #include "temp_dir.hpp"
 
 // Assertions on syscalls, with errno in the message.
-#define REQUIRE_SYS(expr)                                                                   \
-    do {                                                                                    \
-        errno = 0;                                                                          \
-        const auto kc_result = (expr);                                                      \
-        const int kc_errno = errno;                                                         \
-        INFO(#expr << " -> " << kc_result << " (" << std::strerror(kc_errno) << ")");       \
-        REQUIRE(kc_result >= 0);                                                            \
+#define REQUIRE_SYS(expr)                                                             \
+    do {                                                                              \
+        errno = 0;                                                                    \
+        const auto kc_result = (expr);                                                \
+        const int kc_errno = errno;                                                   \
+        INFO(#expr << " -> " << kc_result << " (" << std::strerror(kc_errno) << ")"); \
+        REQUIRE(kc_result >= 0);                                                      \
     } while (false)
 
-#define REQUIRE_FAILS_WITH(expr, err)                                                       \
-    do {                                                                                    \
-        errno = 0;                                                                          \
-        const auto kc_result = (expr);                                                      \
-        const int kc_errno = errno;                                                         \
-        INFO(#expr << " -> " << kc_result << ", errno " << kc_errno << " ("                 \
-                   << std::strerror(kc_errno) << "); expected " << #err);                   \
-        REQUIRE(kc_result == -1);                                                           \
-        REQUIRE(kc_errno == (err));                                                         \
+#define REQUIRE_FAILS_WITH(expr, err)                                       \
+    do {                                                                    \
+        errno = 0;                                                          \
+        const auto kc_result = (expr);                                      \
+        const int kc_errno = errno;                                         \
+        INFO(#expr << " -> " << kc_result << ", errno " << kc_errno << " (" \
+                   << std::strerror(kc_errno) << "); expected " << #err);   \
+        REQUIRE(kc_result == -1);                                           \
+        REQUIRE(kc_errno == (err));                                         \
     } while (false)
 
 namespace kcache::test {
@@ -72,8 +72,8 @@ bool is_fuse_mount(const fs::path& path);
 bool in_mountinfo(const fs::path& path);
 
 struct ProcResult {
-    int exit_code = -1;    // -1 when killed by a signal or timed out
-    int term_signal = 0;   // the signal that ended it, 0 if it exited
+    int exit_code = -1;   // -1 when killed by a signal or timed out
+    int term_signal = 0;  // the signal that ended it, 0 if it exited
     bool timed_out = false;
     std::string out;
     std::string err;
@@ -102,7 +102,7 @@ ChildResult run_child(const std::function<int()>& fn, double timeout_s = 30);
 
 // A forked child running in the background until joined.
 class Child {
-public:
+  public:
     explicit Child(const std::function<int()>& fn);
     ~Child();  // kills and reaps a child that was not joined
     Child(const Child&) = delete;
@@ -111,7 +111,7 @@ public:
     bool running();  // false once it has exited (then join() returns at once)
     ChildResult join(double timeout_s = 30);
 
-private:
+  private:
     pid_t m_pid = -1;
     std::optional<int> m_status;  // wait status, once reaped by running()
 };
@@ -139,7 +139,7 @@ int write_all(const std::string& path, const std::string& bytes, int extra_flags
 
 // An owned file descriptor.
 class Fd {
-public:
+  public:
     Fd() = default;
     explicit Fd(int fd) : m_fd(fd) {}
     ~Fd() { reset(); }
@@ -167,7 +167,7 @@ public:
         return fd < 0 ? 0 : ::close(fd);
     }
 
-private:
+  private:
     int m_fd = -1;
 };
 
@@ -178,14 +178,14 @@ std::optional<std::string> read_fd(int fd);
 
 // Ends the test program when a deadline passes (see the file comment).
 class Watchdog {
-public:
+  public:
     using Action = std::function<void()>;
     Watchdog(double seconds, std::string what, Action on_fire);
     ~Watchdog();
     Watchdog(const Watchdog&) = delete;
     Watchdog& operator=(const Watchdog&) = delete;
 
-private:
+  private:
     std::mutex m_mutex;
     std::condition_variable m_cv;
     bool m_stop = false;
@@ -202,7 +202,7 @@ struct DaemonOptions {
 // A kcache-fsd serving <tmp>/db on <tmp>/mnt. The constructor mounts (REQUIRE: it comes
 // up within 10 s; the failure message carries the daemon's stderr).
 class MountedCache {
-public:
+  public:
     explicit MountedCache(DaemonOptions options = {});
     ~MountedCache();
     MountedCache(const MountedCache&) = delete;
@@ -229,7 +229,7 @@ public:
     // -1 if killed by a signal or still alive after `timeout_s`).
     int signal_daemon(int sig, double timeout_s = 15);
 
-private:
+  private:
     void cleanup() noexcept;  // unmount and kill whatever is left; never throws
     std::vector<std::string> argv() const;
 

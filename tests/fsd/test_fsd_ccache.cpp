@@ -30,8 +30,7 @@ std::map<std::string, std::uint64_t> parse_print_stats(const std::string& text) 
 
 }  // namespace
 
-TEST_CASE("ccache with CCACHE_DIR on the mount: a rebuild is all direct hits",
-          "[fsd][ccache]") {
+TEST_CASE("ccache with CCACHE_DIR on the mount: a rebuild is all direct hits", "[fsd][ccache]") {
     require_fuse();
     if (!have("ccache") || !have("gcc")) skip("ccache or gcc is not installed");
 
@@ -55,8 +54,8 @@ TEST_CASE("ccache with CCACHE_DIR on the mount: a rebuild is all direct hits",
         // Sources were written a moment ago; let direct mode remember them anyway.
         {"CCACHE_SLOPPINESS", "include_file_mtime,include_file_ctime"},
     };
-    options.unset_env = {"CCACHE_DISABLE", "CCACHE_RECACHE", "CCACHE_NODIRECT",
-                         "CCACHE_READONLY", "CCACHE_PREFIX", "CCACHE_BASEDIR"};
+    options.unset_env = {"CCACHE_DISABLE",  "CCACHE_RECACHE", "CCACHE_NODIRECT",
+                         "CCACHE_READONLY", "CCACHE_PREFIX",  "CCACHE_BASEDIR"};
     const std::vector<std::string> sources{"a", "b", "c"};
 
     auto run_ok = [&](const std::vector<std::string>& argv) {

@@ -39,7 +39,8 @@ int renameat2_noreplace(const std::string& from, const std::string& to) {
 }
 
 // Names in a directory (without . and ..), by readdir(3); `dups` gets names seen twice.
-std::vector<std::string> list_dir(const std::string& path, std::vector<std::string>* dups = nullptr) {
+std::vector<std::string> list_dir(const std::string& path,
+                                  std::vector<std::string>* dups = nullptr) {
     std::vector<std::string> names;
     std::set<std::string> seen;
     DIR* d = opendir(path.c_str());
@@ -667,9 +668,10 @@ TEST_CASE("readdir lists every name once", "[fsd][contract]") {
         while (dirent* e = readdir(d)) second_pass.emplace_back(e->d_name);
         closedir(d);
         const std::vector<std::string> rest(first_pass.begin() + 100, first_pass.end());
-        second_pass.erase(std::remove_if(second_pass.begin(), second_pass.end(),
-                                         [](const std::string& n) { return n == "." || n == ".."; }),
-                          second_pass.end());
+        second_pass.erase(
+            std::remove_if(second_pass.begin(), second_pass.end(),
+                           [](const std::string& n) { return n == "." || n == ".."; }),
+            second_pass.end());
         CHECK(second_pass == rest);
         CHECK(list_dir(cache.mnt().string()) == std::vector<std::string>{"k"});
     }
@@ -679,7 +681,8 @@ TEST_CASE("readdir lists every name once", "[fsd][contract]") {
         constexpr int kFiles = 400;
         Child creator([&] {
             for (int i = 0; i < kFiles; ++i) {
-                const std::string name = cache.p("c/new_" + std::to_string(i) + std::string(30, 'x'));
+                const std::string name =
+                    cache.p("c/new_" + std::to_string(i) + std::string(30, 'x'));
                 if (write_all(name, "y") != 0) return 1;
             }
             return 0;
@@ -788,8 +791,9 @@ TEST_CASE("an unlinked file stays readable through an open descriptor", "[fsd][c
 TEST_CASE("names are visible to other processes as soon as the call returns", "[fsd][contract]") {
     MountedCache cache;
     auto child_sees = [&](const std::string& rel) {
-        return run_child([p = cache.p(rel)] { return access(p.c_str(), F_OK) == 0 ? 0 : 1; })
-                   .exit_code == 0;
+        return run_child([p = cache.p(rel)] {
+                   return access(p.c_str(), F_OK) == 0 ? 0 : 1;
+               }).exit_code == 0;
     };
     CHECK_FALSE(child_sees("k"));  // a negative lookup first: nothing stale may remain
     REQUIRE_SYS(mkdir(cache.p("k").c_str(), 0755));

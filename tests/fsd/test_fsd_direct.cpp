@@ -4,8 +4,8 @@
 // schedule them on demand. The background thread runs without a session: it notifies
 // nobody, but still runs what waits for its notifications.
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,7 +32,7 @@ struct fuse_req {
     int err = 0;
     fuse_file_info fi{};
     fuse_entry_param entry{};
-    struct stat attr{};
+    struct stat attr {};
     std::string buf;
 };
 
@@ -46,14 +46,21 @@ int answer(fuse_req_t req, int err) {
 }  // namespace
 
 extern "C" {
-const struct fuse_ctx* fuse_req_ctx(fuse_req_t req) { return &req->ctx; }
-void* fuse_req_userdata(fuse_req_t req) { return req->userdata; }
-int fuse_reply_err(fuse_req_t req, int err) { return answer(req, err); }
+const struct fuse_ctx* fuse_req_ctx(fuse_req_t req) {
+    return &req->ctx;
+}
+void* fuse_req_userdata(fuse_req_t req) {
+    return req->userdata;
+}
+int fuse_reply_err(fuse_req_t req, int err) {
+    return answer(req, err);
+}
 int fuse_reply_open(fuse_req_t req, const struct fuse_file_info* fi) {
     req->fi = *fi;
     return answer(req, 0);
 }
-int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param* e, const struct fuse_file_info* fi) {
+int fuse_reply_create(fuse_req_t req, const struct fuse_entry_param* e,
+                      const struct fuse_file_info* fi) {
     req->entry = *e;
     req->fi = *fi;
     return answer(req, 0);
@@ -66,7 +73,9 @@ int fuse_reply_attr(fuse_req_t req, const struct stat* attr, double) {
     req->attr = *attr;
     return answer(req, 0);
 }
-int fuse_reply_write(fuse_req_t req, size_t) { return answer(req, 0); }
+int fuse_reply_write(fuse_req_t req, size_t) {
+    return answer(req, 0);
+}
 int fuse_reply_buf(fuse_req_t req, const char* buf, size_t size) {
     req->buf.assign(buf, size);
     return answer(req, 0);
@@ -159,7 +168,7 @@ TEST_CASE("a truncate by path racing the last writer's release is never lost", "
         std::atomic<int> spin{0};
         while (spin.fetch_add(1, std::memory_order_relaxed) < (round % 200) * 50) {
         }
-        struct stat to{};
+        struct stat to {};
         to.st_size = 0;
         d.fs->setattr(truncated.get(), ino, &to, FUSE_SET_ATTR_SIZE, nullptr);
         releaser.join();
@@ -312,7 +321,7 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
         fi2.flags = O_RDONLY;
         d.fs->open(later.get(), ino, &fi2);
         REQUIRE(replied_within(*later, 10));
-    REQUIRE(later->err == 0);
+        REQUIRE(later->err == 0);
         CHECK(later->fi.direct_io == 1);
         auto later_closed = d.req();
         d.fs->release(later_closed.get(), ino, &later->fi);
@@ -323,7 +332,8 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
     d.fs->release(released.get(), ino, &writer);
 }
 
-TEST_CASE("a rewrite waits for readers still following a shared version that ended", "[fsd][direct]") {
+TEST_CASE("a rewrite waits for readers still following a shared version that ended",
+          "[fsd][direct]") {
     // A reader that opens while a shared version is at work (a file created without
     // O_TRUNC, as O_EXCL creates are) reads its writers' pages. When that version has
     // ended and another process rewrites the file, the rewriter's pages would be read

@@ -21,8 +21,8 @@ constexpr int kKeys = 20;
 
 void run_flow_ok(const std::string& script, const MountedCache& cache, const std::string& mode,
                  const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> args{"--root", cache.mnt().string(), "--mode", mode, "--keys",
-                                  std::to_string(kKeys)};
+    std::vector<std::string> args{"--root", cache.mnt().string(), "--mode", mode,
+                                  "--keys", std::to_string(kKeys)};
     args.insert(args.end(), extra.begin(), extra.end());
     const ProcResult r = run_flow(script, args);
     INFO(script << " --mode " << mode << ": " << r.describe() << "\ndaemon stderr:\n"
@@ -46,11 +46,14 @@ void check_flow(const std::string& script, const std::vector<std::string>& extra
 
 }  // namespace
 
-TEST_CASE("Triton flow with per-file tmp dirs and a group file gives N misses and 2N hits", "[fsd][flow]") {
+TEST_CASE("Triton flow with per-file tmp dirs and a group file gives N misses and 2N hits",
+          "[fsd][flow]") {
     check_flow("triton.py", {"--so", KCACHE_FSD_TESTLIB_PATH});
 }
 
-TEST_CASE("Wave flow writing files in place gives N misses and 2N hits", "[fsd][flow]") { check_flow("wave.py"); }
+TEST_CASE("Wave flow writing files in place gives N misses and 2N hits", "[fsd][flow]") {
+    check_flow("wave.py");
+}
 
 TEST_CASE("Inductor flow with write_atomic gives N misses and 2N hits", "[fsd][flow]") {
     check_flow("inductor.py");

@@ -106,9 +106,10 @@ TEST_CASE("remounting keeps every file byte-exact", "[fsd][lifecycle]") {
         for (const auto& [rel, content] : files) {
             const auto got = read_all(cache.p(rel));
             if (got != content) {
-                std::fprintf(stderr, "after remount %s: %s\n", rel.c_str(),
-                             got ? ("wrong content, " + std::to_string(got->size()) + " bytes").c_str()
-                                 : std::strerror(errno));
+                std::fprintf(
+                    stderr, "after remount %s: %s\n", rel.c_str(),
+                    got ? ("wrong content, " + std::to_string(got->size()) + " bytes").c_str()
+                        : std::strerror(errno));
                 ++bad;
             }
         }
@@ -210,8 +211,7 @@ TEST_CASE("the daemon refuses bad setups before mounting", "[fsd][lifecycle][ref
     }
     SECTION("a mountpoint that is not empty") {
         write_file(mnt / "precious", "keep me");
-        expect_refusal({"--db", (root / "db").string(), mnt.string()}, mnt,
-                       "non-empty mountpoint");
+        expect_refusal({"--db", (root / "db").string(), mnt.string()}, mnt, "non-empty mountpoint");
         CHECK(read_file(mnt / "precious") == "keep me");
     }
     SECTION("a db already served by another kcache-fsd") {

@@ -76,8 +76,8 @@ TEST_CASE("files beyond --max-file-size fail with EFBIG", "[fsd][limits]") {
         REQUIRE_FAILS_WITH(pwrite(fd.get(), "x", 1, static_cast<off_t>(kMax)), EFBIG);
     }
     SECTION("truncate past the limit") {
-        REQUIRE_FAILS_WITH(truncate(cache.p("k/at_limit.bin").c_str(), static_cast<off_t>(kMax + 1)),
-                           EFBIG);
+        REQUIRE_FAILS_WITH(
+            truncate(cache.p("k/at_limit.bin").c_str(), static_cast<off_t>(kMax + 1)), EFBIG);
         CHECK(read_all(cache.p("k/at_limit.bin")) == at_limit);
     }
     // The cache keeps working.
@@ -156,8 +156,8 @@ TEST_CASE("beyond --max-size least recently used entries are evicted from the mo
     }
     // The newest entry is there, the oldest went (eviction shows in the mount).
     CHECK(read_all(cache.p("e9/kernel.cubin")) == random_bytes(kEntrySize, 9));
-    const bool oldest_gone = wait_until(
-        [&] { return access(cache.p("e0").c_str(), F_OK) != 0 && errno == ENOENT; }, 2);
+    const bool oldest_gone =
+        wait_until([&] { return access(cache.p("e0").c_str(), F_OK) != 0 && errno == ENOENT; }, 2);
     CHECK(oldest_gone);
     // Whatever is still listed is readable and whole.
     int present = 0;

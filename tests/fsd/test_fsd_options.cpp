@@ -41,9 +41,9 @@ TEST_CASE("options: durability: -o durability= and --durability are the same", "
         }
     }
     SECTION("batched, the default: unsynced commits, synced by the timer") {
-        for (const auto& args : {Args{}, Args{"-o", "durability=batched"},
-                                 Args{"--durability", "batched"},
-                                 Args{"--durability", "none", "-o", "durability=batched"}}) {
+        for (const auto& args :
+             {Args{}, Args{"-o", "durability=batched"}, Args{"--durability", "batched"},
+              Args{"--durability", "none", "-o", "durability=batched"}}) {
             const Options o = must_parse(args);
             CHECK(o.durability == Durability::none);
             CHECK(o.sync_interval_s == kBatchedSyncIntervalS);
@@ -72,8 +72,8 @@ TEST_CASE("options: counts and sizes parse with units, both forms", "[options]")
         INFO((dash_o ? "-o" : "long options"));
         const Args args =
             dash_o ? Args{"-o", "max_entries=1K,entry_depth=3,max_size=1T,max_file_size=512M"}
-                   : Args{"--max-entries", "1K", "--entry-depth", "3", "--max-size", "1T",
-                          "--max-file-size", "512M"};
+                   : Args{"--max-entries", "1K", "--entry-depth",   "3",
+                          "--max-size",    "1T", "--max-file-size", "512M"};
         const Options o = must_parse(args);
         CHECK(o.max_entries == 1024);
         CHECK(o.entry_depth == 3);
@@ -102,11 +102,13 @@ TEST_CASE("options: -o options that are not kcache's go to libfuse", "[options]"
     CHECK(o.fuse_options == Args{"allow_other", "noatime", "default_permissions"});
 }
 
-TEST_CASE("options: --remote takes the CLI's remote options, and refuses what the CLI refuses", "[options]") {
+TEST_CASE("options: --remote takes the CLI's remote options, and refuses what the CLI refuses",
+          "[options]") {
     CHECK_FALSE(must_parse({}).remote.has_value());
-    const Options o = must_parse({"--remote", "unix:/run/redis.sock", "--remote", "redis://10.0.0.2:6380/2",
-                                  "--remote-namespace", "train", "--remote-timeout", "250ms",
-                                  "--remote-connect-timeout", "2s", "--remote-read-only"});
+    const Options o =
+        must_parse({"--remote", "unix:/run/redis.sock", "--remote", "redis://10.0.0.2:6380/2",
+                    "--remote-namespace", "train", "--remote-timeout", "250ms",
+                    "--remote-connect-timeout", "2s", "--remote-read-only"});
     REQUIRE(o.remote.has_value());
     REQUIRE(o.remote->servers.size() == 2);
     CHECK(o.remote->servers[0].unix_socket);

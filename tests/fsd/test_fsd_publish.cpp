@@ -41,8 +41,7 @@ int child_reads(const std::string& path, const std::string& expected) {
 
 }  // namespace
 
-TEST_CASE("an in-place O_TRUNC rewrite is published when the writer closes",
-          "[fsd][publish]") {
+TEST_CASE("an in-place O_TRUNC rewrite is published when the writer closes", "[fsd][publish]") {
     MountedCache cache;
     REQUIRE_SYS(mkdir(cache.p("hash").c_str(), 0755));
     const std::string path = cache.p("hash/hash.vmfb");
@@ -66,8 +65,7 @@ TEST_CASE("an in-place O_TRUNC rewrite is published when the writer closes",
     CHECK(read_all(path) == new_content);
 }
 
-TEST_CASE("a reader that opened before a publish sees one complete version",
-          "[fsd][publish]") {
+TEST_CASE("a reader that opened before a publish sees one complete version", "[fsd][publish]") {
     MountedCache cache;
     REQUIRE_SYS(mkdir(cache.p("hash").c_str(), 0755));
     const std::string path = cache.p("hash/hash.json");
@@ -85,17 +83,20 @@ TEST_CASE("a reader that opened before a publish sees one complete version",
     REQUIRE(rest.has_value());
     const std::string seen = head + *rest;
     const bool complete = seen == old_content || seen == new_content;
-    INFO("the open reader saw " << seen.size() << " bytes: "
-                                << (seen.substr(0, head.size()) == old_content.substr(0, head.size())
-                                        ? "starting with the old content"
-                                        : "not starting with the old content"));
+    INFO(
+        "the open reader saw " << seen.size() << " bytes: "
+                               << (seen.substr(0, head.size()) == old_content.substr(0, head.size())
+                                       ? "starting with the old content"
+                                       : "not starting with the old content"));
     CHECK(complete);
     reader.reset();
     CHECK(read_all(path) == new_content);
 }
 
-TEST_CASE("a reader in the page cache never reads past its version while another process extends the file",
-          "[fsd][publish]") {
+TEST_CASE(
+    "a reader in the page cache never reads past its version while another process extends the "
+    "file",
+    "[fsd][publish]") {
     // The kernel keeps one size per inode. A writer's writes grow it at once (they
     // bypass the page cache, not the size), so a reader that still reads the old
     // version through the page cache would read on past that version's end, and the
@@ -117,8 +118,10 @@ TEST_CASE("a reader in the page cache never reads past its version while another
         if (fd < 0) return 2;
         const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
         for (int k = 0; std::chrono::steady_clock::now() < end; ++k) {
-            const auto off = static_cast<off_t>(old_content.size() + static_cast<std::size_t>(k % 16) * block.size());
-            if (pwrite(fd, block.data(), block.size(), off) != static_cast<ssize_t>(block.size())) return 3;
+            const auto off = static_cast<off_t>(old_content.size() +
+                                                static_cast<std::size_t>(k % 16) * block.size());
+            if (pwrite(fd, block.data(), block.size(), off) != static_cast<ssize_t>(block.size()))
+                return 3;
         }
         return close(fd) == 0 ? 0 : 4;
     });
@@ -145,8 +148,7 @@ TEST_CASE("a reader in the page cache never reads past its version while another
     CHECK(read_all(path) == expected);
 }
 
-TEST_CASE("a file renamed right after its writer closed has its whole content",
-          "[fsd][publish]") {
+TEST_CASE("a file renamed right after its writer closed has its whole content", "[fsd][publish]") {
     // The kernel's RELEASE reaches the daemon asynchronously, after close returns: a
     // rename, or a reader, may arrive before it. Triton and Inductor do exactly this.
     MountedCache cache;
@@ -205,8 +207,8 @@ TEST_CASE("8 processes storing the same entries at once leave complete versions"
                             } else {
                                 for (std::size_t off = 0; off < content.size() && !err;
                                      off += 16 * 1024) {
-                                    err = write_fd(fd, std::string_view(content).substr(
-                                                           off, 16 * 1024));
+                                    err = write_fd(
+                                        fd, std::string_view(content).substr(off, 16 * 1024));
                                 }
                                 if (close(fd) != 0 && !err) err = errno;
                             }
@@ -302,8 +304,7 @@ TEST_CASE("8 processes storing the same entries at once leave complete versions"
     CHECK(stat_value(stats, "entries") == static_cast<std::uint64_t>(kEntries));
 }
 
-TEST_CASE("a writer that exits without closing still publishes what it wrote",
-          "[fsd][publish]") {
+TEST_CASE("a writer that exits without closing still publishes what it wrote", "[fsd][publish]") {
     // The kernel closes an exiting process's files: a normal exit keeps the bytes, as
     // on a local disk (only a writer killed by a signal publishes nothing).
     MountedCache cache;

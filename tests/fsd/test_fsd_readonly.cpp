@@ -30,7 +30,7 @@ std::size_t count_requests(const std::string& log, const std::string& opcode) {
 int read_like_a_compiler(const std::string& path, const std::string& content) {
     const int fd = open(path.c_str(), O_RDONLY);
     if (fd < 0) return 1;
-    struct stat st{};
+    struct stat st {};
     if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != content.size()) return 2;
     const auto bytes = read_fd(fd);
     if (!bytes || *bytes != content) return 3;
@@ -56,7 +56,8 @@ TEST_CASE("read-only serving serves every file without OPEN, FLUSH or RELEASE an
         for (int i = 0; i < 12; ++i) {
             const std::string entry = "e" + std::to_string(i);
             REQUIRE_SYS(mkdir(cache.p(entry).c_str(), 0755));
-            const std::string content = random_bytes(static_cast<std::size_t>(5000 + 4099 * i), 700u + i);
+            const std::string content =
+                random_bytes(static_cast<std::size_t>(5000 + 4099 * i), 700u + i);
             REQUIRE(write_all(cache.p(entry + "/kernel.cubin"), content) == 0);
             files.emplace_back(entry + "/kernel.cubin", content);
         }
@@ -70,7 +71,8 @@ TEST_CASE("read-only serving serves every file without OPEN, FLUSH or RELEASE an
     for (int reader = 0; reader < 3; ++reader) {  // several processes, each a would-be hit
         const ChildResult r = run_child([&] {
             for (std::size_t i = 0; i < files.size(); ++i) {
-                if (int rc = read_like_a_compiler(cache.p(files[i].first), files[i].second); rc != 0) {
+                if (int rc = read_like_a_compiler(cache.p(files[i].first), files[i].second);
+                    rc != 0) {
                     return 10 * static_cast<int>(i) + rc;
                 }
             }

@@ -266,7 +266,8 @@ TEST_CASE("O_APPEND from several processes interleaves whole records and loses n
     for (auto& c : children) CHECK(c->join(60).exit_code == 0);
     const auto got = read_all(path);
     REQUIRE(got.has_value());
-    CHECK(got->size() == static_cast<std::size_t>(kProcs * kLines) * std::strlen("proc 0 line 0000\n"));
+    CHECK(got->size() ==
+          static_cast<std::size_t>(kProcs * kLines) * std::strlen("proc 0 line 0000\n"));
     std::vector<int> next(kProcs, 0);
     std::size_t pos = 0;
     bool ordered = true;
@@ -274,8 +275,8 @@ TEST_CASE("O_APPEND from several processes interleaves whole records and loses n
         const auto end = got->find('\n', pos);
         if (end == std::string::npos) break;
         int p = -1, i = -1;
-        if (std::sscanf(got->c_str() + pos, "proc %d line %d", &p, &i) != 2 || p < 0 || p >= kProcs ||
-            i != next[static_cast<std::size_t>(p)]++) {
+        if (std::sscanf(got->c_str() + pos, "proc %d line %d", &p, &i) != 2 || p < 0 ||
+            p >= kProcs || i != next[static_cast<std::size_t>(p)]++) {
             ordered = false;
             break;
         }
@@ -338,9 +339,10 @@ TEST_CASE("an fsync of an unchanged file stores nothing", "[fsd][shared][cost]")
     CHECK(after == before);
 }
 
-TEST_CASE("a database file rewritten in place is one entry and one miss, its reads through a "
-          "read-write handle are hits",
-          "[fsd][shared][stats]") {
+TEST_CASE(
+    "a database file rewritten in place is one entry and one miss, its reads through a "
+    "read-write handle are hits",
+    "[fsd][shared][stats]") {
     MountedCache cache;
     REQUIRE_SYS(mkdir(cache.p("triton").c_str(), 0755));
     const std::string path = cache.p("triton/cache-v1.sqlite3");
@@ -381,12 +383,16 @@ void sqlite_run(const std::string& journal) {
     const std::string db = cache.p("cache-v1.sqlite3");
     const char* txns_env = std::getenv("KCACHE_SQLITE_TXNS");
     const std::string txns = txns_env ? txns_env : "150";
-    const ProcResult w = run_flow("sqlite_writers.py",
-                                  {"write", "--db", db, "--procs", "8", "--txns", txns, "--journal", journal}, 500);
-    INFO("write: " << w.describe() << "\n" << w.out << "\ndaemon stderr:\n" << cache.daemon_stderr());
+    const ProcResult w =
+        run_flow("sqlite_writers.py",
+                 {"write", "--db", db, "--procs", "8", "--txns", txns, "--journal", journal}, 500);
+    INFO("write: " << w.describe() << "\n"
+                   << w.out << "\ndaemon stderr:\n"
+                   << cache.daemon_stderr());
     REQUIRE(w.exit_code == 0);
     std::fprintf(stderr, "sqlite on the mount: %s", w.out.c_str());
-    const ProcResult c = run_flow("sqlite_writers.py", {"check", "--db", db, "--procs", "8", "--txns", txns});
+    const ProcResult c =
+        run_flow("sqlite_writers.py", {"check", "--db", db, "--procs", "8", "--txns", txns});
     INFO("check: " << c.describe() << "\n" << c.out);
     CHECK(c.exit_code == 0);
     // The database is one entry; its journal, WAL and shared-memory index, made and
@@ -395,7 +401,8 @@ void sqlite_run(const std::string& journal) {
     CHECK(stat_value(stats, "entries") == 1);
     CHECK(stat_value(stats, "misses") == 1);
     cache.remount();
-    const ProcResult again = run_flow("sqlite_writers.py", {"check", "--db", db, "--procs", "8", "--txns", txns});
+    const ProcResult again =
+        run_flow("sqlite_writers.py", {"check", "--db", db, "--procs", "8", "--txns", txns});
     INFO("check after a remount: " << again.describe() << "\n" << again.out);
     CHECK(again.exit_code == 0);
 }
@@ -407,7 +414,8 @@ TEST_CASE("sqlite3: 8 processes committing in rollback-journal mode lose no tran
     sqlite_run("delete");
 }
 
-TEST_CASE("sqlite3: 8 processes committing in WAL mode lose no transaction", "[fsd][shared][sqlite]") {
+TEST_CASE("sqlite3: 8 processes committing in WAL mode lose no transaction",
+          "[fsd][shared][sqlite]") {
     sqlite_run("wal");
 }
 
@@ -418,9 +426,19 @@ TEST_CASE("sqlite3: every commit that returned survives a daemon SIGKILL mid-run
         MountedCache cache(DaemonOptions{.args = {"--durability", "full"}, .watchdog_s = 600});
         TempDir logs;  // on local disk: what each writer saw acknowledged
         const std::string db = cache.p("cache-v1.sqlite3");
-        std::vector<std::string> argv{"/usr/bin/python3", std::string(KCACHE_FSD_FLOWS_DIR) + "/sqlite_writers.py",
-                                      "write", "--db", db, "--procs", "8", "--txns", "100000",
-                                      "--journal", journal, "--log", logs.path().string()};
+        std::vector<std::string> argv{"/usr/bin/python3",
+                                      std::string(KCACHE_FSD_FLOWS_DIR) + "/sqlite_writers.py",
+                                      "write",
+                                      "--db",
+                                      db,
+                                      "--procs",
+                                      "8",
+                                      "--txns",
+                                      "100000",
+                                      "--journal",
+                                      journal,
+                                      "--log",
+                                      logs.path().string()};
         Child writers([&] {
             execv(argv[0].c_str(), [&] {
                 static std::vector<char*> v;
@@ -437,7 +455,9 @@ TEST_CASE("sqlite3: every commit that returned survives a daemon SIGKILL mid-run
                 std::size_t lines = 0;
                 for (const auto& f : fs::directory_iterator(logs.path())) {
                     const auto text = read_all(f.path().string());
-                    if (text) lines += static_cast<std::size_t>(std::count(text->begin(), text->end(), '\n'));
+                    if (text)
+                        lines +=
+                            static_cast<std::size_t>(std::count(text->begin(), text->end(), '\n'));
                 }
                 return lines >= 150;
             },
@@ -446,7 +466,8 @@ TEST_CASE("sqlite3: every commit that returned survives a daemon SIGKILL mid-run
         CHECK(cache.signal_daemon(SIGKILL) == -1);
         (void)writers.join(120);  // they fail once the mount is gone
         cache.remount();
-        const ProcResult c = run_flow("sqlite_writers.py", {"check", "--db", db, "--log", logs.path().string()});
+        const ProcResult c =
+            run_flow("sqlite_writers.py", {"check", "--db", db, "--log", logs.path().string()});
         INFO("check after the kill and a remount: " << c.describe() << "\n" << c.out);
         CHECK(c.exit_code == 0);
     }

@@ -260,7 +260,7 @@ TEST_CASE("model: evicting the selection removes those entries from the db", "[g
     db.pin(e.c);
     auto model = open_model(db);
     model->set_sort({Column::key, false});
-    model->wait_idle();  // the worker orders the rows
+    model->wait_idle();         // the worker orders the rows
     model->select_only(0);      // aaa111
     model->toggle_selected(2);  // ccc333, pinned: kept
     auto report = model->evict_selected();

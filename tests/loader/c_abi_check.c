@@ -90,9 +90,10 @@ int kcache_c_abi_entry(const char* cache_path, const char* key, int sm, char* ou
     if (status == KCACHE_OK) {
         kcache_signature_launch_config(signature, &config);
         used = strlen(out);
-        used += (size_t)snprintf(out + used, out_size - used, " | %s %s block=%u shared=%u params=",
-                                 kcache_signature_format(signature), kcache_signature_kernel(signature),
-                                 (unsigned)config.block[0], (unsigned)config.shared_memory);
+        used +=
+            (size_t)snprintf(out + used, out_size - used, " | %s %s block=%u shared=%u params=",
+                             kcache_signature_format(signature), kcache_signature_kernel(signature),
+                             (unsigned)config.block[0], (unsigned)config.shared_memory);
         for (i = 0; i < kcache_signature_param_count(signature) && used < out_size; ++i) {
             kcache_sig_param param;
             if (kcache_signature_param(signature, i, &param) != KCACHE_OK) break;

@@ -14,13 +14,14 @@ using kcache::loader::Driver;
 namespace {
 
 bool exists(const std::string& path) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(path.c_str(), &st) == 0;
 }
 
 // The toolkit's link stub: present wherever the CUDA toolkit is installed.
 std::string stub_library() {
-    for (const char* p : {"/usr/local/cuda/lib64/stubs/libcuda.so", "/usr/local/cuda/targets/x86_64-linux/lib/stubs/libcuda.so"}) {
+    for (const char* p : {"/usr/local/cuda/lib64/stubs/libcuda.so",
+                          "/usr/local/cuda/targets/x86_64-linux/lib/stubs/libcuda.so"}) {
         if (exists(p)) return p;
     }
     return {};
@@ -39,7 +40,8 @@ TEST_CASE("driver: a missing driver library is a clear error", "[loader][driver]
 TEST_CASE("driver: the toolkit's stub library is recognised, not mistaken for a driver",
           "[loader][driver]") {
     const std::string stub = stub_library();
-    if (stub.empty()) kcache::test::skip("no CUDA toolkit stub library (libcuda.so) on this machine");
+    if (stub.empty())
+        kcache::test::skip("no CUDA toolkit stub library (libcuda.so) on this machine");
     auto driver = Driver::load(stub);
     REQUIRE_FALSE(driver);
     CHECK(driver.error().code == ELIBBAD);

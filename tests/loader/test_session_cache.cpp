@@ -1,7 +1,7 @@
 // The session cache of loaded kernels: hits, misses, bounded size, CLOCK eviction,
 // values outliving eviction, and concurrent use.
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,8 +12,12 @@ using kcache::loader::KernelKey;
 using kcache::loader::SessionCache;
 
 namespace {
-KernelKey key(int i, int device = 0) { return {"entry" + std::to_string(i), "kernel", device}; }
-std::shared_ptr<const int> value(int v) { return std::make_shared<const int>(v); }
+KernelKey key(int i, int device = 0) {
+    return {"entry" + std::to_string(i), "kernel", device};
+}
+std::shared_ptr<const int> value(int v) {
+    return std::make_shared<const int>(v);
+}
 }  // namespace
 
 TEST_CASE("session cache: a hit returns what was inserted and counts", "[loader][session]") {
@@ -35,8 +39,8 @@ TEST_CASE("session cache: beyond capacity the least recently used goes", "[loade
     SessionCache<int> cache(2);
     cache.insert(key(1), value(1));
     cache.insert(key(2), value(2));
-    REQUIRE(cache.find(key(1)));      // 1 is used again; 2 is not
-    cache.insert(key(3), value(3));   // evicts 2
+    REQUIRE(cache.find(key(1)));     // 1 is used again; 2 is not
+    cache.insert(key(3), value(3));  // evicts 2
     CHECK(cache.find(key(1)));
     CHECK(cache.find(key(2)) == nullptr);
     CHECK(cache.find(key(3)));
@@ -55,7 +59,10 @@ TEST_CASE("session cache: a value evicted while held stays valid", "[loader][ses
 TEST_CASE("session cache: get_or_load loads once per key and not on failure", "[loader][session]") {
     SessionCache<int> cache(8);
     int loads = 0;
-    auto load = [&] { ++loads; return value(42); };
+    auto load = [&] {
+        ++loads;
+        return value(42);
+    };
     CHECK(*cache.get_or_load(key(1), load) == 42);
     CHECK(*cache.get_or_load(key(1), load) == 42);
     CHECK(loads == 1);

@@ -164,8 +164,8 @@ std::vector<Completed> read_logs(const fs::path& dir) {
             std::istringstream ls(line);
             Completed c;
             int renamed = 0;
-            if (ls >> c.v.writer >> c.v.round >> c.v.entry >> c.v.file >> c.v.len >>
-                c.v.start_ns >> renamed >> c.done_ns) {
+            if (ls >> c.v.writer >> c.v.round >> c.v.entry >> c.v.file >> c.v.len >> c.v.start_ns >>
+                renamed >> c.done_ns) {
                 c.renamed = renamed != 0;
                 out.push_back(c);
             }
@@ -177,7 +177,9 @@ std::vector<Completed> read_logs(const fs::path& dir) {
 // What a request gets when its daemon dies: ENOTCONN once the connection is gone,
 // ECONNABORTED for one in flight, and EIO for one the kernel was copying to the daemon
 // when it died (fuse_dev_do_read marks a request whose copy failed -EIO).
-bool expected_disconnect(int err) { return err == ENOTCONN || err == ECONNABORTED || err == EIO; }
+bool expected_disconnect(int err) {
+    return err == ENOTCONN || err == ECONNABORTED || err == EIO;
+}
 
 // A writer process: stores versions until the mount fails under it. Exit 0 when it
 // stopped on a dead connection, 1 (with a message) on any other error.
@@ -188,8 +190,8 @@ int writer_main(const fs::path& mnt, const fs::path& log_path, int writer, int r
     if (log_fd < 0) return 2;
     auto fail = [&](const char* what, const std::string& path, int err) {
         if (expected_disconnect(err)) return 0;
-        std::fprintf(stderr, "writer %d round %d: %s(%s): %s\n", writer, round, what,
-                     path.c_str(), std::strerror(err));
+        std::fprintf(stderr, "writer %d round %d: %s(%s): %s\n", writer, round, what, path.c_str(),
+                     std::strerror(err));
         return 1;
     };
     for (long entry = 0;; ++entry) {
@@ -202,7 +204,8 @@ int writer_main(const fs::path& mnt, const fs::path& log_path, int writer, int r
         c.renamed = (rng() & 1) != 0;
         c.v.start_ns = monotonic_ns();
         const std::string content = content_of(c.v);
-        const std::string target = (mnt / (c.renamed ? rel_temp(c.v) : rel_path(c.v.file))).string();
+        const std::string target =
+            (mnt / (c.renamed ? rel_temp(c.v) : rel_path(c.v.file))).string();
         const int fd = ::open(target.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return fail("open", target, errno);
         std::size_t off = 0;
@@ -240,9 +243,11 @@ int writer_main(const fs::path& mnt, const fs::path& log_path, int writer, int r
 // (MountedCache fixes its daemon's options at construction and unmounts cleanly; this
 // test needs a different --durability per start and a dead mount to detach.)
 class CrashableDaemon {
-public:
+  public:
     CrashableDaemon()
-        : m_db(m_dir / "db"), m_mnt(m_dir / "mnt"), m_log(m_dir / "fsd.log"),
+        : m_db(m_dir / "db"),
+          m_mnt(m_dir / "mnt"),
+          m_log(m_dir / "fsd.log"),
           m_watchdog(std::make_unique<Watchdog>(240, "test_crash", [this] { emergency(); })) {
         fs::create_directories(m_mnt);
     }
@@ -265,7 +270,7 @@ public:
             REQUIRE(write_fd(fd, marker) == 0);
             ::close(fd);
         }
-        std::vector<std::string> args{KCACHE_FSD_PATH, "-f",        "--db",          m_db.string(),
+        std::vector<std::string> args{KCACHE_FSD_PATH, "-f",       "--db",        m_db.string(),
                                       "--durability",  durability, m_mnt.string()};
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
@@ -344,7 +349,7 @@ public:
         REQUIRE(WEXITSTATUS(status) == 0);
     }
 
-private:
+  private:
     void emergency() noexcept {
         const pid_t pid = m_pid.exchange(-1);
         if (pid > 0) {
@@ -371,9 +376,9 @@ private:
 struct Figures {
     int rounds = 0;
     int kills = 0;
-    std::size_t completed = 0;       // log records checked
-    std::size_t files_checked = 0;   // files read back (summed over rounds)
-    std::size_t temp_files = 0;      // leftover temp files of killed writers
+    std::size_t completed = 0;      // log records checked
+    std::size_t files_checked = 0;  // files read back (summed over rounds)
+    std::size_t temp_files = 0;     // leftover temp files of killed writers
     std::size_t empty_files = 0;
 };
 
@@ -451,11 +456,13 @@ void verify_db(const fs::path& db, const std::string& when) {
 
 }  // namespace
 
-TEST_CASE("crash: SIGKILL of the daemon under 8 writers loses nothing acknowledged and tears nothing",
-          "[reliability][crash]") {
+TEST_CASE(
+    "crash: SIGKILL of the daemon under 8 writers loses nothing acknowledged and tears nothing",
+    "[reliability][crash]") {
     require_fuse();
     const auto rounds = static_cast<int>(env_u64("KCACHE_CRASH_ROUNDS", 6));
-    const std::uint64_t seed = env_u64("KCACHE_CRASH_SEED", 20261121);  // fixed in CI; set to explore
+    const std::uint64_t seed =
+        env_u64("KCACHE_CRASH_SEED", 20261121);  // fixed in CI; set to explore
     std::fprintf(stderr, "test_crash: KCACHE_CRASH_SEED=%llu KCACHE_CRASH_ROUNDS=%d\n",
                  static_cast<unsigned long long>(seed), rounds);
     INFO("KCACHE_CRASH_SEED=" << seed);
@@ -610,7 +617,8 @@ TEST_CASE("crash: a writer SIGKILLed mid-file never publishes its partial conten
         expect_old(in_place, "after a remount");
     }
     SECTION("a new file") {
-        kill_half_writer(fresh, half, [&] { expect_absent_or_empty(fresh, "while the writer lives"); });
+        kill_half_writer(fresh, half,
+                         [&] { expect_absent_or_empty(fresh, "while the writer lives"); });
         expect_absent_or_empty(fresh, "right after the kill");
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         expect_absent_or_empty(fresh, "300 ms after the kill");

@@ -39,8 +39,8 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <set>
 #include <sstream>
 
@@ -60,7 +60,7 @@ namespace {
 // Deterministic randomness (splitmix64: the same sequence on every platform).
 
 class Rng {
-public:
+  public:
     explicit Rng(std::uint64_t seed) : m_state(seed) {}
     std::uint64_t next() {
         std::uint64_t z = (m_state += 0x9e3779b97f4a7c15ULL);
@@ -71,7 +71,7 @@ public:
     std::uint64_t below(std::uint64_t n) { return n == 0 ? 0 : next() % n; }
     bool chance(unsigned percent) { return below(100) < percent; }
 
-private:
+  private:
     std::uint64_t m_state;
 };
 
@@ -97,40 +97,61 @@ enum class Kind {
     Unlink,
     Mkdir,
     Rmdir,
-    Symlink,          // symlink(target q, p)
+    Symlink,  // symlink(target q, p)
     Readlink,
-    Read,             // open(p, O_RDONLY), pread at off, close
-    Stat,             // stat and lstat
+    Read,  // open(p, O_RDONLY), pread at off, close
+    Stat,  // stat and lstat
     Readdir,
-    CheckTree,        // compare the whole trees
-    FdFsync,          // fsync through a slot (publishes its version)
-    ProcWrite,        // another process: open(p, O_WRONLY|O_CREAT), pwrite, fsync, close
-    ProcRead,         // another process: open(p, O_RDONLY), pread, close
+    CheckTree,  // compare the whole trees
+    FdFsync,    // fsync through a slot (publishes its version)
+    ProcWrite,  // another process: open(p, O_WRONLY|O_CREAT), pwrite, fsync, close
+    ProcRead,   // another process: open(p, O_RDONLY), pread, close
 };
 
 const char* kind_name(Kind k) {
     switch (k) {
-        case Kind::WriteFile: return "write_file";
-        case Kind::OpenWriter: return "open_writer";
-        case Kind::FdWrite: return "fd_write";
-        case Kind::FdRead: return "fd_read";
-        case Kind::FdTruncate: return "fd_truncate";
-        case Kind::FdClose: return "fd_close";
-        case Kind::Truncate: return "truncate";
-        case Kind::Rename: return "rename";
-        case Kind::RenameNoReplace: return "rename_noreplace";
-        case Kind::Unlink: return "unlink";
-        case Kind::Mkdir: return "mkdir";
-        case Kind::Rmdir: return "rmdir";
-        case Kind::Symlink: return "symlink";
-        case Kind::Readlink: return "readlink";
-        case Kind::Read: return "read";
-        case Kind::Stat: return "stat";
-        case Kind::Readdir: return "readdir";
-        case Kind::CheckTree: return "check_tree";
-        case Kind::FdFsync: return "fd_fsync";
-        case Kind::ProcWrite: return "proc_write";
-        case Kind::ProcRead: return "proc_read";
+        case Kind::WriteFile:
+            return "write_file";
+        case Kind::OpenWriter:
+            return "open_writer";
+        case Kind::FdWrite:
+            return "fd_write";
+        case Kind::FdRead:
+            return "fd_read";
+        case Kind::FdTruncate:
+            return "fd_truncate";
+        case Kind::FdClose:
+            return "fd_close";
+        case Kind::Truncate:
+            return "truncate";
+        case Kind::Rename:
+            return "rename";
+        case Kind::RenameNoReplace:
+            return "rename_noreplace";
+        case Kind::Unlink:
+            return "unlink";
+        case Kind::Mkdir:
+            return "mkdir";
+        case Kind::Rmdir:
+            return "rmdir";
+        case Kind::Symlink:
+            return "symlink";
+        case Kind::Readlink:
+            return "readlink";
+        case Kind::Read:
+            return "read";
+        case Kind::Stat:
+            return "stat";
+        case Kind::Readdir:
+            return "readdir";
+        case Kind::CheckTree:
+            return "check_tree";
+        case Kind::FdFsync:
+            return "fd_fsync";
+        case Kind::ProcWrite:
+            return "proc_write";
+        case Kind::ProcRead:
+            return "proc_read";
     }
     return "?";
 }
@@ -174,21 +195,41 @@ std::string describe(const Op& op) {
             o << " slot" << op.slot << " off=" << op.off << " len=" << op.len
               << (op.pattern ? " (pattern)" : "");
             break;
-        case Kind::FdRead: o << " slot" << op.slot << " off=" << op.off << " len=" << op.len; break;
-        case Kind::FdTruncate: o << " slot" << op.slot << " len=" << op.len; break;
-        case Kind::FdClose:
-        case Kind::FdFsync: o << " slot" << op.slot; break;
-        case Kind::ProcWrite:
-            o << " " << op.p << " off=" << op.off << " len=" << op.len << (op.pattern ? " (pattern)" : "");
+        case Kind::FdRead:
+            o << " slot" << op.slot << " off=" << op.off << " len=" << op.len;
             break;
-        case Kind::ProcRead: o << " " << op.p << " off=" << op.off << " len=" << op.len; break;
-        case Kind::Truncate: o << " " << op.p << " len=" << op.len; break;
+        case Kind::FdTruncate:
+            o << " slot" << op.slot << " len=" << op.len;
+            break;
+        case Kind::FdClose:
+        case Kind::FdFsync:
+            o << " slot" << op.slot;
+            break;
+        case Kind::ProcWrite:
+            o << " " << op.p << " off=" << op.off << " len=" << op.len
+              << (op.pattern ? " (pattern)" : "");
+            break;
+        case Kind::ProcRead:
+            o << " " << op.p << " off=" << op.off << " len=" << op.len;
+            break;
+        case Kind::Truncate:
+            o << " " << op.p << " len=" << op.len;
+            break;
         case Kind::Rename:
-        case Kind::RenameNoReplace: o << " " << op.p << " -> " << op.q; break;
-        case Kind::Symlink: o << " " << op.p << " -> '" << op.q << "'"; break;
-        case Kind::Read: o << " " << op.p << " off=" << op.off << " len=" << op.len; break;
-        case Kind::CheckTree: break;
-        default: o << " " << op.p; break;
+        case Kind::RenameNoReplace:
+            o << " " << op.p << " -> " << op.q;
+            break;
+        case Kind::Symlink:
+            o << " " << op.p << " -> '" << op.q << "'";
+            break;
+        case Kind::Read:
+            o << " " << op.p << " off=" << op.off << " len=" << op.len;
+            break;
+        case Kind::CheckTree:
+            break;
+        default:
+            o << " " << op.p;
+            break;
     }
     return o.str();
 }
@@ -208,20 +249,29 @@ std::string random_path(Rng& rng) {
 
 std::uint64_t random_offset(Rng& rng) {
     switch (rng.below(5)) {
-        case 0: return 0;
-        case 1: return rng.below(64);
-        case 2: return rng.below(4096);
-        case 3: return 4080 * rng.below(4) + rng.below(3);  // around the store's chunks
-        default: return rng.below(20000);                   // often beyond EOF: a hole
+        case 0:
+            return 0;
+        case 1:
+            return rng.below(64);
+        case 2:
+            return rng.below(4096);
+        case 3:
+            return 4080 * rng.below(4) + rng.below(3);  // around the store's chunks
+        default:
+            return rng.below(20000);  // often beyond EOF: a hole
     }
 }
 
 std::uint64_t random_length(Rng& rng) {
     switch (rng.below(6)) {
-        case 0: return 1 + rng.below(16);
-        case 1: return 4080 + rng.below(3) - 1;
-        case 2: return 1 + rng.below(40000);
-        default: return 1 + rng.below(5000);
+        case 0:
+            return 1 + rng.below(16);
+        case 1:
+            return 4080 + rng.below(3) - 1;
+        case 2:
+            return 1 + rng.below(40000);
+        default:
+            return 1 + rng.below(5000);
     }
 }
 
@@ -360,7 +410,7 @@ int canonical_errno(Kind kind, int err) {
 }
 
 class Root {
-public:
+  public:
     explicit Root(fs::path base) : m_base(std::move(base)) {}
     ~Root() { close_all(); }
     Root(const Root&) = delete;
@@ -383,7 +433,8 @@ public:
         // Descriptor ops use the slot-th open slot (so they rarely find none open);
         // OpenWriter fills an empty slot, and does nothing when there is none.
         std::vector<int> open_slots, empty_slots;
-        for (int s = 0; s < kSlots; ++s) (m_fds[static_cast<std::size_t>(s)] >= 0 ? open_slots : empty_slots).push_back(s);
+        for (int s = 0; s < kSlots; ++s)
+            (m_fds[static_cast<std::size_t>(s)] >= 0 ? open_slots : empty_slots).push_back(s);
         int slot = op.slot;
         if (op.kind == Kind::OpenWriter && !empty_slots.empty())
             slot = empty_slots[static_cast<std::size_t>(op.slot) % empty_slots.size()];
@@ -397,7 +448,8 @@ public:
                 out.sys(f < 0 ? -1 : 0);
                 if (f < 0) break;
                 const std::string bytes = op_data(op);
-                const ssize_t n = ::pwrite(f, bytes.data(), bytes.size(), static_cast<off_t>(op.off));
+                const ssize_t n =
+                    ::pwrite(f, bytes.data(), bytes.size(), static_cast<off_t>(op.off));
                 out.sys(static_cast<long>(n));
                 out.sys(::close(f));
                 break;
@@ -412,7 +464,8 @@ public:
             case Kind::FdWrite: {
                 if (fd < 0) return skipped();
                 const std::string bytes = op_data(op);
-                const ssize_t n = ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(op.off));
+                const ssize_t n =
+                    ::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(op.off));
                 out.sys(static_cast<long>(n));
                 break;
             }
@@ -444,9 +497,15 @@ public:
                 out.sys(syscall(SYS_renameat2, AT_FDCWD, abs(op.p).c_str(), AT_FDCWD,
                                 abs(op.q).c_str(), RENAME_NOREPLACE));
                 break;
-            case Kind::Unlink: out.sys(::unlink(abs(op.p).c_str())); break;
-            case Kind::Mkdir: out.sys(::mkdir(abs(op.p).c_str(), 0755)); break;
-            case Kind::Rmdir: out.sys(::rmdir(abs(op.p).c_str())); break;
+            case Kind::Unlink:
+                out.sys(::unlink(abs(op.p).c_str()));
+                break;
+            case Kind::Mkdir:
+                out.sys(::mkdir(abs(op.p).c_str(), 0755));
+                break;
+            case Kind::Rmdir:
+                out.sys(::rmdir(abs(op.p).c_str()));
+                break;
             case Kind::Symlink:
                 out.sys(::symlink(op.q.c_str(), abs(op.p).c_str()));
                 break;
@@ -496,7 +555,8 @@ public:
                     o.sys(f < 0 ? -1 : 0);
                     if (f < 0) return;
                     const std::string bytes = op_data(op);
-                    o.sys(static_cast<long>(::pwrite(f, bytes.data(), bytes.size(), static_cast<off_t>(op.off))));
+                    o.sys(static_cast<long>(
+                        ::pwrite(f, bytes.data(), bytes.size(), static_cast<off_t>(op.off))));
                     o.sys(::fsync(f));
                     o.sys(::close(f));
                 });
@@ -510,7 +570,8 @@ public:
                     o.sys(::close(f));
                 });
                 break;
-            case Kind::CheckTree: break;
+            case Kind::CheckTree:
+                break;
         }
         return out;
     }
@@ -518,7 +579,8 @@ public:
     // The slot an op uses (as apply() picks it).
     int resolve_slot(const Op& op) const {
         std::vector<int> open_slots, empty_slots;
-        for (int s = 0; s < kSlots; ++s) (m_fds[static_cast<std::size_t>(s)] >= 0 ? open_slots : empty_slots).push_back(s);
+        for (int s = 0; s < kSlots; ++s)
+            (m_fds[static_cast<std::size_t>(s)] >= 0 ? open_slots : empty_slots).push_back(s);
         if (op.kind == Kind::OpenWriter && !empty_slots.empty())
             return empty_slots[static_cast<std::size_t>(op.slot) % empty_slots.size()];
         if (op.kind != Kind::OpenWriter && !open_slots.empty())
@@ -526,7 +588,7 @@ public:
         return op.slot;
     }
 
-private:
+  private:
     // Runs `fn` in a forked process (another process than the one holding the slots)
     // and returns the outcome it recorded.
     static Outcome in_child(const std::function<void(Outcome&)>& fn) {
@@ -556,7 +618,8 @@ private:
         ::close(fds[1]);
         std::string wire;
         char buf[65536];
-        for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) wire.append(buf, static_cast<std::size_t>(n));
+        for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+            wire.append(buf, static_cast<std::size_t>(n));
         ::close(fds[0]);
         int status = 0;
         ::waitpid(pid, &status, 0);
@@ -591,8 +654,8 @@ private:
         std::string buf(static_cast<std::size_t>(len), '\0');
         std::size_t done = 0;
         while (done < buf.size()) {
-            const ssize_t n = ::pread(f, buf.data() + done, buf.size() - done,
-                                      static_cast<off_t>(off + done));
+            const ssize_t n =
+                ::pread(f, buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
             if (n < 0) {
                 out.sys(-1);
                 break;
@@ -621,13 +684,14 @@ std::string hexdiff(const std::string& a, const std::string& b) {
 }
 
 class Differ {
-public:
+  public:
     Differ(Root& a, Root& b) : m_a(a), m_b(b) {}
 
     // Compares the node at `rel` (lstat, and content, target or listing); `recurse`
     // walks directories. Returns the first difference, empty if none.
     std::string compare(const std::string& rel, bool recurse, const std::set<ino_t>& open) const {
-        struct stat sa {}, sb {};
+        struct stat sa {
+        }, sb{};
         errno = 0;
         const int ra = ::lstat(m_a.abs(rel).c_str(), &sa);
         const int ea = ra < 0 ? errno : 0;
@@ -672,13 +736,17 @@ public:
         return {};
     }
 
-private:
+  private:
     static std::string type_name(mode_t t) {
         switch (t) {
-            case S_IFREG: return "file";
-            case S_IFDIR: return "dir";
-            case S_IFLNK: return "symlink";
-            default: return "other(" + std::to_string(t) + ")";
+            case S_IFREG:
+                return "file";
+            case S_IFDIR:
+                return "dir";
+            case S_IFLNK:
+                return "symlink";
+            default:
+                return "other(" + std::to_string(t) + ")";
         }
     }
     static std::string link_target(const std::string& path) {
@@ -717,8 +785,8 @@ std::string parent_of(const std::string& rel) {
 std::vector<std::string> existing_nodes(const std::string& root) {
     std::vector<std::string> out;
     std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec))
+    for (auto it = fs::recursive_directory_iterator(root, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
         out.push_back(it->path().lexically_relative(root).string());  // never follows links
     std::sort(out.begin(), out.end());
     return out;
@@ -786,11 +854,16 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
     auto slots_of = [&](ino_t ino, int which_mode) {
         std::vector<int> found;
         for (int s = 0; s < kSlots; ++s)
-            if (mode[static_cast<std::size_t>(s)] == which_mode && slot_ino(s) == ino) found.push_back(s);
+            if (mode[static_cast<std::size_t>(s)] == which_mode && slot_ino(s) == ino)
+                found.push_back(s);
         return found;
     };
-    auto rewritten = [&](const std::optional<ino_t>& ino) { return ino && !slots_of(*ino, 2).empty(); };
-    auto shared_open = [&](const std::optional<ino_t>& ino) { return ino && !slots_of(*ino, 1).empty(); };
+    auto rewritten = [&](const std::optional<ino_t>& ino) {
+        return ino && !slots_of(*ino, 2).empty();
+    };
+    auto shared_open = [&](const std::optional<ino_t>& ino) {
+        return ino && !slots_of(*ino, 1).empty();
+    };
     auto promote = [&](const std::optional<ino_t>& ino) {
         if (ino)
             for (int s : slots_of(*ino, 2)) mode[static_cast<std::size_t>(s)] = 1;
@@ -804,9 +877,11 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
     };
     // Why an op is not run, or empty.
     auto not_run = [&](const Op& op) -> std::string {
-        const bool truncating = (op.kind == Kind::WriteFile || op.kind == Kind::OpenWriter) && (op.flags & O_TRUNC);
+        const bool truncating =
+            (op.kind == Kind::WriteFile || op.kind == Kind::OpenWriter) && (op.flags & O_TRUNC);
         const auto ino = path_ino(op.p);
-        if ((op.kind == Kind::Read || op.kind == Kind::Stat || op.kind == Kind::ProcRead) && rewritten(ino))
+        if ((op.kind == Kind::Read || op.kind == Kind::Stat || op.kind == Kind::ProcRead) &&
+            rewritten(ino))
             return "the file is being rewritten (O_TRUNC: published on close)";
         if (truncating && rewritten(ino) && !shared_open(ino))
             return "a second O_TRUNC rewrite while one is at work (each publishes a whole version)";
@@ -841,18 +916,22 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
             const auto ino = path_ino(op.p);
             const bool opens = op.kind == Kind::OpenWriter && b.slot_fd(slot) < 0;
             const bool closes = op.kind == Kind::FdClose && b.slot_fd(slot) >= 0;
-            const bool truncating = (op.kind == Kind::WriteFile || op.kind == Kind::OpenWriter) && (op.flags & O_TRUNC);
+            const bool truncating =
+                (op.kind == Kind::WriteFile || op.kind == Kind::OpenWriter) && (op.flags & O_TRUNC);
             const bool shares_before = shared_open(ino);
             const Outcome oa = a.apply(op);
             const Outcome ob = b.apply(op);
             const bool ok = !ob.skipped && !ob.rets.empty() && ob.rets.front() >= 0;
-            if (ok && (op.kind == Kind::WriteFile || op.kind == Kind::ProcWrite || opens) && !truncating) promote(ino);
-            if (ok && opens) mode[static_cast<std::size_t>(slot)] = truncating && !shares_before ? 2 : 1;
+            if (ok && (op.kind == Kind::WriteFile || op.kind == Kind::ProcWrite || opens) &&
+                !truncating)
+                promote(ino);
+            if (ok && opens)
+                mode[static_cast<std::size_t>(slot)] = truncating && !shares_before ? 2 : 1;
             if (closes) mode[static_cast<std::size_t>(slot)] = 0;
             auto& c = g_counts[kind_name(op.kind)];
             ++(ob.skipped ? c[2] : ob.rets.empty() || ob.rets.front() >= 0 ? c[0] : c[1]);
-            line = "#" + std::to_string(which[pos]) + " " + describe(op) + "  => mount: " +
-                   oa.str() + " | disk: " + ob.str();
+            line = "#" + std::to_string(which[pos]) + " " + describe(op) +
+                   "  => mount: " + oa.str() + " | disk: " + ob.str();
             log.push_back(line);
             bool same = oa.skipped == ob.skipped && oa.rets == ob.rets && oa.data == ob.data &&
                         oa.errs.size() == ob.errs.size();
@@ -900,7 +979,8 @@ std::string check_seed(std::uint64_t seed, std::size_t count, double minimize_bu
       << "seed " << seed << " (KCACHE_FSX_SEED=" << seed << " KCACHE_FSX_OPS=" << count
       << "), first difference at op index " << first->position << ":\n  " << first->message
       << "\nlast ops (op  => mount | disk):\n";
-    for (std::size_t i = first->log.size() > 30 ? first->log.size() - 30 : 0; i < first->log.size(); ++i)
+    for (std::size_t i = first->log.size() > 30 ? first->log.size() - 30 : 0; i < first->log.size();
+         ++i)
         r << "  " << first->log[i] << "\n";
 
     // Shortest failing prefix: binary search over its length, each replay on fresh
@@ -926,22 +1006,24 @@ std::string check_seed(std::uint64_t seed, std::size_t count, double minimize_bu
             lo = mid;
         }
     }
-    r << "shortest failing prefix: " << hi << " ops (KCACHE_FSX_OPS=" << hi << ", "
-      << replays << " replays)\n";
+    r << "shortest failing prefix: " << hi << " ops (KCACHE_FSX_OPS=" << hi << ", " << replays
+      << " replays)\n";
 
     // A shorter failing subsequence of that prefix: drop chunks of ops while it still
     // fails (the last op is kept: it is where the difference shows).
     std::vector<std::size_t> seq = iota(hi);
     std::optional<Failure> seq_failure = best;
-    for (std::size_t chunk = std::max<std::size_t>(1, seq.size() / 2); chunk >= 1 && elapsed() < minimize_budget_s;
-         chunk /= 2) {
+    for (std::size_t chunk = std::max<std::size_t>(1, seq.size() / 2);
+         chunk >= 1 && elapsed() < minimize_budget_s; chunk /= 2) {
         bool removed = true;
         while (removed && elapsed() < minimize_budget_s) {
             removed = false;
             for (std::size_t start = 0; start + 1 < seq.size() && elapsed() < minimize_budget_s;) {
                 const std::size_t end = std::min(start + chunk, seq.size() - 1);
-                std::vector<std::size_t> trial(seq.begin(), seq.begin() + static_cast<std::ptrdiff_t>(start));
-                trial.insert(trial.end(), seq.begin() + static_cast<std::ptrdiff_t>(end), seq.end());
+                std::vector<std::size_t> trial(seq.begin(),
+                                               seq.begin() + static_cast<std::ptrdiff_t>(start));
+                trial.insert(trial.end(), seq.begin() + static_cast<std::ptrdiff_t>(end),
+                             seq.end());
                 if (auto f = run_ops(ops, trial)) {
                     seq = std::move(trial);
                     seq_failure = f;
@@ -980,9 +1062,9 @@ TEST_CASE("equivalence: the mount behaves like a local disk under a seeded rando
         const std::string report = check_seed(s, count);
         const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        std::cerr << "kcache fsx: seed " << s << ", " << count << " ops: "
-                  << (report.empty() ? "same as the local disk" : "DIFFERS") << " (" << took
-                  << " s)\n";
+        std::cerr << "kcache fsx: seed " << s << ", " << count
+                  << " ops: " << (report.empty() ? "same as the local disk" : "DIFFERS") << " ("
+                  << took << " s)\n";
         if (!report.empty()) {
             std::cerr << report << std::flush;
             reports += report;

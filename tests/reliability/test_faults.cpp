@@ -15,8 +15,9 @@
 
 using namespace kcache::test;
 
-TEST_CASE("faults: a full disk under the daemon gives writers ENOSPC, keeps reads going, and recovers",
-          "[reliability][faults]") {
+TEST_CASE(
+    "faults: a full disk under the daemon gives writers ENOSPC, keeps reads going, and recovers",
+    "[reliability][faults]") {
     TempDir dir;  // declared first: the tmpfs and the mount go before it
     Tmpfs small(dir.path() / "small", "8m");
     const fs::path ballast = small.path() / "ballast";
@@ -44,8 +45,10 @@ TEST_CASE("faults: a full disk under the daemon gives writers ENOSPC, keeps read
         }
         int err = write_fd(fd, content);
         if (close(fd) != 0 && !err) err = errno;
-        if (err) refused = err;
-        else stored.emplace_back(path, content);
+        if (err)
+            refused = err;
+        else
+            stored.emplace_back(path, content);
     }
     INFO("stored " << stored.size() << " entries before the disk was full");
     REQUIRE(refused == ENOSPC);
@@ -81,8 +84,9 @@ TEST_CASE("faults: a db on a read-only filesystem is refused before anything is 
     const ProcResult r = run_process({KCACHE_FSD_PATH, "-f", "--db", db.string(), mnt.string()});
     INFO(r.err);
     CHECK(r.exit_code == 1);
-    CHECK_THAT(r.err, Catch::Contains(db.string()) && Catch::Contains("read-only", Catch::CaseSensitive::No));
-    CHECK(fs::is_empty(mnt));  // nothing was mounted there
+    CHECK_THAT(r.err, Catch::Contains(db.string()) &&
+                          Catch::Contains("read-only", Catch::CaseSensitive::No));
+    CHECK(fs::is_empty(mnt));                           // nothing was mounted there
     CHECK_THAT(r.err, Catch::Contains("--read-only"));  // and says how to serve it anyway
     // The CLI still reads it: stats on a read-only db work.
     CHECK(run_kcache(db, {"stats", "--json"}).exit_code == 0);
@@ -100,7 +104,8 @@ TEST_CASE("faults: a db on a read-only filesystem is served read-only when asked
         for (int i = 0; i < 5; ++i) {
             const std::string entry = "entry" + std::to_string(i);
             REQUIRE_SYS(mkdir(cache.p(entry).c_str(), 0755));
-            const std::string content = random_bytes(static_cast<std::size_t>(3000 + 7919 * i), 50u + i);
+            const std::string content =
+                random_bytes(static_cast<std::size_t>(3000 + 7919 * i), 50u + i);
             REQUIRE(write_all(cache.p(entry + "/kernel.cubin"), content) == 0);
             files.emplace_back(entry + "/kernel.cubin", content);
         }

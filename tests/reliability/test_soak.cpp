@@ -66,8 +66,8 @@ enum Op {
     kOps
 };
 constexpr std::array<const char*, kOps> kOpNames = {
-    "store_trunc", "store_rename", "read",        "stat",  "readdir", "rename_file",
-    "rename_dir",  "rename_cross", "unlink",      "mkdir", "rmtree"};
+    "store_trunc", "store_rename", "read",   "stat",  "readdir", "rename_file",
+    "rename_dir",  "rename_cross", "unlink", "mkdir", "rmtree"};
 
 struct WorkerSlot {
     std::atomic<std::uint64_t> progress{0};
@@ -203,34 +203,49 @@ bool known_name(const std::string& n) {
 }
 
 class Worker {
-public:
+  public:
     Worker(const MountedCache& cache, Shared& shared, int id, std::uint64_t seed,
            std::uint64_t deadline_ns)
-        : m_cache(cache), m_shared(shared), m_slot(shared.slots[id]), m_id(id),
-          m_rng(seed), m_deadline_ns(deadline_ns) {}
+        : m_cache(cache),
+          m_shared(shared),
+          m_slot(shared.slots[id]),
+          m_id(id),
+          m_rng(seed),
+          m_deadline_ns(deadline_ns) {}
 
     int run() {
         while (m_shared.stop.load() == 0 && monotonic_ns() < m_deadline_ns) {
             const int pick = static_cast<int>(m_rng() % 100);
             Op op = kRead;
-            if (pick < 14) op = kStoreTrunc;
-            else if (pick < 28) op = kStoreRename;
-            else if (pick < 46) op = kRead;
-            else if (pick < 54) op = kStat;
-            else if (pick < 62) op = kReaddir;
-            else if (pick < 70) op = kRenameFile;
-            else if (pick < 74) op = kRenameDir;
-            else if (pick < 77) op = kRenameCross;
-            else if (pick < 86) op = kUnlink;
-            else if (pick < 96) op = kMkdir;
-            else op = kRmtree;
+            if (pick < 14)
+                op = kStoreTrunc;
+            else if (pick < 28)
+                op = kStoreRename;
+            else if (pick < 46)
+                op = kRead;
+            else if (pick < 54)
+                op = kStat;
+            else if (pick < 62)
+                op = kReaddir;
+            else if (pick < 70)
+                op = kRenameFile;
+            else if (pick < 74)
+                op = kRenameDir;
+            else if (pick < 77)
+                op = kRenameCross;
+            else if (pick < 86)
+                op = kUnlink;
+            else if (pick < 96)
+                op = kMkdir;
+            else
+                op = kRmtree;
             do_op(op);
             m_slot.progress.fetch_add(1);
         }
         return 0;
     }
 
-private:
+  private:
     int rnd(int n) { return static_cast<int>(m_rng() % static_cast<std::uint64_t>(n)); }
     std::string dir(int d) const {
         char buf[8];
@@ -261,118 +276,123 @@ private:
     int call(int rc) { return rc < 0 ? errno : 0; }
 
     std::string next_content() {
-        const std::size_t len = rnd(4) == 0 ? static_cast<std::size_t>(rnd(static_cast<int>(kMaxBody)))
-                                            : static_cast<std::size_t>(rnd(8192));
+        const std::size_t len = rnd(4) == 0
+                                    ? static_cast<std::size_t>(rnd(static_cast<int>(kMaxBody)))
+                                    : static_cast<std::size_t>(rnd(8192));
         return content_of(m_id, ++m_seq, len);
     }
 
     void do_op(Op op) {
         ++m_slot.ops[op];
         switch (op) {
-        case kStoreTrunc: {
-            const std::string rel = rfile();
-            outcome(op, write_all(m_cache.p(rel), next_content()), rel);
-            break;
-        }
-        case kStoreRename: {
-            const std::string target = rfile();
-            const std::string tmp = target.substr(0, target.rfind('/')) + "/.tmp." +
-                                    std::to_string(m_id) + "." + std::to_string(m_seq + 1);
-            const int err = write_all(m_cache.p(tmp), next_content(), O_EXCL);
-            if (err != 0) {
-                outcome(op, err, "write " + tmp);
-                ::unlink(m_cache.p(tmp).c_str());
+            case kStoreTrunc: {
+                const std::string rel = rfile();
+                outcome(op, write_all(m_cache.p(rel), next_content()), rel);
                 break;
             }
-            const int rerr = call(::rename(m_cache.p(tmp).c_str(), m_cache.p(target).c_str()));
-            outcome(op, rerr, "rename " + tmp + " -> " + target);
-            if (rerr != 0) {
-                const int uerr = call(::unlink(m_cache.p(tmp).c_str()));
-                outcome(op, uerr, "unlink " + tmp);
-            }
-            break;
-        }
-        case kRead: {
-            const std::string rel = rfile();
-            errno = 0;
-            const auto data = read_all(m_cache.p(rel));
-            if (!data) {
-                outcome(op, errno == 0 ? EIO : errno, rel);
-            } else if (data->empty()) {
-                ++m_slot.empty_reads;
-            } else if (!complete(*data)) {
-                fail(op, rel + ": torn or foreign content: " + describe_torn(*data));
-            } else {
-                ++m_slot.full_reads;
-            }
-            break;
-        }
-        case kStat: {
-            const std::string rel = rnd(3) == 0 ? rdir() : rfile();
-            struct stat st {};
-            outcome(op, call(::stat(m_cache.p(rel).c_str(), &st)), rel);
-            break;
-        }
-        case kReaddir: {
-            const std::string rel = rnd(4) == 0 ? std::string(".") : (rnd(3) == 0 ? rdir() + "/s" : rdir());
-            DIR* d = ::opendir(m_cache.p(rel).c_str());
-            if (d == nullptr) {
-                outcome(op, errno, "opendir " + rel);
-                break;
-            }
-            while (true) {
-                errno = 0;
-                const dirent* e = ::readdir(d);
-                if (e == nullptr) {
-                    outcome(op, errno, "readdir " + rel);
+            case kStoreRename: {
+                const std::string target = rfile();
+                const std::string tmp = target.substr(0, target.rfind('/')) + "/.tmp." +
+                                        std::to_string(m_id) + "." + std::to_string(m_seq + 1);
+                const int err = write_all(m_cache.p(tmp), next_content(), O_EXCL);
+                if (err != 0) {
+                    outcome(op, err, "write " + tmp);
+                    ::unlink(m_cache.p(tmp).c_str());
                     break;
                 }
-                if (!known_name(e->d_name)) fail(op, rel + ": unexpected name '" + e->d_name + "'");
+                const int rerr = call(::rename(m_cache.p(tmp).c_str(), m_cache.p(target).c_str()));
+                outcome(op, rerr, "rename " + tmp + " -> " + target);
+                if (rerr != 0) {
+                    const int uerr = call(::unlink(m_cache.p(tmp).c_str()));
+                    outcome(op, uerr, "unlink " + tmp);
+                }
+                break;
             }
-            ::closedir(d);
-            break;
-        }
-        case kRenameFile: {
-            const std::string from = rfile(), to = rfile();
-            outcome(op, call(::rename(m_cache.p(from).c_str(), m_cache.p(to).c_str())),
-                    from + " -> " + to);
-            break;
-        }
-        case kRenameDir: {
-            const int a = rnd(kDirs), b = rnd(kDirs);
-            if (a == b) break;
-            const bool sub = rnd(2) == 0;
-            const std::string from = dir(a) + (sub ? "/s" : ""), to = dir(b) + (sub ? "/s" : "");
-            outcome(op, call(::rename(m_cache.p(from).c_str(), m_cache.p(to).c_str())),
-                    from + " -> " + to);
-            break;
-        }
-        case kRenameCross: {  // across the entry depth: a subdirectory becomes an entry or back
-            const int a = rnd(kDirs), b = rnd(kDirs);
-            if (a == b) break;
-            const bool up = rnd(2) == 0;
-            const std::string from = up ? dir(a) + "/s" : dir(a), to = up ? dir(b) : dir(b) + "/s";
-            outcome(op, call(::rename(m_cache.p(from).c_str(), m_cache.p(to).c_str())),
-                    from + " -> " + to);
-            break;
-        }
-        case kUnlink: {
-            const std::string rel = rfile();
-            outcome(op, call(::unlink(m_cache.p(rel).c_str())), rel);
-            break;
-        }
-        case kMkdir: {
-            const std::string rel = rnd(3) == 0 ? rdir() + "/s" : rdir();
-            outcome(op, call(::mkdir(m_cache.p(rel).c_str(), 0755)), rel);
-            break;
-        }
-        case kRmtree: {
-            const std::string rel = rdir();
-            rmtree(rel, 0);
-            break;
-        }
-        case kOps:
-            break;
+            case kRead: {
+                const std::string rel = rfile();
+                errno = 0;
+                const auto data = read_all(m_cache.p(rel));
+                if (!data) {
+                    outcome(op, errno == 0 ? EIO : errno, rel);
+                } else if (data->empty()) {
+                    ++m_slot.empty_reads;
+                } else if (!complete(*data)) {
+                    fail(op, rel + ": torn or foreign content: " + describe_torn(*data));
+                } else {
+                    ++m_slot.full_reads;
+                }
+                break;
+            }
+            case kStat: {
+                const std::string rel = rnd(3) == 0 ? rdir() : rfile();
+                struct stat st {};
+                outcome(op, call(::stat(m_cache.p(rel).c_str(), &st)), rel);
+                break;
+            }
+            case kReaddir: {
+                const std::string rel =
+                    rnd(4) == 0 ? std::string(".") : (rnd(3) == 0 ? rdir() + "/s" : rdir());
+                DIR* d = ::opendir(m_cache.p(rel).c_str());
+                if (d == nullptr) {
+                    outcome(op, errno, "opendir " + rel);
+                    break;
+                }
+                while (true) {
+                    errno = 0;
+                    const dirent* e = ::readdir(d);
+                    if (e == nullptr) {
+                        outcome(op, errno, "readdir " + rel);
+                        break;
+                    }
+                    if (!known_name(e->d_name))
+                        fail(op, rel + ": unexpected name '" + e->d_name + "'");
+                }
+                ::closedir(d);
+                break;
+            }
+            case kRenameFile: {
+                const std::string from = rfile(), to = rfile();
+                outcome(op, call(::rename(m_cache.p(from).c_str(), m_cache.p(to).c_str())),
+                        from + " -> " + to);
+                break;
+            }
+            case kRenameDir: {
+                const int a = rnd(kDirs), b = rnd(kDirs);
+                if (a == b) break;
+                const bool sub = rnd(2) == 0;
+                const std::string from = dir(a) + (sub ? "/s" : ""),
+                                  to = dir(b) + (sub ? "/s" : "");
+                outcome(op, call(::rename(m_cache.p(from).c_str(), m_cache.p(to).c_str())),
+                        from + " -> " + to);
+                break;
+            }
+            case kRenameCross: {  // across the entry depth: a subdirectory becomes an entry or back
+                const int a = rnd(kDirs), b = rnd(kDirs);
+                if (a == b) break;
+                const bool up = rnd(2) == 0;
+                const std::string from = up ? dir(a) + "/s" : dir(a),
+                                  to = up ? dir(b) : dir(b) + "/s";
+                outcome(op, call(::rename(m_cache.p(from).c_str(), m_cache.p(to).c_str())),
+                        from + " -> " + to);
+                break;
+            }
+            case kUnlink: {
+                const std::string rel = rfile();
+                outcome(op, call(::unlink(m_cache.p(rel).c_str())), rel);
+                break;
+            }
+            case kMkdir: {
+                const std::string rel = rnd(3) == 0 ? rdir() + "/s" : rdir();
+                outcome(op, call(::mkdir(m_cache.p(rel).c_str(), 0755)), rel);
+                break;
+            }
+            case kRmtree: {
+                const std::string rel = rdir();
+                rmtree(rel, 0);
+                break;
+            }
+            case kOps:
+                break;
         }
     }
 
@@ -435,7 +455,8 @@ struct ControlFigures {
     void fail(const std::string& what, const ProcResult& r) {
         ++failures;
         std::lock_guard lock(mutex);
-        if (messages.size() < 20) messages.push_back(what + ": " + r.describe() + " out: " + r.out.substr(0, 400));
+        if (messages.size() < 20)
+            messages.push_back(what + ": " + r.describe() + " out: " + r.out.substr(0, 400));
     }
 };
 
@@ -459,7 +480,8 @@ void control_loop(const fs::path& db, const std::atomic<bool>& stop, ControlFigu
             }
             std::vector<std::string> names;
             try {
-                for (const auto& e : nlohmann::json::parse(r.out)) names.push_back(e.at("name").get<std::string>());
+                for (const auto& e : nlohmann::json::parse(r.out))
+                    names.push_back(e.at("name").get<std::string>());
             } catch (const std::exception& ex) {
                 fig.fail(std::string("ls --json parse: ") + ex.what(), r);
                 continue;
@@ -472,11 +494,15 @@ void control_loop(const fs::path& db, const std::atomic<bool>& stop, ControlFigu
             ++(unpin ? fig.unpin : fig.pin);
             if (pr.exit_code != 0) {
                 // The entry may have been removed, renamed or evicted since `ls`.
-                if (pr.err.find("no entry") != std::string::npos) ++fig.pin_missing;
-                else fig.fail(std::string(unpin ? "unpin " : "pin ") + target, pr);
+                if (pr.err.find("no entry") != std::string::npos)
+                    ++fig.pin_missing;
+                else
+                    fig.fail(std::string(unpin ? "unpin " : "pin ") + target, pr);
             }
-            if (unpin) pinned.erase(std::find(pinned.begin(), pinned.end(), target));
-            else if (pr.exit_code == 0) pinned.push_back(target);
+            if (unpin)
+                pinned.erase(std::find(pinned.begin(), pinned.end(), target));
+            else if (pr.exit_code == 0)
+                pinned.push_back(target);
         } else if (pick < 8) {
             const auto r = run_kcache(db, {"stats", "--json"});
             ++fig.stats;
@@ -513,8 +539,8 @@ TEST_CASE("soak: 8 processes mix namespace operations while kcache evicts, pins 
     const pid_t daemon = cache.daemon_pid();
     REQUIRE(daemon > 0);
 
-    void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
+    void* mem =
+        ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(mem != MAP_FAILED);
     Shared* shared = new (mem) Shared();
     for (auto& slot : shared->slots) {

@@ -51,9 +51,12 @@ RedisServer::RedisServer(std::vector<std::string> extra_args) {
     const std::string server = find_redis_server();
     if (server.empty()) skip("redis-server is not installed (scripts/setup.sh installs it)");
     m_socket = (m_dir / "redis.sock").string();
-    std::vector<std::string> args = {server, "--port", "0", "--unixsocket", m_socket, "--unixsocketperm", "700",
-                                     "--save", "", "--appendonly", "no", "--dir", m_dir.str(),
-                                     "--logfile", (m_dir / "redis.log").string(), "--daemonize", "no"};
+    std::vector<std::string> args = {server,         "--port",    "0",
+                                     "--unixsocket", m_socket,    "--unixsocketperm",
+                                     "700",          "--save",    "",
+                                     "--appendonly", "no",        "--dir",
+                                     m_dir.str(),    "--logfile", (m_dir / "redis.log").string(),
+                                     "--daemonize",  "no"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -108,7 +111,8 @@ void RedisServer::signal(int sig) {
 }
 
 remote::Reply RedisServer::command(const remote::Command& args) {
-    if (!m_conn) m_conn = ok(remote::Connection::open(endpoint(), {}, remote::steady_ns() + 5'000'000'000));
+    if (!m_conn)
+        m_conn = ok(remote::Connection::open(endpoint(), {}, remote::steady_ns() + 5'000'000'000));
     auto r = m_conn->exec({args}, remote::steady_ns() + 5'000'000'000);
     if (!r) m_conn.reset();
     return ok(std::move(r)).front();
@@ -172,7 +176,8 @@ std::map<std::string, std::string> TestDb::snapshot(const std::string& entry) {
     const core::EntryInfo info = ok(txn.find_entry(entry));
     std::map<std::string, std::string> out;
     ok(txn.for_each_entry_file(info, [&](const core::EntryFile& f) {
-        std::string v = std::to_string(static_cast<int>(f.attr.type())) + " " + std::to_string(f.attr.mode) + " ";
+        std::string v = std::to_string(static_cast<int>(f.attr.type())) + " " +
+                        std::to_string(f.attr.mode) + " ";
         if (f.attr.is_regular()) v += std::string(ok(txn.read(f.attr.ino)).bytes());
         if (f.attr.is_symlink()) v += f.link_target;
         out[f.path] = v;
@@ -187,15 +192,20 @@ bool TestDb::has_entry(const std::string& entry) {
     return e.has_value() && e->files > 0;
 }
 
-std::uint64_t TestDb::counter(core::Counter c) { return ok(ok(store().read()).counter(c)); }
+std::uint64_t TestDb::counter(core::Counter c) {
+    return ok(ok(store().read()).counter(c));
+}
 
-std::uint64_t TestDb::entries() { return counter(core::Counter::entries); }
+std::uint64_t TestDb::entries() {
+    return counter(core::Counter::entries);
+}
 
-RunResult run_cli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-                  int limit_s) {
+RunResult run_cli(const std::vector<std::string>& args,
+                  const std::map<std::string, std::string>& env, int limit_s) {
     std::vector<std::string> argv{KCACHE_CLI_PATH};
     argv.insert(argv.end(), args.begin(), args.end());
-    return run_program(argv, env, {"KCACHE_DB", "KCACHE_REMOTE", "KCACHE_REMOTE_PASSWORD"}, limit_s);
+    return run_program(argv, env, {"KCACHE_DB", "KCACHE_REMOTE", "KCACHE_REMOTE_PASSWORD"},
+                       limit_s);
 }
 
 std::string random_bytes(std::size_t n, std::uint32_t seed) {

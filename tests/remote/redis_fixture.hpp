@@ -21,7 +21,7 @@ namespace kcache::test {
 
 // Starts redis-server, or skips the test (exit 77) with a message when it is absent.
 class RedisServer {
-public:
+  public:
     explicit RedisServer(std::vector<std::string> extra_args = {});
     ~RedisServer();
     RedisServer(const RedisServer&) = delete;
@@ -36,7 +36,7 @@ public:
     // "calls" of one command in INFO commandstats (0 when never called).
     std::uint64_t calls(const std::string& command);
 
-private:
+  private:
     TempDir m_dir;
     std::string m_socket;
     pid_t m_pid = -1;
@@ -45,7 +45,7 @@ private:
 
 // A db in a temp dir, opened through core.
 class TestDb {
-public:
+  public:
     TestDb();
     std::string path() const { return (m_dir / "db").string(); }
     core::Store& store();
@@ -59,15 +59,15 @@ public:
     std::uint64_t counter(core::Counter c);
     std::uint64_t entries();
 
-private:
+  private:
     TempDir m_dir;
     std::unique_ptr<core::Store> m_store;
 };
 
 using RunResult = ProgramResult;
 // `kcache ARGS...`, killed after `limit_s` (a guard against hangs, not a timing check).
-RunResult run_cli(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
-                  int limit_s = 60);
+RunResult run_cli(const std::vector<std::string>& args,
+                  const std::map<std::string, std::string>& env = {}, int limit_s = 60);
 
 std::string random_bytes(std::size_t n, std::uint32_t seed);
 

@@ -27,8 +27,12 @@ const std::string kEntryB = "BCDEF0123456789ABCDEF012";
 
 std::vector<std::string> args(TestDb& db, const RedisServer& redis, std::vector<std::string> tail) {
     db.close();
-    std::vector<std::string> a = {"--db", db.path(), "remote", "--remote", redis.url(), "--remote-namespace", "t",
-                                  "--remote-timeout", "300ms", "--remote-connect-timeout", "300ms"};
+    std::vector<std::string> a = {"--db",      db.path(),
+                                  "remote",    "--remote",
+                                  redis.url(), "--remote-namespace",
+                                  "t",         "--remote-timeout",
+                                  "300ms",     "--remote-connect-timeout",
+                                  "300ms"};
     a.insert(a.end(), tail.begin(), tail.end());
     return a;
 }
@@ -52,7 +56,8 @@ remote::Options options(const RedisServer& redis) {
 
 }  // namespace
 
-TEST_CASE("a frozen Redis (SIGSTOP) fails commands within their deadline and SIGCONT recovers", "[remote]") {
+TEST_CASE("a frozen Redis (SIGSTOP) fails commands within their deadline and SIGCONT recovers",
+          "[remote]") {
     RedisServer redis;
     TestDb a, b;
     fill(a);
@@ -66,7 +71,8 @@ TEST_CASE("a frozen Redis (SIGSTOP) fails commands within their deadline and SIG
     CHECK(!pull.timed_out);
     CHECK(pull.exit_code == 1);
     CHECK(pull.err.find("deadline") != std::string::npos);
-    CHECK(pull.err.find("circuit open") != std::string::npos);  // the breaker opened: later entries fail at once
+    CHECK(pull.err.find("circuit open") !=
+          std::string::npos);  // the breaker opened: later entries fail at once
     CHECK(b.entries() == 0);
     CHECK(b.counter(core::Counter::remote_timeouts) == 2);  // one per entry, told apart from errors
     CHECK(b.counter(core::Counter::remote_errors) == 0);
@@ -103,7 +109,8 @@ TEST_CASE("a killed Redis (SIGKILL) is a clear error and nothing local is lost",
     CHECK(a.snapshot(kEntryA) == a_before);
 }
 
-TEST_CASE("Redis frozen or killed under a live connection: timeout, open circuit, recovery", "[remote]") {
+TEST_CASE("Redis frozen or killed under a live connection: timeout, open circuit, recovery",
+          "[remote]") {
     RedisServer redis;
     TestDb a, b;
     fill(a);
@@ -112,7 +119,8 @@ TEST_CASE("Redis frozen or killed under a live connection: timeout, open circuit
     REQUIRE((*r)->push(a.store(), kEntryA)->outcome == remote::Outcome::uploaded);
     REQUIRE((*r)->push(a.store(), kEntryB)->outcome == remote::Outcome::uploaded);
 
-    redis.signal(SIGSTOP);  // the connection is open and idle: the next request falls into a black hole
+    redis.signal(
+        SIGSTOP);  // the connection is open and idle: the next request falls into a black hole
     auto frozen = (*r)->pull(b.store(), kEntryA);
     REQUIRE(!frozen);
     CHECK(frozen.error().code == ETIMEDOUT);
@@ -141,7 +149,8 @@ TEST_CASE("Redis frozen or killed under a live connection: timeout, open circuit
     CHECK(!b.has_entry(kEntryB));
 }
 
-TEST_CASE("a flipped byte and a deleted blob in Redis are detected and nothing bad is stored", "[remote]") {
+TEST_CASE("a flipped byte and a deleted blob in Redis are detected and nothing bad is stored",
+          "[remote]") {
     RedisServer redis;
     TestDb a, b;
     fill(a);
@@ -236,7 +245,8 @@ TEST_CASE("hostile manifests are refused before anything is fetched or stored", 
     plant("other-name", [](proto::Manifest& m) { m.entry = "something-else"; });
     plant("../up", [](proto::Manifest&) {});
     plant(good, [](proto::Manifest&) {});
-    for (const char* name : {"escape1", "escape2", "escape3", "orphan", "twice", "other-name", "../up"}) {
+    for (const char* name :
+         {"escape1", "escape2", "escape3", "orphan", "twice", "other-name", "../up"}) {
         auto r = run_cli(args(b, redis, {"pull", name}));
         INFO(name << ": " << r.out << r.err);
         CHECK(r.exit_code == 1);

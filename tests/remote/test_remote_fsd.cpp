@@ -44,7 +44,8 @@ DaemonOptions with_remote(const RedisServer& redis, std::vector<std::string> ext
 // A Triton-shaped entry: the group file, a binary, its IR and metadata.
 std::map<std::string, std::string> triton_files(const std::string& key, std::uint64_t seed) {
     return {
-        {"__grp__add_kernel.json", "{\"child_paths\": {\"add_kernel.cubin\": \"" + key + "/add_kernel.cubin\"}}"},
+        {"__grp__add_kernel.json",
+         "{\"child_paths\": {\"add_kernel.cubin\": \"" + key + "/add_kernel.cubin\"}}"},
         {"add_kernel.cubin", test::random_bytes(std::size_t{300'000}, std::uint64_t{seed})},
         {"add_kernel.ptx", std::string(20'000, 'p') + std::to_string(seed)},
         {"add_kernel.json", "{\"name\": \"add_kernel\", \"seed\": " + std::to_string(seed) + "}"},
@@ -52,7 +53,8 @@ std::map<std::string, std::string> triton_files(const std::string& key, std::uin
 }
 
 // Stores the files as Triton does: mkdir, write each file to a temp dir, rename into place.
-void store(const MountedCache& m, const std::string& key, const std::map<std::string, std::string>& files) {
+void store(const MountedCache& m, const std::string& key,
+           const std::map<std::string, std::string>& files) {
     const std::string dir = m.p(key);
     if (::mkdir(dir.c_str(), 0755) != 0) REQUIRE(errno == EEXIST);
     const std::string tmp = dir + "/tmp.pid_1_abc";
@@ -64,7 +66,8 @@ void store(const MountedCache& m, const std::string& key, const std::map<std::st
     REQUIRE_SYS(::rmdir(tmp.c_str()));
 }
 
-void require_same(const MountedCache& m, const std::string& key, const std::map<std::string, std::string>& files) {
+void require_same(const MountedCache& m, const std::string& key,
+                  const std::map<std::string, std::string>& files) {
     for (const auto& [name, content] : files) {
         INFO(m.p(key + "/" + name));
         const auto got = test::read_all(m.p(key + "/" + name));
@@ -86,7 +89,8 @@ void wait_uploads(const MountedCache& a, std::uint64_t n) {
 
 }  // namespace
 
-TEST_CASE("fsd remote: an entry stored through mount A is read through mount B byte-exact", "[remote][fsd]") {
+TEST_CASE("fsd remote: an entry stored through mount A is read through mount B byte-exact",
+          "[remote][fsd]") {
     RedisServer redis;
     MountedCache a(with_remote(redis));
     MountedCache b(with_remote(redis));
@@ -98,7 +102,7 @@ TEST_CASE("fsd remote: an entry stored through mount A is read through mount B b
     CHECK(stat_of(a, "remote_upload_dropped") == 0);
 
     // A lookup of the entry's directory fetches it whole, then answers.
-    struct stat st{};
+    struct stat st {};
     REQUIRE_SYS(::stat(b.p(kKey1).c_str(), &st));
     REQUIRE(S_ISDIR(st.st_mode));
     require_same(b, kKey1, files1);
@@ -114,8 +118,9 @@ TEST_CASE("fsd remote: an entry stored through mount A is read through mount B b
     wait_uploads(a, 3);
     {
         INFO(b.daemon_stderr());
-        REQUIRE(test::wait_until([&] { return test::read_all(b.p(kKey3 + "/__grp__add_kernel.json")).has_value(); },
-                                 30));
+        REQUIRE(test::wait_until(
+            [&] { return test::read_all(b.p(kKey3 + "/__grp__add_kernel.json")).has_value(); },
+            30));
     }
     require_same(b, kKey3, files3);
 
@@ -135,9 +140,12 @@ TEST_CASE("fsd remote: an entry stored through mount A is read through mount B b
     require_same(b, kKey1, files1);
 }
 
-TEST_CASE("fsd remote: a frozen Redis leaves local hits alone, misses answer ENOENT by the deadline", "[remote][fsd]") {
+TEST_CASE(
+    "fsd remote: a frozen Redis leaves local hits alone, misses answer ENOENT by the deadline",
+    "[remote][fsd]") {
     RedisServer redis;
-    const std::vector<std::string> quick = {"--remote-timeout", "300ms", "--remote-connect-timeout", "300ms"};
+    const std::vector<std::string> quick = {"--remote-timeout", "300ms", "--remote-connect-timeout",
+                                            "300ms"};
     MountedCache a(with_remote(redis, quick));
     MountedCache b(with_remote(redis, quick));
     const auto files1 = triton_files(kKey1, 11);
@@ -161,8 +169,10 @@ TEST_CASE("fsd remote: a frozen Redis leaves local hits alone, misses answer ENO
     require_same(a, kKey2, files2);
     {
         INFO(b.daemon_stderr());
-        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_timeouts") + stat_of(b, "remote_errors") >= 1; }, 30));
-        REQUIRE(test::wait_until([&] { return stat_of(a, "remote_timeouts") + stat_of(a, "remote_errors") >= 1; }, 30));
+        REQUIRE(test::wait_until(
+            [&] { return stat_of(b, "remote_timeouts") + stat_of(b, "remote_errors") >= 1; }, 30));
+        REQUIRE(test::wait_until(
+            [&] { return stat_of(a, "remote_timeouts") + stat_of(a, "remote_errors") >= 1; }, 30));
     }
 
     redis.signal(SIGCONT);
@@ -177,19 +187,22 @@ TEST_CASE("fsd remote: a frozen Redis leaves local hits alone, misses answer ENO
     require_same(b, kKey3, files3);
 }
 
-TEST_CASE("fsd remote: --prefetch-job-tag pulls a job's entries at mount: local hits, no read-through",
-          "[remote][fsd]") {
+TEST_CASE(
+    "fsd remote: --prefetch-job-tag pulls a job's entries at mount: local hits, no read-through",
+    "[remote][fsd]") {
     RedisServer redis;
     MountedCache a(with_remote(redis));
-    const auto files1 = triton_files(kKey1, 21), files2 = triton_files(kKey2, 22), files3 = triton_files(kKey3, 23);
+    const auto files1 = triton_files(kKey1, 21), files2 = triton_files(kKey2, 22),
+               files3 = triton_files(kKey3, 23);
     store(a, kKey1, files1);
     store(a, kKey2, files2);
     store(a, kKey3, files3);  // not in the job: B must not have it
     wait_uploads(a, 3);
     // The job's set: what `kcache remote push --job-tag` of A's db adds to it.
     {
-        const auto r = test::run_kcache(a.db(), {"remote", "--remote", redis.url(), "--remote-namespace", "fsd",
-                                                 "push", "--job-tag", "train-7", kKey1, kKey2});
+        const auto r =
+            test::run_kcache(a.db(), {"remote", "--remote", redis.url(), "--remote-namespace",
+                                      "fsd", "push", "--job-tag", "train-7", kKey1, kKey2});
         INFO(r.describe());
         REQUIRE(r.exit_code == 0);
     }
@@ -224,10 +237,13 @@ TEST_CASE("fsd remote: --prefetch-job-tag pulls a job's entries at mount: local 
     CHECK(stat_of(b, "remote_upload_skipped") == 0);
 }
 
-TEST_CASE("fsd remote: kcache stats shows each server's breaker: open while Redis is stopped, closed after",
-          "[remote][fsd]") {
+TEST_CASE(
+    "fsd remote: kcache stats shows each server's breaker: open while Redis is stopped, closed "
+    "after",
+    "[remote][fsd]") {
     RedisServer redis;
-    MountedCache b(with_remote(redis, {"--remote-timeout", "300ms", "--remote-connect-timeout", "300ms"}));
+    MountedCache b(
+        with_remote(redis, {"--remote-timeout", "300ms", "--remote-connect-timeout", "300ms"}));
     auto breaker = [&]() -> std::string {
         const auto stats = test::cache_stats(b.db());
         const auto& states = stats.at("remote_server_states");
@@ -240,13 +256,15 @@ TEST_CASE("fsd remote: kcache stats shows each server's breaker: open while Redi
         CHECK(test::stat_value(stats, "remote_servers") == 1);
         CHECK(test::stat_value(stats, "remote_breakers_open") == 0);
         CHECK(stats.at("remote_server_states").at("live").get<bool>());
-        CHECK(stats.at("remote_server_states").at("servers").at(0).at("id") == redis.endpoint().id());
+        CHECK(stats.at("remote_server_states").at("servers").at(0).at("id") ==
+              redis.endpoint().id());
     }
     CHECK(breaker() == "closed");
 
     redis.signal(SIGSTOP);
     // Misses read through and time out: two failures in a row open the circuit.
-    for (const std::string& key : {kKey1, kKey2, kKey3}) REQUIRE_FAILS_WITH(::access(b.p(key).c_str(), F_OK), ENOENT);
+    for (const std::string& key : {kKey1, kKey2, kKey3})
+        REQUIRE_FAILS_WITH(::access(b.p(key).c_str(), F_OK), ENOENT);
     {
         INFO(b.daemon_stderr());
         REQUIRE(test::wait_until([&] { return breaker() == "open"; }, 30));

@@ -44,8 +44,9 @@ TEST_CASE("remote URLs: redis:// and unix: forms, canonical ids, passwords refus
     CHECK(secret.error().code == EINVAL);
     CHECK(secret.error().message.find("hunter2") == std::string::npos);
     CHECK(!remote::parse_endpoint("unix:/s?password=hunter2"));
-    for (const char* bad : {"http://host", "redis://", "redis://host:0", "redis://host:99999", "redis://host:x",
-                            "redis://host/db", "unix:relative.sock", "unix:/s?db=x", "redis://[::1"}) {
+    for (const char* bad :
+         {"http://host", "redis://", "redis://host:0", "redis://host:99999", "redis://host:x",
+          "redis://host/db", "unix:relative.sock", "unix:/s?db=x", "redis://[::1"}) {
         INFO(bad);
         CHECK(!remote::parse_endpoint(bad));
     }
@@ -168,10 +169,11 @@ TEST_CASE("blob headers and chunks are bounds-checked", "[remote]") {
     auto h = proto::decode_blob_header(header);
     REQUIRE(h);
     CHECK(h->chunks == 4);
-    CHECK(!proto::decode_blob_header(proto::encode(proto::BlobHeader{10, 2})));  // count does not fit the size
+    CHECK(!proto::decode_blob_header(
+        proto::encode(proto::BlobHeader{10, 2})));  // count does not fit the size
     CHECK(!proto::decode_blob_header(header.substr(0, header.size() - 1)));
 
-    const std::string text(proto::kChunkBytes, 'a');  // compresses: zstd
+    const std::string text(proto::kChunkBytes, 'a');                 // compresses: zstd
     const std::string random = kcache::test::random_bytes(1000, 7);  // does not: raw
     for (const std::string* raw : {&text, &random}) {
         const std::string chunk = proto::encode_chunk(*raw);
@@ -179,7 +181,8 @@ TEST_CASE("blob headers and chunks are bounds-checked", "[remote]") {
         REQUIRE(proto::decode_chunk(chunk, raw->size(), out));
         CHECK(out == "prefix" + *raw);
         std::string again;
-        CHECK(!proto::decode_chunk(chunk, raw->size() - 1, again));  // the caller's length must match
+        CHECK(
+            !proto::decode_chunk(chunk, raw->size() - 1, again));  // the caller's length must match
         CHECK(again.empty());
         for (std::size_t n = 0; n < std::min<std::size_t>(chunk.size(), 64); ++n) {
             std::string cut;

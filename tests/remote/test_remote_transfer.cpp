@@ -36,7 +36,8 @@ void add_jax(TestDb& db) {
 }
 
 std::vector<std::string> remote_args(const RedisServer& redis, std::vector<std::string> tail) {
-    std::vector<std::string> args = {"remote", "--remote", redis.url(), "--remote-namespace", "test"};
+    std::vector<std::string> args = {"remote", "--remote", redis.url(), "--remote-namespace",
+                                     "test"};
     args.insert(args.end(), tail.begin(), tail.end());
     return args;
 }
@@ -55,7 +56,8 @@ kcache::test::RunResult kc(TestDb& db, const RedisServer& redis, std::vector<std
 TEST_CASE("entries pushed from one db are pulled into another byte-exact", "[remote]") {
     RedisServer redis;
     TestDb a, b;
-    const std::string big = kcache::test::random_bytes(5 * proto::kChunkBytes + 123, 3);  // 6 chunks
+    const std::string big =
+        kcache::test::random_bytes(5 * proto::kChunkBytes + 123, 3);  // 6 chunks
     add_triton(a, big);
     add_jax(a);
     const std::string jax = "jax/" + kJaxKey;
@@ -76,7 +78,8 @@ TEST_CASE("entries pushed from one db are pulled into another byte-exact", "[rem
     }
     CHECK(redis.command({"EXISTS", proto::chunk_key("test", big_digest, 6)}).integer == 0);
     // Small files ride in the manifest: no blob of their own.
-    CHECK(redis.command({"EXISTS", proto::blob_key("test", core::digest_of("module {}\n"))}).integer == 0);
+    CHECK(redis.command({"EXISTS", proto::blob_key("test", core::digest_of("module {}\n"))})
+              .integer == 0);
 
     // A second push sends no blob: every manifest is there (first writer wins).
     const auto sets_before = redis.calls("set");
@@ -132,20 +135,24 @@ TEST_CASE("entries pushed from one db are pulled into another byte-exact", "[rem
 TEST_CASE("a read-only ACL user never writes to Redis", "[remote]") {
     RedisServer redis;
     // The two users of docs/operations.md.
-    REQUIRE(redis.command({"ACL", "SETUSER", "writer", "on", ">writerpw", "~kc1:*", "resetchannels", "-@all",
-                           "+get", "+set", "+exists", "+del", "+sadd", "+smembers", "+ping", "+select"})
+    REQUIRE(redis
+                .command({"ACL", "SETUSER", "writer", "on", ">writerpw", "~kc1:*", "resetchannels",
+                          "-@all", "+get", "+set", "+exists", "+del", "+sadd", "+smembers", "+ping",
+                          "+select"})
                 .is_ok());
-    REQUIRE(redis.command({"ACL", "SETUSER", "reader", "on", ">readerpw", "~kc1:*", "resetchannels", "-@all",
-                           "+get", "+exists", "+smembers", "+ping", "+select"})
+    REQUIRE(redis
+                .command({"ACL", "SETUSER", "reader", "on", ">readerpw", "~kc1:*", "resetchannels",
+                          "-@all", "+get", "+exists", "+smembers", "+ping", "+select"})
                 .is_ok());
     TestDb a, b;
     add_jax(a);
     a.put("other/ABCDEF0123456789ABCD/kernel.cubin", kcache::test::random_bytes(20'000, 9));
     REQUIRE(a.has_entry("other/ABCDEF0123456789ABCD"));
     a.close();
-    auto push_a = run_cli({"--db", a.path(), "remote", "--remote", redis.url() + "?user=writer", "--remote-namespace",
-                           "test", "--remote-password-env", "WRITER_PW", "push", "--job-tag", "j"},
-                          {{"WRITER_PW", "writerpw"}});
+    auto push_a = run_cli(
+        {"--db", a.path(), "remote", "--remote", redis.url() + "?user=writer", "--remote-namespace",
+         "test", "--remote-password-env", "WRITER_PW", "push", "--job-tag", "j"},
+        {{"WRITER_PW", "writerpw"}});
     INFO(push_a.out << push_a.err);
     REQUIRE(push_a.exit_code == 0);
     const auto dbsize = redis.command({"DBSIZE"}).integer;
@@ -155,7 +162,8 @@ TEST_CASE("a read-only ACL user never writes to Redis", "[remote]") {
     const std::map<std::string, std::string> env = {{"KCACHE_REMOTE_PASSWORD", "readerpw"}};
     auto run_ro = [&](std::vector<std::string> tail) {
         b.close();
-        std::vector<std::string> args = {"--db", b.path(), "remote", "--remote", ro_url, "--remote-namespace", "test"};
+        std::vector<std::string> args = {
+            "--db", b.path(), "remote", "--remote", ro_url, "--remote-namespace", "test"};
         args.insert(args.end(), tail.begin(), tail.end());
         return run_cli(args, env);
     };
@@ -189,8 +197,9 @@ TEST_CASE("a full Redis (OOM) pauses uploads with a clear error and loses nothin
     RedisServer redis({"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"});
     TestDb a;
     for (int i = 0; i < 3; ++i) {
-        a.put("big/ABCDEF012345678" + std::to_string(i) + "ABCD/kernel.cubin",
-              kcache::test::random_bytes(2 * proto::kChunkBytes, 20 + static_cast<std::uint32_t>(i)));
+        a.put(
+            "big/ABCDEF012345678" + std::to_string(i) + "ABCD/kernel.cubin",
+            kcache::test::random_bytes(2 * proto::kChunkBytes, 20 + static_cast<std::uint32_t>(i)));
     }
     const auto before = a.entries();
     auto push = kc(a, redis, {"push"});
@@ -217,7 +226,8 @@ TEST_CASE("a full Redis (OOM) pauses uploads with a clear error and loses nothin
 TEST_CASE("a pull fetches only the blobs the local db lacks", "[remote]") {
     RedisServer redis;
     TestDb a, b;
-    const std::string shared = kcache::test::random_bytes(3 * proto::kChunkBytes, 31);  // several MiB
+    const std::string shared =
+        kcache::test::random_bytes(3 * proto::kChunkBytes, 31);  // several MiB
     const std::string own = kcache::test::random_bytes(100'000, 32);
     a.put(kTriton + "/kernel.so", shared);
     a.put(kTriton + "/kernel.cubin", own);

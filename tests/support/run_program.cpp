@@ -14,7 +14,8 @@
 
 namespace kcache::test {
 
-ProgramResult run_program(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+ProgramResult run_program(const std::vector<std::string>& args,
+                          const std::map<std::string, std::string>& env,
                           const std::vector<std::string>& unset, int limit_s) {
     TempDir capture;
     const std::string out_path = (capture / "out").string();
@@ -32,7 +33,8 @@ ProgramResult run_program(const std::vector<std::string>& args, const std::map<s
         const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (in < 0 || out < 0 || err < 0) _exit(127);
-        if (dup2(in, STDIN_FILENO) < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(err, STDERR_FILENO) < 0) {
+        if (dup2(in, STDIN_FILENO) < 0 || dup2(out, STDOUT_FILENO) < 0 ||
+            dup2(err, STDERR_FILENO) < 0) {
             _exit(127);
         }
         for (const auto& name : unset) unsetenv(name.c_str());

@@ -18,7 +18,8 @@ struct ProgramResult {
 // Runs `argv` (argv[0] a path) with stdin from /dev/null and stdout/stderr captured.
 // The variables named in `unset` are removed from its environment, then `env` is set.
 // Killed after `limit_s`: a guard against hangs, not a timing check.
-ProgramResult run_program(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+ProgramResult run_program(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& env = {},
                           const std::vector<std::string>& unset = {}, int limit_s = 600);
 
 }  // namespace kcache::test

@@ -7,7 +7,7 @@
 namespace kcache::test {
 
 class TempDir {
-public:
+  public:
     TempDir();  // mkdtemp under $TMPDIR (or /tmp)
     ~TempDir();
     TempDir(const TempDir&) = delete;
@@ -16,7 +16,7 @@ public:
     std::string str() const { return m_path.string(); }
     std::filesystem::path operator/(const std::string& name) const { return m_path / name; }
 
-private:
+  private:
     std::filesystem::path m_path;
 };
 

@@ -15,7 +15,7 @@
 namespace kcache::test {
 
 class Tmpfs {
-public:
+  public:
     Tmpfs(const std::filesystem::path& where, const std::string& size) : m_path(where) {
         if (geteuid() != 0) skip("mounting a tmpfs needs root");
         std::filesystem::create_directories(m_path);
@@ -29,7 +29,7 @@ public:
     Tmpfs& operator=(const Tmpfs&) = delete;
     const std::filesystem::path& path() const { return m_path; }
 
-private:
+  private:
     std::filesystem::path m_path;
 };
 

@@ -157,11 +157,10 @@ std::vector<std::uint32_t> order_rows(const Catalog& c, const ViewSpec& spec) {
         std::size_t j = i + 1;
         while (j < items.size() && items[j].value == items[i].value) ++j;
         if (j - i > 1) {
-            std::sort(order.begin() + static_cast<std::ptrdiff_t>(i),
-                      order.begin() + static_cast<std::ptrdiff_t>(j),
-                      [&](std::uint32_t a, std::uint32_t b) {
-                          return view_less(c, spec.sort, a, b);
-                      });
+            std::sort(
+                order.begin() + static_cast<std::ptrdiff_t>(i),
+                order.begin() + static_cast<std::ptrdiff_t>(j),
+                [&](std::uint32_t a, std::uint32_t b) { return view_less(c, spec.sort, a, b); });
         }
         i = j;
     }
@@ -176,10 +175,9 @@ void patch_order(std::vector<std::uint32_t>& order, const Catalog& c, const View
     for (std::uint32_t index : changed) {
         const EntryRow& r = c.rows[index];
         if (r.gone() || !passes_filter(c, r, spec.filter)) continue;
-        auto at = std::lower_bound(order.begin(), order.end(), index,
-                                   [&](std::uint32_t a, std::uint32_t b) {
-                                       return view_less(c, spec.sort, a, b);
-                                   });
+        auto at = std::lower_bound(
+            order.begin(), order.end(), index,
+            [&](std::uint32_t a, std::uint32_t b) { return view_less(c, spec.sort, a, b); });
         order.insert(at, index);
     }
 }

@@ -51,8 +51,8 @@ core::Result<CatalogBuilder::Update> CatalogBuilder::load_all(const core::Txn& t
         return true;
     }));
     if (c->keys.size() > std::numeric_limits<std::uint32_t>::max()) {
-        return core::fail(EFBIG,
-                          fmt::format("db {}: the entry keys take more than 4 GiB", m_store.get().path()));
+        return core::fail(
+            EFBIG, fmt::format("db {}: the entry keys take more than 4 GiB", m_store.get().path()));
     }
 
     m_events.clear();
@@ -100,8 +100,7 @@ core::Result<std::optional<CatalogBuilder::Update>> CatalogBuilder::follow() {
     return update;
 }
 
-core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& c,
-                                                 Update& update) {
+core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& c, Update& update) {
     std::vector<core::Ino> touched;
     bool need_reload = false;
     bool first = true;

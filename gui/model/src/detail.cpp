@@ -26,7 +26,8 @@ core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino 
     detail.m_txn_id = txn.id();
     KCACHE_TRY(txn.for_each_entry_file(detail.m_info, [&](const core::EntryFile& file) {
         if (!file.attr.is_dir()) {
-            detail.m_files.push_back({file.path, file.attr, core::role_of(base_name(file.path)), file.link_target});
+            detail.m_files.push_back(
+                {file.path, file.attr, core::role_of(base_name(file.path)), file.link_target});
         }
         return true;
     }));

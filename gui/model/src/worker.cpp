@@ -14,7 +14,7 @@ namespace {
 
 constexpr std::int64_t kMaxPollIntervalNs = 5'000'000'000;
 constexpr std::int64_t kScanSliceNs = 20'000'000;  // between two looks at the requests
-constexpr std::size_t kMaxPatched = 256;  // more changed rows: sort again instead
+constexpr std::size_t kMaxPatched = 256;           // more changed rows: sort again instead
 
 std::int64_t steady_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -295,9 +295,8 @@ std::future<core::Status> Worker::reload_now() {
 std::future<core::Result<ActionReport>> Worker::act(ActionRequest request) {
     auto promise = std::make_shared<std::promise<core::Result<ActionReport>>>();
     auto future = promise->get_future();
-    post([this, promise, request = std::move(request)] {
-        promise->set_value(run_action(request));
-    });
+    post(
+        [this, promise, request = std::move(request)] { promise->set_value(run_action(request)); });
     return future;
 }
 

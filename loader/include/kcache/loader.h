@@ -130,7 +130,7 @@ KCACHE_API kcache_status kcache_cache_open(const char* path, kcache_cache** out)
 /* NULL is allowed. Entries and kernels opened from it keep what they need alive. */
 KCACHE_API void kcache_cache_close(kcache_cache* cache);
 KCACHE_API const char* kcache_cache_kind(const kcache_cache* cache); /* "db", "directory" */
-KCACHE_API const char* kcache_cache_path(const kcache_cache* cache);  /* absolute */
+KCACHE_API const char* kcache_cache_path(const kcache_cache* cache); /* absolute */
 
 /* Opens the entry `key`: its path below the cache's root (Triton's or Wave's kernel
  * hash directory, or a flat file). Its files are the regular files below it (tmp.*
@@ -148,8 +148,8 @@ KCACHE_API const char* kcache_entry_file_name(const kcache_entry* entry, size_t 
 KCACHE_API uint64_t kcache_entry_file_size(const kcache_entry* entry, size_t file);
 /* The content of file `name`, owned by the entry and valid until it is closed. From a
  * db, content stored uncompressed in one page points into the map (zero-copy). */
-KCACHE_API kcache_status kcache_entry_read(kcache_entry* entry, const char* name,
-                                           const void** data, size_t* size);
+KCACHE_API kcache_status kcache_entry_read(kcache_entry* entry, const char* name, const void** data,
+                                           size_t* size);
 
 /* The binary chosen for an SM (90 for sm_90 / compute capability 9.0): a cubin for
  * the SM (exact before compatible: same major, lower minor; sm_XXa only exact), else
@@ -180,7 +180,7 @@ KCACHE_API kcache_status kcache_entry_signature(kcache_entry* entry, kcache_sign
  * names the field), KCACHE_ERROR_UNSUPPORTED for a newer schema version. */
 KCACHE_API kcache_status kcache_signature_parse(const void* json, size_t size,
                                                 kcache_signature** out);
-KCACHE_API void kcache_signature_free(kcache_signature* signature); /* NULL is allowed */
+KCACHE_API void kcache_signature_free(kcache_signature* signature);        /* NULL is allowed */
 KCACHE_API const char* kcache_signature_format(const kcache_signature* s); /* "kcache", "triton" */
 KCACHE_API const char* kcache_signature_kernel(const kcache_signature* s);
 /* The file of the entry holding the kernel; "" when the signature does not name one. */
@@ -238,7 +238,7 @@ KCACHE_API kcache_status kcache_runtime_open(const kcache_runtime_options* optio
                                              kcache_runtime** out);
 /* NULL is allowed. Kernels still held stay usable until released. */
 KCACHE_API void kcache_runtime_close(kcache_runtime* runtime);
-KCACHE_API int kcache_runtime_sm(const kcache_runtime* runtime); /* 90 for sm_90 */
+KCACHE_API int kcache_runtime_sm(const kcache_runtime* runtime);             /* 90 for sm_90 */
 KCACHE_API int kcache_runtime_driver_version(const kcache_runtime* runtime); /* 13000 */
 KCACHE_API void kcache_runtime_stats(const kcache_runtime* runtime, kcache_session_stats* out);
 

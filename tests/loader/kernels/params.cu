@@ -26,12 +26,14 @@ extern "C" __global__ void by_value(Vec4 v, Mixed m, char c, short s, double* ou
 extern "C" __global__ void many_params(float* out, int a0, int a1, int a2, int a3, int a4, int a5,
                                        int a6, int a7, int a8, int a9, int a10, int a11, int a12,
                                        int a13, int a14, int a15, char last) {
-    out[0] = static_cast<float>(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 +
-                                a12 + a13 + a14 + a15 + last);
+    out[0] = static_cast<float>(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 +
+                                a13 + a14 + a15 + last);
 }
 
 // Not a kernel: must not be listed.
-__device__ __noinline__ int triple(int x) { return 3 * x; }
+__device__ __noinline__ int triple(int x) {
+    return 3 * x;
+}
 
 // A C++ kernel: listed under its mangled name, _Z10cpp_kernelix.
 __global__ void cpp_kernel(int a, long long b) {

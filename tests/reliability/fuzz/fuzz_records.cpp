@@ -10,10 +10,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <type_traits>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "kcache/core/roles.hpp"
 #include "kcache/core/types.hpp"
@@ -44,10 +44,14 @@ void check_decoded(const core::Result<T>& decoded, std::string_view in, const ch
     // new encoding must decode to the same record.
     if (!in.empty() && in[0] == 1) {
         const auto again = [&] {
-            if constexpr (std::is_same_v<T, records::Inode>) return records::decode_inode(42, encoded);
-            else if constexpr (std::is_same_v<T, core::EntryInfo>) return records::decode_entry(42, encoded);
-            else if constexpr (std::is_same_v<T, core::Config>) return records::decode_config(encoded);
-            else return decoded;
+            if constexpr (std::is_same_v<T, records::Inode>)
+                return records::decode_inode(42, encoded);
+            else if constexpr (std::is_same_v<T, core::EntryInfo>)
+                return records::decode_entry(42, encoded);
+            else if constexpr (std::is_same_v<T, core::Config>)
+                return records::decode_config(encoded);
+            else
+                return decoded;
         }();
         if (again && records::encode(*again) == encoded) return;
     }

@@ -21,8 +21,7 @@ struct ExportReport {
 // Writes the named entries (all when `names` is empty) to `out_path`, through a
 // temporary file renamed into place, so a failed export leaves nothing behind.
 Result<ExportReport> export_bundle(const Store& store, const std::vector<std::string>& names,
-                                   const std::string& out_path,
-                                   const ProgressFn& progress = {});
+                                   const std::string& out_path, const ProgressFn& progress = {});
 
 struct ImportReport {
     std::uint64_t entries_added = 0;

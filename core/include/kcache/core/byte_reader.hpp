@@ -53,7 +53,7 @@ inline Error past_end_error(std::string_view what, std::uint64_t offset, std::ui
 }
 
 class ByteReader {
-public:
+  public:
     ByteReader() = default;
     // `what` names the input in error messages (kept as a view: it must outlive the
     // reader, as the bytes must); `base` is the offset of `bytes` in the input the
@@ -67,7 +67,7 @@ public:
     std::uint64_t position() const { return m_pos; }
     std::uint64_t remaining() const { return m_data.size() - m_pos; }
     bool at_end() const { return m_pos == m_data.size(); }
-    std::string_view data() const { return m_data; }         // all of it
+    std::string_view data() const { return m_data; }                // all of it
     std::string_view rest() const { return m_data.substr(m_pos); }  // what is left
     std::string_view what() const { return m_what; }
     std::uint64_t base() const { return m_base; }
@@ -180,16 +180,15 @@ public:
         const std::size_t at = static_cast<std::size_t>(offset);
         const std::size_t end = m_data.find('\0', at);
         if (end == std::string_view::npos) {
-            return tl::unexpected(Error{EIO, std::string(m_what) + ": string at offset " +
-                                                 std::to_string(m_base + offset) +
-                                                 " runs past the end without a NUL (" +
-                                                 std::to_string(m_base + m_data.size()) +
-                                                 " bytes)"});
+            return tl::unexpected(Error{
+                EIO, std::string(m_what) + ": string at offset " + std::to_string(m_base + offset) +
+                         " runs past the end without a NUL (" +
+                         std::to_string(m_base + m_data.size()) + " bytes)"});
         }
         return m_data.substr(at, end - at);
     }
 
-private:
+  private:
     template <class T>
     static constexpr auto unsigned_of_impl() {
         if constexpr (std::is_enum_v<T>) {

@@ -59,10 +59,11 @@ auto try_value(R&& result) {
 #define KCACHE_TRY(...) KCACHE_TRY_IMPL_(KCACHE_TRY_CAT_(kcache_try_, __COUNTER__), __VA_ARGS__)
 #define KCACHE_TRY_CAT_(a, b) KCACHE_TRY_CAT2_(a, b)
 #define KCACHE_TRY_CAT2_(a, b) a##b
-#define KCACHE_TRY_IMPL_(tmp, ...)                                                        \
-    __extension__({                                                                       \
-        auto&& tmp = (__VA_ARGS__);                                                       \
-        if (!tmp) return ::tl::unexpected<::kcache::core::Error>(                         \
-            std::forward<decltype(tmp)>(tmp).error());                                    \
-        ::kcache::core::detail::try_value(std::forward<decltype(tmp)>(tmp));              \
+#define KCACHE_TRY_IMPL_(tmp, ...)                                           \
+    __extension__({                                                          \
+        auto&& tmp = (__VA_ARGS__);                                          \
+        if (!tmp)                                                            \
+            return ::tl::unexpected<::kcache::core::Error>(                  \
+                std::forward<decltype(tmp)>(tmp).error());                   \
+        ::kcache::core::detail::try_value(std::forward<decltype(tmp)>(tmp)); \
     })

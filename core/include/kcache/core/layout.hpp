@@ -42,9 +42,9 @@ enum class Placement : std::uint8_t {
 
 struct Classified {
     Placement placement = Placement::container;
-    std::string stem;           // entry_stem: the name the sibling files of the entry share
+    std::string stem;  // entry_stem: the name the sibling files of the entry share
     Producer producer = Producer::unknown;  // which compiler's layout matched
-    bool by_rule = false;       // false: only the depth fallback made it an entry
+    bool by_rule = false;                   // false: only the depth fallback made it an entry
 };
 
 // A user's rule, for a compiler the built-in rules do not know. A rules file
@@ -66,8 +66,8 @@ Result<std::vector<LayoutRule>> parse_layout_rules(std::string_view text);
 // What is known of a node's place when it is classified. The parent is a container
 // (nodes inside an entry belong to it and are not classified).
 struct LayoutContext {
-    std::vector<std::string_view> ancestors;  // names from the root down to the parent
-    std::uint32_t entry_depth = 1;             // the depth fallback (Config::entry_depth)
+    std::vector<std::string_view> ancestors;         // names from the root down to the parent
+    std::uint32_t entry_depth = 1;                   // the depth fallback (Config::entry_depth)
     const std::vector<LayoutRule>* rules = nullptr;  // the user's, if any
 };
 

@@ -19,7 +19,7 @@ struct ContentDigests;  // content.cpp
 }
 
 class StagedFile {
-public:
+  public:
     // Takes a write lease on `file` (a regular file) and starts from its current
     // content, or from empty content when `truncate` (O_TRUNC).
     static Result<StagedFile> begin(Store& store, Ino file, bool truncate);
@@ -58,7 +58,7 @@ public:
     // Drops this object without touching the db (its lease was never committed).
     void forget() { m_open = false; }
 
-private:
+  private:
     StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments);
     void changed(std::uint64_t from, std::uint64_t to);  // bytes [from, to) changed
     ops::ContentDigests digests();

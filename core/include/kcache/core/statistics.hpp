@@ -65,7 +65,9 @@ enum class Counter : std::uint32_t {
 inline constexpr std::size_t kStatisticCount = 37;
 
 // The on-disk rule, which also holds for ids this build does not know.
-inline constexpr bool is_gauge(Counter c) { return static_cast<std::uint32_t>(c) >= 100; }
+inline constexpr bool is_gauge(Counter c) {
+    return static_cast<std::uint32_t>(c) >= 100;
+}
 
 enum class Unit : std::uint8_t {
     count,
@@ -184,7 +186,8 @@ constexpr bool table_is_consistent() {
         const StatisticField& f = kStatistics[i];
         if (f.name.empty() || f.description.empty() || f.counted_by == 0) return false;
         if ((f.kind == StatisticKind::gauge) != is_gauge(f.id)) return false;
-        if (i > 0 && static_cast<std::uint32_t>(kStatistics[i - 1].id) >= static_cast<std::uint32_t>(f.id)) {
+        if (i > 0 &&
+            static_cast<std::uint32_t>(kStatistics[i - 1].id) >= static_cast<std::uint32_t>(f.id)) {
             return false;  // in id order, each id once
         }
         for (std::size_t j = 0; j < i; ++j) {

@@ -52,14 +52,14 @@ enum class Durability : std::uint8_t {
 inline constexpr std::uint64_t kDefaultMapSize = std::uint64_t{1} << 40;  // 1 TiB
 
 struct OpenOptions {
-    std::string path;          // the db directory (holds data.mdb and lock.mdb)
-    bool create = true;        // create the directory and an empty db if missing
-    bool read_only = false;    // open for reading only (write() fails with EROFS)
+    std::string path;        // the db directory (holds data.mdb and lock.mdb)
+    bool create = true;      // create the directory and an empty db if missing
+    bool read_only = false;  // open for reading only (write() fails with EROFS)
     Durability durability = Durability::full;
-    std::uint64_t map_size = 0;      // 0: $KCACHE_MAP_SIZE (parse_size: "512G"), else kDefaultMapSize
-    unsigned max_readers = 1024;     // concurrent read transactions, all processes
-    std::uint32_t entry_depth = 1;   // used only when a new db is created
-    Clock clock;                     // empty: system_clock_ns
+    std::uint64_t map_size = 0;   // 0: $KCACHE_MAP_SIZE (parse_size: "512G"), else kDefaultMapSize
+    unsigned max_readers = 1024;  // concurrent read transactions, all processes
+    std::uint32_t entry_depth = 1;  // used only when a new db is created
+    Clock clock;                    // empty: system_clock_ns
 };
 
 // $KCACHE_DB, else $XDG_CACHE_HOME/kcache/db, else $HOME/.cache/kcache/db.
@@ -75,7 +75,7 @@ struct Config {
     std::uint64_t max_entries = 0;  // bound on entries; 0: none
     std::uint32_t low_mark_percent = 90;  // eviction goes down to this share of a bound
     std::uint64_t max_events = 100000;    // the events log keeps this many newest
-    std::string layout_rules;  // the user's layout rules (layout.hpp), checked first
+    std::string layout_rules;             // the user's layout rules (layout.hpp), checked first
 };
 
 // 2: layouts (stem entries, bookkeeping nodes); 3: segmented content (files of
@@ -94,14 +94,14 @@ struct Stats {
 // view into the map (zero-copy) and is valid only while its transaction is alive;
 // compressed content is decompressed into a buffer the Content owns.
 class Content {
-public:
+  public:
     Content() = default;
     static Content view(std::string_view bytes);
     static Content owned(std::string bytes);
     std::string_view bytes() const { return m_is_owned ? std::string_view(m_owned) : m_view; }
     bool zero_copy() const { return !m_is_owned; }
 
-private:
+  private:
     bool m_is_owned = false;
     std::string m_owned;
     std::string_view m_view;
@@ -110,8 +110,8 @@ private:
 // Who publishes content; recorded as an entry's populating process.
 struct Origin {
     std::uint32_t pid = 0;
-    std::string name;          // process name (comm)
-    static Origin current();   // this process
+    std::string name;         // process name (comm)
+    static Origin current();  // this process
 };
 
 struct SetAttr {
@@ -129,15 +129,15 @@ inline constexpr unsigned kRenameExchange = 1u << 1;  // not supported: EINVAL
 
 // A file (or directory, or symlink) of an entry, as Txn::for_each_entry_file visits it.
 struct EntryFile {
-    std::string path;         // relative: below the entry's directory (node entries), or
-                              // the file's name in its directory (stem entries)
+    std::string path;  // relative: below the entry's directory (node entries), or
+                       // the file's name in its directory (stem entries)
     Attr attr;
     std::string link_target;  // symlinks
 };
 
 // A snapshot of the db. Reads never block writers and see one consistent state.
 class Txn {
-public:
+  public:
     Txn(Txn&& other) noexcept;
     Txn& operator=(Txn&& other) noexcept;
     Txn(const Txn&) = delete;
@@ -175,7 +175,8 @@ public:
     Result<EntryInfo> find_entry(std::string_view name) const;
     // Every node of an entry, directories before what they hold, in name order; `fn`
     // returns false to stop.
-    Status for_each_entry_file(const EntryInfo& entry, const std::function<bool(const EntryFile&)>& fn) const;
+    Status for_each_entry_file(const EntryInfo& entry,
+                               const std::function<bool(const EntryFile&)>& fn) const;
     // All entries in ino (creation) order; `fn` returns false to stop.
     Status for_each_entry(const std::function<bool(const EntryInfo&)>& fn) const;
     // Unpinned entries, least recently used first.
@@ -192,7 +193,7 @@ public:
     std::uint64_t id() const;  // LMDB transaction id: differs iff the db changed
     Store& store() const { return *m_store; }
 
-protected:
+  protected:
     friend class Store;
     friend struct TxnAccess;
     Txn(Store* store, MDB_txn* txn);
@@ -207,13 +208,13 @@ struct WriteState;  // pending counter deltas and events, applied at commit
 
 // The single write transaction. Nothing is visible to others before commit().
 class WriteTxn : public Txn {
-public:
+  public:
     WriteTxn(WriteTxn&& other) noexcept;
     WriteTxn& operator=(WriteTxn&& other) noexcept;
     ~WriteTxn() override;
 
-    Result<Attr> mkdir(Ino parent, std::string_view name, std::uint32_t mode,
-                       std::uint32_t uid = 0, std::uint32_t gid = 0);
+    Result<Attr> mkdir(Ino parent, std::string_view name, std::uint32_t mode, std::uint32_t uid = 0,
+                       std::uint32_t gid = 0);
     // mkdir -p of `dir` ("a/b/c", "" for the root) from the root, as the calling
     // process's user, mode 0755: the directory's ino. ENOTDIR where a component is
     // not a directory.
@@ -256,7 +257,7 @@ public:
 
     Status commit();
 
-private:
+  private:
     friend class Store;
     friend struct TxnAccess;
     WriteTxn(Store* store, MDB_txn* txn);
@@ -264,21 +265,21 @@ private:
 };
 
 struct EvictRequest {
-    std::optional<std::uint64_t> max_bytes;    // evict until stored bytes <= this
-    std::optional<std::uint64_t> max_entries;  // evict until entries <= this
-    std::optional<std::int64_t> older_than_ns; // evict entries idle longer than this
+    std::optional<std::uint64_t> max_bytes;     // evict until stored bytes <= this
+    std::optional<std::uint64_t> max_entries;   // evict until entries <= this
+    std::optional<std::int64_t> older_than_ns;  // evict entries idle longer than this
 };
 
 struct EvictReport {
-    std::uint64_t entries = 0;       // entries evicted
-    std::uint64_t bytes = 0;         // their logical bytes
+    std::uint64_t entries = 0;  // entries evicted
+    std::uint64_t bytes = 0;    // their logical bytes
     std::uint64_t stored_bytes_freed = 0;
     std::uint64_t skipped_in_flight = 0;
-    bool satisfied = true;           // false: bounds not reached (all left are busy/pinned)
+    bool satisfied = true;  // false: bounds not reached (all left are busy/pinned)
 };
 
 class Store {
-public:
+  public:
     // Opens (and with options.create, creates) the db. Fails with a message naming
     // the path and cause for a missing, corrupt, locked-for-compaction, newer-schema
     // or unwritable db. Clears reader slots left by dead processes.
@@ -308,7 +309,7 @@ public:
 
     struct Impl;  // LMDB handles; defined in src/store_impl.hpp
 
-private:
+  private:
     friend struct TxnAccess;  // core's implementation files reach Impl through it only
     Impl& impl() const { return *m_impl; }
     Store() = default;

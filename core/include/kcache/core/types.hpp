@@ -10,9 +10,9 @@
 
 namespace kcache::core {
 
-using Ino = std::uint64_t;                     // inode number; never reused within a db
-inline constexpr Ino kRootIno = 1;             // the cache's top directory
-inline constexpr std::size_t kMaxNameLength = 255;  // bytes in one path component
+using Ino = std::uint64_t;                           // inode number; never reused within a db
+inline constexpr Ino kRootIno = 1;                   // the cache's top directory
+inline constexpr std::size_t kMaxNameLength = 255;   // bytes in one path component
 inline constexpr std::size_t kMaxPathLength = 4095;  // bytes in a path below the root
 // Largest file content: LMDB's largest value (and the bundle's 32-bit lengths).
 inline constexpr std::uint64_t kMaxFileSize = 0xffffffffull;
@@ -31,13 +31,16 @@ struct Digest {
 // re-hashes, recompresses and rewrites a few segments, not the whole file.
 inline constexpr std::uint64_t kSegmentSize = 64 * 1024;
 inline constexpr std::uint64_t kSegmentedSize = 1024 * 1024;
-inline std::uint64_t segment_count(std::uint64_t size) { return (size + kSegmentSize - 1) / kSegmentSize; }
+inline std::uint64_t segment_count(std::uint64_t size) {
+    return (size + kSegmentSize - 1) / kSegmentSize;
+}
 
 // The digest kcache keys content by: XXH3-128 of the bytes below kSegmentedSize (the
 // flat digest); at or above it, a seeded XXH3-128 of the concatenated digests of its
 // segments (digest_of_segments), a different domain from any flat digest.
 Digest digest_of(std::string_view bytes);
-Digest flat_digest_of(std::string_view bytes);  // XXH3-128 of all bytes: schema <= 2 keyed every file so
+Digest flat_digest_of(
+    std::string_view bytes);  // XXH3-128 of all bytes: schema <= 2 keyed every file so
 Digest digest_of_segments(const std::vector<Digest>& segments);
 
 enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3 };
@@ -53,10 +56,10 @@ struct Attr {
     std::int64_t atime_ns = 0;
     std::int64_t mtime_ns = 0;
     std::int64_t ctime_ns = 0;
-    Ino parent = 0;          // directory holding it (root: itself)
-    Ino entry = 0;           // the entry it belongs to; 0 outside every entry
-    std::uint16_t depth = 0; // root is 0, its children 1, ...
-    Digest digest;           // regular files: digest of the content
+    Ino parent = 0;            // directory holding it (root: itself)
+    Ino entry = 0;             // the entry it belongs to; 0 outside every entry
+    std::uint16_t depth = 0;   // root is 0, its children 1, ...
+    Digest digest;             // regular files: digest of the content
     bool bookkeeping = false;  // a lock, stats, config or temp node: never counted (layout.hpp)
 
     FileType type() const;
@@ -76,8 +79,15 @@ enum class Role : std::uint8_t { other = 0, binary = 1, signature = 2, ir = 3 };
 
 // Which compiler most likely wrote an entry, guessed from the names of its files.
 enum class Producer : std::uint8_t {
-    unknown = 0, triton = 1, wave = 2, inductor = 3, jax = 4, ccache = 5, cutedsl = 6,
-    helion = 7, kcache = 8,
+    unknown = 0,
+    triton = 1,
+    wave = 2,
+    inductor = 3,
+    jax = 4,
+    ccache = 5,
+    cutedsl = 6,
+    helion = 7,
+    kcache = 8,
 };
 
 // How an entry holds its files (layout.hpp says which one a compiler's tree gets).
@@ -89,21 +99,21 @@ enum class EntryKind : std::uint8_t {
 
 // One cache entry (see layout.hpp): what a compiler reads and writes as one kernel.
 struct EntryInfo {
-    Ino ino = 0;                    // its id: the directory's inode (node), else its own
-    std::string name;               // path from the root, e.g. "triton/4FD1...A9", "jax/jit_f-1a2b"
+    Ino ino = 0;       // its id: the directory's inode (node), else its own
+    std::string name;  // path from the root, e.g. "triton/4FD1...A9", "jax/jit_f-1a2b"
     EntryKind kind = EntryKind::node;
-    Ino parent = 0;                 // the directory holding it (0: unknown, schema-1 record)
-    std::string stem;               // stem entries: the stem its files share
-    bool by_rule = false;           // a compiler's layout formed it, not the depth fallback
-    std::uint64_t bytes = 0;        // logical bytes of its regular files
-    std::uint64_t stored_bytes = 0; // bytes its blobs occupy in data.mdb (counting shared ones)
-    std::uint64_t files = 0;        // regular files
+    Ino parent = 0;                  // the directory holding it (0: unknown, schema-1 record)
+    std::string stem;                // stem entries: the stem its files share
+    bool by_rule = false;            // a compiler's layout formed it, not the depth fallback
+    std::uint64_t bytes = 0;         // logical bytes of its regular files
+    std::uint64_t stored_bytes = 0;  // bytes its blobs occupy in data.mdb (counting shared ones)
+    std::uint64_t files = 0;         // regular files
     std::int64_t created_ns = 0;
     std::int64_t last_access_ns = 0;  // last publish or hit; the LRU order
     std::int64_t last_hit_ns = 0;
     std::uint64_t hits = 0;
     bool pinned = false;
-    bool populated = false;         // has had a published file since it was last empty
+    bool populated = false;  // has had a published file since it was last empty
     std::uint32_t populated_by_pid = 0;
     std::string populated_by_name;  // process name (comm) of the populating process
     Producer producer = Producer::unknown;
@@ -115,11 +125,11 @@ enum class EventKind : std::uint8_t {
     evict = 3,
     pin = 4,
     unpin = 5,
-    remove = 6,    // an entry's node was unlinked or replaced by a client
-    rename = 7,    // an entry's node was renamed (name: the old name)
+    remove = 6,  // an entry's node was unlinked or replaced by a client
+    rename = 7,  // an entry's node was renamed (name: the old name)
     import = 8,
-    reset = 9,     // statistics were reset
-    member = 10,   // a file of a stem entry appeared or went (parent + name: that file)
+    reset = 9,    // statistics were reset
+    member = 10,  // a file of a stem entry appeared or went (parent + name: that file)
 };
 std::string_view event_kind_name(EventKind k);
 

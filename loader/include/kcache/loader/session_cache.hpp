@@ -30,7 +30,8 @@ struct KernelKeyHash {
     std::size_t operator()(const KernelKey& k) const noexcept {
         const std::size_t a = std::hash<std::string>{}(k.entry);
         const std::size_t b = std::hash<std::string>{}(k.kernel);
-        return a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2)) ^ static_cast<std::size_t>(k.device);
+        return a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2)) ^
+               static_cast<std::size_t>(k.device);
     }
 };
 
@@ -44,7 +45,7 @@ struct SessionCacheStats {
 
 template <class Value>
 class SessionCache {
-public:
+  public:
     explicit SessionCache(std::size_t capacity) : m_slots(capacity ? capacity : 1) {
         m_index.reserve(m_slots.size());
     }
@@ -85,8 +86,8 @@ public:
     // find(), and on a miss `load()` (called outside the lock: loading a module is
     // slow) and insert. Null when `load` fails (it keeps its own error). Two threads
     // missing together may both load; the last insert wins, both results are valid.
-    std::shared_ptr<const Value> get_or_load(const KernelKey& key,
-                                             const std::function<std::shared_ptr<const Value>()>& load) {
+    std::shared_ptr<const Value> get_or_load(
+        const KernelKey& key, const std::function<std::shared_ptr<const Value>()>& load) {
         if (auto hit = find(key)) return hit;
         auto loaded = load();
         return loaded ? insert(key, std::move(loaded)) : nullptr;
@@ -107,7 +108,7 @@ public:
         m_hand = 0;
     }
 
-private:
+  private:
     struct Slot {
         KernelKey key;
         std::shared_ptr<const Value> value;

@@ -42,11 +42,11 @@ using core::Status;
 // listings and logs; give it through an environment variable or a file instead.
 struct Endpoint {
     bool unix_socket = false;
-    std::string host;   // tcp
+    std::string host;  // tcp
     std::uint16_t port = 6379;
-    std::string path;   // unix socket
-    std::string user;   // ACL user; empty: the default user
-    unsigned db = 0;    // SELECT db
+    std::string path;  // unix socket
+    std::string user;  // ACL user; empty: the default user
+    unsigned db = 0;   // SELECT db
     // The canonical form, without any secret: the server's identity for sharding
     // (every node must name a server the same way) and its name in messages.
     std::string id() const;
@@ -64,10 +64,10 @@ struct Options {
     std::string ns = "default";     // namespace: keys live under kc1:<ns>:
     std::int64_t connect_timeout_ns = 1'000'000'000;
     std::int64_t op_timeout_ns = 2'000'000'000;  // one round trip (or one pipeline)
-    bool read_only = false;         // never write (push refused, corrupt blobs kept)
+    bool read_only = false;                      // never write (push refused, corrupt blobs kept)
     unsigned breaker_threshold = 2;  // consecutive failures that open a server's circuit
     std::int64_t breaker_cooldown_ns = 5'000'000'000;  // first cool-down; doubles, capped
-    std::int64_t oom_pause_ns = 30'000'000'000;  // uploads pause this long after an OOM reply
+    std::int64_t oom_pause_ns = 30'000'000'000;        // uploads pause this long after an OOM reply
 };
 // EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]) or a
 // non-positive timeout.
@@ -94,29 +94,31 @@ std::string_view outcome_name(Outcome o);
 struct EntryResult {
     Outcome outcome = Outcome::miss;
     std::uint64_t files = 0;
-    std::uint64_t bytes = 0;   // logical bytes of the entry's files
-    std::string detail;        // why, for dangling / corrupt
+    std::uint64_t bytes = 0;  // logical bytes of the entry's files
+    std::string detail;       // why, for dangling / corrupt
 };
 
 // What pull_entries() / pull_job() did, in total.
 struct PullSummary {
-    std::uint64_t pulled = 0, already_local = 0, missing = 0, failed = 0;  // missing: miss, dangling, corrupt
+    std::uint64_t pulled = 0, already_local = 0, missing = 0,
+                  failed = 0;        // missing: miss, dangling, corrupt
     std::uint64_t pulled_bytes = 0;  // logical bytes of the entries pulled
 };
 // Sees each entry as soon as its pull ended (an error fails that entry only); returning
 // false stops the pulls after it.
-using PullProgress = std::function<bool(const std::string& entry, const Result<EntryResult>& result)>;
+using PullProgress =
+    std::function<bool(const std::string& entry, const Result<EntryResult>& result)>;
 
 // A server's state, for `kcache remote stats`.
 struct ServerState {
     std::string id;
-    std::string breaker;        // "closed", "open", "half-open"
+    std::string breaker;          // "closed", "open", "half-open"
     bool uploads_paused = false;  // after an OOM reply, until the pause ends
     std::uint64_t failures = 0;   // consecutive
 };
 
 class Remote {
-public:
+  public:
     static Result<std::unique_ptr<Remote>> create(Options options);
     ~Remote();
     Remote(const Remote&) = delete;
@@ -138,7 +140,8 @@ public:
     PullSummary pull_entries(core::Store& store, const std::vector<std::string>& entries,
                              const PullProgress& progress = {});
     // job_entries() then pull_entries(): an error only when the job's set cannot be read.
-    Result<PullSummary> pull_job(core::Store& store, std::string_view job_tag, const PullProgress& progress = {});
+    Result<PullSummary> pull_job(core::Store& store, std::string_view job_tag,
+                                 const PullProgress& progress = {});
     // PING every server: per server, empty on success or the error message.
     std::vector<std::string> ping();
     // PINGs each server whose circuit is open and whose cool-down has passed: the trial
@@ -153,13 +156,14 @@ public:
 
     struct Server;  // a connection, its breaker and its mutex (remote.cpp)
 
-private:
+  private:
     explicit Remote(Options options);
     // The server that holds `key`: highest rendezvous score of (server id, key).
     Server& shard(std::string_view key);
     // One pipeline on one server under the breaker and the deadline; counts failures,
     // timeouts and bytes, pauses uploads on an OOM reply. Error replies are replies.
-    Result<std::vector<Reply>> exec(Server& server, const std::vector<std::vector<std::string>>& commands);
+    Result<std::vector<Reply>> exec(Server& server,
+                                    const std::vector<std::vector<std::string>>& commands);
     // A server's error reply as an Error (ENOSPC for OOM, EACCES for NOPERM), counted.
     core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
     bool uploads_paused(Server& server);

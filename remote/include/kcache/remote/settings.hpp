@@ -17,12 +17,12 @@ namespace kcache::remote {
 // What the options say, before the environment's defaults are applied.
 struct Settings {
     std::vector<std::string> urls;  // --remote (repeatable); empty: $KCACHE_REMOTE
-    std::string ns;                 // --remote-namespace; empty: $KCACHE_REMOTE_NAMESPACE, else "default"
-    std::string password_env;       // --remote-password-env
-    std::string password_file;      // --remote-password-file
+    std::string ns;  // --remote-namespace; empty: $KCACHE_REMOTE_NAMESPACE, else "default"
+    std::string password_env;                         // --remote-password-env
+    std::string password_file;                        // --remote-password-file
     std::int64_t timeout_ns = 2'000'000'000;          // --remote-timeout
     std::int64_t connect_timeout_ns = 1'000'000'000;  // --remote-connect-timeout
-    bool read_only = false;         // --remote-read-only
+    bool read_only = false;                           // --remote-read-only
 };
 
 // "250ms", or a core duration ("2s"; a bare number is seconds); positive, at most a day.

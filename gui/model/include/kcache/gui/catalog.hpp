@@ -91,9 +91,9 @@ struct ProducerTotal {
 };
 
 struct Catalog {
-    std::vector<EntryRow> rows;  // ino order, gone rows included
-    std::string keys;            // every key, back to back
-    std::size_t live = 0;        // rows not gone
+    std::vector<EntryRow> rows;     // ino order, gone rows included
+    std::string keys;               // every key, back to back
+    std::size_t live = 0;           // rows not gone
     std::uint64_t total_bytes = 0;  // over live rows
     std::uint64_t total_stored = 0;
 
@@ -129,8 +129,8 @@ struct View {
 std::vector<std::uint32_t> order_rows(const Catalog& catalog, const ViewSpec& spec);
 // `order` was right for the catalog before rows `changed` (row indices, sorted)
 // changed: takes them out and puts back the ones that still pass where they belong.
-void patch_order(std::vector<std::uint32_t>& order, const Catalog& catalog,
-                 const ViewSpec& spec, const std::vector<std::uint32_t>& changed);
+void patch_order(std::vector<std::uint32_t>& order, const Catalog& catalog, const ViewSpec& spec,
+                 const std::vector<std::uint32_t>& changed);
 bool passes_filter(const Catalog& catalog, const EntryRow& row, std::string_view filter);
 
 // "1.5 GiB" and "3d 4h ago" as the panels print them.

@@ -65,7 +65,7 @@ struct DuplicateReport {
     bool done() const { return started_ && !running_; }
     std::size_t scanned() const { return scanned_; }
     std::size_t total() const { return total_; }
-    std::uint64_t txn_id() const { return txn_id_; }  // the snapshot scanned
+    std::uint64_t txn_id() const { return txn_id_; }    // the snapshot scanned
     const std::vector<DuplicateGroup>& groups() const;  // complete once done()
 };
 
@@ -138,7 +138,8 @@ class Worker {
     core::Result<bool> look(bool force);
     void apply_view(const ViewSpec& spec);
     void publish_view(std::shared_ptr<const View> view);
-    void publish_ordered(std::shared_ptr<const Catalog> catalog);  // in m_spec's order, sorted whole
+    void publish_ordered(
+        std::shared_ptr<const Catalog> catalog);  // in m_spec's order, sorted whole
     void publish_error(std::string message);
     void publish_duplicates();
     core::Result<ActionReport> run_action(const ActionRequest& request);

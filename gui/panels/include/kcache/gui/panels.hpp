@@ -68,7 +68,6 @@ struct UiState {
     bool status_error = false;
     std::future<Result<ActionReport>> action;  // the action the worker runs now
 
-
     // Entry detail: loaded (by the worker) for the focused entry at the model's
     // transaction; the loads in flight.
     std::future<Result<EntryDetail>> detail_loading;
