@@ -12,6 +12,7 @@ packages=(
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3
   clang-14 libclang-rt-14-dev  # the libFuzzer targets (tests/support/run_fuzz.sh)
+  clang-format-14  # the format check (scripts/check_format.sh, a CTest test)
   # the inspector (gui/): Dear ImGui, GLFW, stb_image_write for --screenshot; Xvfb,
   # xauth and Mesa's llvmpipe for its screenshot test without a display
   libimgui-dev libglfw3-dev libstb-dev xvfb xauth libgl1-mesa-dri
