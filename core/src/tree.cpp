@@ -111,17 +111,6 @@ Status touch_dir(Tx& tx, Inode& dir, int nlink_delta) {
     return tx.put_inode(dir);
 }
 
-FileType type_of(std::uint32_t mode) {
-    switch (mode & S_IFMT) {
-        case S_IFDIR:
-            return FileType::directory;
-        case S_IFLNK:
-            return FileType::symlink;
-        default:
-            return FileType::regular;
-    }
-}
-
 Status retag(Tx& tx, Ino moved, const Origin* origin);
 
 // A directory the depth fallback made an entry turns out to hold a compiler's cache
@@ -149,7 +138,7 @@ Status dissolve_if_container(Tx& tx, Inode& dir, std::string_view name, FileType
 Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32_t mode,
                        std::uint32_t uid, std::uint32_t gid, std::string_view target) {
     if (parent.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
-    const FileType type = type_of(mode);
+    const FileType type = file_type_of(mode);
     KCACHE_TRY(dissolve_if_container(tx, parent, name, type));
     auto where = KCACHE_TRY(place(tx, parent, name, type));
     auto ino = KCACHE_TRY(tx.next_ino());
@@ -456,7 +445,7 @@ Status retag(Tx& tx, Ino moved, const Origin* origin) {
         auto node = KCACHE_TRY(tx.inode(work.back()));
         work.pop_back();
         auto parent = KCACHE_TRY(tx.inode(node.parent));
-        const FileType type = type_of(node.mode);
+        const FileType type = file_type_of(node.mode);
         const bool was_entry = node.entry == node.ino;
         if (auto s = dissolve_if_container(tx, parent, node.name, type); !s) return s;
         auto where = KCACHE_TRY(place(tx, parent, node.name, type));
@@ -569,7 +558,7 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     const bool was_entry = src.entry == src.ino;
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent, name)); !s) return s;
     if (auto s = tx.put(tx.db.dirents, records::dirent_key(new_parent, new_name),
-                        records::encode(Dirent{src.ino, type_of(src.mode)}));
+                        records::encode(Dirent{src.ino, file_type_of(src.mode)}));
         !s) {
         return s;
     }

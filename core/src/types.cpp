@@ -58,6 +58,10 @@ Digest digest_of(std::string_view bytes) {
 }
 
 FileType Attr::type() const {
+    return file_type_of(mode);
+}
+
+FileType file_type_of(std::uint32_t mode) {
     switch (mode & S_IFMT) {
         case S_IFDIR:
             return FileType::directory;

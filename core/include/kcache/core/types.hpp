@@ -44,6 +44,9 @@ Digest flat_digest_of(
 Digest digest_of_segments(const std::vector<Digest>& segments);
 
 enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3 };
+// The type of a node with `mode` (its S_IFMT bits); anything but a directory or a
+// symlink is a regular file.
+FileType file_type_of(std::uint32_t mode);
 
 // Attributes of one node, as stat(2) would report them.
 struct Attr {
