@@ -113,7 +113,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                 // The file is being shared by writers: read it as they write it, through
                 // the page cache they write through.
                 handle->reader_tid = fuse_req_ctx(req)->pid;
-                m_pages.enter_as_follower(handle.get(), shared.get());
+                m_pages.enter_as_follower(handle.get(), shared);
                 handle->version = std::move(shared);
                 fi->keep_cache = 1;
             } else {

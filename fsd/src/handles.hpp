@@ -40,8 +40,9 @@ struct FileHandle {
     // by PageCache::enter during the open.
     bool page_cached = false;
     // A reader that opened following a shared version (PageState::followers): the
-    // version it reads. Set by PageCache::enter_as_follower; compared, never dereferenced.
-    const Version* followed = nullptr;
+    // version it reads. Set by PageCache::enter_as_follower. Weak: a version freed once
+    // the follower moved on (follow_shared) must not match a new one at its address.
+    std::weak_ptr<const Version> followed;
 
     // ---- guarded by `mutex` (level 1): threads sharing a descriptor call concurrently ----
     std::mutex mutex;

@@ -84,7 +84,7 @@ void PageCache::settle(FileHandle* reader) {
     }
 }
 
-void PageCache::enter_as_follower(FileHandle* reader, const Version* version) {
+void PageCache::enter_as_follower(FileHandle* reader, const std::shared_ptr<Version>& version) {
     std::lock_guard lock(m_mutex);
     m_pages[reader->ino].followers.push_back(reader);
     reader->page_cached = true;
@@ -128,7 +128,7 @@ std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(FileHandle
     // Followers of another shared version than the writer's (one that ended): the
     // writer's pages would be read as theirs. Those of its own version read what it writes.
     for (FileHandle* r : state.followers) {
-        if (r->followed != writer->version.get()) readers.emplace_back(r, r->reader_tid);
+        if (r->followed.lock() != writer->version) readers.emplace_back(r, r->reader_tid);
     }
     return readers;
 }

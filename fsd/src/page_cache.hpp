@@ -70,7 +70,7 @@ class PageCache {
     // Counts in a read-only handle that opened following shared version `version`: it
     // reads that version's writers' pages. A writer of another version waits for it
     // (admit_writer) and other readers bypass the pages while it reads (enter).
-    void enter_as_follower(FileHandle* reader, const Version* version);
+    void enter_as_follower(FileHandle* reader, const std::shared_ptr<Version>& version);
     // Counts a reader (or follower) out; writers that waited only for it are answered.
     void leave(FileHandle* reader);
 
