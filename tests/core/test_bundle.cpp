@@ -251,6 +251,8 @@ TEST_CASE("bundle: names that could escape the cache are refused", "[bundle]") {
     TestStore dst;
     dst.put("mine/file", "mine");
     const auto before = state_of(dst);
+    // /tmp/x may be anyone's: only its appearance would be this import's doing.
+    const bool outside_x_before = fs::exists(out.path().parent_path() / "x");
 
     struct Case {
         const char* what;
@@ -274,7 +276,7 @@ TEST_CASE("bundle: names that could escape the cache are refused", "[bundle]") {
         check_unchanged(dst, before);
     }
     CHECK_FALSE(fs::exists(dst.dir() / "x"));
-    CHECK_FALSE(fs::exists(out.path().parent_path() / "x"));
+    if (!outside_x_before) CHECK_FALSE(fs::exists(out.path().parent_path() / "x"));
 }
 
 TEST_CASE("bundle: entries replaced by an import are not counted as evictions", "[bundle][stats]") {
