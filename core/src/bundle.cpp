@@ -29,6 +29,7 @@
 
 #include "kcache/core/bundle.hpp"
 #include "kcache/core/byte_reader.hpp"
+#include "kcache/core/names.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -277,52 +278,6 @@ struct BundleNode {
     std::string target;   // symlinks
 };
 
-// Refuses any path that could leave the cache or is not a plain relative path.
-Status check_path(std::string_view path) {
-    if (path.empty() || path.size() > kMaxBundlePath || path.front() == '/') {
-        return fail(EINVAL, fmt::format("refused path '{}': empty, absolute or too long", path));
-    }
-    for (std::size_t at = 0; at <= path.size();) {
-        const std::size_t slash = std::min(path.find('/', at), path.size());
-        if (auto s = ops::validate_name(path.substr(at, slash - at)); !s) {
-            return fail(EINVAL, fmt::format("refused path '{}': {}", path, s.error().message));
-        }
-        at = slash + 1;
-    }
-    return {};
-}
-
-std::size_t depth_of(std::string_view path) {
-    return static_cast<std::size_t>(std::count(path.begin(), path.end(), '/')) + 1;
-}
-
-// Refuses a symlink target that is absolute or climbs above the cache root from the
-// link at `link_path`: served by the mount, it would make a compiler read, or write
-// with O_TRUNC, a file outside the cache. Resolved lexically: no node it passes is a
-// symlink, since a bundle's nodes all lie under directories of their entry.
-Status check_symlink_target(std::string_view link_path, std::string_view target) {
-    if (target.front() == '/') {
-        return fail(EINVAL, fmt::format("refused symlink '{}': absolute target", link_path));
-    }
-    std::size_t depth = depth_of(link_path) - 1;  // of the directory holding the link
-    for (std::size_t at = 0; at <= target.size();) {
-        const std::size_t slash = std::min(target.find('/', at), target.size());
-        const std::string_view part = target.substr(at, slash - at);
-        if (part == "..") {
-            if (depth == 0) {
-                return fail(EINVAL,
-                            fmt::format("refused symlink '{}': target '{}' leaves the cache",
-                                        link_path, target));
-            }
-            --depth;
-        } else if (!part.empty() && part != ".") {
-            ++depth;
-        }
-        at = slash + 1;
-    }
-    return {};
-}
-
 // Parses the whole bundle, calling on_entry / on_node for each record; fails on the
 // first malformed record, wrong digest or a bad checksum.
 Status parse_bundle(const std::string& path,
@@ -353,7 +308,8 @@ Status parse_bundle(const std::string& path,
         if (tag == 'E') {
             auto name = in.str16();
             if (!name) return tl::unexpected(name.error());
-            if (auto s = check_path(*name); !s) return in.bad(s.error().message);
+            if (auto s = check_path(*name, kMaxBundlePath); !s)
+                return in.bad("refused " + s.error().message);
             kind = EntryKind::node;
             if (format >= kFormatFlatDigests) {
                 std::uint8_t k = 0;
@@ -380,7 +336,8 @@ Status parse_bundle(const std::string& path,
         if (auto s = in.read(type, node.mode, node.mtime_ns); !s) return s;
         if (type < 1 || type > 3) return in.bad("unknown node type");
         node.type = static_cast<FileType>(type);
-        if (auto s = check_path(node.path); !s) return in.bad(s.error().message);
+        if (auto s = check_path(node.path, kMaxBundlePath); !s)
+            return in.bad("refused " + s.error().message);
         // A node entry's node first, then nodes whose parent came before in this entry;
         // a stem entry's files, siblings named with its stem.
         const bool stem_file = kind == EntryKind::stem && node.type != FileType::directory &&
@@ -436,8 +393,8 @@ Status parse_bundle(const std::string& path,
             auto target = in.str16();
             if (!target) return tl::unexpected(target.error());
             if (target->empty()) return in.bad("empty symlink target");
-            if (auto s = check_symlink_target(node.path, *target); !s) {
-                return in.bad(s.error().message);
+            if (auto s = check_link_target(node.path, *target); !s) {
+                return in.bad("refused " + s.error().message);
             }
             node.target = std::move(*target);
         }

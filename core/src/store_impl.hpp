@@ -114,7 +114,6 @@ inline Tx::Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState*
 // ---- operations implemented across the core's files, on a Tx ----
 namespace ops {
 // tree.cpp
-Status validate_name(std::string_view name);
 // Removes `ino` (named `name` in `parent`) and everything below it: inodes, dirents,
 // blob references and accounting. Entry records inside it are dropped with `why`.
 Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);

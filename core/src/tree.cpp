@@ -10,27 +10,12 @@
 #include <fmt/format.h>
 
 #include "kcache/core/layout.hpp"
+#include "kcache/core/names.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
 using records::Dirent;
 using records::Inode;
-
-namespace ops {
-
-Status validate_name(std::string_view name) {
-    if (name.size() > kMaxNameLength) {
-        return fail(ENAMETOOLONG,
-                    fmt::format("name of {} bytes is longer than {}", name.size(), kMaxNameLength));
-    }
-    if (name.empty() || name == "." || name == ".." ||
-        name.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
-        return fail(EINVAL, fmt::format("invalid name '{}'", name));
-    }
-    return {};
-}
-
-}  // namespace ops
 
 namespace {
 
@@ -176,7 +161,7 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
 // existing child if any.
 Result<std::pair<Inode, std::optional<Dirent>>> prepare_create(Tx& tx, Ino parent,
                                                                std::string_view name) {
-    KCACHE_TRY(ops::validate_name(name));
+    KCACHE_TRY(check_name(name));
     auto dir = KCACHE_TRY(directory(tx, parent));
     auto existing = KCACHE_TRY(tx.child(parent, name));
     return std::pair{std::move(dir), existing};
@@ -512,7 +497,7 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     Tx tx = TxnAccess::tx(*this);
     if (flags & kRenameExchange) return fail(EINVAL, "RENAME_EXCHANGE is not supported");
     if (flags & ~kRenameNoReplace) return fail(EINVAL, "unknown rename flags");
-    if (auto s = ops::validate_name(new_name); !s) return s;
+    if (auto s = check_name(new_name); !s) return s;
     KCACHE_TRY(directory(tx, parent));
     KCACHE_TRY(directory(tx, new_parent));
     auto src_d = KCACHE_TRY(tx.child(parent, name));

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/names.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/store.hpp"
 
@@ -30,26 +31,12 @@ std::string errno_text(int code) {
     return std::strerror(code);
 }
 
-// Splits and checks a key: relative, no "." / ".." / empty components.
+// A key is a relative path (core::check_path); one trailing '/' is allowed.
 Status check_key(std::string_view key) {
     if (key.empty()) return fail(EINVAL, "an entry key must not be empty");
-    if (key.size() > core::kMaxPathLength) {
-        return fail(EINVAL, fmt::format("entry key of {} bytes is too long", key.size()));
-    }
-    if (key.front() == '/') {
-        return fail(EINVAL, fmt::format("entry key \"{}\" must be relative to the cache", key));
-    }
-    std::size_t at = 0;
-    while (at <= key.size()) {
-        const std::size_t end = std::min(key.find('/', at), key.size());
-        const std::string_view part = key.substr(at, end - at);
-        if (part.empty() && end != key.size()) {
-            return fail(EINVAL, fmt::format("entry key \"{}\" has an empty component", key));
-        }
-        if (part == "." || part == "..") {
-            return fail(EINVAL, fmt::format("entry key \"{}\" may not contain \"{}\"", key, part));
-        }
-        at = end + 1;
+    if (key.size() > 1 && key.back() == '/') key.remove_suffix(1);
+    if (auto s = core::check_path(key); !s) {
+        return tl::unexpected(core::with_context(s.error(), "entry key"));
     }
     return {};
 }
