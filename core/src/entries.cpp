@@ -288,30 +288,18 @@ Status Txn::for_each_entry_file(const EntryInfo& entry,
 
 Status Txn::for_each_entry(const std::function<bool(const EntryInfo&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    Status result;
-    auto s = tx.scan(tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) {
-        auto entry = records::decode_entry(records::u64_from_key(key), value);
-        if (!entry) {
-            result = tl::unexpected(entry.error());
-            return false;
-        }
-        return fn(*entry);
-    });
-    return s ? result : s;
+    return tx.scan_checked(
+        tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) -> Result<bool> {
+            return fn(KCACHE_TRY(records::decode_entry(records::u64_from_key(key), value)));
+        });
 }
 
 Status Txn::for_each_lru(const std::function<bool(const EntryInfo&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    Status result;
-    auto s = tx.scan(tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) {
-        auto entry = tx.entry(records::u64_from_key(key.substr(8)));
-        if (!entry) {
-            result = tl::unexpected(entry.error());
-            return false;
-        }
-        return fn(*entry);
-    });
-    return s ? result : s;
+    return tx.scan_checked(
+        tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) -> Result<bool> {
+            return fn(KCACHE_TRY(tx.entry(records::u64_from_key(key.substr(8)))));
+        });
 }
 
 Result<bool> Txn::in_flight(Ino entry) const {

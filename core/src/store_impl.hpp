@@ -80,6 +80,11 @@ class Tx {
     // Calls fn(key, value) for keys starting with `prefix`, from `start` (>= prefix).
     Status scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
                 const std::function<bool(std::string_view, std::string_view)>& fn) const;
+    // scan() with a callback that can fail (a record that does not decode): `fn`
+    // returns whether to go on, or an error, which ends the scan and is returned.
+    Status scan_checked(
+        MDB_dbi dbi, std::string_view prefix, std::string_view start,
+        const std::function<Result<bool>(std::string_view, std::string_view)>& fn) const;
     // A storage failure: poisons the write transaction and returns the error.
     tl::unexpected<Error> storage_error(int rc, std::string_view what);
 

@@ -317,17 +317,11 @@ Status Txn::readdir(Ino dir, std::string_view after,
     const std::string prefix = records::u64_key(dir);
     std::string start = records::dirent_key(dir, after);
     if (!after.empty()) start.push_back('\0');  // strictly after `after`
-    Status result;
-    auto s =
-        tx.scan(tx.db.dirents, prefix, start, [&](std::string_view key, std::string_view value) {
-            auto d = records::decode_dirent(value);
-            if (!d) {
-                result = tl::unexpected(d.error());
-                return false;
-            }
-            return fn(DirEntry{key.substr(8), d->child, d->type});
-        });
-    return s ? result : s;
+    return tx.scan_checked(tx.db.dirents, prefix, start,
+                           [&](std::string_view key, std::string_view value) -> Result<bool> {
+                               const auto d = KCACHE_TRY(records::decode_dirent(value));
+                               return fn(DirEntry{key.substr(8), d.child, d.type});
+                           });
 }
 
 // ---- writes -------------------------------------------------------------------------
