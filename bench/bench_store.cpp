@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "bench_support.hpp"
+#include "store_ratios.hpp"
 
 #ifndef KCACHE_BENCH_BUILD_TYPE
 #define KCACHE_BENCH_BUILD_TYPE "unknown"
@@ -69,9 +70,6 @@ std::string_view file_name_for(std::size_t size) {
     if (size <= 1024) return "kernel.json";
     if (size <= 8192) return "kernel.cubin";
     return "kernel.ptx";
-}
-std::string size_label(std::size_t size) {
-    return fmt::format("{}KiB", size / 1024);
 }
 
 // 64 distinct contents per size; each use stamps a sequence number into a copy so
@@ -460,98 +458,6 @@ void bm_read_stats(benchmark::State& state, std::uint64_t entries) {
             break;
         }
         benchmark::DoNotOptimize(stats->values.size());
-    }
-}
-
-// ---------------------------------------------------------------- ratios
-
-// Console output as usual, and each run's wall time per iteration and rates kept
-// for the ratio table printed at the end.
-class RatioReporter : public benchmark::ConsoleReporter {
-  public:
-    explicit RatioReporter(bool color) : ConsoleReporter(color ? OO_ColorTabular : OO_Tabular) {}
-    struct Figures {
-        double seconds = 0;  // wall time per iteration
-        double items_per_second = 0;
-    };
-    void ReportRuns(const std::vector<Run>& runs) override {
-        ConsoleReporter::ReportRuns(runs);
-        for (const Run& run : runs) {
-            if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-            Figures f;
-            f.seconds = run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
-            if (auto it = run.counters.find("items_per_second"); it != run.counters.end()) {
-                f.items_per_second = it->second.value;
-            }
-            m_figures[run.run_name.function_name] = f;
-        }
-    }
-    const Figures* find(const std::string& name) const {
-        auto it = m_figures.find(name);
-        return it == m_figures.end() ? nullptr : &it->second;
-    }
-
-  private:
-    std::map<std::string, Figures> m_figures;
-};
-
-std::string us(double seconds) {
-    return fmt::format("{:.2f} us", seconds * 1e6);
-}
-
-void print_ratios(const RatioReporter& r) {
-    std::printf("\nRatios (measured in this run; time per operation, wall clock)\n");
-    auto pair = [&](const std::string& label, const std::string& a, const std::string& b,
-                    const char* meaning) {
-        const auto* fa = r.find(a);
-        const auto* fb = r.find(b);
-        if (!fa || !fb || fb->seconds <= 0) return;
-        std::printf("  %-34s kcache %12s  baseline %12s  kcache/baseline = %6.2fx  (%s)\n",
-                    label.c_str(), us(fa->seconds).c_str(), us(fb->seconds).c_str(),
-                    fa->seconds / fb->seconds, meaning);
-    };
-    for (std::size_t size : {1024, 8192, 16384}) {
-        for (const char* d : {"none", "full"}) {
-            const std::string suffix = fmt::format("{}/{}", size_label(size), d);
-            pair("put/" + suffix, "put/kcache/" + suffix, "put/plain/" + suffix,
-                 std::string_view(d) == "full" ? "plain: write+fsync" : "plain: write, no fsync");
-        }
-    }
-    for (const char* kind : {"", "-random"}) {
-        for (std::size_t size : {1024, 8192, 16384}) {
-            const std::string label = size_label(size) + kind;
-            pair("get/" + label + " (txn per read)", "get/kcache-txn-per-read/" + label,
-                 "get/plain/" + label, "plain: open+fstat+read+close");
-            pair("get/" + label + " (one snapshot)", "get/kcache-one-snapshot/" + label,
-                 "get/plain/" + label, "plain: open+fstat+read+close");
-        }
-    }
-    {
-        const auto* k = r.find("evict/kcache/none");
-        const auto* p = r.find("evict/plain/none");
-        if (k && p && k->items_per_second > 0) {
-            std::printf(
-                "  %-34s kcache %9.0f entries/s  plain %9.0f entries/s  "
-                "time per entry kcache/plain = %6.2fx\n",
-                "evict/none", k->items_per_second, p->items_per_second,
-                p->items_per_second / k->items_per_second);
-        }
-        const auto* kf = r.find("evict/kcache/full");
-        if (kf)
-            std::printf("  %-34s kcache %9.0f entries/s  (no plain baseline)\n", "evict/full",
-                        kf->items_per_second);
-    }
-    for (const char* kind : {"stats", "read+stats"}) {
-        const auto* base = r.find(fmt::format("{}/1000", kind));
-        if (!base) continue;
-        for (std::uint64_t n : {10000, 100000}) {
-            const auto* f = r.find(fmt::format("{}/{}", kind, n));
-            if (!f) continue;
-            std::printf("  %-34s %s at %llu entries vs %s at 1000: %.2fx  (should stay ~1)\n",
-                        fmt::format("{} growth {}k/1k", kind, n / 1000).c_str(),
-                        us(f->seconds).c_str(), static_cast<unsigned long long>(n),
-                        us(base->seconds).c_str(), f->seconds / base->seconds);
-        }
     }
 }
 

@@ -88,11 +88,6 @@ std::unique_ptr<core::Store> open_store(const Cli& cli, Access access,
 // The entry called `name`, or the only entry whose name starts with `name`.
 core::EntryInfo find_entry(const core::Txn& txn, std::string_view name);
 
-// One file of an entry, for `show` and `cat`.
-using EntryFile = core::EntryFile;
-// Every file and symlink of the entry (core::Txn::for_each_entry_file), in path order.
-std::vector<EntryFile> entry_files(const core::Txn& txn, const core::EntryInfo& entry);
-
 // A progress line on stderr, shown only when stderr is a terminal and cleared when
 // the Progress is destroyed. fn() is empty (no callback at all) otherwise.
 class Progress {

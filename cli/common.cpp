@@ -90,17 +90,6 @@ core::EntryInfo find_entry(const core::Txn& txn, std::string_view name) {
                               matches.size() > kShown ? ", ..." : ""));
 }
 
-std::vector<EntryFile> entry_files(const core::Txn& txn, const core::EntryInfo& entry) {
-    std::vector<EntryFile> files;
-    check(txn.for_each_entry_file(entry, [&](const core::EntryFile& file) {
-        if (!file.attr.is_dir()) files.push_back(file);
-        return true;
-    }));
-    std::sort(files.begin(), files.end(),
-              [](const EntryFile& a, const EntryFile& b) { return a.path < b.path; });
-    return files;
-}
-
 namespace {
 
 std::int64_t steady_ns() {

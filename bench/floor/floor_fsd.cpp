@@ -28,7 +28,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "counters.hpp"
+
 namespace {
+using namespace kcache::floor_fsd;
 
 // ---- protocol choices: kcache-fsd's, copied (fsd/src/filesystem.cpp, as of the
 // issue-11 merge dfb158f: atomic O_TRUNC, writers through the page cache) -----------
@@ -36,67 +39,6 @@ constexpr double kEntryTimeout = 86400;
 constexpr double kDirAttrTimeout = 86400;
 constexpr double kNegativeTimeout = 86400;
 constexpr double kFileAttrTimeout = 0;  // kcache-fsd: another process may replace content
-
-// ---- request counters -------------------------------------------------------------
-// One slot per opcode we serve; names as libfuse's debug log prints them.
-enum Op {
-    LOOKUP,
-    FORGET,
-    BATCH_FORGET,
-    GETATTR,
-    SETATTR,
-    MKDIR,
-    UNLINK,
-    RMDIR,
-    RENAME,
-    RENAME2,
-    OPEN,
-    READ,
-    WRITE,
-    STATFS,
-    RELEASE,
-    FSYNC,
-    FLUSH,
-    OPENDIR,
-    READDIR,
-    READDIRPLUS,
-    RELEASEDIR,
-    FSYNCDIR,
-    CREATE,
-    IOCTL,
-    GETXATTR,
-    SETXATTR,
-    LISTXATTR,
-    REMOVEXATTR,
-    ACCESS,
-    FALLOCATE,
-    LSEEK,
-    kOps
-};
-const char* const kOpNames[kOps] = {
-    "LOOKUP",   "FORGET",    "BATCH_FORGET", "GETATTR",  "SETATTR",  "MKDIR",       "UNLINK",
-    "RMDIR",    "RENAME",    "RENAME2",      "OPEN",     "READ",     "WRITE",       "STATFS",
-    "RELEASE",  "FSYNC",     "FLUSH",        "OPENDIR",  "READDIR",  "READDIRPLUS", "RELEASEDIR",
-    "FSYNCDIR", "CREATE",    "IOCTL",        "GETXATTR", "SETXATTR", "LISTXATTR",   "REMOVEXATTR",
-    "ACCESS",   "FALLOCATE", "LSEEK"};
-std::atomic<unsigned long long> g_counts[kOps];  // relaxed increments: no cost worth measuring
-std::string g_counts_path;
-
-void count(Op op) {
-    g_counts[op].fetch_add(1, std::memory_order_relaxed);
-}
-
-// Written to a temporary name and renamed, so a reader polling for the file never
-// sees half of it (bench/fsd_flows.py removes it, sends SIGUSR1, waits for it).
-void write_counts() {
-    if (g_counts_path.empty()) return;
-    const std::string tmp = g_counts_path + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f) return;
-    for (int i = 0; i < kOps; ++i) std::fprintf(f, "%s %llu\n", kOpNames[i], g_counts[i].load());
-    std::fclose(f);
-    std::rename(tmp.c_str(), g_counts_path.c_str());
-}
 
 // ---- the in-memory tree -----------------------------------------------------------
 struct Node {
@@ -563,7 +505,7 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--counts" && i + 1 < argc)
-            g_counts_path = argv[++i];
+            set_counts_path(argv[++i]);
         else if (a == "-d")
             fuse_argv_storage.push_back("-d");  // libfuse logs every request
         else if (!a.empty() && a[0] != '-' && mountpoint.empty())

@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 
 #include "commands.hpp"
+#include "kcache/core/entry_files.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/units.hpp"
 
@@ -70,17 +71,16 @@ struct ShowOptions {
     bool json = false;
 };
 
-std::string kind_of(const EntryFile& file) {
+std::string kind_of(const core::EntryFile& file) {
     if (file.attr.is_symlink()) return "symlink";
-    const std::string_view base = std::string_view(file.path).substr(file.path.rfind('/') + 1);
-    return std::string(core::role_name(core::role_of(base)));
+    return std::string(core::role_name(file.role));
 }
 
 int run_show(const Cli& cli, const ShowOptions& opts) {
     auto store = open_store(cli, Access::read);
     auto txn = check(store->read());
     const core::EntryInfo entry = find_entry(txn, opts.name);
-    std::vector<EntryFile> files = entry_files(txn, entry);
+    const std::vector<core::EntryFile> files = check(core::entry_files(txn, entry));
 
     if (opts.json) {
         nlohmann::json list = nlohmann::json::array();
@@ -171,12 +171,12 @@ int run_cat(const Cli& cli, const CatOptions& opts) {
     auto store = open_store(cli, Access::read);
     auto txn = check(store->read());
     const core::EntryInfo entry = find_entry(txn, opts.name);
-    std::vector<EntryFile> nodes;  // directories too: naming one is an error of its own
+    std::vector<core::EntryFile> nodes;  // directories too: naming one is an error of its own
     check(txn.for_each_entry_file(entry, [&](const core::EntryFile& file) {
         nodes.push_back(file);
         return true;
     }));
-    const EntryFile* chosen = nullptr;
+    const core::EntryFile* chosen = nullptr;
     if (relative.empty()) {
         std::size_t files = 0;
         for (const auto& node : nodes) {

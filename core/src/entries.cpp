@@ -250,68 +250,20 @@ Result<EntryInfo> Txn::find_entry(std::string_view name) const {
     return tx.entry(*id);
 }
 
-Status Txn::for_each_entry_file(const EntryInfo& entry,
-                                const std::function<bool(const EntryFile&)>& fn) const {
-    Tx tx = TxnAccess::tx(*this);
-    // Depth-first below each member, in name order; paths relative to the entry's
-    // directory (stem members) or to the entry's own directory (node entries).
-    struct Item {
-        Inode node;
-        std::string path;
-    };
-    std::vector<Item> members;
-    auto s = ops::for_each_member(tx, entry, [&](const Inode& member) {
-        members.push_back({member, entry.kind == EntryKind::node ? std::string() : member.name});
-        return true;
-    });
-    if (!s) return s;
-    std::vector<Item> work(members.rbegin(), members.rend());
-    while (!work.empty()) {
-        Item item = std::move(work.back());
-        work.pop_back();
-        const std::uint32_t type = item.node.mode & S_IFMT;
-        if (type == S_IFDIR) {
-            auto children = KCACHE_TRY(tx.children(item.node.ino));
-            if (!item.path.empty() && !fn(EntryFile{item.path, item.node.attr(), {}})) return {};
-            for (auto it = children.rbegin(); it != children.rend(); ++it) {
-                auto child = KCACHE_TRY(tx.inode(it->second.child));
-                work.push_back({std::move(child),
-                                item.path.empty() ? it->first : item.path + "/" + it->first});
-            }
-            continue;
-        }
-        if (item.path.empty()) item.path = item.node.name;  // a schema-1 file entry
-        if (!fn(EntryFile{item.path, item.node.attr(), item.node.target})) return {};
-    }
-    return {};
-}
-
 Status Txn::for_each_entry(const std::function<bool(const EntryInfo&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    Status result;
-    auto s = tx.scan(tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) {
-        auto entry = records::decode_entry(records::u64_from_key(key), value);
-        if (!entry) {
-            result = tl::unexpected(entry.error());
-            return false;
-        }
-        return fn(*entry);
-    });
-    return s ? result : s;
+    return tx.scan_checked(
+        tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) -> Result<bool> {
+            return fn(KCACHE_TRY(records::decode_entry(records::u64_from_key(key), value)));
+        });
 }
 
 Status Txn::for_each_lru(const std::function<bool(const EntryInfo&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    Status result;
-    auto s = tx.scan(tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) {
-        auto entry = tx.entry(records::u64_from_key(key.substr(8)));
-        if (!entry) {
-            result = tl::unexpected(entry.error());
-            return false;
-        }
-        return fn(*entry);
-    });
-    return s ? result : s;
+    return tx.scan_checked(
+        tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) -> Result<bool> {
+            return fn(KCACHE_TRY(tx.entry(records::u64_from_key(key.substr(8)))));
+        });
 }
 
 Result<bool> Txn::in_flight(Ino entry) const {

@@ -37,17 +37,11 @@ Result<std::uint64_t> Txn::counter(Counter c) const {
 Status Txn::for_each_event(std::uint64_t after_seq,
                            const std::function<bool(const Event&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    Status result;
-    Status s = tx.scan(tx.db.events, {}, records::u64_key(after_seq + 1),
-                       [&](std::string_view key, std::string_view value) {
-                           auto event = records::decode_event(records::u64_from_key(key), value);
-                           if (!event) {
-                               result = tl::unexpected(event.error());
-                               return false;
-                           }
-                           return fn(*event);
-                       });
-    return s ? result : s;
+    return tx.scan_checked(
+        tx.db.events, {}, records::u64_key(after_seq + 1),
+        [&](std::string_view key, std::string_view value) -> Result<bool> {
+            return fn(KCACHE_TRY(records::decode_event(records::u64_from_key(key), value)));
+        });
 }
 
 Status WriteTxn::add(Counter c, std::uint64_t delta) {

@@ -80,6 +80,11 @@ class Tx {
     // Calls fn(key, value) for keys starting with `prefix`, from `start` (>= prefix).
     Status scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
                 const std::function<bool(std::string_view, std::string_view)>& fn) const;
+    // scan() with a callback that can fail (a record that does not decode): `fn`
+    // returns whether to go on, or an error, which ends the scan and is returned.
+    Status scan_checked(
+        MDB_dbi dbi, std::string_view prefix, std::string_view start,
+        const std::function<Result<bool>(std::string_view, std::string_view)>& fn) const;
     // A storage failure: poisons the write transaction and returns the error.
     tl::unexpected<Error> storage_error(int rc, std::string_view what);
 
@@ -114,10 +119,40 @@ inline Tx::Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState*
 // ---- operations implemented across the core's files, on a Tx ----
 namespace ops {
 // tree.cpp
-Status validate_name(std::string_view name);
+// The directory `ino`: ENOENT when it is gone, ENOTDIR when it is not a directory.
+Result<records::Inode> directory(const Tx& tx, Ino ino);
+// A directory changed: its mtime and ctime are now, its link count moves by `nlink_delta`.
+Status touch_dir(Tx& tx, records::Inode& dir, int nlink_delta);
+// Removes one node that has no children: its dirent, inode, content and accounting.
+// `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
+Status remove_node(Tx& tx, records::Inode& parent, const records::Inode& node, EventKind why,
+                   bool keep_entry = false);
+// After `node` left stem entry `entry` (removed, or moved elsewhere): the entry goes
+// when no file of it is left, unless `keep` (a rename replaces its file).
+Status left_stem_entry(Tx& tx, Ino entry, const records::Inode& node, EventKind why, bool keep);
 // Removes `ino` (named `name` in `parent`) and everything below it: inodes, dirents,
 // blob references and accounting. Entry records inside it are dropped with `why`.
 Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);
+// placement.cpp
+// Where a node named `name` in `parent` belongs (layout.hpp): inside an entry it joins
+// it; in a container the layout rules say whether it forms an entry of its own (a
+// directory), joins the entry of its stem (a file; the entry is made if new), or
+// stays outside every entry.
+struct Place {
+    Ino entry = 0;             // the entry it joins; 0: none, or it forms its own
+    bool forms_entry = false;  // a directory that is an entry
+    bool bookkeeping = false;
+    Producer producer = Producer::unknown;
+    bool by_rule = false;
+};
+Result<Place> place(Tx& tx, const records::Inode& parent, std::string_view name, FileType type);
+// A directory the depth fallback made an entry turns out to hold a compiler's cache
+// (`name` of `type` is being made in it): it becomes a container and what it holds is
+// placed again. `dir` is updated in place.
+Status dissolve_if_container(Tx& tx, records::Inode& dir, std::string_view name, FileType type);
+// After `moved` got its new parent and name, places it and its subtree again; a file
+// that joins an entry populates it on behalf of `origin` (null: this process).
+Status retag(Tx& tx, Ino moved, const Origin* origin);
 // content.cpp
 Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign);
 // The digests content is keyed by: its digest_of, and for segmented content (size of

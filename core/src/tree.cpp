@@ -1,5 +1,6 @@
-// The tree namespace: inodes and directory entries, and how moving nodes around
-// moves them between cache entries.
+// The tree namespace: inodes and directory entries; making, looking up, listing and
+// removing nodes, and their attributes. Where a node belongs: placement.cpp; rename:
+// rename.cpp.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kcache/core/layout.hpp"
+#include "kcache/core/names.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -17,85 +19,6 @@ using records::Dirent;
 using records::Inode;
 
 namespace ops {
-
-Status validate_name(std::string_view name) {
-    if (name.size() > kMaxNameLength) {
-        return fail(ENAMETOOLONG,
-                    fmt::format("name of {} bytes is longer than {}", name.size(), kMaxNameLength));
-    }
-    if (name.empty() || name == "." || name == ".." ||
-        name.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
-        return fail(EINVAL, fmt::format("invalid name '{}'", name));
-    }
-    return {};
-}
-
-}  // namespace ops
-
-namespace {
-
-// Where a node named `name` in `parent` belongs (layout.hpp): inside an entry it joins
-// it; in a container the layout rules say whether it forms an entry of its own (a
-// directory), joins the entry of its stem (a file; the entry is made if new), or
-// stays outside every entry.
-struct Place {
-    Ino entry = 0;             // the entry it joins; 0: none, or it forms its own
-    bool forms_entry = false;  // a directory that is an entry
-    bool bookkeeping = false;
-    Producer producer = Producer::unknown;
-    bool by_rule = false;
-};
-
-Result<Classified> classify_in(const Tx& tx, const Inode& parent, std::string_view name,
-                               FileType type) {
-    auto path = KCACHE_TRY(tx.path_of(parent.ino));  // the ancestors' names, root first
-    LayoutContext context;
-    context.entry_depth = tx.config.entry_depth;
-    for (std::string_view rest = path; !rest.empty();) {  // views into `path`, alive for this call
-        const auto slash = rest.find('/');
-        context.ancestors.push_back(rest.substr(0, slash));
-        rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
-    }
-    std::vector<LayoutRule> rules;
-    if (!tx.config.layout_rules.empty()) {  // set_config checked them: a few lines, parsed here
-        auto parsed = KCACHE_TRY(parse_layout_rules(tx.config.layout_rules));
-        rules = std::move(parsed);
-        context.rules = &rules;
-    }
-    return classify(context, name, type);
-}
-
-Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType type) {
-    Place p;
-    if (parent.entry) {
-        p.entry = parent.entry;
-        p.bookkeeping = parent.bookkeeping || is_bookkeeping_name(name);
-        return p;
-    }
-    if (parent.bookkeeping) {
-        p.bookkeeping = true;
-        return p;
-    }
-    auto c = KCACHE_TRY(classify_in(tx, parent, name, type));
-    p.producer = c.producer;
-    p.by_rule = c.by_rule;
-    switch (c.placement) {
-        case Placement::container:
-            break;
-        case Placement::bookkeeping:
-            p.bookkeeping = true;
-            break;
-        case Placement::entry_dir:
-            p.forms_entry = true;
-            break;
-        case Placement::entry_stem: {
-            auto id = KCACHE_TRY(ops::stem_entry(tx, parent, c.stem, c.producer, c.by_rule));
-            p.entry = id;
-            break;
-        }
-    }
-    return p;
-}
 
 Result<Inode> directory(const Tx& tx, Ino ino) {
     auto dir = tx.inode(ino);
@@ -109,77 +32,6 @@ Status touch_dir(Tx& tx, Inode& dir, int nlink_delta) {
     dir.mtime_ns = dir.ctime_ns = tx.now();
     dir.nlink = static_cast<std::uint32_t>(static_cast<int>(dir.nlink) + nlink_delta);
     return tx.put_inode(dir);
-}
-
-Status retag(Tx& tx, Ino moved, const Origin* origin);
-
-// A directory the depth fallback made an entry turns out to hold a compiler's cache
-// (a kernel directory, an entry file or a known container is made in it): it becomes
-// a container and what it holds is placed again. `dir` is updated in place.
-Status dissolve_if_container(Tx& tx, Inode& dir, std::string_view name, FileType type) {
-    if (dir.entry == 0 || dir.entry != dir.ino) return {};
-    auto entry = KCACHE_TRY(tx.find_entry_record(dir.ino));
-    if (!entry || entry->by_rule || entry->kind != EntryKind::node) return {};
-    auto c = KCACHE_TRY(classify_in(tx, dir, name, type));
-    if (!c.by_rule || c.placement == Placement::bookkeeping) return {};
-    if (auto s = ops::drop_entry_record(tx, dir.ino, EventKind::remove, dir.parent, dir.name); !s)
-        return s;
-    dir.entry = 0;
-    if (auto s = tx.put_inode(dir); !s) return s;
-    auto children = KCACHE_TRY(tx.children(dir.ino));
-    for (const auto& [child_name, child] : children) {
-        if (auto s = retag(tx, child.child, nullptr); !s) return s;
-    }
-    return {};
-}
-
-// Creates a node named `name` in `parent` (which the caller checked is a directory
-// without that name).
-Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32_t mode,
-                       std::uint32_t uid, std::uint32_t gid, std::string_view target) {
-    if (parent.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
-    const FileType type = file_type_of(mode);
-    KCACHE_TRY(dissolve_if_container(tx, parent, name, type));
-    auto where = KCACHE_TRY(place(tx, parent, name, type));
-    auto ino = KCACHE_TRY(tx.next_ino());
-    Inode node;
-    node.ino = ino;
-    node.mode = mode;
-    node.uid = uid;
-    node.gid = gid;
-    node.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
-    node.size = target.size();
-    node.atime_ns = node.mtime_ns = node.ctime_ns = tx.now();
-    node.parent = parent.ino;
-    node.depth = static_cast<std::uint16_t>(parent.depth + 1);
-    node.entry = where.forms_entry ? node.ino : where.entry;
-    node.bookkeeping = where.bookkeeping;
-    node.name = name;
-    node.target = target;
-    KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
-                      records::encode(Dirent{node.ino, type})));
-    KCACHE_TRY(tx.put_inode(node));
-    KCACHE_TRY(touch_dir(tx, parent, type == FileType::directory ? 1 : 0));
-    if (where.forms_entry) {
-        KCACHE_TRY(ops::create_entry_record(tx, node, where.producer, where.by_rule));
-    }
-    if (type == FileType::regular) {
-        KCACHE_TRY(tx.add(Counter::files, 1));
-        if (node.entry) {
-            KCACHE_TRY(ops::add_file_to_entry(tx, node.entry, node, +1));
-        }
-    }
-    return node.attr();
-}
-
-// Looks up `name` in directory `parent` for a creation: the parent, and the
-// existing child if any.
-Result<std::pair<Inode, std::optional<Dirent>>> prepare_create(Tx& tx, Ino parent,
-                                                               std::string_view name) {
-    KCACHE_TRY(ops::validate_name(name));
-    auto dir = KCACHE_TRY(directory(tx, parent));
-    auto existing = KCACHE_TRY(tx.child(parent, name));
-    return std::pair{std::move(dir), existing};
 }
 
 // After `node` left stem entry `entry_ino` (removed, or moved elsewhere): the entry
@@ -204,8 +56,7 @@ Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, 
 
 // Removes one node that has no children: its dirent, inode, content and accounting.
 // `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
-Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why,
-                   bool keep_entry = false) {
+Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool keep_entry) {
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, node.name)); !s) return s;
     if (auto s = tx.del(tx.db.inodes, records::u64_key(node.ino)); !s) return s;
     const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
@@ -232,10 +83,6 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why,
     }
     return touch_dir(tx, parent, is_dir ? -1 : 0);
 }
-
-}  // namespace
-
-namespace ops {
 
 Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind why) {
     auto parent = KCACHE_TRY(tx.inode(parent_ino));
@@ -277,6 +124,59 @@ Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind w
 
 }  // namespace ops
 
+namespace {
+
+// Creates a node named `name` in `parent` (which the caller checked is a directory
+// without that name).
+Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32_t mode,
+                       std::uint32_t uid, std::uint32_t gid, std::string_view target) {
+    if (parent.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
+    const FileType type = file_type_of(mode);
+    KCACHE_TRY(ops::dissolve_if_container(tx, parent, name, type));
+    auto where = KCACHE_TRY(ops::place(tx, parent, name, type));
+    auto ino = KCACHE_TRY(tx.next_ino());
+    Inode node;
+    node.ino = ino;
+    node.mode = mode;
+    node.uid = uid;
+    node.gid = gid;
+    node.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
+    node.size = target.size();
+    node.atime_ns = node.mtime_ns = node.ctime_ns = tx.now();
+    node.parent = parent.ino;
+    node.depth = static_cast<std::uint16_t>(parent.depth + 1);
+    node.entry = where.forms_entry ? node.ino : where.entry;
+    node.bookkeeping = where.bookkeeping;
+    node.name = name;
+    node.target = target;
+    KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
+                      records::encode(Dirent{node.ino, type})));
+    KCACHE_TRY(tx.put_inode(node));
+    KCACHE_TRY(ops::touch_dir(tx, parent, type == FileType::directory ? 1 : 0));
+    if (where.forms_entry) {
+        KCACHE_TRY(ops::create_entry_record(tx, node, where.producer, where.by_rule));
+    }
+    if (type == FileType::regular) {
+        KCACHE_TRY(tx.add(Counter::files, 1));
+        if (node.entry) {
+            KCACHE_TRY(ops::add_file_to_entry(tx, node.entry, node, +1));
+        }
+    }
+    return node.attr();
+}
+
+// Looks up `name` in directory `parent` for a creation: the parent, and the
+// existing child if any.
+Result<std::pair<Inode, std::optional<Dirent>>> prepare_create(Tx& tx, Ino parent,
+                                                               std::string_view name) {
+    KCACHE_TRY(check_name(name));
+    auto dir = KCACHE_TRY(ops::directory(tx, parent));
+    auto existing = KCACHE_TRY(tx.child(parent, name));
+    return std::pair{std::move(dir), existing};
+}
+
+}  // namespace
+
 // ---- reads --------------------------------------------------------------------------
 
 Result<Attr> Txn::lookup(Ino parent, std::string_view name) const {
@@ -285,7 +185,7 @@ Result<Attr> Txn::lookup(Ino parent, std::string_view name) const {
         return fail(ENAMETOOLONG,
                     fmt::format("name of {} bytes is longer than {}", name.size(), kMaxNameLength));
     }
-    KCACHE_TRY(directory(tx, parent));
+    KCACHE_TRY(ops::directory(tx, parent));
     auto d = KCACHE_TRY(tx.child(parent, name));
     if (!d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     auto node = KCACHE_TRY(tx.inode(d->child));
@@ -328,21 +228,15 @@ Result<Ino> Txn::resolve(std::string_view path) const {
 Status Txn::readdir(Ino dir, std::string_view after,
                     const std::function<bool(const DirEntry&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    KCACHE_TRY(directory(tx, dir));
+    KCACHE_TRY(ops::directory(tx, dir));
     const std::string prefix = records::u64_key(dir);
     std::string start = records::dirent_key(dir, after);
     if (!after.empty()) start.push_back('\0');  // strictly after `after`
-    Status result;
-    auto s =
-        tx.scan(tx.db.dirents, prefix, start, [&](std::string_view key, std::string_view value) {
-            auto d = records::decode_dirent(value);
-            if (!d) {
-                result = tl::unexpected(d.error());
-                return false;
-            }
-            return fn(DirEntry{key.substr(8), d->child, d->type});
-        });
-    return s ? result : s;
+    return tx.scan_checked(tx.db.dirents, prefix, start,
+                           [&](std::string_view key, std::string_view value) -> Result<bool> {
+                               const auto d = KCACHE_TRY(records::decode_dirent(value));
+                               return fn(DirEntry{key.substr(8), d.child, d.type});
+                           });
 }
 
 // ---- writes -------------------------------------------------------------------------
@@ -403,7 +297,7 @@ namespace {
 
 // The directory `parent` and its child `name`, which must exist (ENOENT).
 Result<std::pair<Inode, Inode>> existing_child(const Tx& tx, Ino parent, std::string_view name) {
-    auto dir = KCACHE_TRY(directory(tx, parent));
+    auto dir = KCACHE_TRY(ops::directory(tx, parent));
     auto d = KCACHE_TRY(tx.child(parent, name));
     if (!d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     auto node = KCACHE_TRY(tx.inode(d->child));
@@ -418,7 +312,7 @@ Status WriteTxn::unlink(Ino parent, std::string_view name) {
     auto& [dir, node] = found;
     if ((node.mode & S_IFMT) == S_IFDIR)
         return fail(EISDIR, fmt::format("'{}' is a directory", name));
-    return remove_node(tx, dir, node, EventKind::remove);
+    return ops::remove_node(tx, dir, node, EventKind::remove);
 }
 
 Status WriteTxn::rmdir(Ino parent, std::string_view name) {
@@ -429,170 +323,7 @@ Status WriteTxn::rmdir(Ino parent, std::string_view name) {
         return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
     auto full = KCACHE_TRY(tx.has_children(node.ino));
     if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
-    return remove_node(tx, dir, node, EventKind::remove);
-}
-
-namespace {
-
-// After `moved` got its new parent and name (or its parent stopped being an entry),
-// places it and its subtree again: entries dissolve or form, files move their bytes
-// from their old entry to their new one, entry names follow. A file that joins an
-// entry under a name that is not bookkeeping populates it (a temp file renamed into
-// place is the store a compiler means), on behalf of `origin` (null: this process).
-Status retag(Tx& tx, Ino moved, const Origin* origin) {
-    std::vector<Ino> work{moved};
-    while (!work.empty()) {
-        auto node = KCACHE_TRY(tx.inode(work.back()));
-        work.pop_back();
-        auto parent = KCACHE_TRY(tx.inode(node.parent));
-        const FileType type = file_type_of(node.mode);
-        const bool was_entry = node.entry == node.ino;
-        if (auto s = dissolve_if_container(tx, parent, node.name, type); !s) return s;
-        auto where = KCACHE_TRY(place(tx, parent, node.name, type));
-        const Ino old_entry = node.entry;
-        const Ino new_entry = where.forms_entry ? node.ino : where.entry;
-        node.depth = static_cast<std::uint16_t>(parent.depth + 1);
-        node.bookkeeping = where.bookkeeping;
-        if (was_entry && where.forms_entry) {
-            // Still the same entry: only its name (path) may have changed.
-            if (auto s = tx.put_inode(node); !s) return s;
-            auto e = KCACHE_TRY(tx.entry(node.ino));
-            auto path = KCACHE_TRY(tx.path_of(node.ino));
-            e.name = std::move(path);
-            e.parent = node.parent;
-            if (auto s = tx.put_entry(e); !s) return s;
-            continue;
-        }
-        if (was_entry) {
-            if (auto s = ops::drop_entry_record(tx, node.ino, EventKind::remove, 0, {}); !s)
-                return s;
-        }
-        node.entry = new_entry;
-        if (auto s = tx.put_inode(node); !s) return s;
-        if (where.forms_entry) {
-            if (auto s = ops::create_entry_record(tx, node, where.producer, where.by_rule); !s)
-                return s;
-        }
-        const bool moved_out = old_entry && old_entry != node.ino && old_entry != new_entry;
-        if (type == FileType::regular) {
-            if (moved_out) {
-                auto still = KCACHE_TRY(tx.find_entry_record(old_entry));
-                if (still) {
-                    if (auto s = ops::add_file_to_entry(tx, old_entry, node, -1); !s) return s;
-                }
-            }
-            if (new_entry && new_entry != old_entry) {  // incl. a flat file that became an entry
-                if (auto s = ops::add_file_to_entry(tx, new_entry, node, +1); !s) return s;
-            }
-            if (new_entry && !node.bookkeeping) {
-                auto e = KCACHE_TRY(tx.entry(new_entry));
-                if (!e.populated) {
-                    if (auto s = ops::populate(tx, e, origin ? *origin : Origin::current()); !s)
-                        return s;
-                    if (auto s = tx.put_entry(e); !s) return s;
-                }
-            }
-        }
-        if (moved_out) {
-            if (auto s = left_stem_entry(tx, old_entry, node, EventKind::remove, false); !s)
-                return s;
-        }
-        if (type == FileType::directory) {
-            auto children = KCACHE_TRY(tx.children(node.ino));
-            for (const auto& [name, d] : children) work.push_back(d.child);
-        }
-    }
-    return {};
-}
-
-}  // namespace
-
-Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
-                        std::string_view new_name, unsigned flags, const Origin* origin) {
-    Tx tx = TxnAccess::tx(*this);
-    if (flags & kRenameExchange) return fail(EINVAL, "RENAME_EXCHANGE is not supported");
-    if (flags & ~kRenameNoReplace) return fail(EINVAL, "unknown rename flags");
-    if (auto s = ops::validate_name(new_name); !s) return s;
-    KCACHE_TRY(directory(tx, parent));
-    KCACHE_TRY(directory(tx, new_parent));
-    auto src_d = KCACHE_TRY(tx.child(parent, name));
-    if (!src_d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
-    if (parent == new_parent && name == new_name) return {};
-    auto src = KCACHE_TRY(tx.inode(src_d->child));
-    const bool src_is_dir = (src.mode & S_IFMT) == S_IFDIR;
-
-    if (src_is_dir) {  // a directory cannot move into its own subtree
-        for (Ino at = new_parent;;) {
-            if (at == src.ino)
-                return fail(EINVAL, fmt::format("cannot move '{}' into itself", name));
-            if (at == kRootIno) break;
-            auto up = KCACHE_TRY(tx.inode(at));
-            at = up.parent;
-        }
-    }
-    auto dst_d = KCACHE_TRY(tx.child(new_parent, new_name));
-    Ino replaced_entry = 0;
-    if (dst_d) {
-        if (flags & kRenameNoReplace) return fail(EEXIST, fmt::format("'{}' exists", new_name));
-        const bool dst_is_dir = dst_d->type == FileType::directory;
-        if (src_is_dir && !dst_is_dir)
-            return fail(ENOTDIR, fmt::format("'{}' is not a directory", new_name));
-        if (!src_is_dir && dst_is_dir)
-            return fail(EISDIR, fmt::format("'{}' is a directory", new_name));
-        if (dst_is_dir) {
-            auto full = KCACHE_TRY(tx.has_children(dst_d->child));
-            if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", new_name));
-        }
-        // Validation is complete: from here on only storage errors can fail.
-        auto dst = KCACHE_TRY(tx.inode(dst_d->child));
-        auto container = KCACHE_TRY(tx.inode(new_parent));
-        // A file replaced in a stem entry keeps the entry for the one that takes its
-        // name (a racing duplicate store is not a new entry, nor a miss).
-        const bool replaced_in_stem = dst.entry && dst.entry != dst.ino && !dst_is_dir;
-        if (auto s = remove_node(tx, container, dst, EventKind::remove, replaced_in_stem); !s)
-            return s;
-        replaced_entry = replaced_in_stem ? dst.entry : 0;
-    }
-
-    const std::string old_name = src.name;
-    const bool was_entry = src.entry == src.ino;
-    if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent, name)); !s) return s;
-    if (auto s = tx.put(tx.db.dirents, records::dirent_key(new_parent, new_name),
-                        records::encode(Dirent{src.ino, file_type_of(src.mode)}));
-        !s) {
-        return s;
-    }
-    auto old_parent = KCACHE_TRY(tx.inode(parent));  // re-read: replacing may have touched it
-    if (auto s = touch_dir(tx, old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s)
-        return s;
-    if (parent != new_parent) {
-        auto target_dir = KCACHE_TRY(tx.inode(new_parent));
-        if (auto s = touch_dir(tx, target_dir, src_is_dir ? 1 : 0); !s) return s;
-    }
-    src.parent = new_parent;
-    src.name = new_name;
-    src.ctime_ns = tx.now();
-    if (auto s = tx.put_inode(src); !s) return s;
-
-    if (auto s = retag(tx, src.ino, origin); !s) return s;
-    if (replaced_entry) {  // normally the renamed file joined it; if not, it is empty now
-        auto moved = KCACHE_TRY(tx.inode(src.ino));
-        if (moved.entry != replaced_entry) {
-            auto gone = KCACHE_TRY(tx.find_entry_record(replaced_entry));
-            if (gone) {
-                if (auto s = ops::drop_entry_record(tx, replaced_entry, EventKind::remove,
-                                                    gone->parent, gone->stem);
-                    !s) {
-                    return s;
-                }
-            }
-        }
-    }
-    if (was_entry) {
-        // The daemon invalidates the old name; the entry may live on under the new one.
-        return tx.log(EventKind::rename, src.ino, parent, old_name);
-    }
-    return {};
+    return ops::remove_node(tx, dir, node, EventKind::remove);
 }
 
 Result<Attr> WriteTxn::setattr(Ino ino, const SetAttr& changes) {

@@ -72,6 +72,18 @@ Status Tx::scan(MDB_dbi dbi, std::string_view prefix, std::string_view start,
     return {};
 }
 
+Status Tx::scan_checked(
+    MDB_dbi dbi, std::string_view prefix, std::string_view start,
+    const std::function<Result<bool>(std::string_view, std::string_view)>& fn) const {
+    Status result;
+    KCACHE_TRY(scan(dbi, prefix, start, [&](std::string_view key, std::string_view value) {
+        auto more = fn(key, value);
+        if (!more) result = tl::unexpected(std::move(more.error()));
+        return more && *more;
+    }));
+    return result;
+}
+
 // ---- Tx: typed access ---------------------------------------------------------------
 
 Result<Inode> Tx::inode(Ino ino) const {
@@ -103,18 +115,13 @@ Result<bool> Tx::has_children(Ino dir) const {
 
 Result<std::vector<std::pair<std::string, records::Dirent>>> Tx::children(Ino dir) const {
     std::vector<std::pair<std::string, records::Dirent>> out;
-    Status result;
     const std::string prefix = records::u64_key(dir);
-    KCACHE_TRY(scan(db.dirents, prefix, prefix, [&](std::string_view key, std::string_view value) {
-        auto d = records::decode_dirent(value);
-        if (!d) {
-            result = tl::unexpected(d.error());
-            return false;
-        }
-        out.emplace_back(key.substr(8), *d);
-        return true;
-    }));
-    KCACHE_TRY(result);
+    KCACHE_TRY(scan_checked(db.dirents, prefix, prefix,
+                            [&](std::string_view key, std::string_view value) -> Result<bool> {
+                                out.emplace_back(key.substr(8),
+                                                 KCACHE_TRY(records::decode_dirent(value)));
+                                return true;
+                            }));
     return out;
 }
 

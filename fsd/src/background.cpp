@@ -40,10 +40,7 @@ Background::~Background() {
 void Background::start(fuse_session* session) {
     m_session = session;
     if (auto txn = m_store.read()) {  // follow from now on: the kernel knows nothing older
-        (void)txn->for_each_event(0, [&](const core::Event& e) {
-            m_event_seq = e.seq;
-            return true;
-        });
+        if (auto end = core::EventCursor::at_end(*txn)) m_events = *end;
     }
     m_thread = std::thread([this] { run(); });
 }
@@ -199,8 +196,7 @@ void Background::follow_events() {
     {
         auto txn = m_store.read();
         if (!txn) return;
-        (void)txn->for_each_event(m_event_seq, [&](const core::Event& e) {
-            m_event_seq = e.seq;
+        auto lost = m_events.read(*txn, [&](const core::Event& e) {
             switch (e.kind) {
                 case core::EventKind::evict:
                 case core::EventKind::remove:
@@ -216,6 +212,12 @@ void Background::follow_events() {
             }
             return true;
         });
+        if (lost && *lost) {
+            log::warning(
+                "{} events were trimmed from the log before the daemon read them: "
+                "the kernel may keep names of what they changed until they expire",
+                *lost);
+        }
     }  // the snapshot ends before the kernel is told anything
     notify(inodes, entries);
 }

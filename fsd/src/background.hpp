@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "kcache/core/events.hpp"
 #include "kcache/core/store.hpp"
 
 struct fuse_session;
@@ -100,7 +101,7 @@ class Background {
 
   private:
     std::atomic<std::uint64_t> m_counts[kSlots] = {};
-    std::uint64_t m_event_seq = 0;
+    core::EventCursor m_events;  // where follow_events() goes on from
     const double m_sync_interval_s;
     std::uint64_t m_synced_txn = 0;
     std::chrono::steady_clock::time_point m_last_sync = std::chrono::steady_clock::now();

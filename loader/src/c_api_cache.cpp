@@ -125,12 +125,12 @@ size_t kcache_entry_file_count(const kcache_entry* entry) {
 
 const char* kcache_entry_file_name(const kcache_entry* entry, size_t file) {
     if (!entry || file >= entry->entry->files().size()) return nullptr;
-    return entry->entry->files()[file].name.c_str();
+    return entry->entry->files()[file].path.c_str();
 }
 
 uint64_t kcache_entry_file_size(const kcache_entry* entry, size_t file) {
     if (!entry || file >= entry->entry->files().size()) return 0;
-    return entry->entry->files()[file].size;
+    return entry->entry->files()[file].attr.size;
 }
 
 kcache_status kcache_entry_read(kcache_entry* entry, const char* name, const void** data,

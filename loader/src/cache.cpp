@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/entry_files.hpp"
+#include "kcache/core/names.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/store.hpp"
 
@@ -30,26 +32,12 @@ std::string errno_text(int code) {
     return std::strerror(code);
 }
 
-// Splits and checks a key: relative, no "." / ".." / empty components.
+// A key is a relative path (core::check_path); one trailing '/' is allowed.
 Status check_key(std::string_view key) {
     if (key.empty()) return fail(EINVAL, "an entry key must not be empty");
-    if (key.size() > core::kMaxPathLength) {
-        return fail(EINVAL, fmt::format("entry key of {} bytes is too long", key.size()));
-    }
-    if (key.front() == '/') {
-        return fail(EINVAL, fmt::format("entry key \"{}\" must be relative to the cache", key));
-    }
-    std::size_t at = 0;
-    while (at <= key.size()) {
-        const std::size_t end = std::min(key.find('/', at), key.size());
-        const std::string_view part = key.substr(at, end - at);
-        if (part.empty() && end != key.size()) {
-            return fail(EINVAL, fmt::format("entry key \"{}\" has an empty component", key));
-        }
-        if (part == "." || part == "..") {
-            return fail(EINVAL, fmt::format("entry key \"{}\" may not contain \"{}\"", key, part));
-        }
-        at = end + 1;
+    if (key.size() > 1 && key.back() == '/') key.remove_suffix(1);
+    if (auto s = core::check_path(key); !s) {
+        return tl::unexpected(core::with_context(s.error(), "entry key"));
     }
     return {};
 }
@@ -68,6 +56,20 @@ Status too_many(std::string_view key) {
     return fail(E2BIG, fmt::format("entry {} has more than {} files", key, kMaxFiles));
 }
 
+// A plain file of an entry, as stat(2) describes it.
+EntryFile plain_file(std::string path, const struct stat& st) {
+    EntryFile file;
+    file.role = core::role_of(fs::path(path).filename().string());
+    file.path = std::move(path);
+    file.attr.mode = static_cast<std::uint32_t>(st.st_mode);
+    file.attr.size = static_cast<std::uint64_t>(st.st_size);
+    return file;
+}
+
+bool by_path(const EntryFile& a, const EntryFile& b) {
+    return a.path < b.path;
+}
+
 // ---- plain directory ----------------------------------------------------------------
 
 class DirEntry final : public Entry {
@@ -82,11 +84,11 @@ class DirEntry final : public Entry {
         if (auto it = m_content.find(name); it != m_content.end())
             return std::string_view(it->second);
         const auto file = std::find_if(m_files.begin(), m_files.end(),
-                                       [&](const EntryFile& f) { return f.name == name; });
+                                       [&](const EntryFile& f) { return f.path == name; });
         if (file == m_files.end()) {
             return fail(ENOENT, fmt::format("entry {} has no file {}", m_key, name));
         }
-        const std::string path = m_is_file ? m_root : m_root + "/" + file->name;
+        const std::string path = m_is_file ? m_root : m_root + "/" + file->path;
         const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0) return fail(errno, fmt::format("{}: {}", path, errno_text(errno)));
         std::string bytes;
@@ -135,7 +137,7 @@ Status list_dir(const std::string& dir, const std::string& prefix, int depth, st
         if (::stat(path.c_str(), &st) != 0) continue;  // removed meanwhile, or a dangling link
         if (S_ISREG(st.st_mode)) {
             if (out.size() >= kMaxFiles) return too_many(key);
-            out.push_back(EntryFile{prefix + name, static_cast<std::uint64_t>(st.st_size)});
+            out.push_back(plain_file(prefix + name, st));
         } else if (S_ISDIR(st.st_mode) && !skipped_dir(name) && depth < kMaxDepth) {
             if (auto s = list_dir(path, prefix + name + "/", depth + 1, key, out); !s) return s;
         }
@@ -164,16 +166,14 @@ class DirCache final : public Cache {
         }
         std::vector<EntryFile> files;
         if (S_ISREG(st.st_mode)) {
-            files.push_back(EntryFile{fs::path(key).filename().string(),
-                                      static_cast<std::uint64_t>(st.st_size)});
+            files.push_back(plain_file(fs::path(key).filename().string(), st));
             return std::unique_ptr<Entry>(new DirEntry(key, path, std::move(files), true));
         }
         if (!S_ISDIR(st.st_mode)) {
             return fail(ENOENT, fmt::format("{} is neither a file nor a directory", path));
         }
         KCACHE_TRY(list_dir(path, "", 0, key, files));
-        std::sort(files.begin(), files.end(),
-                  [](const EntryFile& a, const EntryFile& b) { return a.name < b.name; });
+        std::sort(files.begin(), files.end(), by_path);
         return std::unique_ptr<Entry>(new DirEntry(key, path, std::move(files), false));
     }
 };
@@ -183,8 +183,8 @@ class DirCache final : public Cache {
 class DbEntry final : public Entry {
   public:
     DbEntry(std::shared_ptr<const Cache> cache, std::string key, core::Txn txn,
-            std::vector<core::Ino> inos, std::vector<EntryFile> files)
-        : m_cache(std::move(cache)), m_txn(std::move(txn)), m_inos(std::move(inos)) {
+            std::vector<EntryFile> files)
+        : m_cache(std::move(cache)), m_txn(std::move(txn)) {
         m_key = std::move(key);
         m_files = std::move(files);
     }
@@ -192,11 +192,11 @@ class DbEntry final : public Entry {
     Result<std::string_view> read(std::string_view name) override {
         if (auto it = m_content.find(name); it != m_content.end()) return it->second.bytes();
         const auto file = std::find_if(m_files.begin(), m_files.end(),
-                                       [&](const EntryFile& f) { return f.name == name; });
+                                       [&](const EntryFile& f) { return f.path == name; });
         if (file == m_files.end()) {
             return fail(ENOENT, fmt::format("entry {} has no file {}", m_key, name));
         }
-        auto content = m_txn.read(m_inos[static_cast<std::size_t>(file - m_files.begin())]);
+        auto content = m_txn.read(file->attr.ino);
         if (!content) {
             return tl::unexpected(
                 core::with_context(content.error(), fmt::format("entry {}: {}", m_key, name)));
@@ -208,7 +208,6 @@ class DbEntry final : public Entry {
   private:
     std::shared_ptr<const Cache> m_cache;  // owns the Store the snapshot is of
     core::Txn m_txn;                       // the snapshot every read comes from
-    std::vector<core::Ino> m_inos;         // parallel to m_files
     std::map<std::string, core::Content, std::less<>> m_content;
 };
 
@@ -246,71 +245,39 @@ class DbCache final : public Cache {
         }
         auto attr = KCACHE_TRY(txn.getattr(*ino));
         std::vector<EntryFile> files;
-        std::vector<core::Ino> inos;
         if (attr.is_regular()) {
-            files.push_back(EntryFile{fs::path(key).filename().string(), attr.size});
-            inos.push_back(*ino);
+            const std::string name = fs::path(key).filename().string();
+            files.push_back(EntryFile{name, attr, {}, core::role_of(name)});
         } else if (attr.is_dir()) {
-            KCACHE_TRY(list(txn, *ino, "", 0, key, files, inos));
+            // Regular files (no symlinks) below it, to kMaxDepth levels, tmp.* left out.
+            Status listed;
+            KCACHE_TRY(core::walk_below(txn, *ino, [&](const EntryFile& file) {
+                if (file.attr.is_dir()) {
+                    const auto depth = std::count(file.path.begin(), file.path.end(), '/');
+                    const std::string_view name =
+                        std::string_view(file.path).substr(file.path.rfind('/') + 1);
+                    return skipped_dir(name) || depth >= kMaxDepth ? core::Walk::skip
+                                                                   : core::Walk::next;
+                }
+                if (!file.attr.is_regular()) return core::Walk::next;
+                if (files.size() >= kMaxFiles) {
+                    listed = too_many(key);
+                    return core::Walk::stop;
+                }
+                files.push_back(file);
+                return core::Walk::next;
+            }));
+            KCACHE_TRY(listed);
+            std::sort(files.begin(), files.end(), by_path);
         } else {
             return fail(ENOENT,
                         fmt::format("{} in db {} is neither a file nor a directory", key, m_path));
         }
-        return std::unique_ptr<Entry>(new DbEntry(shared_from_this(), key, std::move(txn),
-                                                  std::move(inos), std::move(files)));
+        return std::unique_ptr<Entry>(
+            new DbEntry(shared_from_this(), key, std::move(txn), std::move(files)));
     }
 
   private:
-    // readdir visits children in name order.
-    static Status list(const core::Txn& txn, core::Ino dir, const std::string& prefix, int depth,
-                       std::string_view key, std::vector<EntryFile>& files,
-                       std::vector<core::Ino>& inos) {
-        std::vector<std::pair<std::string, core::Ino>> subdirs;
-        Status inner;
-        auto s = txn.readdir(dir, "", [&](const core::DirEntry& e) {
-            if (e.type == core::FileType::regular) {
-                if (files.size() >= kMaxFiles) {
-                    inner = too_many(key);
-                    return false;
-                }
-                auto attr = txn.getattr(e.ino);
-                if (!attr) {
-                    inner = tl::unexpected(attr.error());
-                    return false;
-                }
-                files.push_back(EntryFile{prefix + std::string(e.name), attr->size});
-                inos.push_back(e.ino);
-            } else if (e.type == core::FileType::directory && !skipped_dir(e.name) &&
-                       depth < kMaxDepth) {
-                subdirs.emplace_back(std::string(e.name), e.ino);
-            }
-            return true;
-        });
-        if (!s) return s;
-        if (!inner) return inner;
-        for (const auto& [name, ino] : subdirs) {
-            if (auto r = list(txn, ino, prefix + name + "/", depth + 1, key, files, inos); !r) {
-                return r;
-            }
-        }
-        // Files of subdirectories come after those of `dir`: restore name order.
-        if (depth == 0) {
-            std::vector<std::size_t> order(files.size());
-            for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-            std::sort(order.begin(), order.end(),
-                      [&](std::size_t a, std::size_t b) { return files[a].name < files[b].name; });
-            std::vector<EntryFile> f;
-            std::vector<core::Ino> n;
-            for (std::size_t i : order) {
-                f.push_back(std::move(files[i]));
-                n.push_back(inos[i]);
-            }
-            files = std::move(f);
-            inos = std::move(n);
-        }
-        return {};
-    }
-
     std::unique_ptr<core::Store> m_store;
 };
 

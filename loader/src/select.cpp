@@ -96,7 +96,7 @@ Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view on
     };
     std::vector<const EntryFile*> files;
     for (const auto& file : entry.files()) {
-        const std::string_view name = file.name;
+        const std::string_view name = file.path;
         if (!only_file.empty() ? name == only_file
                                : (has_suffix(name, ".cubin") || has_suffix(name, ".fatbin") ||
                                   has_suffix(name, ".ptx"))) {
@@ -104,10 +104,10 @@ Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view on
         }
     }
     std::stable_sort(files.begin(), files.end(), [&](const EntryFile* a, const EntryFile* b) {
-        return kind_rank(a->name) < kind_rank(b->name);
+        return kind_rank(a->path) < kind_rank(b->path);
     });
     for (const EntryFile* file : files) {
-        const std::string_view name = file->name;
+        const std::string_view name = file->path;
         if (std::any_of(candidates.begin(), candidates.end(),
                         [](const Candidate& c) { return c.tier == 0 && c.exact; })) {
             break;
@@ -180,21 +180,21 @@ Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view on
 Result<Signature> find_signature(Entry& entry, std::string_view preferred_stem) {
     std::vector<const EntryFile*> files;
     for (const auto& file : entry.files()) {
-        if (core::role_of(base_name(file.name)) == core::Role::signature) files.push_back(&file);
+        if (file.role == core::Role::signature) files.push_back(&file);
     }
     std::stable_partition(files.begin(), files.end(), [&](const EntryFile* f) {
-        return !preferred_stem.empty() && stem(f->name) == preferred_stem;
+        return !preferred_stem.empty() && stem(f->path) == preferred_stem;
     });
     std::vector<std::string> skipped;
     for (const EntryFile* file : files) {
-        auto bytes = KCACHE_TRY(entry.read(file->name));
+        auto bytes = KCACHE_TRY(entry.read(file->path));
         auto signature = parse_signature(bytes);
         if (signature) return signature;
         if (signature.error().code != ENOEXEC) {
             return tl::unexpected(core::with_context(
-                signature.error(), fmt::format("entry {}: {}", entry.key(), file->name)));
+                signature.error(), fmt::format("entry {}: {}", entry.key(), file->path)));
         }
-        skipped.push_back(fmt::format("{}: {}", file->name, signature.error().message));
+        skipped.push_back(fmt::format("{}: {}", file->path, signature.error().message));
     }
     if (skipped.empty()) {
         return fail(ENOENT, fmt::format("entry {} has no signature file", entry.key()));

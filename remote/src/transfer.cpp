@@ -15,6 +15,7 @@
 #include <fmt/core.h>
 
 #include "client.hpp"
+#include "kcache/core/names.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "server.hpp"
@@ -32,47 +33,10 @@ struct DigestLess {
     }
 };
 
-Status check_name(std::string_view name, std::string_view what) {
-    if (name.empty() || name.size() > core::kMaxNameLength || name == "." || name == ".." ||
-        name.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
-        return core::fail(EINVAL, fmt::format("{}: invalid name '{}'", what, name));
-    }
-    return {};
-}
-
-// A relative path of valid names: no "..", no empty component, not absolute.
+// A relative path of valid names (core::check_path), as long as the manifest's str16 allows.
 Status check_path(std::string_view path, std::string_view what) {
-    if (path.empty() || path.size() > kMaxPath)
-        return core::fail(EINVAL, fmt::format("{}: empty or too long path", what));
-    for (std::size_t at = 0; at <= path.size();) {
-        const std::size_t slash = std::min(path.find('/', at), path.size());
-        if (auto s = check_name(path.substr(at, slash - at), what); !s) return s;
-        at = slash + 1;
-    }
-    return {};
-}
-
-// Refuses a symlink target that is absolute or climbs above the cache root from a
-// link at `link_path` (a path from the root): served by a mount, it would make a
-// compiler read or write outside the cache. Resolved lexically, as bundles do.
-Status check_symlink(std::string_view link_path, std::string_view target) {
-    if (target.empty() || target.front() == '/') {
-        return core::fail(EINVAL, fmt::format("symlink '{}': empty or absolute target", link_path));
-    }
-    std::size_t depth =
-        static_cast<std::size_t>(std::count(link_path.begin(), link_path.end(), '/'));
-    for (std::size_t at = 0; at <= target.size();) {
-        const std::size_t slash = std::min(target.find('/', at), target.size());
-        const std::string_view part = target.substr(at, slash - at);
-        if (part == "..") {
-            if (depth == 0)
-                return core::fail(EINVAL, fmt::format("symlink '{}': target '{}' leaves the cache",
-                                                      link_path, target));
-            --depth;
-        } else if (!part.empty() && part != ".") {
-            ++depth;
-        }
-        at = slash + 1;
+    if (auto s = core::check_path(path, kMaxPath); !s) {
+        return tl::unexpected(core::with_context(s.error(), std::string(what)));
     }
     return {};
 }
@@ -116,7 +80,7 @@ Status check_manifest(const proto::Manifest& m, std::string_view asked) {
             const std::string full = m.kind == core::EntryKind::stem
                                          ? (dir.empty() ? n.path : dir + "/" + n.path)
                                          : m.entry + "/" + n.path;
-            if (auto s = check_symlink(full, n.target); !s) return s;
+            if (auto s = core::check_link_target(full, n.target); !s) return s;
         }
         seen.emplace(n.path, n.type);
     }

@@ -46,7 +46,7 @@ struct BothCaches {
 
 std::vector<std::string> names(const loader::Entry& entry) {
     std::vector<std::string> out;
-    for (const auto& f : entry.files()) out.push_back(f.name);
+    for (const auto& f : entry.files()) out.push_back(f.path);
     return out;
 }
 
@@ -64,9 +64,9 @@ TEST_CASE("cache: a plain directory and a db list and read the same entry", "[lo
         CHECK(names(*entry) == std::vector<std::string>{"__grp__axpy.json", "axpy.cubin",
                                                         "axpy.json", "axpy.ptx", "sub/notes.txt"});
         for (const auto& f : entry->files()) {
-            const auto bytes = value(entry->read(f.name));
-            CHECK(bytes == kTritonLike.at(f.name));
-            CHECK(f.size == bytes.size());
+            const auto bytes = value(entry->read(f.path));
+            CHECK(bytes == kTritonLike.at(f.path));
+            CHECK(f.attr.size == bytes.size());
         }
         CHECK(value(entry->read("axpy.cubin")).data() == value(entry->read("axpy.cubin")).data());
         CHECK(error(entry->read("missing.cubin")).code == ENOENT);

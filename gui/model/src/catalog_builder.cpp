@@ -56,11 +56,10 @@ core::Result<CatalogBuilder::Update> CatalogBuilder::load_all(const core::Txn& t
     }
 
     m_events.clear();
-    m_event_seq = 0;
+    m_cursor = core::EventCursor();
     m_recent.clear();
-    KCACHE_TRY(txn.for_each_event(0, [&](const core::Event& event) {
+    KCACHE_TRY(m_cursor.read(txn, [&](const core::Event& event) {
         append_event(event);
-        m_event_seq = event.seq;
         return true;
     }));
     m_gauge_offset = gauge_offset(*c);
@@ -84,12 +83,12 @@ core::Result<std::optional<CatalogBuilder::Update>> CatalogBuilder::follow() {
 
     // Copy on write: the published catalog may be on screen right now.
     auto c = std::make_shared<Catalog>(*m_current);
-    const auto saved_seq = m_event_seq;
+    const auto saved_cursor = m_cursor;
     const auto saved_events = m_events.size();
     Update update;
     auto incremental = apply_changes(txn, *c, update);
     if (!incremental) {
-        m_event_seq = saved_seq;  // leave the builder as it was, for the next try
+        m_cursor = saved_cursor;  // leave the builder as it was, for the next try
         m_events.resize(saved_events);
         return tl::unexpected(incremental.error());
     }
@@ -103,26 +102,22 @@ core::Result<std::optional<CatalogBuilder::Update>> CatalogBuilder::follow() {
 core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& c, Update& update) {
     std::vector<core::Ino> touched;
     bool need_reload = false;
-    bool first = true;
     std::size_t count = 0;
     const std::int64_t now = m_store.get().now_ns();
-    KCACHE_TRY(txn.for_each_event(m_event_seq, [&](const core::Event& event) {
-        // A gap means the log was trimmed past what we saw: changes were lost.
-        if ((first && m_event_seq != 0 && event.seq != m_event_seq + 1) ||
-            ++count > kMaxIncrementalEvents) {
+    const auto lost = KCACHE_TRY(m_cursor.read(txn, [&](const core::Event& event) {
+        if (++count > kMaxIncrementalEvents) {
             need_reload = true;
             return false;
         }
-        first = false;
         append_event(event);
-        m_event_seq = event.seq;
         if (event.entry != 0) touched.push_back(event.entry);
         if (event.kind == core::EventKind::populate || event.kind == core::EventKind::import) {
             m_recent.emplace_back(event.entry, now);
         }
         return true;
     }));
-    if (need_reload) return false;
+    // Lost events (the log was trimmed past what we saw): changes we cannot apply.
+    if (need_reload || lost != 0) return false;
 
     std::erase_if(m_recent, [&](const auto& recent) { return now - recent.second > kRecentNs; });
     for (const auto& recent : m_recent) touched.push_back(recent.first);

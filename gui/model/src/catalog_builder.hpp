@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "kcache/core/events.hpp"
 #include "kcache/core/store.hpp"
 #include "kcache/gui/catalog.hpp"
 #include "kcache/gui/worker.hpp"
@@ -38,7 +39,7 @@ class CatalogBuilder {
 
   private:
     core::Result<Update> load_all(const core::Txn& txn);
-    // Applies events after m_event_seq to `c`; false when a full load is needed instead.
+    // Applies the events after m_cursor to `c`; false when a full load is needed instead.
     core::Result<bool> apply_changes(const core::Txn& txn, Catalog& c, Update& update);
     void upsert(Catalog& c, const core::EntryInfo& info, bool& moved);
     void mark_gone(Catalog& c, core::Ino ino);
@@ -53,7 +54,7 @@ class CatalogBuilder {
         core::EventKind kind;
     };
     std::vector<EventPoint> m_events;  // hit, populate, evict events, oldest first
-    std::uint64_t m_event_seq = 0;     // last event seen
+    core::EventCursor m_cursor;        // after the last event seen
     // Entries populated lately, re-read at every look: files keep arriving after the
     // populate event, and publishing them logs nothing. (ino, when it was seen).
     std::vector<std::pair<core::Ino, std::int64_t>> m_recent;

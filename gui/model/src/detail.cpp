@@ -6,17 +6,9 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "kcache/core/roles.hpp"
+#include "kcache/core/entry_files.hpp"
 
 namespace kcache::gui {
-namespace {
-
-std::string_view base_name(std::string_view path) {
-    const std::size_t slash = path.rfind('/');
-    return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
-}  // namespace
 
 core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino entry) {
     auto txn = KCACHE_TRY(store.read());
@@ -24,15 +16,7 @@ core::Result<EntryDetail> EntryDetail::load(const core::Store& store, core::Ino 
     EntryDetail detail;
     detail.m_info = std::move(info);
     detail.m_txn_id = txn.id();
-    KCACHE_TRY(txn.for_each_entry_file(detail.m_info, [&](const core::EntryFile& file) {
-        if (!file.attr.is_dir()) {
-            detail.m_files.push_back(
-                {file.path, file.attr, core::role_of(base_name(file.path)), file.link_target});
-        }
-        return true;
-    }));
-    std::sort(detail.m_files.begin(), detail.m_files.end(),
-              [](const EntryFile& a, const EntryFile& b) { return a.path < b.path; });
+    detail.m_files = KCACHE_TRY(core::entry_files(txn, detail.m_info));
     return detail;
 }
 

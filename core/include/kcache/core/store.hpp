@@ -127,14 +127,6 @@ struct SetAttr {
 inline constexpr unsigned kRenameNoReplace = 1u << 0;
 inline constexpr unsigned kRenameExchange = 1u << 1;  // not supported: EINVAL
 
-// A file (or directory, or symlink) of an entry, as Txn::for_each_entry_file visits it.
-struct EntryFile {
-    std::string path;  // relative: below the entry's directory (node entries), or
-                       // the file's name in its directory (stem entries)
-    Attr attr;
-    std::string link_target;  // symlinks
-};
-
 // A snapshot of the db. Reads never block writers and see one consistent state.
 class Txn {
   public:
@@ -173,8 +165,8 @@ class Txn {
     Result<EntryInfo> entry(Ino entry) const;
     // By name (EntryInfo::name): a directory's path, or a directory's path and a stem.
     Result<EntryInfo> find_entry(std::string_view name) const;
-    // Every node of an entry, directories before what they hold, in name order; `fn`
-    // returns false to stop.
+    // Every node of an entry (EntryFile, types.hpp), directories before what they hold,
+    // in name order; `fn` returns false to stop. entry_files.hpp: the files, collected.
     Status for_each_entry_file(const EntryInfo& entry,
                                const std::function<bool(const EntryFile&)>& fn) const;
     // All entries in ino (creation) order; `fn` returns false to stop.

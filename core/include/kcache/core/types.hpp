@@ -80,6 +80,17 @@ struct DirEntry {
 // What a file is to a loader or a person, derived from its name (see roles.hpp).
 enum class Role : std::uint8_t { other = 0, binary = 1, signature = 2, ir = 3 };
 
+// A file (or directory, or symlink) of an entry, or below a directory: what
+// Txn::for_each_entry_file and the functions of entry_files.hpp visit. The loader's
+// plain-directory entries fill it from stat(2) (path, role, attr's mode and size).
+struct EntryFile {
+    std::string path;  // relative: below the entry's directory (node entries), or
+                       // the file's name in its directory (stem entries)
+    Attr attr;
+    std::string link_target;  // symlinks
+    Role role = Role::other;  // role_of(the path's last component); directories: other
+};
+
 // Which compiler most likely wrote an entry, guessed from the names of its files.
 enum class Producer : std::uint8_t {
     unknown = 0,

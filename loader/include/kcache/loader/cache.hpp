@@ -25,15 +25,15 @@
 #include <string_view>
 #include <vector>
 
+#include "kcache/core/types.hpp"
 #include "kcache/loader/introspect.hpp"
 #include "kcache/loader/signature.hpp"
 
 namespace kcache::loader {
 
-struct EntryFile {
-    std::string name;        // relative to the entry, '/'-separated
-    std::uint64_t size = 0;  // bytes
-};
+// A file of an entry: core's, with its path relative to the entry ('/'-separated),
+// its role, and attr.size and attr.mode (from a db, every attribute).
+using EntryFile = core::EntryFile;
 
 class KCACHE_LOADER_API Entry {
   public:

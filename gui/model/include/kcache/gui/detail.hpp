@@ -19,12 +19,8 @@
 
 namespace kcache::gui {
 
-struct EntryFile {
-    std::string path;  // relative to the entry; a flat-file entry: its own name
-    core::Attr attr;
-    core::Role role = core::Role::other;
-    std::string link_target;  // symlinks only
-};
+// A file of an entry: core's (path relative to the entry, attributes, role, link target).
+using EntryFile = core::EntryFile;
 
 class EntryDetail {
   public:

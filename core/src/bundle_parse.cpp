@@ -1,0 +1,235 @@
+// Reading a bundle (bundle_format.hpp): every record, length, path, digest and the
+// checksum checked before a caller acts on any of it.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <zstd.h>
+
+#include "bundle_format.hpp"
+#include "kcache/core/byte_reader.hpp"
+#include "kcache/core/names.hpp"
+
+namespace kcache::core::bundle {
+using records::Codec;
+
+namespace {
+
+// Streams a bundle, hashing what it reads; every length is checked against what is
+// left in the file before anything is allocated for it. Each piece read from the file
+// is decoded by a ByteReader (kcache/core/byte_reader.hpp); reading past the end of the
+// file is that reader's error ("<path>: 8 bytes at offset 120 run past the end (123
+// bytes)"), with EINVAL, the code of every invalid bundle.
+class BundleReader {
+  public:
+    static Result<BundleReader> open(const std::string& path) {
+        BundleReader r;
+        r.m_path = path;
+        r.m_file.reset(std::fopen(path.c_str(), "rb"));
+        if (!r.m_file) return fail(errno, fmt::format("{}: {}", path, std::strerror(errno)));
+        struct stat st {};
+        if (fstat(fileno(r.m_file.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
+            return fail(EINVAL, fmt::format("{}: not a regular file", path));
+        }
+        r.m_size = static_cast<std::uint64_t>(st.st_size);
+        return r;
+    }
+    // The next `n` bytes of the file, owned (file contents: no second copy).
+    Result<std::string> bytes(std::uint64_t n, bool hashed = true) {
+        if (n > m_size - m_pos) return invalid(past_end_error(m_path, m_pos, n, m_size));
+        std::string out(static_cast<std::size_t>(n), '\0');
+        if (const std::size_t got = std::fread(out.data(), 1, out.size(), m_file.get());
+            got != out.size()) {
+            // The file shrank while being read (or the read failed): it ends sooner.
+            return invalid(past_end_error(m_path, m_pos, n, m_pos + got));
+        }
+        if (hashed && !out.empty()) m_hash->update(out.data(), out.size());
+        m_pos += n;
+        return out;
+    }
+    // Reads each field in turn (ByteReader::read) from the next bytes of the file.
+    template <class... Ts>
+    Status read(Ts&... fields) {
+        return read_from(true, fields...);
+    }
+    template <class... Ts>
+    Status read_unhashed(Ts&... fields) {
+        return read_from(false, fields...);
+    }
+    // A u16 length, then that many bytes.
+    Result<std::string> str16() {
+        std::uint16_t n = 0;
+        if (auto s = read(n); !s) return tl::unexpected(s.error());
+        return bytes(n);
+    }
+    tl::unexpected<Error> bad(std::string_view why) const {
+        return fail(EINVAL, fmt::format("{}: invalid bundle at byte {}: {}", m_path, m_pos, why));
+    }
+    Digest digest() const { return m_hash->digest(); }
+    std::uint64_t pos() const { return m_pos; }
+    std::uint64_t size() const { return m_size; }
+
+  private:
+    BundleReader() = default;
+    static tl::unexpected<Error> invalid(Error e) { return fail(EINVAL, std::move(e.message)); }
+    template <class... Ts>
+    Status read_from(bool hashed, Ts&... fields) {
+        constexpr std::uint64_t total = (std::uint64_t{0} + ... + sizeof(Ts));
+        const std::uint64_t at = m_pos;
+        auto piece = bytes(total, hashed);
+        if (!piece) return tl::unexpected(piece.error());
+        m_piece = std::move(*piece);
+        if (auto s = ByteReader(m_piece, m_path, at).read(fields...); !s) return invalid(s.error());
+        return {};
+    }
+    std::string m_path;
+    File m_file;
+    std::unique_ptr<HashState> m_hash = std::make_unique<HashState>();
+    std::uint64_t m_size = 0;
+    std::uint64_t m_pos = 0;
+    std::string m_piece;  // the fields read last
+};
+
+}  // namespace
+
+// Parses the whole bundle, calling on_entry / on_node for each record; fails on the
+// first malformed record, wrong digest or a bad checksum.
+Status parse_bundle(const std::string& path,
+                    const std::function<Status(const std::string&, EntryKind)>& on_entry,
+                    const std::function<Status(const BundleNode&)>& on_node,
+                    const ProgressFn& progress) {
+    auto opened = BundleReader::open(path);
+    if (!opened) return tl::unexpected(opened.error());
+    BundleReader& in = *opened;
+    auto magic = in.bytes(kMagic.size());
+    if (!magic || *magic != kMagic)
+        return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
+    std::uint32_t format = 0;
+    if (auto s = in.read(format); !s) return s;
+    if (format != kFormat && format != kFormatFlatDigests && format != kFormatNodeEntries) {
+        return in.bad(fmt::format("unsupported format {}", format));
+    }
+
+    std::string entry;  // current entry path
+    EntryKind kind = EntryKind::node;
+    std::string stem_dir, stem;  // stem entries: "dir/" and the stem
+    std::uint64_t entries = 0, nodes = 0;
+    std::unordered_map<std::string, FileType> seen;  // paths of this entry
+    for (;;) {
+        std::uint8_t tag = 0;
+        if (auto s = in.read(tag); !s) return s;
+        if (tag == 'Z') break;
+        if (tag == 'E') {
+            auto name = in.str16();
+            if (!name) return tl::unexpected(name.error());
+            if (auto s = check_path(*name, kMaxBundlePath); !s)
+                return in.bad("refused " + s.error().message);
+            kind = EntryKind::node;
+            if (format >= kFormatFlatDigests) {
+                std::uint8_t k = 0;
+                if (auto s = in.read(k); !s) return s;
+                if (k > static_cast<std::uint8_t>(EntryKind::stem))
+                    return in.bad("unknown entry kind");
+                kind = static_cast<EntryKind>(k);
+            }
+            entry = std::move(*name);
+            const auto slash = entry.rfind('/');
+            stem_dir = slash == std::string::npos ? std::string() : entry.substr(0, slash + 1);
+            stem = entry.substr(stem_dir.size());
+            seen.clear();
+            ++entries;
+            if (auto s = on_entry(entry, kind); !s) return s;
+            continue;
+        }
+        if (tag != 'N' || entry.empty()) return in.bad("unexpected record");
+        BundleNode node;
+        auto p = in.str16();
+        if (!p) return tl::unexpected(p.error());
+        node.path = std::move(*p);
+        std::uint8_t type = 0;
+        if (auto s = in.read(type, node.mode, node.mtime_ns); !s) return s;
+        if (type < 1 || type > 3) return in.bad("unknown node type");
+        node.type = static_cast<FileType>(type);
+        if (auto s = check_path(node.path, kMaxBundlePath); !s)
+            return in.bad("refused " + s.error().message);
+        // A node entry's node first, then nodes whose parent came before in this entry;
+        // a stem entry's files, siblings named with its stem.
+        const bool stem_file = kind == EntryKind::stem && node.type != FileType::directory &&
+                               node.path.size() > stem_dir.size() &&
+                               node.path.compare(0, stem_dir.size(), stem_dir) == 0 &&
+                               node.path.find('/', stem_dir.size()) == std::string::npos &&
+                               node.path.compare(stem_dir.size(), stem.size(), stem) == 0;
+        if (kind == EntryKind::stem) {
+            if (!stem_file || seen.count(node.path)) {
+                return in.bad(
+                    fmt::format("node '{}' is not a file of stem entry '{}'", node.path, entry));
+            }
+        } else if (seen.empty() ? node.path != entry : false) {
+            return in.bad("entry must start with its own node");
+        } else if (!seen.empty()) {
+            const std::string parent = node.path.substr(0, node.path.rfind('/'));
+            auto it = seen.find(parent);
+            if (node.path.substr(0, entry.size() + 1) != entry + "/" || it == seen.end() ||
+                it->second != FileType::directory || seen.count(node.path)) {
+                return in.bad(fmt::format("node '{}' is not under a directory of entry '{}'",
+                                          node.path, entry));
+            }
+        }
+        seen.emplace(node.path, node.type);
+        if (node.type == FileType::regular) {
+            std::uint64_t raw_size = 0;
+            Digest declared;
+            std::uint8_t codec = 0;
+            std::uint32_t stored_len = 0;
+            if (auto s = in.read(raw_size, declared.high, declared.low, codec, stored_len); !s)
+                return s;
+            auto stored = in.bytes(stored_len);
+            if (!stored) return tl::unexpected(stored.error());
+            if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
+                if (raw_size > in.size() * 1024 + (1u << 20))
+                    return in.bad("implausible file size");
+                node.content.assign(raw_size, '\0');
+                const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
+                                                      stored->data(), stored->size());
+                if (ZSTD_isError(n) || n != raw_size)
+                    return in.bad(fmt::format("'{}' does not decompress", node.path));
+            } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
+                node.content = std::move(*stored);
+            } else {
+                return in.bad("unknown codec");
+            }
+            const Digest digest =
+                format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
+            if (node.content.size() != raw_size || !(digest == declared)) {
+                return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
+            }
+        } else if (node.type == FileType::symlink) {
+            auto target = in.str16();
+            if (!target) return tl::unexpected(target.error());
+            if (target->empty()) return in.bad("empty symlink target");
+            if (auto s = check_link_target(node.path, *target); !s) {
+                return in.bad("refused " + s.error().message);
+            }
+            node.target = std::move(*target);
+        }
+        ++nodes;
+        if (auto s = on_node(node); !s) return s;
+        if (progress) progress(in.pos(), in.size());
+    }
+    std::uint64_t count_entries = 0, count_nodes = 0;
+    if (auto s = in.read(count_entries, count_nodes); !s) return s;
+    const Digest computed = in.digest();
+    Digest stored;
+    if (auto s = in.read_unhashed(stored.high, stored.low); !s) return s;
+    if (!(stored == computed))
+        return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
+    if (count_entries != entries || count_nodes != nodes)
+        return in.bad("record counts do not match");
+    if (in.pos() != in.size()) return in.bad("trailing bytes after the checksum");
+    return {};
+}
+
+}  // namespace kcache::core::bundle
