@@ -34,6 +34,9 @@ enum class Counter : std::uint32_t {
     errors_io = 12,
     errors_other = 13,
     imported_entries = 14,
+    // single flight on one node (kcache-fsd)
+    single_flight_waits = 15,
+    single_flight_timeouts = 16,
     // the shared tier (remote/)
     remote_hits = 40,
     remote_misses = 41,
@@ -62,7 +65,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 37;
+inline constexpr std::size_t kStatisticCount = 39;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -131,6 +134,10 @@ inline constexpr StatisticField kStatistics[] = {
      "requests that failed with ENOMEM or EFBIG"},
     {Counter::imported_entries, "imported_entries", Unit::count, StatisticKind::counter, by_store,
      "entries written by kcache import"},
+    {Counter::single_flight_waits, "single_flight_waits", Unit::count, StatisticKind::counter, by_daemon,
+     "path walks through an entry directory that waited for another compile filling it"},
+    {Counter::single_flight_timeouts, "single_flight_timeouts", Unit::count, StatisticKind::counter, by_daemon,
+     "single-flight waits that ended at their bound with the entry still being filled"},
     {Counter::remote_hits, "remote_hits", Unit::count, StatisticKind::counter, by_remote,
      "entries pulled from the remote tier into this db"},
     {Counter::remote_misses, "remote_misses", Unit::count, StatisticKind::counter, by_remote,
