@@ -113,6 +113,11 @@ core::Result<Options> parse_options(int argc, char** argv) {
                  "shared image");
     remote::Settings remote_settings;
     remote::add_options(app, remote_settings);
+    std::uint64_t lease_ms = 0;
+    app.add_option("--remote-lease-ms", lease_ms,
+                   "with --remote: a node that misses an entry everywhere leases compiling it "
+                   "for this many ms; other nodes wait that long for it (default 0: off)")
+        ->type_name("MS");
     app.add_option(
            "--prefetch-job-tag", o.prefetch_job_tag,
            "with --remote: pull every entry of this job into the db in the background at mount")
@@ -182,6 +187,12 @@ core::Result<Options> parse_options(int argc, char** argv) {
         auto resolved = remote::resolve(remote_settings);
         if (!resolved) return tl::unexpected(resolved.error());
         o.remote = std::move(*resolved);
+    }
+    if (lease_ms) {
+        if (!o.remote)
+            return core::fail(EINVAL, "--remote-lease-ms needs a shared tier: give --remote URL");
+        if (lease_ms > 3'600'000) return core::fail(ERANGE, "--remote-lease-ms: over an hour");
+        o.remote->lease_ms = static_cast<std::int64_t>(lease_ms);
     }
     if (!o.prefetch_job_tag.empty()) {
         if (!o.remote)

@@ -108,6 +108,16 @@ TEST_CASE("options: single flight's bound: -o single_flight_ms= and --single-fli
     CHECK(parse({"-o", "single_flight_ms=3600001"}).error().code == ERANGE);
 }
 
+TEST_CASE("options: --remote-lease-ms needs --remote, and is off by default", "[options]") {
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock"}).remote->lease_ms == 0);
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "5000"})
+              .remote->lease_ms == 5000);
+    CHECK(parse({"--remote-lease-ms", "5000"}).error().code == EINVAL);
+    CHECK(
+        parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "3600001"}).error().code ==
+        ERANGE);
+}
+
 TEST_CASE("options: -o options that are not kcache's go to libfuse", "[options]") {
     const Options o = must_parse({"-o", "allow_other,max_entries=10,noatime"});
     CHECK(o.max_entries == 10);

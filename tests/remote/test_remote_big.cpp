@@ -60,8 +60,8 @@ void write_stream(const std::string& path, std::uint64_t seed, std::uint64_t siz
     REQUIRE(fd);
     std::string piece;
     for (std::uint64_t off = 0; off < size; off += kPiece) {
-        stream_piece(seed, off, static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, size - off)),
-                     piece);
+        stream_piece(seed, off,
+                     static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, size - off)), piece);
         REQUIRE(test::write_fd(fd.get(), piece) == 0);
     }
     REQUIRE_SYS(fd.close());
@@ -107,8 +107,8 @@ TEST_CASE("fsd remote: a file over 512 MiB travels from mount A to mount B in ch
     RedisServer redis({"--maxmemory", "2gb", "--maxmemory-policy", "noeviction"});
     DaemonOptions options;
     // One remote round trip moves 8 chunks (8 MiB): generous deadlines for a loaded machine.
-    options.args = {"--remote", redis.url(), "--remote-namespace", "fsd", "--remote-timeout",
-                    "60s"};
+    options.args = {"--remote", redis.url(),        "--remote-namespace",
+                    "fsd",      "--remote-timeout", "60s"};
     options.watchdog_s = 540;  // below the CTest TIMEOUT (600 s)
     MountedCache a(options);
     MountedCache b(options);
