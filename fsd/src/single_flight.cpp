@@ -129,8 +129,12 @@ bool SingleFlight::retried(pid_t tid, core::Ino dir, std::string_view name) {
     if (!enabled()) return false;
     std::lock_guard lock(m_mutex);
     auto r = m_retries.find(tid);
-    if (r == m_retries.end() || r->second.awaited.dir != dir || r->second.awaited.name != name)
+    if (r == m_retries.end()) return false;
+    if (r->second.expires <= Clock::now()) {  // an older system call's: not this one's retry
+        m_retries.erase(r);
         return false;
+    }
+    if (r->second.awaited.dir != dir || r->second.awaited.name != name) return false;
     m_retries.erase(r);
     return true;
 }
@@ -141,6 +145,10 @@ std::optional<SingleFlight::Awaited> SingleFlight::retrying(pid_t tid, core::Ino
     auto r = m_retries.find(tid);
     if (r == m_retries.end() || r->second.waited || r->second.awaited.dir != ino)
         return std::nullopt;
+    if (r->second.expires <= Clock::now()) {  // an older system call's: no wait now
+        m_retries.erase(r);
+        return std::nullopt;
+    }
     r->second.waited = true;  // once: a later walk through the directory does not wait
     r->second.expires = Clock::now() + m_bound + kRetryWindow;
     return r->second.awaited;
