@@ -1,5 +1,8 @@
 #include "single_flight.hpp"
 
+#include <signal.h>
+
+#include <cerrno>
 #include <utility>
 
 #include "process.hpp"
@@ -102,10 +105,14 @@ bool SingleFlight::filled_by_other(core::Ino entry, std::uint32_t asker) {
     if (at.empty()) return false;
     // A compile at work in the entry itself never waits: two compiles filling one entry
     // would otherwise wait for each other until the bound.
+    bool other = false;
     for (std::uint32_t process : at) {
         if (same_compile(asker, process)) return false;
+        // A filler that exited finishes nothing: what it left is all there will be.
+        const bool alive = ::kill(static_cast<pid_t>(process), 0) == 0 || errno == EPERM;
+        other = other || alive;
     }
-    return true;
+    return other;
 }
 
 bool SingleFlight::retry_first(pid_t tid, const Awaited& awaited) {

@@ -21,7 +21,14 @@
 // an ancestor or descendant) is not at work in the entry, while another process is: it
 // holds a handle open for writing a file of the entry (its temporary files included),
 // or it made something in the entry (create, mkdir, symlink, a rename into it) or closed
-// such a handle within kGrace.
+// such a handle within kGrace, and it is still alive.
+//
+// Limit: the kernel retries ESTALE for lookups, opens (O_CREAT too), renames, unlinks,
+// stat and access, but not for the lookup that mkdir, symlink and mknod make of their
+// new name: those, by a process not of the filler's compile, of a name that is not
+// bookkeeping, inside an entry another compile is filling at that moment, fail with
+// ESTALE. Compilers make no such names (their temporary files and directories are
+// bookkeeping names, which never wait).
 //
 // Contract:
 //  - writer_opened / writer_closed / created: called by handlers, never block (a leaf
