@@ -73,7 +73,7 @@ DaemonOptions with_bound(int ms) {
 int fill(const MountedCache& m, const std::string& content, const Signal& ready, const Signal& go,
          const std::function<int()>& while_open = {}) {
     const std::string dir = m.p(kEntry), tmp = dir + "/tmp.pid_1_abc";
-    if (::mkdir(dir.c_str(), 0755) != 0) return 1;
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return 1;
     if (::mkdir(tmp.c_str(), 0755) != 0) return 2;
     const int fd = ::open((tmp + "/" + kName).c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
     if (fd < 0) return 3;
@@ -267,6 +267,41 @@ TEST_CASE("single flight: compiles at work in the entry and the parent directory
     REQUIRE_FALSE(p.timed_out);
     CHECK(p.exit_code == 0);
     CHECK(stat_of(m, "single_flight_waits") == 1);
+}
+
+TEST_CASE(
+    "single flight: a miss before the fill does not leave a negative entry that skips the wait",
+    "[fsd][single_flight]") {
+    MountedCache m(with_bound(60'000));
+    // An entry directory made before anyone compiles into it (Triton's makedirs), and
+    // probed: a miss. The kernel must not keep that answer ... (A child, gone when the
+    // fill begins: this test process is the prober's parent, of its compile.)
+    const ChildResult early = run_child([&] {
+        if (::mkdir(m.p(kEntry).c_str(), 0755) != 0) return 1;
+        struct stat st {};
+        return ::stat(m.p(kEntry + "/" + kName).c_str(), &st) != 0 && errno == ENOENT ? 0 : 2;
+    });
+    REQUIRE(early.exit_code == 0);
+
+    // ... so that a probe while a compile fills the entry still reaches the daemon, and waits.
+    Signal ready, go;
+    Child filler([&] { return fill(m, "content", ready, go); });
+    REQUIRE(ready.wait(30));
+    Child prober([&] {
+        struct stat st {};
+        if (::stat(m.p(kEntry + "/" + kName).c_str(), &st) != 0) return 2;
+        const auto got = read_all(m.p(kEntry + "/" + kName));
+        return got && *got == "content" ? 0 : 3;
+    });
+    {
+        INFO(m.daemon_stderr());
+        REQUIRE(wait_until([&] { return stat_of(m, "single_flight_waits") >= 1; }, 30));
+    }
+    go.raise();
+    CHECK(filler.join(30).exit_code == 0);
+    const ChildResult p = prober.join(30);
+    REQUIRE_FALSE(p.timed_out);
+    CHECK(p.exit_code == 0);
 }
 
 TEST_CASE("single flight: -o single_flight_ms=0 never waits", "[fsd][single_flight]") {
