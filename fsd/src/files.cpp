@@ -24,6 +24,9 @@ using core::Ino;
 // ---- versions (THE RULE in filesystem.hpp) ------------------------------------------
 
 void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
+    // A writer of the entry (single flight): counted at its open when it got a version.
+    if (handle->writable && handle->version)
+        m_flights.writer_closed(handle->attr.entry, handle->opener);
     const std::shared_ptr<Version> version = std::move(handle->version);
     if (!version || !m_versions.leave(*version)) return;
     {
@@ -164,6 +167,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             // and MAP_SHARED works. A new version drops what the cache held.
             fi->keep_cache = joined_existing;
             m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
+            if (handle->version) m_flights.writer_opened(handle->attr.entry, handle->opener);
         }
     }
     FileHandle* raw = handle.release();
@@ -217,7 +221,9 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
         !s) {
         return reply_error(req, s.error());
     }
-    fi->keep_cache = joined_existing;  // as in open() for writing
+    fi->keep_cache = joined_existing;               // as in open() for writing
+    m_flights.created(attr.entry, handle->opener);  // single flight: a filler at work
+    if (handle->version) m_flights.writer_opened(attr.entry, handle->opener);
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
     (void)m_pages.enter_as_writer(

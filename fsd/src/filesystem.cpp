@@ -33,10 +33,12 @@ Filesystem::Filesystem(core::Store& store, const Options& options)
       m_versions(store, options.max_file_size),
       m_lookups(m_pages),
       m_contents(store, m_pages, m_lookups),
-      m_hits(m_background) {}
+      m_hits(m_background),
+      m_flights(store, std::chrono::milliseconds(options.single_flight_ms)) {}
 
 Filesystem::~Filesystem() {
-    m_pages.stop();  // the writer gate thread: its replies may publish
+    m_flights.stop();  // its answers look up the db and reply
+    m_pages.stop();    // the writer gate thread: its replies may publish
     m_background.stop();
 }
 
@@ -46,6 +48,7 @@ void Filesystem::start(fuse_session* session) {
     m_background.on_period([this] { m_contents.renew_pin(); });
     m_background.start(session);
     m_pages.start();
+    m_flights.start();
 }
 
 // ---- replies ------------------------------------------------------------------------
@@ -157,27 +160,74 @@ void Filesystem::init(fuse_conn_info* conn) {
 }
 
 void Filesystem::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    answer_lookup(req, parent, name, m_remote != nullptr);
+    answer_lookup(req, parent, name, m_remote != nullptr, true);
 }
 
-void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, bool read_through) {
+bool Filesystem::first_miss(fuse_req_t req, const core::ReadTxn& txn, Ino parent, const char* name,
+                            double* negative_timeout) {
+    auto dir = txn.getattr(parent);
+    if (!dir || !dir->is_dir() || dir->entry == 0 || dir->bookkeeping) return false;
+    if (core::is_bookkeeping_name(name)) return false;
+    const bool active = m_flights.active(dir->entry);
+    if (!active) {
+        auto entry = txn.entry(dir->entry);
+        if (!entry || entry->kind != core::EntryKind::node) return false;
+        if (!entry->populated) *negative_timeout = 0;
+        return false;
+    }
+    *negative_timeout = 0;
+    const pid_t tid = fuse_req_ctx(req)->pid;
+    if (m_flights.retried(tid, parent, name)) return false;  // step 3: as it stands
+    SingleFlight::Awaited awaited{parent, name, dir->entry, process_of(tid)};
+    if (!m_flights.retry_first(tid, awaited)) return false;
+    // Step 1: the kernel holds this directory's lock for this LOOKUP; ESTALE lets it go,
+    // and the kernel retries the walk, whose lookup of the directory waits (step 2).
+    fuse_reply_err(req, ESTALE);
+    return true;
+}
+
+void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, bool read_through,
+                               bool may_wait) {
     double negative_timeout = kernel::kNegativeTimeout;
     {
         auto txn = m_store.read();
         if (!txn) return reply_error(req, txn.error());
         auto attr = txn->lookup(parent, name);
+        if (attr && may_wait && attr->is_dir() && m_flights.enabled()) {
+            // Single flight, step 2: the retried walk of a thread answered ESTALE looks
+            // up the directory of the name it missed, holding no directory lock: wait.
+            if (auto awaited = m_flights.retrying(fuse_req_ctx(req)->pid, attr->ino)) {
+                txn = core::fail(ENOENT, "");  // no snapshot held while waiting
+                auto answer = [this, req, parent, n = std::string(name),
+                               read_through](SingleFlight::End end) {
+                    if (end == SingleFlight::End::interrupted) {
+                        fuse_reply_err(req, EINTR);
+                        return;
+                    }
+                    if (end == SingleFlight::End::timed_out)
+                        m_background.count(core::Counter::single_flight_timeouts);
+                    answer_lookup(req, parent, n.c_str(), read_through, false);
+                };
+                if (m_flights.wait(req, std::move(*awaited), std::move(answer))) {
+                    m_background.count(core::Counter::single_flight_waits);
+                    return;
+                }
+                return answer_lookup(req, parent, name, read_through, false);  // cannot wait
+            }
+        }
         if (attr) return reply_entry(req, *attr);
         if (attr.error().code != ENOENT) return reply_error(req, attr.error());
+        if (m_flights.enabled() && first_miss(req, *txn, parent, name, &negative_timeout)) return;
         // The shared tier (remote_tier.hpp): a name that could be an entry is fetched
         // on a tier thread, which answers this request; the kernel keeps such a
         // negative answer briefly, so an entry another node publishes is found.
         if (m_remote) {
             if (auto entry = m_remote->candidate(*txn, parent, name)) {
-                negative_timeout = RemoteTier::kNegativeTimeoutS;
+                negative_timeout = std::min(negative_timeout, RemoteTier::kNegativeTimeoutS);
                 if (read_through) {
                     txn = core::fail(ENOENT, "");  // no snapshot held while waiting
                     m_remote->read_through(*entry, [this, req, parent, n = std::string(name)] {
-                        answer_lookup(req, parent, n.c_str(), false);
+                        answer_lookup(req, parent, n.c_str(), false, false);
                     });
                     return;
                 }
@@ -335,6 +385,8 @@ void Filesystem::make_node(
         return {};
     });
     if (!s) return reply_error(req, s.error());
+    if (attr.entry && m_flights.enabled())
+        m_flights.created(attr.entry, process_of(ctx->pid));  // a filler at work (single flight)
     reply_entry(req, attr);
 }
 
@@ -380,10 +432,16 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     // The file a rename replaces may still be open (or about to be): keep it. A file
     // renamed into place populates its entry on behalf of the renaming process.
     const core::Origin origin = kernel::origin_of(req);
+    Ino moved_into = 0;  // the entry the renamed node is in now (single flight)
     auto s = remove_keeping_orphan(new_parent, new_name, [&](core::WriteTxn& txn) {
-        return txn.rename(parent, name, new_parent, new_name, ours, &origin);
+        auto r = txn.rename(parent, name, new_parent, new_name, ours, &origin);
+        if (r && m_flights.enabled()) {
+            if (auto moved = txn.lookup(new_parent, new_name)) moved_into = moved->entry;
+        }
+        return r;
     });
     if (!s) return reply_error(req, s.error());
+    if (moved_into) m_flights.created(moved_into, origin.pid);
     fuse_reply_err(req, 0);
 }
 

@@ -53,7 +53,9 @@
 // - Lookups (lookups.hpp): the kernel's lookup references and orphans;
 // - Contents (contents.hpp): snapshots shared by readers, the pin, lazy loading;
 // - HitCounter (hits.hpp): hits and opens;
-// - Background (background.hpp): the one thread that notifies the kernel.
+// - Background (background.hpp): the one thread that notifies the kernel;
+// - SingleFlight (single_flight.hpp): a lookup inside an entry another compile is
+//   filling waits for it.
 // THE LOCK ORDER, the one order in which all of their locks nest, is lock_order.hpp.
 #pragma once
 
@@ -75,6 +77,7 @@
 #include "options.hpp"
 #include "page_cache.hpp"
 #include "remote_tier.hpp"
+#include "single_flight.hpp"
 #include "versions.hpp"
 
 namespace kcache::fsd {
@@ -91,7 +94,11 @@ class Filesystem {
     // The shared tier (kcache-fsd --remote), before start(); it must outlive every
     // request and be stopped before stop(): its callbacks answer lookups.
     void attach_remote(RemoteTier* remote) { m_remote = remote; }
-    void stop() { m_background.stop(); }
+    // Answers the lookups single flight holds, then stops the background thread.
+    void stop() {
+        m_flights.stop();
+        m_background.stop();
+    }
 
     // ---- handlers (called from libfuse's worker threads) ----
     void init(fuse_conn_info* conn);
@@ -126,8 +133,16 @@ class Filesystem {
   private:
     void reply_error(fuse_req_t req, const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
-    // first when `read_through` (then answered from a tier thread, asynchronously).
-    void answer_lookup(fuse_req_t req, core::Ino parent, const char* name, bool read_through);
+    // first when `read_through` (then answered from a tier thread, asynchronously). When
+    // `may_wait`, a miss inside an entry another compile is filling is answered ESTALE
+    // and the retry's lookup of its directory waits (single flight, single_flight.hpp).
+    void answer_lookup(fuse_req_t req, core::Ino parent, const char* name, bool read_through,
+                       bool may_wait);
+    // Single flight's step 1 for a LOOKUP of `name` missing in `parent`: true when it
+    // was answered ESTALE. Sets *negative_timeout for a name inside an entry that is
+    // unpopulated or being filled: 0, so that a later probe reaches the daemon.
+    bool first_miss(fuse_req_t req, const core::ReadTxn& txn, core::Ino parent, const char* name,
+                    double* negative_timeout);
     // Makes a node in one transaction and replies with its entry.
     void make_node(
         fuse_req_t req,
@@ -175,6 +190,7 @@ class Filesystem {
     Lookups m_lookups;
     Contents m_contents;
     HitCounter m_hits;
+    SingleFlight m_flights;
 };
 
 }  // namespace kcache::fsd

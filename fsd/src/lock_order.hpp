@@ -24,7 +24,8 @@
 //  8. Versions::m_mutex (versions.hpp): a leaf. join() waits on its condition
 //     variable for an ending version, so it is called with nothing else held (no
 //     write transaction: create() joins after its commit; no version's mutex).
-//  9. Leaves of other units: HitCounter::m_mutex, Background::m_mutex, RemoteTier's.
+//  9. Leaves of other units: HitCounter::m_mutex, Background::m_mutex, RemoteTier's,
+//     SingleFlight::m_mutex (its answers run with none of these held).
 //
 // LMDB read transactions (Store::read) take no lock that conflicts with these (a
 // reader slot); they are opened under any level.
@@ -32,6 +33,6 @@
 // Replies and callbacks: no reply is sent while a handle's mutex is held (a reply
 // may let the kernel release that handle on another thread at once), and deferred
 // replies (PageCache::admit_writer, Background::invalidate_attr and grow_size,
-// RemoteTier::read_through) run with none of the daemon's locks held: such a reply
-// may discard its open, which publishes (levels 2 and 3).
+// RemoteTier::read_through, SingleFlight::wait) run with none of the daemon's locks held: such a
+// reply may discard its open, which publishes (levels 2 and 3).
 #pragma once

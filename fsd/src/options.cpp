@@ -51,6 +51,15 @@ core::Result<bool> apply_option(const std::string& key, const std::string& value
     if (key == "max_size") return number(o.max_bytes);
     if (key == "max_file_size") return number(o.max_file_size);
     if (key == "max_entries") return number(o.max_entries);
+    if (key == "single_flight_ms") {
+        std::uint64_t ms = 0;
+        if (auto ok = number(ms); !ok) return ok;
+        if (ms > 3'600'000) {
+            return core::fail(ERANGE, fmt::format("single_flight_ms: '{}' is over an hour", value));
+        }
+        o.single_flight_ms = ms;
+        return true;
+    }
     if (key == "entry_depth") {
         std::uint64_t depth = 0;
         if (auto ok = number(depth); !ok) return ok;
@@ -94,6 +103,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
                    "largest file a writer may store (default 2G; EFBIG past it)");
     app.add_option("--durability", long_options["durability"],
                    "full: sync every commit; batched (default): sync every second; none");
+    app.add_option("--single-flight-ms", long_options["single_flight_ms"],
+                   "at most this long, a path walk through an entry directory another compile "
+                   "is filling waits for it (default 2000; 0: never)");
     app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
     app.add_flag("-d,--debug", o.debug, "log every FUSE request (implies -f)");
     app.add_flag("--read-only", o.read_only,
@@ -101,13 +113,18 @@ core::Result<Options> parse_options(int argc, char** argv) {
                  "shared image");
     remote::Settings remote_settings;
     remote::add_options(app, remote_settings);
+    std::uint64_t lease_ms = 0;
+    app.add_option("--remote-lease-ms", lease_ms,
+                   "with --remote: a node that misses an entry everywhere leases compiling it "
+                   "for this many ms; other nodes wait that long for it (default 0: off)")
+        ->type_name("MS");
     app.add_option(
            "--prefetch-job-tag", o.prefetch_job_tag,
            "with --remote: pull every entry of this job into the db in the background at mount")
         ->type_name("TAG");
     app.add_option("-o", dash_o,
                    "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, "
-                   "max_file_size=, durability=")
+                   "max_file_size=, durability=, single_flight_ms=")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
     try {
@@ -170,6 +187,12 @@ core::Result<Options> parse_options(int argc, char** argv) {
         auto resolved = remote::resolve(remote_settings);
         if (!resolved) return tl::unexpected(resolved.error());
         o.remote = std::move(*resolved);
+    }
+    if (lease_ms) {
+        if (!o.remote)
+            return core::fail(EINVAL, "--remote-lease-ms needs a shared tier: give --remote URL");
+        if (lease_ms > 3'600'000) return core::fail(ERANGE, "--remote-lease-ms: over an hour");
+        o.remote->lease_ms = static_cast<std::int64_t>(lease_ms);
     }
     if (!o.prefetch_job_tag.empty()) {
         if (!o.remote)

@@ -37,12 +37,16 @@ struct Options {
     // --prefetch-job-tag T (needs --remote): every entry of job T is pulled into the db
     // in the background once the mount is up (what `kcache remote pull --job-tag T` does).
     std::string prefetch_job_tag;
+    // --single-flight-ms / -o single_flight_ms=N: how long, at most, a path walk through
+    // an entry directory that another compile is filling waits for it (single_flight.hpp;
+    // docs/operations.md). 0 disables the wait.
+    std::uint64_t single_flight_ms = 2000;
 };
 
 // Parses argv; kcache's own -o options (db=, max_size=, max_entries=, entry_depth=,
-// max_file_size=, durability=) are taken out of the FUSE option list. Each means what
-// its long option means (one code path; -o comes last and wins); sizes and counts
-// parse with core::parse_size ("1K" is 1024, "1T" a tebibyte).
+// max_file_size=, durability=, single_flight_ms=) are taken out of the FUSE option list. Each means
+// what its long option means (one code path; -o comes last and wins); sizes and counts parse with
+// core::parse_size ("1K" is 1024, "1T" a tebibyte).
 core::Result<Options> parse_options(int argc, char** argv);
 
 }  // namespace kcache::fsd

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 
@@ -37,6 +38,12 @@ remote::Counts minus(const remote::Counts& a, const remote::Counts& b) {
     d.uploads = a.uploads - b.uploads;
     d.upload_skipped = a.upload_skipped - b.upload_skipped;
     return d;
+}
+
+std::string lease_owner() {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    return fmt::format("{}:{}", host, ::getpid());
 }
 
 std::string json_string(std::string_view text) {
@@ -88,6 +95,7 @@ RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remot
       m_remote(std::move(remote)),
       m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns +
                                           m_remote->options().op_timeout_ns)),
+      m_owner(lease_owner()),
       m_prefetch_tag(std::move(prefetch_job_tag)) {}
 
 RemoteTier::~RemoteTier() {
@@ -223,6 +231,12 @@ void RemoteTier::run_fetcher() {
         auto result = m_remote->pull(m_store, entry);
         const bool found = result && (result->outcome == remote::Outcome::pulled ||
                                       result->outcome == remote::Outcome::already_local);
+        if (result && result->outcome == remote::Outcome::miss &&
+            m_remote->options().lease_ms > 0 && lease_after_miss(entry)) {
+            m_timer_wake.notify_one();  // its next poll
+            lock.lock();
+            continue;
+        }
         if (!result) {
             const std::int64_t now_ns = m_store.now_ns();
             std::int64_t last = m_last_warning_ns.load();
@@ -257,6 +271,57 @@ void RemoteTier::run_fetcher() {
         for (auto& done : answer) done();
         lock.lock();
     }
+}
+
+bool RemoteTier::lease_after_miss(const std::string& entry) {
+    bool waiting = false;
+    {
+        std::lock_guard lock(m_mutex);
+        auto f = m_flights.find(entry);
+        if (f == m_flights.end() || f->second.overdue || m_stop) return false;
+        if (m_leases.count(entry)) return false;  // ours: this node compiles it
+        waiting = f->second.lease_wait;
+    }
+    const std::int64_t ttl = m_remote->options().lease_ms;
+    bool other = false;  // another node holds the lease
+    bool won = false;
+    if (waiting) {  // a poll: still theirs? If it is gone without a manifest, take it
+        auto held = m_remote->lease_held(entry);
+        if (held && *held) other = true;
+    }
+    if (!other) {
+        auto got = m_remote->acquire_lease(entry, m_owner, ttl);
+        if (got) {
+            won = *got;
+            other = !*got;
+        } else if (waiting) {
+            log::warning("remote: the compile lease of {}: {} (compiled here)", entry,
+                         got.error().message);
+        }
+    }
+    std::lock_guard lock(m_mutex);
+    if (waiting && !other) {
+        // The holder's lease went (expired, or released) without its manifest: the wait
+        // ends without the entry, as at the deadline.
+        m_lease_timeouts.fetch_add(1);
+    }
+    if (won) {
+        if (m_leases.size() >= kMaxLeases) m_leases.clear();  // a bound: they expire anyway
+        m_leases.insert(entry);
+        return false;  // a miss: this node compiles
+    }
+    if (!other) return false;  // no lease to be had: a plain miss
+    auto f = m_flights.find(entry);
+    if (f == m_flights.end() || f->second.overdue || m_stop) return false;
+    const auto now = Clock::now();
+    if (!f->second.lease_wait) {
+        f->second.lease_wait = true;
+        f->second.deadline = std::max(f->second.deadline, now + std::chrono::milliseconds(ttl));
+        m_lease_waits.fetch_add(1);
+    }
+    f->second.fetching = false;
+    f->second.next_poll = now + kLeasePoll;
+    return true;
 }
 
 void RemoteTier::remember_pulled(const std::string& entry) {
@@ -300,6 +365,8 @@ void RemoteTier::run_timer() {
         std::optional<Clock::time_point> next;
         for (const auto& [name, flight] : m_flights) {
             if (!flight.overdue && (!next || flight.deadline < *next)) next = flight.deadline;
+            if (flight.lease_wait && !flight.fetching && (!next || flight.next_poll < *next))
+                next = flight.next_poll;
         }
         if (next) {
             m_timer_wake.wait_until(lock, *next);
@@ -309,12 +376,30 @@ void RemoteTier::run_timer() {
         if (m_stop) return;
         std::vector<std::function<void()>> answer;
         const auto now = Clock::now();
-        for (auto& [name, flight] : m_flights) {
-            if (flight.overdue || flight.deadline > now) continue;
-            flight.overdue = true;
-            for (auto& w : flight.waiters) answer.push_back(std::move(w));
-            flight.waiters.clear();
+        bool polls = false;
+        for (auto it = m_flights.begin(); it != m_flights.end();) {
+            Flight& flight = it->second;
+            if (!flight.overdue && flight.deadline <= now) {
+                flight.overdue = true;
+                for (auto& w : flight.waiters) answer.push_back(std::move(w));
+                flight.waiters.clear();
+                if (flight.lease_wait) {
+                    m_lease_timeouts.fetch_add(1);  // compiled here, as a miss
+                    if (!flight.fetching) {         // no pull to finish it: done
+                        m_missed[it->first] = now + kMissMemo;
+                        it = m_flights.erase(it);
+                        continue;
+                    }
+                }
+            } else if (!flight.overdue && flight.lease_wait && !flight.fetching &&
+                       flight.next_poll <= now) {
+                flight.fetching = true;  // pulled again: its manifest may be there now
+                m_fetch_queue.push_back(it->first);
+                polls = true;
+            }
+            ++it;
         }
+        if (polls) m_fetch_wake.notify_all();
         if (answer.empty()) continue;
         lock.unlock();
         for (auto& done : answer) done();
@@ -425,6 +510,14 @@ void RemoteTier::run_uploader() {
                 auto r = m_remote->push(m_store, name);
                 if (r) {
                     failures.erase(id);
+                    bool leased = false;
+                    {
+                        std::lock_guard held(m_mutex);
+                        leased = m_leases.erase(name) > 0;
+                    }
+                    // Uploaded: the nodes waiting find its manifest; the lease goes (a
+                    // failure leaves it to expire).
+                    if (leased) (void)m_remote->release_lease(name, m_owner);
                     continue;
                 }
                 const unsigned failed = ++failures[id];
@@ -472,17 +565,23 @@ void RemoteTier::record_counts() {
                         prefetched_bytes = m_prefetched_bytes.load();
     const std::uint64_t dp = prefetched - m_recorded_prefetched,
                         dpb = prefetched_bytes - m_recorded_prefetched_bytes;
-    const bool any = dq || dd || dp || dpb || delta.hits || delta.misses || delta.errors ||
-                     delta.timeouts || delta.corrupt || delta.dangling || delta.bytes_up ||
-                     delta.bytes_down || delta.uploads || delta.upload_skipped;
+    const std::uint64_t lease_waits = m_lease_waits.load(),
+                        lease_timeouts = m_lease_timeouts.load();
+    const std::uint64_t dlw = lease_waits - m_recorded_lease_waits,
+                        dlt = lease_timeouts - m_recorded_lease_timeouts;
+    const bool any = dq || dd || dp || dpb || dlw || dlt || delta.hits || delta.misses ||
+                     delta.errors || delta.timeouts || delta.corrupt || delta.dangling ||
+                     delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped;
     if (!any) return;
     if (auto s = remote::record_counts(m_store, delta); !s) {
         log::warning("remote: recording statistics: {}", s.error().message);
         return;
     }
     m_recorded = now;
-    if (dq || dd || dp || dpb) {
+    if (dq || dd || dp || dpb || dlw || dlt) {
         auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+            if (auto a = txn.add(core::Counter::remote_lease_waits, dlw); !a) return a;
+            if (auto a = txn.add(core::Counter::remote_lease_timeouts, dlt); !a) return a;
             if (auto a = txn.add(core::Counter::remote_upload_queued, dq); !a) return a;
             if (auto a = txn.add(core::Counter::remote_prefetched, dp); !a) return a;
             if (auto a = txn.add(core::Counter::remote_prefetched_bytes, dpb); !a) return a;
@@ -496,6 +595,8 @@ void RemoteTier::record_counts() {
         m_recorded_dropped = dropped;
         m_recorded_prefetched = prefetched;
         m_recorded_prefetched_bytes = prefetched_bytes;
+        m_recorded_lease_waits = lease_waits;
+        m_recorded_lease_timeouts = lease_timeouts;
     }
 }
 

@@ -11,6 +11,17 @@
 //    circuit is open (remote.hpp) a miss is answered at once. Concurrent misses of one
 //    entry share one pull (single flight); an entry that missed is not asked for again
 //    for kMissMemo, nor while its overdue pull is still running.
+//  - Compile leases (--remote-lease-ms N, remote::Options::lease_ms; off when 0): a pull
+//    that finds no manifest takes the entry's lease (Remote::acquire_lease, SET NX PX N).
+//    The winner answers its waiters at once (a miss: this node compiles) and releases
+//    the lease once its upload of the entry succeeded (else it expires). A loser keeps
+//    its waiters: the flight's deadline becomes N from then, and the entry is pulled
+//    again every kLeasePoll until its manifest appears (then they are answered with it),
+//    or the lease is gone without it (then this node takes it and compiles), or the
+//    deadline passes; the last two are answered as a miss and counted
+//    remote_lease_timeouts. Waits are counted remote_lease_waits. A lease this node
+//    holds is its own: its later misses of the entry never wait. A failure to take or
+//    read a lease is a plain miss.
 //  - Negative entries the kernel caches for a name that could be an entry last
 //    kNegativeTimeoutS only, so an entry another node published is found soon after.
 //  - Write-behind: entries changed in the db (populated, a stem member, imported,
@@ -71,6 +82,8 @@ class RemoteTier {
     static constexpr std::size_t kMaxQueued = 1024;  // entries waiting to settle or upload
     static constexpr std::size_t kMaxFlights = 256;  // pulls pending or running
     static constexpr int kFetchers = 2;
+    static constexpr auto kLeasePoll = std::chrono::milliseconds(100);
+    static constexpr std::size_t kMaxLeases = 4096;  // leases held: a bound (they expire anyway)
     // A failed upload (Redis down, frozen, circuit open, full) is tried again after
     // 2, 4, 8, 16 s; after kMaxUploadTries it is left to `kcache remote push`.
     static constexpr unsigned kMaxUploadTries = 5;
@@ -108,7 +121,10 @@ class RemoteTier {
     struct Flight {
         Clock::time_point deadline;
         std::vector<std::function<void()>> waiters;
-        bool overdue = false;  // its waiters were answered at the deadline; the pull goes on
+        bool overdue = false;     // its waiters were answered at the deadline; the pull goes on
+        bool lease_wait = false;  // another node holds its compile lease: polled
+        bool fetching = true;     // a pull of it is queued or running
+        Clock::time_point next_poll{};  // lease waits: when to pull it again
     };
     struct Pending {  // an entry waiting to settle before its upload
         std::uint64_t files = 0, bytes = 0;
@@ -148,6 +164,11 @@ class RemoteTier {
     std::deque<std::string> m_fetch_queue;
     std::unordered_map<std::string, Clock::time_point> m_missed;  // entry -> memo ends
     std::unordered_set<std::string> m_pulled;                     // pulled here: not uploaded back
+    std::unordered_set<std::string> m_leases;                     // compile leases held here
+    const std::string m_owner;  // this daemon in lease values: host:pid
+    // A pull that found no manifest, with leases on: the lease decided (m_mutex not held).
+    // True when the flight goes on waiting (its waiters are kept).
+    bool lease_after_miss(const std::string& entry);
 
     std::mutex m_rules_mutex;  // the db's layout rules, parsed once per text
     std::string m_rules_text;
@@ -164,6 +185,8 @@ class RemoteTier {
     std::atomic<std::uint64_t> m_prefetched{0}, m_prefetched_bytes{0};
     std::uint64_t m_recorded_prefetched = 0,
                   m_recorded_prefetched_bytes = 0;  // under m_record_mutex
+    std::atomic<std::uint64_t> m_lease_waits{0}, m_lease_timeouts{0};
+    std::uint64_t m_recorded_lease_waits = 0, m_recorded_lease_timeouts = 0;  // m_record_mutex
     std::string m_published_servers;  // what publish_servers() wrote last, under m_record_mutex
 
     std::atomic<std::int64_t> m_last_warning_ns{0};  // failures are logged at most every 10 s

@@ -129,6 +129,9 @@ core::Status unpack(std::string_view value, std::size_t limit, std::string& out)
 std::string manifest_key(std::string_view ns, std::string_view entry) {
     return prefix(ns, 'm').append(entry);
 }
+std::string lease_key(std::string_view ns, std::string_view entry) {
+    return prefix(ns, 'l').append(entry);
+}
 std::string blob_key(std::string_view ns, const core::Digest& digest) {
     return prefix(ns, 'b').append(digest.hex());
 }

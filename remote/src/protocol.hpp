@@ -7,6 +7,8 @@
 //                                every chunk of the blob)
 //   kc1:<ns>:c:<digest hex>:<i>  chunk i of a blob (1 MiB of raw bytes, zstd or raw)
 //   kc1:<ns>:j:<job tag>         set of entry names a job pushed
+//   kc1:<ns>:l:<entry name>      compile lease of an entry (SET NX PX; kcache-fsd
+//                                --remote-lease-ms): who compiles it while others wait
 // Values are little-endian with a magic word. Decoding treats every value as hostile:
 // every length is bounds-checked against the value and against fixed limits, and a
 // value that fails is EBADMSG (corrupt), never a crash or an unbounded allocation.
@@ -33,6 +35,7 @@ std::string manifest_key(std::string_view ns, std::string_view entry);
 std::string blob_key(std::string_view ns, const core::Digest& digest);
 std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index);
 std::string job_key(std::string_view ns, std::string_view tag);
+std::string lease_key(std::string_view ns, std::string_view entry);
 
 // Chunks a blob of `raw_size` bytes takes (0 for empty content).
 std::uint32_t chunk_count(std::uint64_t raw_size);

@@ -493,4 +493,45 @@ Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_ta
     return pull_entries(store, *names, progress);
 }
 
+Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owner,
+                                   std::int64_t ttl_ms) {
+    if (m_options.read_only)
+        return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
+    Server& server = shard(proto::manifest_key(m_options.ns, entry));
+    auto replies = exec(server, {{"SET", proto::lease_key(m_options.ns, entry), std::string(owner),
+                                  "NX", "PX", std::to_string(std::max<std::int64_t>(ttl_ms, 1))}});
+    if (!replies) return tl::unexpected(replies.error());
+    const Reply& r = replies->front();
+    if (r.is_ok()) return true;
+    if (r.type == Reply::Type::nil) return false;  // held by another
+    return tl::unexpected(reply_error(server, r, "lease"));
+}
+
+Status Remote::release_lease(std::string_view entry, std::string_view owner) {
+    if (m_options.read_only)
+        return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
+    Server& server = shard(proto::manifest_key(m_options.ns, entry));
+    // Compare and delete in one step: a lease that expired and was taken by another
+    // node meanwhile is theirs.
+    static const char* const kScript =
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) "
+        "else return 0 end";
+    auto replies =
+        exec(server,
+             {{"EVAL", kScript, "1", proto::lease_key(m_options.ns, entry), std::string(owner)}});
+    if (!replies) return tl::unexpected(replies.error());
+    const Reply& r = replies->front();
+    if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));
+    return {};
+}
+
+Result<bool> Remote::lease_held(std::string_view entry) {
+    Server& server = shard(proto::manifest_key(m_options.ns, entry));
+    auto replies = exec(server, {{"EXISTS", proto::lease_key(m_options.ns, entry)}});
+    if (!replies) return tl::unexpected(replies.error());
+    const Reply& r = replies->front();
+    if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));
+    return r.integer > 0;
+}
+
 }  // namespace kcache::remote

@@ -47,14 +47,16 @@ TEST_CASE("statistics table: each row is found by its id and named by it", "[sta
 TEST_CASE("statistics table: who counts what", "[stats]") {
     constexpr std::size_t n = core::statistics_counted_by(core::by_daemon);
     constexpr auto daemon = core::statistics_counted_by_list<n>(core::by_daemon);
-    const std::vector<Counter> expected = {Counter::negative_lookups, Counter::opens,
-                                           Counter::bytes_read,       Counter::errors_nospc,
-                                           Counter::errors_io,        Counter::errors_other};
+    const std::vector<Counter> expected = {
+        Counter::negative_lookups,    Counter::opens,
+        Counter::bytes_read,          Counter::errors_nospc,
+        Counter::errors_io,           Counter::errors_other,
+        Counter::single_flight_waits, Counter::single_flight_timeouts};
     CHECK(std::vector<Counter>(daemon.begin(), daemon.end()) == expected);
 
     constexpr std::size_t r = core::statistics_counted_by(core::by_remote);
     constexpr auto remote = core::statistics_counted_by_list<r>(core::by_remote);
-    CHECK(r == 17);
+    CHECK(r == 19);
     for (Counter c : remote) {
         INFO(core::counter_name(c));
         CHECK(core::counter_name(c).substr(0, 7) == "remote_");

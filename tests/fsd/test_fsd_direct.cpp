@@ -80,6 +80,8 @@ int fuse_reply_buf(fuse_req_t req, const char* buf, size_t size) {
     req->buf.assign(buf, size);
     return answer(req, 0);
 }
+// Requests here are never interrupted (single flight registers for interrupts).
+void fuse_req_interrupt_func(fuse_req_t, fuse_interrupt_func_t, void*) {}
 }
 
 namespace {

@@ -96,6 +96,28 @@ TEST_CASE("options: what is not a count or a size is an error naming the option"
     CHECK(parse({"-o", "entry_depth=4294967297"}).error().code == ERANGE);
 }
 
+TEST_CASE("options: single flight's bound: -o single_flight_ms= and --single-flight-ms",
+          "[options]") {
+    CHECK(must_parse({}).single_flight_ms == 2000);  // on by default
+    CHECK(must_parse({"-o", "single_flight_ms=500"}).single_flight_ms == 500);
+    CHECK(must_parse({"--single-flight-ms", "0"}).single_flight_ms == 0);  // off
+    CHECK(must_parse({"-o", "single_flight_ms=0"}).fuse_options.empty());  // ours, not libfuse's
+    auto e = parse({"-o", "single_flight_ms=soon"});
+    REQUIRE_FALSE(e);
+    CHECK_THAT(e.error().message, Catch::Contains("single_flight_ms"));
+    CHECK(parse({"-o", "single_flight_ms=3600001"}).error().code == ERANGE);
+}
+
+TEST_CASE("options: --remote-lease-ms needs --remote, and is off by default", "[options]") {
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock"}).remote->lease_ms == 0);
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "5000"})
+              .remote->lease_ms == 5000);
+    CHECK(parse({"--remote-lease-ms", "5000"}).error().code == EINVAL);
+    CHECK(
+        parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "3600001"}).error().code ==
+        ERANGE);
+}
+
 TEST_CASE("options: -o options that are not kcache's go to libfuse", "[options]") {
     const Options o = must_parse({"-o", "allow_other,max_entries=10,noatime"});
     CHECK(o.max_entries == 10);

@@ -296,3 +296,60 @@ TEST_CASE(
     CHECK(test::stat_value(stats, "remote_servers") == 0);
     CHECK(stats.at("remote_server_states").is_null());
 }
+
+TEST_CASE("fsd remote: with --remote-lease-ms one node compiles a missed entry, another waits",
+          "[remote][fsd][lease]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis, {"--remote-lease-ms", "60000"}));  // never reached below
+    MountedCache b(with_remote(redis, {"--remote-lease-ms", "60000"}));
+    const std::string lease = "kc1:fsd:l:" + kKey1;
+
+    // A misses the entry here and in Redis: it takes the lease and is answered at once.
+    REQUIRE_FAILS_WITH(::access(a.p(kKey1).c_str(), F_OK), ENOENT);
+    CHECK(redis.command({"EXISTS", lease}).integer == 1);
+
+    // B misses it too while A holds the lease: its lookup waits for A's manifest.
+    test::Child prober([&] {
+        struct stat st {};
+        return ::stat(b.p(kKey1 + "/__grp__add_kernel.json").c_str(), &st) == 0 ? 0 : 2;
+    });
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_lease_waits") >= 1; }, 30));
+    }
+    REQUIRE(prober.running());
+
+    // A compiles and stores it; its upload releases the lease; B's lookup finds it.
+    const auto files = triton_files(kKey1, 41);
+    store(a, kKey1, files);
+    wait_uploads(a, 1);
+    const test::ChildResult probed = prober.join(60);
+    REQUIRE_FALSE(probed.timed_out);
+    CHECK(probed.exit_code == 0);
+    require_same(b, kKey1, files);
+    REQUIRE(test::wait_until([&] { return redis.command({"EXISTS", lease}).integer == 0; }, 30));
+    REQUIRE(test::wait_until([&] { return stat_of(b, "remote_hits") >= 1; }, 30));
+    CHECK(stat_of(b, "remote_lease_timeouts") == 0);
+    CHECK(stat_of(b, "remote_uploads") == 0);  // B stored nothing of its own
+    CHECK(stat_of(a, "remote_lease_waits") == 0);
+}
+
+TEST_CASE("fsd remote: a lease wait ends after the lease's time when the holder never uploads",
+          "[remote][fsd][lease]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis, {"--remote-lease-ms", "1500"}));
+    MountedCache b(with_remote(redis, {"--remote-lease-ms", "1500"}));
+    REQUIRE_FAILS_WITH(::access(a.p(kKey2).c_str(), F_OK), ENOENT);  // A leases, never compiles
+
+    const auto begin = std::chrono::steady_clock::now();
+    REQUIRE_FAILS_WITH(::access(b.p(kKey2).c_str(), F_OK), ENOENT);
+    // Loosely: it waited (about the lease's time), and ended.
+    CHECK(std::chrono::steady_clock::now() - begin >= std::chrono::milliseconds(500));
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_lease_timeouts") >= 1; }, 30));
+    }
+    CHECK(stat_of(b, "remote_lease_waits") == 1);
+    // A's lease expired without a manifest: B took it over (it compiles now).
+    CHECK(redis.command({"EXISTS", "kc1:fsd:l:" + kKey2}).integer == 1);
+}

@@ -34,6 +34,9 @@ enum class Counter : std::uint32_t {
     errors_io = 12,
     errors_other = 13,
     imported_entries = 14,
+    // single flight on one node (kcache-fsd)
+    single_flight_waits = 15,
+    single_flight_timeouts = 16,
     // the shared tier (remote/)
     remote_hits = 40,
     remote_misses = 41,
@@ -49,6 +52,8 @@ enum class Counter : std::uint32_t {
     remote_upload_dropped = 51,
     remote_prefetched = 52,
     remote_prefetched_bytes = 53,
+    remote_lease_waits = 54,
+    remote_lease_timeouts = 55,
     // gauges
     entries = 100,
     bytes = 101,
@@ -62,7 +67,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 37;
+inline constexpr std::size_t kStatisticCount = 41;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -131,6 +136,10 @@ inline constexpr StatisticField kStatistics[] = {
      "requests that failed with ENOMEM or EFBIG"},
     {Counter::imported_entries, "imported_entries", Unit::count, StatisticKind::counter, by_store,
      "entries written by kcache import"},
+    {Counter::single_flight_waits, "single_flight_waits", Unit::count, StatisticKind::counter, by_daemon,
+     "path walks through an entry directory that waited for another compile filling it"},
+    {Counter::single_flight_timeouts, "single_flight_timeouts", Unit::count, StatisticKind::counter, by_daemon,
+     "single-flight waits that ended at their bound with the entry still being filled"},
     {Counter::remote_hits, "remote_hits", Unit::count, StatisticKind::counter, by_remote,
      "entries pulled from the remote tier into this db"},
     {Counter::remote_misses, "remote_misses", Unit::count, StatisticKind::counter, by_remote,
@@ -159,6 +168,10 @@ inline constexpr StatisticField kStatistics[] = {
      "kcache-fsd --prefetch-job-tag: entries of the job pulled into this db at mount"},
     {Counter::remote_prefetched_bytes, "remote_prefetched_bytes", Unit::bytes, StatisticKind::counter, by_remote,
      "kcache-fsd --prefetch-job-tag: logical bytes of the entries prefetched"},
+    {Counter::remote_lease_waits, "remote_lease_waits", Unit::count, StatisticKind::counter, by_remote,
+     "misses that waited for another node holding the compile lease (kcache-fsd --remote-lease-ms)"},
+    {Counter::remote_lease_timeouts, "remote_lease_timeouts", Unit::count, StatisticKind::counter, by_remote,
+     "lease waits that ended without the entry (the lease expired or its time passed): compiled here"},
     {Counter::entries, "entries", Unit::count, StatisticKind::gauge, by_store,
      "entries in the cache now"},
     {Counter::bytes, "bytes", Unit::bytes, StatisticKind::gauge, by_store,

@@ -68,6 +68,10 @@ struct Options {
     unsigned breaker_threshold = 2;  // consecutive failures that open a server's circuit
     std::int64_t breaker_cooldown_ns = 5'000'000'000;  // first cool-down; doubles, capped
     std::int64_t oom_pause_ns = 30'000'000'000;        // uploads pause this long after an OOM reply
+    // kcache-fsd --remote-lease-ms: a node that misses an entry everywhere takes a lease
+    // of this many ms on compiling it (SET NX PX); the others wait for its manifest at
+    // most that long. 0: no leases.
+    std::int64_t lease_ms = 0;
 };
 // EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]) or a
 // non-positive timeout.
@@ -142,6 +146,14 @@ class Remote {
     // job_entries() then pull_entries(): an error only when the job's set cannot be read.
     Result<PullSummary> pull_job(core::Store& store, std::string_view job_tag,
                                  const PullProgress& progress = {});
+    // Compile leases (kcache-fsd --remote-lease-ms; protocol.hpp's lease key, on the
+    // server of the entry's manifest). acquire_lease: SET NX PX: true when `owner` now
+    // holds it, false when another does. release_lease: deletes it if `owner` holds it
+    // (a script compares and deletes in one step). lease_held: whether anyone holds it.
+    // EROFS when read-only (acquire, release); the usual errors otherwise.
+    Result<bool> acquire_lease(std::string_view entry, std::string_view owner, std::int64_t ttl_ms);
+    Status release_lease(std::string_view entry, std::string_view owner);
+    Result<bool> lease_held(std::string_view entry);
     // PING every server: per server, empty on success or the error message.
     std::vector<std::string> ping();
     // PINGs each server whose circuit is open and whose cool-down has passed: the trial
