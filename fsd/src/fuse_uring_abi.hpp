@@ -24,7 +24,7 @@ inline constexpr std::size_t kOpInOutSize = 128;      // FUSE_URING_OP_IN_OUT_SZ
 // struct fuse_uring_ent_in_out
 struct EntInOut {
     std::uint64_t flags;
-    std::uint64_t commit_id;  // the request's unique: what COMMIT_AND_FETCH names
+    std::uint64_t commit_id;   // the request's unique: what COMMIT_AND_FETCH names
     std::uint32_t payload_sz;  // bytes of the payload buffer in use (both directions)
     std::uint32_t padding;
     std::uint64_t reserved;

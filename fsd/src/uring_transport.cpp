@@ -268,8 +268,8 @@ struct UringHooks {
         if (payload > e.payload_size) {
             // Cannot happen (a reply is never larger than max_write or a page-sized
             // request allows); if it did, the caller gets EIO rather than a cut reply.
-            log::error("io_uring: a reply of {} bytes exceeds the ring's {}: answered EIO",
-                       payload, e.payload_size);
+            log::error("io_uring: a reply of {} bytes exceeds the ring's {}: answered EIO", payload,
+                       e.payload_size);
             auto* out = reinterpret_cast<fuse_out_header*>(e.header->in_out);
             out->error = -EIO;
             out->len = sizeof(fuse_out_header);
@@ -291,8 +291,8 @@ struct UringHooks {
         g_init_unique = 0;
         const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
         fuse_init_out init{};
-        const bool full = count == 2 && iov[1].iov_len >= offsetof(fuse_init_out, flags2) +
-                                                             sizeof init.flags2 &&
+        const bool full = count == 2 &&
+                          iov[1].iov_len >= offsetof(fuse_init_out, flags2) + sizeof init.flags2 &&
                           iov[1].iov_len <= sizeof init;
         if (out->error != 0 || !full) return ::writev(fd, iov, count);  // no session to serve
         if (!g_offered) {
@@ -306,8 +306,9 @@ struct UringHooks {
 
         const std::vector<int> cpus = possible_cpus();
         if (cpus.empty()) {
-            log::warning("--io-uring: cannot read /sys/devices/system/cpu/possible: serving "
-                         "over /dev/fuse");
+            log::warning(
+                "--io-uring: cannot read /sys/devices/system/cpu/possible: serving "
+                "over /dev/fuse");
             return ::writev(fd, iov, count);
         }
         // The ring threads take no signals: SIGTERM and the like must reach libfuse's
@@ -376,13 +377,15 @@ struct UringHooks {
         // Threads that registered keep serving (their entries are the kernel's now);
         // the kernel gave up io_uring for the connection at the first failed REGISTER.
         if (failed) {
-            log::warning("--io-uring: {} of {} ring threads could not register ({}): serving "
-                         "over /dev/fuse",
-                         failed, t.m_rings.size(), failure);
+            log::warning(
+                "--io-uring: {} of {} ring threads could not register ({}): serving "
+                "over /dev/fuse",
+                failed, t.m_rings.size(), failure);
         } else {
-            log::info("serving over io_uring: {} queues x {} entries (a thread each, more "
-                      "while replies are deferred; {} KiB payload)",
-                      cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
+            log::info(
+                "serving over io_uring: {} queues x {} entries (a thread each, more "
+                "while replies are deferred; {} KiB payload)",
+                cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
         }
         return written;
     }
@@ -457,7 +460,8 @@ bool UringTransport::Ring::add_entry() {
     if (n >= kMaxEntriesPerThread) return false;
     Entry& e = slots[n];
     e.mapped = kHeaderArea + kPrefixArea + (payload_size + kPage - 1) / kPage * kPage;
-    void* base = mmap(nullptr, e.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* base =
+        mmap(nullptr, e.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return false;
     e.ring = this;
     e.base = static_cast<char*>(base);
@@ -562,9 +566,10 @@ void UringTransport::Ring::process(Entry* e) {
     const std::size_t op_len = in->len >= fixed ? in->len - fixed : abi::kOpInOutSize + 1;
     e->request = in->unique;
     if (op_len > abi::kOpInOutSize || payload > e->payload_size) {
-        log::error("io_uring: a request of opcode {} does not add up (length {}, payload {}): "
-                   "answered EIO",
-                   in->opcode, in->len, payload);
+        log::error(
+            "io_uring: a request of opcode {} does not add up (length {}, payload {}): "
+            "answered EIO",
+            in->opcode, in->len, payload);
         auto* out = reinterpret_cast<fuse_out_header*>(e->header->in_out);
         const std::uint64_t unique = in->unique;
         *out = {};
@@ -603,9 +608,10 @@ void UringTransport::Ring::process(Entry* e) {
         prep_register(&slots[n]);
     } else if (!warned_full) {
         warned_full = true;
-        log::warning("io_uring: the {} entries of a ring thread of queue {} all wait for deferred "
-                     "replies; its CPU's requests may wait",
-                     n, qid);
+        log::warning(
+            "io_uring: the {} entries of a ring thread of queue {} all wait for deferred "
+            "replies; its CPU's requests may wait",
+            n, qid);
     }
 }
 

@@ -44,7 +44,8 @@ bool write_param(const std::string& v) {
 class ParamGuard {
   public:
     explicit ParamGuard(const std::string& value) {
-        if (geteuid() != 0) skip("FUSE over io_uring: setting the fuse module's enable_uring needs root");
+        if (geteuid() != 0)
+            skip("FUSE over io_uring: setting the fuse module's enable_uring needs root");
         if (access(kParam, F_OK) != 0)
             skip("FUSE over io_uring: this kernel has no /sys/module/fuse/parameters/enable_uring");
         m_old = read_param();
@@ -65,7 +66,9 @@ bool said(const MountedCache& cache, const std::string& what) {
 // Waits for the daemon's word on the transport (logged once the kernel's INIT is done).
 void wait_for_transport(const MountedCache& cache) {
     wait_until(
-        [&] { return said(cache, "serving over io_uring") || said(cache, "serving over /dev/fuse"); },
+        [&] {
+            return said(cache, "serving over io_uring") || said(cache, "serving over /dev/fuse");
+        },
         10);
 }
 
@@ -107,7 +110,9 @@ TEST_CASE("--io-uring serves a store, a hit and a miss from the rings and ends c
     INFO("daemon stderr:\n" << cache.daemon_stderr());
     REQUIRE(said(cache, "serving over io_uring: "));
     store_hit_miss(cache);
-    SECTION("by unmount") { cache.unmount(); }
+    SECTION("by unmount") {
+        cache.unmount();
+    }
     SECTION("by SIGTERM") {
         REQUIRE(cache.signal_daemon(SIGTERM) == 0);
         REQUIRE_FALSE(cache.mounted());
@@ -120,8 +125,9 @@ TEST_CASE("--io-uring serves a store, a hit and a miss from the rings and ends c
     REQUIRE(log.find("error") == std::string::npos);
 }
 
-TEST_CASE("--io-uring falls back to /dev/fuse with a clear message where the kernel does not offer it",
-          "[fsd][uring]") {
+TEST_CASE(
+    "--io-uring falls back to /dev/fuse with a clear message where the kernel does not offer it",
+    "[fsd][uring]") {
     require_fuse();
     ParamGuard param("N");
     DaemonOptions options;
