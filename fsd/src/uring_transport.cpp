@@ -241,7 +241,17 @@ struct UringHooks {
         for (int i = 0; i < count; ++i) total += iov[i].iov_len;
         fill(*e, iov, count, total);
         if (inline_reply) {
+            // Committed now, as a write to /dev/fuse would be: when fuse_reply_* returns
+            // the kernel has the reply (the daemon orders notifications after replies).
             e->replied_inline = true;
+            e->busy = false;
+            e->ring->prep_commit(e);
+            if (const int rc = io_uring_submit(&e->ring->ring); rc < 0) {
+                log::error("io_uring: submitting a reply on queue {}: {}", e->ring->qid,
+                           std::strerror(-rc));
+                errno = -rc;
+                return -1;
+            }
             return static_cast<ssize_t>(total);
         }
         {
@@ -594,10 +604,7 @@ void UringTransport::Ring::process(Entry* e) {
     fuse_session_process_buf(transport->m_session, &buf);
     t_current = nullptr;
     served.fetch_add(1, std::memory_order_relaxed);
-    if (e->replied_inline) {
-        e->busy = false;
-        return prep_commit(e);
-    }
+    if (e->replied_inline) return;  // and committed
     // The reply was deferred (or written from another thread already): the entry stays
     // with its request. Keep one entry of this thread free for the kernel.
     const int n = entry_count.load(std::memory_order_relaxed);

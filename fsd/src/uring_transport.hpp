@@ -31,10 +31,13 @@
 // queue so that a handler that blocks (the LMDB writer lock, a version's end) does
 // not stall its CPU's other requests.
 //
-// Locks: a thread alone submits to its ring. A reply from another thread (deferred)
-// claims its entry (an atomic on the entry), fills it, and hands it to the ring's
-// thread under that thread's hand-off mutex, waking it with an eventfd the ring
-// always has a read armed on; the thread commits it. The hand-off mutex is a leaf.
+// Locks: a thread alone submits to its ring. A reply written on the ring's thread
+// (during fuse_session_process_buf) is committed at once, inside fuse_reply_*, as a
+// write to /dev/fuse would be. A reply from another thread (deferred) claims its
+// entry (an atomic on the entry), fills it, and hands it to the ring's thread under
+// that thread's hand-off mutex, waking it with an eventfd the ring always has a read
+// armed on; the thread commits it as soon as it is not running a handler. The
+// hand-off mutex is a leaf.
 //
 // Owns: the ring threads, their rings and eventfds, the entries' buffers (mmap), the
 // custom io. Lifetime: install() after fuse_session_mount; stop() after the session
