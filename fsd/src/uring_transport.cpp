@@ -54,7 +54,7 @@ constexpr std::size_t kPage = 4096;
 // one contiguous buffer), then the payload.
 constexpr std::size_t kHeaderArea = kPage;
 constexpr std::size_t kPrefixArea = kPage;
-constexpr unsigned kRingDepth = 2 * UringTransport::kEntriesPerThread + 8;
+constexpr unsigned kRingDepth = 2 * UringTransport::kMaxEntriesPerThread + 8;
 
 std::atomic<UringTransport*> g_transport{nullptr};
 
@@ -135,7 +135,7 @@ struct UringTransport::Ring {
     int event_fd = -1;
     std::uint64_t event_value = 0;
     std::size_t payload_size = 0;
-    Entry slots[kEntriesPerThread];
+    Entry slots[kMaxEntriesPerThread];
     std::atomic<int> entry_count{0};  // slots[0, entry_count) are made (release/acquire)
     // Replies written by other threads, for this thread to commit (guarded by handoff).
     std::mutex handoff;
@@ -144,6 +144,7 @@ struct UringTransport::Ring {
     std::atomic<bool> stopping{false};
     std::atomic<std::uint64_t> served{0};
     std::thread thread;
+    bool warned_full = false;
 
     // The start-up handshake with the thread that answers INIT.
     enum class Phase { making, made, failed, go, abort, registered, register_failed };
@@ -392,10 +393,9 @@ struct UringHooks {
                 failed, t.m_rings.size(), failure);
         } else {
             log::info(
-                "serving over io_uring: {} queues x {} entries (a thread each; {} KiB "
-                "payload)",
-                cpus.size(), UringTransport::kThreadsPerQueue * UringTransport::kEntriesPerThread,
-                payload_size / 1024);
+                "serving over io_uring: {} queues x {} entries (a thread each, more "
+                "while replies are deferred; {} KiB payload)",
+                cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
         }
         return written;
     }
@@ -467,7 +467,7 @@ bool UringTransport::Ring::make() {
 
 bool UringTransport::Ring::add_entry() {
     const int n = entry_count.load(std::memory_order_relaxed);
-    if (n >= kEntriesPerThread) return false;
+    if (n >= kMaxEntriesPerThread) return false;
     Entry& e = slots[n];
     e.mapped = kHeaderArea + kPrefixArea + (payload_size + kPage - 1) / kPage * kPage;
     void* base =
@@ -604,8 +604,22 @@ void UringTransport::Ring::process(Entry* e) {
     fuse_session_process_buf(transport->m_session, &buf);
     t_current = nullptr;
     served.fetch_add(1, std::memory_order_relaxed);
-    // Committed already if it was answered; a deferred reply is handed to this thread
-    // later (the entry keeps its request until then).
+    if (e->replied_inline) return;  // and committed
+    // The reply was deferred (or written from another thread already): the entry stays
+    // with its request. Keep one entry of this thread free for the kernel.
+    const int n = entry_count.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+        if (!slots[i].busy && !slots[i].dead) return;
+    }
+    if (add_entry()) {
+        prep_register(&slots[n]);
+    } else if (!warned_full) {
+        warned_full = true;
+        log::warning(
+            "io_uring: the {} entries of a ring thread of queue {} all wait for deferred "
+            "replies; its CPU's requests may wait",
+            n, qid);
+    }
 }
 
 void UringTransport::Ring::close_ring() {

@@ -18,20 +18,18 @@
 // without it) or a ring cannot be set up, one log line says so and the daemon serves
 // /dev/fuse alone.
 //
-// Threads: kThreadsPerQueue per possible CPU (queue), each with its own io_uring and
-// one entry, pinned to its queue's CPU where it may run there. A thread waits on its
-// ring and processes each request inline (fuse_session_process_buf): no hand-off, no
-// extra wake-up. One entry per thread, because the kernel hands a request to any
-// free entry of the CPU's queue and delivers it only when the entry's thread waits
-// on its ring: a second free entry of a thread busy in a handler would hold a request
-// behind that handler, and a handler that waits for another request (an OPEN waiting
-// for a version to end, which a RELEASE does) could wait for itself. With one entry,
-// a free entry means an idle thread. Several threads per queue, so that handlers that
-// block (the LMDB writer lock, a version's end) and replies that are deferred (an
-// OPEN answered by the background thread or the writer gate, a lookup answered by
-// the shared tier: its entry waits with it) leave the CPU's other requests served.
-// Like libfuse's worker limit, that capacity is finite: requests beyond it wait in
-// the kernel until an entry is free.
+// Threads: kThreadsPerQueue per possible CPU (queue), each with its own io_uring,
+// pinned to its queue's CPU where it may run there. A thread waits on its ring and
+// processes each request inline (fuse_session_process_buf): no hand-off, no extra
+// wake-up. It starts with one entry; while all of its entries hold requests whose
+// replies were deferred (an OPEN answered by the background thread or the writer
+// gate, a lookup answered by the shared tier), it registers another (at most
+// kMaxEntriesPerThread), so deferred replies never leave a queue without an entry.
+// One entry per thread otherwise, because the kernel hands a request to any free
+// entry of the CPU's queue: a second entry on a busy thread would wait behind the
+// request that thread is handling while another thread sits idle. Several threads per
+// queue so that a handler that blocks (the LMDB writer lock, a version's end) does
+// not stall its CPU's other requests.
 //
 // Locks: a thread alone submits to its ring. A reply written on the ring's thread
 // (during fuse_session_process_buf) is committed at once, inside fuse_reply_*, as a
@@ -60,8 +58,8 @@ namespace kcache::fsd {
 
 class UringTransport {
   public:
-    static constexpr int kThreadsPerQueue = 4;
-    static constexpr int kEntriesPerThread = 1;
+    static constexpr int kThreadsPerQueue = 2;
+    static constexpr int kMaxEntriesPerThread = 32;
 
     // Installs the custom io on a mounted session; one per process. Returns nullptr
     // (after logging why) if the session refuses it: then /dev/fuse serves alone.
