@@ -30,6 +30,15 @@
 // request that thread is handling while another thread sits idle. Several threads per
 // queue so that a handler that blocks (the LMDB writer lock, a version's end) does
 // not stall its CPU's other requests.
+// The extra entries are needed: with one entry per thread and no more, the soak
+// deadlocked (a queue's entries all held by deferred replies that wait, through a
+// notification blocked on a directory lock, for a request queued behind them). Known
+// risk left: once a deferred reply is committed its thread has two free entries, and
+// the kernel may give a request to the one of a thread busy in a handler, which
+// delays it until the handler returns (and would deadlock if that handler waited
+// for that very request). The fix: commit a deferred entry on a thread that has no
+// free entry (an entry belongs to the ring its command was last submitted on), so
+// that every thread keeps exactly one free entry.
 //
 // Locks: a thread alone submits to its ring. A reply written on the ring's thread
 // (during fuse_session_process_buf) is committed at once, inside fuse_reply_*, as a
