@@ -7,7 +7,10 @@ in-memory FUSE daemon with kcache-fsd's protocol choices and nothing else) next 
 a plain directory on the same disk, then runs each phase on the three, alternated
 (the order rotates every round), several rounds, and prints the median time per
 phase, the ratios against the plain directory and against the floor, and the FUSE
-round trips per file by opcode for each daemon. The read-only daemon (`ro`) serves the
+round trips per file by opcode for each daemon. With --io-uring (default: auto, when
+root and the kernel has FUSE over io_uring; the fuse module's enable_uring is set for
+the run and restored) two more columns: `uring`, kcache-fsd --io-uring on its own db,
+rotated with the others, and `ro-uring`, --read-only --io-uring serving that db. The read-only daemon (`ro`) serves the
 db the read-write one (`kcache`) fills, mounted beside it: it runs the hit and miss
 phases right after `kcache` in each round, reading what that round stored. Phases:
   store  one process stores N Triton-style entries (tmp dir, write, os.replace,
@@ -71,8 +74,9 @@ for i in range(n):
     assert not os.path.exists(os.path.join(root, f"absent{salt}{i:06d}", "k.json"))
 '''
 PHASES = ("store", "hit-py", "hit-c", "miss")
-WHERE = ("plain", "floor", "kcache", "ro")
-ROTATED = WHERE[:3]  # "ro" follows "kcache": it reads what kcache's store phase stored
+WHERE = ("plain", "floor", "kcache", "ro", "uring", "ro-uring")
+READ_ONLY = {"ro": "kcache", "ro-uring": "uring"}  # each follows the daemon whose db it serves
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -156,6 +160,16 @@ def debug_counts(log, start):
     return counts, start + len(text)
 
 
+def wait_said(log, text, timeout=10):
+    """True once the daemon's log (DB/fsd.log) says `text`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(log) and text in open(log, errors="replace").read():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -172,16 +186,22 @@ def main():
     ap.add_argument("--durability", default="batched")
     ap.add_argument("--dir", default=None, help="where to put the db and the plain dir (default: a temp dir)")
     ap.add_argument("--no-count-pass", action="store_true", help="skip kcache-fsd's -d counting pass")
+    ap.add_argument("--io-uring", choices=("auto", "on", "off"), default="auto",
+                    help="the uring and ro-uring columns (auto: when root and the kernel has FUSE over io_uring)")
     args = ap.parse_args()
+    uring = args.io_uring == "on" or (args.io_uring == "auto" and os.geteuid() == 0 and os.path.exists(URING_PARAM))
+    where_all = WHERE if uring else WHERE[:4]
+    rotated = [w for w in where_all if w not in READ_ONLY]
     for exe in (args.fsd, args.floor, args.c_reader):
         if not os.access(exe, os.X_OK):
             sys.exit(f"{exe}: not built (see bench/README.md)")
     load_before = loadavg()
     work = tempfile.mkdtemp(prefix="kcache-bench-", dir=args.dir)
     p = {x: os.path.join(work, x) for x in ("db", "db-count", "kcache", "floor", "plain", "kcache-count", "ro",
-                                            "ro-count")}
-    for d in ("kcache", "floor", "plain", "kcache-count", "ro", "ro-count"):
+                                            "ro-count", "db-uring", "uring", "ro-uring")}
+    for d in ("kcache", "floor", "plain", "kcache-count", "ro", "ro-count", "uring", "ro-uring"):
         os.makedirs(p[d])
+    old_param = None
     counts_file = os.path.join(work, "floor.counts")
     floor = count_proc = ro_count_proc = None
     results = {(ph, w): [] for ph in PHASES for w in WHERE}
@@ -189,19 +209,41 @@ def main():
     kcache_rt = {ph: collections.Counter() for ph in PHASES}
     ro_rt = {ph: collections.Counter() for ph in PHASES}
     try:
+        if uring:
+            with open(URING_PARAM) as f:
+                old_param = f.read().strip()
+            with open(URING_PARAM, "w") as f:
+                f.write("Y\n")
         subprocess.check_call([args.fsd, "--db", p["db"], "--durability", args.durability, p["kcache"]])
         wait_mounted(p["kcache"])
         subprocess.check_call([args.fsd, "--db", p["db"], "--read-only", p["ro"]])
         wait_mounted(p["ro"])
+        if uring:
+            subprocess.check_call([args.fsd, "--db", p["db-uring"], "--durability", args.durability, "--io-uring",
+                                   p["uring"]])
+            wait_mounted(p["uring"])
+            if not wait_said(os.path.join(p["db-uring"], "fsd.log"), "serving over io_uring"):
+                sys.exit("kcache-fsd --io-uring did not serve over io_uring (see its fsd.log)")
+            # The read-only daemon logs to stderr: it does not write into the db.
+            ro_uring_log = os.path.join(work, "ro-uring.log")
+            with open(ro_uring_log, "wb") as err:
+                ro_uring = subprocess.Popen([args.fsd, "-f", "--db", p["db-uring"], "--read-only", "--io-uring",
+                                             p["ro-uring"]], stdout=subprocess.DEVNULL, stderr=err)
+            wait_mounted(p["ro-uring"], ro_uring)
+            if not wait_said(ro_uring_log, "serving over io_uring"):
+                sys.exit("kcache-fsd --read-only --io-uring did not serve over io_uring")
         floor = subprocess.Popen([args.floor, "--counts", counts_file, p["floor"]])
         wait_mounted(p["floor"], floor)
         for r in range(args.rounds):
-            order = list(ROTATED[r % 3:] + ROTATED[:r % 3])  # each target goes first in turn
-            order.insert(order.index("kcache") + 1, "ro")
+            k = r % len(rotated)
+            order = rotated[k:] + rotated[:k]  # each target goes first in turn
+            for ro, rw in READ_ONLY.items():
+                if rw in order:
+                    order.insert(order.index(rw) + 1, ro)
             for where in order:
                 salt = f"r{r}x"
                 for phase in PHASES:
-                    if where == "ro" and phase == "store":
+                    if where in READ_ONLY and phase == "store":
                         continue  # read-only
                     before = floor_counts(floor, counts_file) if where == "floor" else None
                     results[(phase, where)].append(timed(phase_cmds(args, phase, p[where], salt)))
@@ -229,6 +271,12 @@ def main():
     finally:
         unmount(p["ro"])
         unmount(p["kcache"])
+        if uring:
+            unmount(p["ro-uring"], ro_uring if "ro_uring" in locals() else None)
+            unmount(p["uring"])
+            if old_param is not None:
+                with open(URING_PARAM, "w") as f:
+                    f.write(old_param + "\n")
         unmount(p["ro-count"], ro_count_proc)
         unmount(p["floor"], floor)
         unmount(p["kcache-count"], count_proc)
@@ -237,14 +285,24 @@ def main():
     print(f"fsd flows: {args.entries} entries x 3 files, {args.procs} reader processes, {args.rounds} rounds "
           f"alternated, kcache-fsd durability {args.durability}, dir {work}")
     print(f"load average (1/5/15 min) before {load_before}, after {load_after}; {os.cpu_count()} CPUs")
-    print(f"\n{'phase':7} {'plain ms':>9} {'floor ms':>9} {'kcache ms':>10} {'ro ms':>8} {'floor/plain':>12} "
-          f"{'kcache/plain':>13} {'kcache/floor':>13} {'ro/plain':>9} {'ro/floor':>9}")
+    daemons = [w for w in where_all if w != "plain"]
+    print(f"\n{'phase':7}" + "".join(f" {w + ' ms':>12}" for w in where_all)
+          + "".join(f" {w + '/plain':>15}" for w in daemons)
+          + "".join(f" {w + '/floor':>15}" for w in daemons if w != "floor"))
     for phase in PHASES:
-        m = {w: statistics.median(results[(phase, w)]) * 1000 for w in WHERE if results[(phase, w)]}
-        ro = (f"{m['ro']:8.1f}", f"{m['ro'] / m['plain']:8.2f}x", f"{m['ro'] / m['floor']:8.2f}x") \
-            if "ro" in m else (f"{'-':>8}", f"{'-':>9}", f"{'-':>9}")
-        print(f"{phase:7} {m['plain']:9.1f} {m['floor']:9.1f} {m['kcache']:10.1f} {ro[0]} {m['floor'] / m['plain']:11.2f}x "
-              f"{m['kcache'] / m['plain']:12.2f}x {m['kcache'] / m['floor']:12.2f}x {ro[1]} {ro[2]}")
+        m = {w: statistics.median(results[(phase, w)]) * 1000 for w in where_all if results[(phase, w)]}
+        cell = lambda w, v: f" {v:>12.1f}" if w in m else f" {'-':>12}"
+        ratio = lambda w, base: f" {m[w] / m[base]:>14.2f}x" if w in m else f" {'-':>15}"
+        print(f"{phase:7}" + "".join(cell(w, m.get(w)) for w in where_all)
+              + "".join(ratio(w, "plain") for w in daemons)
+              + "".join(ratio(w, "floor") for w in daemons if w != "floor"))
+    if uring:
+        print("\nio_uring against /dev/fuse: " + ", ".join(
+            f"{ph} uring/kcache {statistics.median(results[(ph, 'uring')]) / statistics.median(results[(ph, 'kcache')]):.2f}x"
+            for ph in PHASES)
+            + ", " + ", ".join(
+            f"{ph} ro-uring/plain {statistics.median(results[(ph, 'ro-uring')]) / statistics.median(results[(ph, 'plain')]):.2f}x"
+            for ph in PHASES[1:]))
 
     per = {ph: files_per_phase(args, ph) for ph in PHASES}
     print("\nFUSE requests per file (store: per file stored; hit: per file read by one process; "

@@ -11,6 +11,7 @@ packages=(
   libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3
+  liburing-dev  # kcache-fsd --io-uring (FUSE over io_uring)
   clang-14 libclang-rt-14-dev  # the libFuzzer targets (tests/support/run_fuzz.sh)
   clang-format-14  # the format check (scripts/check_format.sh, a CTest test)
   # the inspector (gui/): Dear ImGui, GLFW, stb_image_write for --screenshot; Xvfb,

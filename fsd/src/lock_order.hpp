@@ -25,7 +25,10 @@
 //     variable for an ending version, so it is called with nothing else held (no
 //     write transaction: create() joins after its commit; no version's mutex).
 //  9. Leaves of other units: HitCounter::m_mutex, Background::m_mutex, RemoteTier's,
-//     SingleFlight::m_mutex (its answers run with none of these held).
+//     SingleFlight::m_mutex (its answers run with none of these held); with
+//     --io-uring, UringTransport's hand-off mutex of each ring (a reply sent from
+//     another thread than the ring's is queued under it; uring_transport.hpp) and its
+//     start-up handshake mutex (only while INIT is answered).
 //
 // LMDB read transactions (Store::read) take no lock that conflicts with these (a
 // reader slot); they are opened under any level.

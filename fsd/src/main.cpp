@@ -23,6 +23,7 @@
 #include "kcache/core/store.hpp"
 #include "log.hpp"
 #include "options.hpp"
+#include "uring_transport.hpp"
 
 namespace {
 
@@ -201,6 +202,10 @@ int main(int argc, char** argv) {
         startup.fail_startup(fmt::format(
             "cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", mountpoint));
     }
+    // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);
+    // /dev/fuse serves until then, and alone where the kernel does not offer them.
+    std::unique_ptr<fsd::UringTransport> uring;
+    if (options->io_uring) uring = fsd::UringTransport::install(session);
     if (remote) remote->start();
     filesystem.start(session);
     startup.ready(options->db + "/fsd.log");
@@ -220,8 +225,10 @@ int main(int argc, char** argv) {
     const int rc = fuse_session_loop_mt(session, loop);
     fuse_loop_cfg_destroy(loop);
 
+    if (uring) uring->stop();    // no handler runs after this; later replies are refused
     if (remote) remote->stop();  // waiting lookups answered, counts recorded
     filesystem.stop();           // statistics flushed, db synced; no notification after this
+    uring.reset();               // no reply can come any more
     fuse_session_unmount(session);
     fuse_remove_signal_handlers(session);
     fuse_session_destroy(session);

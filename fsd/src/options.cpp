@@ -71,6 +71,11 @@ core::Result<bool> apply_option(const std::string& key, const std::string& value
         o.entry_depth = static_cast<std::uint32_t>(depth);
         return true;
     }
+    if (key == "io_uring") {
+        if (!value.empty()) return core::fail(EINVAL, "io_uring takes no value");
+        o.io_uring = true;
+        return true;
+    }
     if (key == "durability") {
         if (auto s = set_durability(value, o); !s) return tl::unexpected(s.error());
         return true;
@@ -111,6 +116,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_flag("--read-only", o.read_only,
                  "serve the db read-only (also -o ro): for a db on a read-only filesystem or a "
                  "shared image");
+    app.add_flag("--io-uring", o.io_uring,
+                 "serve requests over FUSE io_uring rings where the kernel offers them (also "
+                 "-o io_uring; fuse module parameter enable_uring; else /dev/fuse, logged)");
     remote::Settings remote_settings;
     remote::add_options(app, remote_settings);
     std::uint64_t lease_ms = 0;
@@ -124,7 +132,7 @@ core::Result<Options> parse_options(int argc, char** argv) {
         ->type_name("TAG");
     app.add_option("-o", dash_o,
                    "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, "
-                   "max_file_size=, durability=, single_flight_ms=")
+                   "max_file_size=, durability=, single_flight_ms=, io_uring")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
     try {

@@ -29,7 +29,10 @@ struct Options {
     double sync_interval_s = kBatchedSyncIntervalS;  // 0: the daemon never syncs on a timer
     bool foreground = false;                         // -f
     bool debug = false;                              // -d: libfuse's request log
-    bool read_only = false;                 // --read-only or -o ro: serve the db, change nothing
+    bool read_only = false;  // --read-only or -o ro: serve the db, change nothing
+    // --io-uring or -o io_uring: serve requests from per-CPU io_uring rings where the
+    // kernel offers FUSE over io_uring, else /dev/fuse (uring_transport.hpp).
+    bool io_uring = false;
     std::vector<std::string> fuse_options;  // -o options that are not ours, for libfuse
     // --remote ... (the CLI's options, remote/settings.hpp); set when a server is named
     // by --remote or $KCACHE_REMOTE: read-through and write-behind (remote_tier.hpp).
@@ -44,9 +47,9 @@ struct Options {
 };
 
 // Parses argv; kcache's own -o options (db=, max_size=, max_entries=, entry_depth=,
-// max_file_size=, durability=, single_flight_ms=) are taken out of the FUSE option list. Each means
-// what its long option means (one code path; -o comes last and wins); sizes and counts parse with
-// core::parse_size ("1K" is 1024, "1T" a tebibyte).
+// max_file_size=, durability=, single_flight_ms=, io_uring) are taken out of the FUSE option list.
+// Each means what its long option means (one code path; -o comes last and wins); sizes and counts
+// parse with core::parse_size ("1K" is 1024, "1T" a tebibyte).
 core::Result<Options> parse_options(int argc, char** argv);
 
 }  // namespace kcache::fsd

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -125,6 +126,19 @@ bool fusermount_unmount(const fs::path& mnt, bool lazy) {
 }
 
 }  // namespace
+
+namespace {
+std::size_t count_occurrences(const std::string& text, const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+}
+}  // namespace
+
+bool io_uring_run() {
+    const char* v = std::getenv("KCACHE_TEST_IO_URING");
+    return v && std::string(v) == "1";
+}
 
 void require_fuse() {
     const int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
@@ -428,6 +442,12 @@ pid_t find_daemon_with_arg(const std::string& needle) {
 
 MountedCache::MountedCache(DaemonOptions options) : m_options(std::move(options)) {
     require_fuse();
+    if (io_uring_run() &&
+        read_text_file("/sys/module/fuse/parameters/enable_uring").rfind('Y', 0) != 0) {
+        skip(
+            "KCACHE_TEST_IO_URING=1, but FUSE over io_uring is off (the fuse module's "
+            "enable_uring; the uring tests' CTest fixture sets it as root)");
+    }
     m_root = fs::canonical(m_dir.path());  // as /proc/self/mountinfo spells it
     m_mnt = m_root / "mnt";
     m_db = m_options.db.empty() ? m_root / "db" : m_options.db;
@@ -484,6 +504,8 @@ std::vector<std::string> MountedCache::argv() const {
     if (m_options.foreground) argv.emplace_back("-f");
     argv.insert(argv.end(), {"--db", m_db.string()});
     argv.insert(argv.end(), m_options.args.begin(), m_options.args.end());
+    if (io_uring_run() && std::find(argv.begin(), argv.end(), "--io-uring") == argv.end())
+        argv.emplace_back("--io-uring");
     argv.push_back(m_mnt.string());
     return argv;
 }
@@ -495,6 +517,9 @@ void MountedCache::mount() {
     std::vector<std::string> env_strings = child_environment({}, {});
     std::vector<char*> envp = c_strings(env_strings);
     const std::string log = m_log.string();
+    const std::size_t uring_before = count_occurrences(daemon_stderr(), "serving over io_uring");
+    const std::size_t fallback_before =
+        count_occurrences(daemon_stderr(), "serving over /dev/fuse");
 
     std::fflush(nullptr);
     const pid_t pid = fork();
@@ -542,6 +567,21 @@ void MountedCache::mount() {
         FAIL("kcache-fsd did not mount " << m_mnt);
     }
     m_mounted = true;
+    if (io_uring_run()) {
+        // The rings serve, not a silent fallback: the daemon logs which once INIT is done
+        // (counted: a remount on the same db appends to the same log).
+        const auto said = [&](const std::string& what) {
+            return count_occurrences(daemon_stderr(), what);
+        };
+        wait_until(
+            [&] {
+                return said("serving over io_uring") > uring_before ||
+                       said("serving over /dev/fuse") > fallback_before;
+            },
+            10);
+        INFO("KCACHE_TEST_IO_URING=1; kcache-fsd stderr:\n" << daemon_stderr());
+        REQUIRE(said("serving over io_uring") > uring_before);
+    }
     if (!m_options.foreground) {
         // The daemonizing parent exits once the mount is up.
         if (!exited) {

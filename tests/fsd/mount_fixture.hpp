@@ -66,6 +66,9 @@ inline constexpr long kFuseSuperMagic = 0x65735546;
 
 // Skips the test (exit 77) unless /dev/fuse can be opened and fusermount3 exists.
 void require_fuse();
+// KCACHE_TEST_IO_URING=1 (the `uring` CTest label): every MountedCache mounts with
+// --io-uring and requires that the rings serve (it skips where enable_uring is off).
+bool io_uring_run();
 // True when `path` is the root of a FUSE mount (statfs f_type; may ask the daemon).
 bool is_fuse_mount(const fs::path& path);
 // True when /proc/self/mountinfo lists `path` as a mount point (never asks a daemon).

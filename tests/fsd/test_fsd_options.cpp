@@ -153,3 +153,15 @@ TEST_CASE("options: --remote takes the CLI's remote options, and refuses what th
     REQUIRE_FALSE(read_only_db);
     CHECK(read_only_db.error().code == EINVAL);
 }
+
+TEST_CASE("options: --io-uring and -o io_uring are the same, off by default, and not for libfuse",
+          "[options]") {
+    CHECK_FALSE(must_parse({}).io_uring);
+    CHECK(must_parse({"--io-uring"}).io_uring);
+    const Options o = must_parse({"-o", "allow_other,io_uring"});
+    CHECK(o.io_uring);
+    for (const auto& f : o.fuse_options) CHECK(f != "io_uring");
+    auto valued = parse({"-o", "io_uring=1"});
+    REQUIRE_FALSE(valued);
+    CHECK(valued.error().code == EINVAL);
+}

@@ -1,0 +1,682 @@
+#include "uring_transport.hpp"
+
+#include <liburing.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "fuse_uring_abi.hpp"
+#include "log.hpp"
+
+// What this relies on in the kernel (fs/fuse/dev_uring.c, Linux 6.14 to 6.18):
+// - a request's fuse_in_header is copied to ReqHeader::in_out, its first argument
+//   (the per-op header, possibly empty) to ReqHeader::op_in, the other arguments one
+//   after the other to the payload buffer, whose used size is ring_ent_in_out.payload_sz;
+//   so the op header is in_header.len - sizeof(fuse_in_header) - payload_sz bytes;
+// - a reply is the fuse_out_header in in_out and all of its out arguments in the
+//   payload buffer (payload_sz bytes), committed with COMMIT_AND_FETCH naming the
+//   request's unique as commit_id;
+// - REGISTER needs the INIT reply processed (else EAGAIN), a 128-byte SQE, iov[0] at
+//   least sizeof(ReqHeader), iov[1] at least max(8 KiB, max_write, max_pages pages);
+// - the ring is ready (and requests other than FORGET and INTERRUPT go to it) once
+//   every possible CPU's queue has an entry; until then, requests made after the INIT
+//   reply wait for it. A request goes to the queue of the CPU its caller runs on;
+//   within a queue, to the entry that became free last.
+// - a failed REGISTER clears the connection's io_uring (requests go on over /dev/fuse).
+
+namespace kcache::fsd {
+
+struct Entry;
+
+namespace {
+
+namespace abi = uring_abi;
+
+constexpr std::uint64_t kEventTag = 1;  // user_data of the eventfd read (entries are pointers)
+constexpr std::size_t kPage = 4096;
+// An entry's mapping: the header page, a page in which a request's fuse_in_header and
+// op header are put back in front of its payload (libfuse wants /dev/fuse's layout:
+// one contiguous buffer), then the payload.
+constexpr std::size_t kHeaderArea = kPage;
+constexpr std::size_t kPrefixArea = kPage;
+constexpr unsigned kRingDepth = 2 * UringTransport::kMaxEntriesPerThread + 8;
+
+std::atomic<UringTransport*> g_transport{nullptr};
+
+// The INIT exchange, seen by the hooks (one per process: one session).
+std::atomic<bool> g_init_seen{false};
+std::atomic<std::uint64_t> g_init_unique{0};
+std::atomic<bool> g_offered{false};
+
+std::vector<int> possible_cpus() {
+    std::ifstream in("/sys/devices/system/cpu/possible");
+    std::string text;
+    std::getline(in, text);
+    std::vector<int> cpus;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+        std::size_t end = text.find(',', pos);
+        if (end == std::string::npos) end = text.size();
+        const std::string range = text.substr(pos, end - pos);
+        const auto dash = range.find('-');
+        try {
+            const int first = std::stoi(range.substr(0, dash));
+            const int last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+            for (int c = first; c <= last; ++c) cpus.push_back(c);
+        } catch (const std::exception&) {
+            return {};
+        }
+        pos = end + 1;
+    }
+    return cpus;
+}
+
+// Why the kernel did not offer FUSE over io_uring, for the fallback's log line.
+std::string not_offered_reason() {
+    std::ifstream in("/sys/module/fuse/parameters/enable_uring");
+    std::string value;
+    if (!in || !std::getline(in, value)) {
+        return "this kernel has no FUSE over io_uring (it needs Linux 6.14 or later built with "
+               "CONFIG_FUSE_IO_URING)";
+    }
+    if (value != "Y") {
+        return "the fuse module's parameter enable_uring is off (as root: echo Y > "
+               "/sys/module/fuse/parameters/enable_uring)";
+    }
+    return "the kernel did not offer it to this mount";
+}
+
+thread_local Entry* t_current = nullptr;  // the entry this ring thread is handling
+
+}  // namespace
+
+struct Entry {
+    UringTransport::Ring* ring = nullptr;
+    char* base = nullptr;  // the mapping (kHeaderArea + kPrefixArea + payload_size)
+    std::size_t mapped = 0;
+    abi::ReqHeader* header = nullptr;
+    char* payload = nullptr;
+    std::size_t payload_size = 0;
+    iovec iov[2]{};
+    // Owner thread only:
+    std::uint64_t request = 0;    // unique of the request it holds
+    bool busy = false;            // holds a request whose reply is not committed
+    bool dead = false;            // the kernel ended it (teardown)
+    bool replied_inline = false;  // answered during fuse_session_process_buf
+    // The unique of the request whose reply has not been claimed yet; 0 otherwise.
+    // The reply's writer claims it (compare-exchange), from any thread.
+    std::atomic<std::uint64_t> awaiting{0};
+
+    ~Entry() {
+        if (base) munmap(base, mapped);
+    }
+};
+
+struct UringTransport::Ring {
+    UringTransport* transport = nullptr;
+    int qid = 0;
+    io_uring ring{};
+    bool ring_made = false;
+    int event_fd = -1;
+    std::uint64_t event_value = 0;
+    std::size_t payload_size = 0;
+    Entry slots[kMaxEntriesPerThread];
+    std::atomic<int> entry_count{0};  // slots[0, entry_count) are made (release/acquire)
+    // Replies written by other threads, for this thread to commit (guarded by handoff).
+    std::mutex handoff;
+    std::vector<Entry*> handed;
+    bool closed = false;  // the ring is gone: replies are refused
+    std::atomic<bool> stopping{false};
+    std::atomic<std::uint64_t> served{0};
+    std::thread thread;
+    bool warned_full = false;
+
+    // The start-up handshake with the thread that answers INIT.
+    enum class Phase { making, made, failed, go, abort, registered, register_failed };
+    std::mutex phase_mutex;
+    std::condition_variable phase_changed;
+    Phase phase = Phase::making;
+    std::string error;
+
+    void set_phase(Phase p, std::string why = {}) {
+        std::lock_guard lock(phase_mutex);
+        phase = p;
+        if (!why.empty()) error = std::move(why);
+        phase_changed.notify_all();
+    }
+    Phase wait_phase_past(Phase from) {
+        std::unique_lock lock(phase_mutex);
+        phase_changed.wait(lock, [&] { return phase != from; });
+        return phase;
+    }
+
+    void run();
+    bool make();
+    bool add_entry();
+    io_uring_sqe* sqe();
+    void prep_register(Entry* e);
+    void prep_commit(Entry* e);
+    void arm_event_read();
+    void process(Entry* e);
+    void serve();
+    void close_ring();
+};
+
+struct UringHooks {
+    static ssize_t read(int fd, void* buf, size_t len, void*) {
+        const ssize_t n = ::read(fd, buf, len);
+        if (n >= static_cast<ssize_t>(sizeof(fuse_in_header)) &&
+            !g_init_seen.load(std::memory_order_relaxed)) {
+            const auto* in = static_cast<const fuse_in_header*>(buf);
+            if (in->opcode == FUSE_INIT) {
+                const auto* init = reinterpret_cast<const fuse_init_in*>(in + 1);
+                std::uint64_t flags = 0;
+                if (static_cast<std::size_t>(n) >=
+                    sizeof(fuse_in_header) + offsetof(fuse_init_in, flags2) + sizeof init->flags2) {
+                    flags = init->flags;
+                    if (flags & abi::kInitExt) flags |= std::uint64_t{init->flags2} << 32;
+                }
+                g_offered = (flags & abi::kOverIoUring) != 0;
+                g_init_unique = in->unique;
+                g_init_seen = true;
+            }
+        }
+        return n;
+    }
+
+    static ssize_t writev(int fd, iovec* iov, int count, void*) {
+        UringTransport* t = g_transport.load(std::memory_order_acquire);
+        if (t && count > 0 && iov[0].iov_len >= sizeof(fuse_out_header)) {
+            const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
+            if (out->unique != 0) {
+                if (t->m_serving.load(std::memory_order_acquire)) {
+                    if (auto written = reply_to_ring(*t, out->unique, iov, count)) return *written;
+                } else if (out->unique == g_init_unique.load()) {
+                    return reply_init(*t, fd, iov, count);
+                }
+            }
+        }
+        return ::writev(fd, iov, count);
+    }
+
+    // A reply to a request a ring entry holds: into the entry, then committed (by
+    // the entry's thread). nullopt: no entry holds it (a /dev/fuse request).
+    static std::optional<ssize_t> reply_to_ring(UringTransport& t, std::uint64_t unique,
+                                                const iovec* iov, int count) {
+        Entry* e = nullptr;
+        const bool inline_reply =
+            t_current && t_current->awaiting.load(std::memory_order_relaxed) == unique;
+        if (inline_reply) {
+            e = t_current;
+        } else {
+            for (const auto& ring : t.m_rings) {
+                const int n = ring->entry_count.load(std::memory_order_acquire);
+                for (int i = 0; i < n && !e; ++i) {
+                    if (ring->slots[i].awaiting.load(std::memory_order_acquire) == unique)
+                        e = &ring->slots[i];
+                }
+                if (e) break;
+            }
+        }
+        if (!e) return std::nullopt;
+        std::uint64_t expected = unique;
+        if (!e->awaiting.compare_exchange_strong(expected, 0)) return std::nullopt;
+
+        std::size_t total = 0;
+        for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+        fill(*e, iov, count, total);
+        if (inline_reply) {
+            // Committed now, as a write to /dev/fuse would be: when fuse_reply_* returns
+            // the kernel has the reply (the daemon orders notifications after replies).
+            e->replied_inline = true;
+            e->busy = false;
+            e->ring->prep_commit(e);
+            if (const int rc = io_uring_submit(&e->ring->ring); rc < 0) {
+                log::error("io_uring: submitting a reply on queue {}: {}", e->ring->qid,
+                           std::strerror(-rc));
+                errno = -rc;
+                return -1;
+            }
+            return static_cast<ssize_t>(total);
+        }
+        {
+            std::lock_guard lock(e->ring->handoff);
+            if (e->ring->closed) {
+                errno = ENOTCONN;
+                return -1;
+            }
+            e->ring->handed.push_back(e);
+        }
+        const std::uint64_t one = 1;
+        if (::write(e->ring->event_fd, &one, sizeof one) != sizeof one) {
+            log::error("io_uring: cannot wake ring thread {}: {}", e->ring->qid,
+                       std::strerror(errno));
+        }
+        return static_cast<ssize_t>(total);
+    }
+
+    // Writes a reply into an entry: the out header into the header buffer, the rest
+    // into the payload buffer.
+    static void fill(Entry& e, const iovec* iov, int count, std::size_t total) {
+        std::memcpy(e.header->in_out, iov[0].iov_base, sizeof(fuse_out_header));
+        const std::size_t payload = total - iov[0].iov_len;
+        if (payload > e.payload_size) {
+            // Cannot happen (a reply is never larger than max_write or a page-sized
+            // request allows); if it did, the caller gets EIO rather than a cut reply.
+            log::error("io_uring: a reply of {} bytes exceeds the ring's {}: answered EIO", payload,
+                       e.payload_size);
+            auto* out = reinterpret_cast<fuse_out_header*>(e.header->in_out);
+            out->error = -EIO;
+            out->len = sizeof(fuse_out_header);
+            e.header->ring_ent_in_out.payload_sz = 0;
+            return;
+        }
+        char* to = e.payload;
+        for (int i = 1; i < count; ++i) {
+            std::memmove(to, iov[i].iov_base, iov[i].iov_len);
+            to += iov[i].iov_len;
+        }
+        e.header->ring_ent_in_out.payload_sz = static_cast<std::uint32_t>(payload);
+    }
+
+    // The INIT reply: when the kernel offers FUSE over io_uring, the rings are made
+    // first (so that nothing can fail once the kernel has been told), then the reply
+    // says FUSE_OVER_IO_URING, then the entries are registered.
+    static ssize_t reply_init(UringTransport& t, int fd, iovec* iov, int count) {
+        g_init_unique = 0;
+        const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
+        fuse_init_out init{};
+        const bool full = count == 2 &&
+                          iov[1].iov_len >= offsetof(fuse_init_out, flags2) + sizeof init.flags2 &&
+                          iov[1].iov_len <= sizeof init;
+        if (out->error != 0 || !full) return ::writev(fd, iov, count);  // no session to serve
+        if (!g_offered) {
+            log::warning("--io-uring: {}: serving over /dev/fuse", not_offered_reason());
+            return ::writev(fd, iov, count);
+        }
+        std::memcpy(&init, iov[1].iov_base, iov[1].iov_len);
+        const std::size_t pages = (init.flags & FUSE_MAX_PAGES) ? init.max_pages : 32;
+        const std::size_t payload_size = std::max<std::size_t>(
+            {8192, init.max_write, pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE))});
+
+        const std::vector<int> cpus = possible_cpus();
+        if (cpus.empty()) {
+            log::warning(
+                "--io-uring: cannot read /sys/devices/system/cpu/possible: serving "
+                "over /dev/fuse");
+            return ::writev(fd, iov, count);
+        }
+        // The ring threads take no signals: SIGTERM and the like must reach libfuse's
+        // loop (its handler ends the session), and an io_uring wait would swallow them.
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
+        for (std::size_t q = 0; q < cpus.size(); ++q) {
+            for (int k = 0; k < UringTransport::kThreadsPerQueue; ++k) {
+                auto ring = std::make_unique<UringTransport::Ring>();
+                ring->transport = &t;
+                ring->qid = static_cast<int>(q);
+                ring->payload_size = payload_size;
+                t.m_rings.push_back(std::move(ring));
+                UringTransport::Ring* r = t.m_rings.back().get();
+                try {
+                    r->thread = std::thread([r] { r->run(); });
+                } catch (const std::system_error& e) {
+                    r->set_phase(UringTransport::Ring::Phase::failed,
+                                 fmt::format("cannot start a thread: {}", e.what()));
+                }
+            }
+        }
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+
+        std::string failure;
+        for (auto& r : t.m_rings) {
+            if (r->wait_phase_past(UringTransport::Ring::Phase::making) ==
+                    UringTransport::Ring::Phase::failed &&
+                failure.empty()) {
+                failure = r->error;
+            }
+        }
+        auto abandon = [&t] {
+            for (auto& r : t.m_rings) {
+                r->set_phase(UringTransport::Ring::Phase::abort);
+                if (r->thread.joinable()) r->thread.join();
+            }
+            t.m_rings.clear();
+        };
+        if (!failure.empty()) {
+            abandon();
+            log::warning("--io-uring: {}: serving over /dev/fuse", failure);
+            return ::writev(fd, iov, count);
+        }
+
+        init.flags |= abi::kInitExt;
+        init.flags2 |= static_cast<std::uint32_t>(abi::kOverIoUring >> 32);
+        iovec with_uring[2] = {iov[0], {&init, iov[1].iov_len}};
+        const ssize_t written = ::writev(fd, with_uring, 2);
+        if (written < 0) {
+            const int err = errno;
+            abandon();
+            errno = err;
+            return written;
+        }
+        t.m_serving.store(true, std::memory_order_release);
+        for (auto& r : t.m_rings) r->set_phase(UringTransport::Ring::Phase::go);
+        int failed = 0;
+        for (auto& r : t.m_rings) {
+            if (r->wait_phase_past(UringTransport::Ring::Phase::go) ==
+                UringTransport::Ring::Phase::register_failed) {
+                if (failed++ == 0) failure = r->error;
+            }
+        }
+        // Threads that registered keep serving (their entries are the kernel's now);
+        // the kernel gave up io_uring for the connection at the first failed REGISTER.
+        if (failed) {
+            log::warning(
+                "--io-uring: {} of {} ring threads could not register ({}): serving "
+                "over /dev/fuse",
+                failed, t.m_rings.size(), failure);
+        } else {
+            log::info(
+                "serving over io_uring: {} queues x {} entries (a thread each, more "
+                "while replies are deferred; {} KiB payload)",
+                cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
+        }
+        return written;
+    }
+};
+
+void UringTransport::Ring::run() {
+    // Pinned to its queue's CPU where allowed (requests of that CPU come here); an
+    // offline or forbidden CPU leaves it unpinned.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(qid, &set);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+
+    if (!make()) return;
+    if (wait_phase_past(Phase::made) != Phase::go) return close_ring();
+
+    prep_register(&slots[0]);
+    arm_event_read();
+    const int submitted = io_uring_submit(&ring);
+    std::string failure;
+    if (submitted < 0) failure = fmt::format("io_uring_submit: {}", std::strerror(-submitted));
+    // An error of REGISTER is posted at once; a request may already have come too.
+    unsigned head;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+        if (cqe->user_data != kEventTag && cqe->res < 0 && failure.empty())
+            failure = fmt::format("FUSE_IO_URING_CMD_REGISTER: {}", std::strerror(-cqe->res));
+    }
+    if (!failure.empty()) {
+        set_phase(Phase::register_failed, failure);
+        return close_ring();
+    }
+    set_phase(Phase::registered);
+    serve();
+    close_ring();
+}
+
+bool UringTransport::Ring::make() {
+    io_uring_params params{};
+    // One thread submits (it alone touches the SQ) and completions are run when it
+    // waits: the kernel's work of handing it a request runs in its own context.
+    params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    int rc = io_uring_queue_init_params(kRingDepth, &ring, &params);
+    if (rc == -EINVAL) {  // a kernel without DEFER_TASKRUN
+        params = {};
+        params.flags = IORING_SETUP_SQE128;
+        rc = io_uring_queue_init_params(kRingDepth, &ring, &params);
+    }
+    if (rc < 0) {
+        set_phase(Phase::failed, fmt::format("cannot set up an io_uring: {}", std::strerror(-rc)));
+        return false;
+    }
+    ring_made = true;
+    event_fd = eventfd(0, EFD_CLOEXEC);
+    if (event_fd < 0) {
+        set_phase(Phase::failed, fmt::format("eventfd: {}", std::strerror(errno)));
+        close_ring();
+        return false;
+    }
+    if (!add_entry()) {
+        set_phase(Phase::failed, fmt::format("cannot map a ring entry of {} bytes: {}",
+                                             payload_size, std::strerror(errno)));
+        close_ring();
+        return false;
+    }
+    set_phase(Phase::made);
+    return true;
+}
+
+bool UringTransport::Ring::add_entry() {
+    const int n = entry_count.load(std::memory_order_relaxed);
+    if (n >= kMaxEntriesPerThread) return false;
+    Entry& e = slots[n];
+    e.mapped = kHeaderArea + kPrefixArea + (payload_size + kPage - 1) / kPage * kPage;
+    void* base =
+        mmap(nullptr, e.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return false;
+    e.ring = this;
+    e.base = static_cast<char*>(base);
+    e.header = reinterpret_cast<abi::ReqHeader*>(e.base);
+    e.payload = e.base + kHeaderArea + kPrefixArea;
+    e.payload_size = payload_size;
+    e.iov[0] = {e.header, sizeof(abi::ReqHeader)};
+    e.iov[1] = {e.payload, payload_size};
+    entry_count.store(n + 1, std::memory_order_release);
+    return true;
+}
+
+io_uring_sqe* UringTransport::Ring::sqe() {
+    io_uring_sqe* s = io_uring_get_sqe(&ring);
+    if (!s) {  // full: hand what is queued to the kernel first
+        (void)io_uring_submit(&ring);
+        s = io_uring_get_sqe(&ring);
+    }
+    if (s) std::memset(static_cast<void*>(s), 0, 128);  // a 128-byte SQE (SQE128)
+    return s;
+}
+
+void UringTransport::Ring::prep_register(Entry* e) {
+    io_uring_sqe* s = sqe();
+    if (!s) return;
+    io_uring_prep_rw(IORING_OP_URING_CMD, s, transport->m_fd, e->iov, 2, 0);
+    s->cmd_op = abi::kCmdRegister;
+    auto* cmd = reinterpret_cast<abi::CmdReq*>(s->cmd);
+    cmd->qid = static_cast<std::uint16_t>(qid);
+    io_uring_sqe_set_data(s, e);
+}
+
+void UringTransport::Ring::prep_commit(Entry* e) {
+    io_uring_sqe* s = sqe();
+    if (!s) {
+        log::error("io_uring: no submission slot for a reply on queue {}", qid);
+        return;
+    }
+    io_uring_prep_rw(IORING_OP_URING_CMD, s, transport->m_fd, nullptr, 0, 0);
+    s->cmd_op = abi::kCmdCommitAndFetch;
+    auto* cmd = reinterpret_cast<abi::CmdReq*>(s->cmd);
+    cmd->commit_id = e->request;
+    cmd->qid = static_cast<std::uint16_t>(qid);
+    io_uring_sqe_set_data(s, e);
+}
+
+void UringTransport::Ring::arm_event_read() {
+    io_uring_sqe* s = sqe();
+    if (!s) return;
+    io_uring_prep_read(s, event_fd, &event_value, sizeof event_value, 0);
+    s->user_data = kEventTag;
+}
+
+void UringTransport::Ring::serve() {
+    for (;;) {
+        const int rc = io_uring_submit_and_wait(&ring, 1);
+        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+            log::error("io_uring: ring thread of queue {} stops: {}", qid, std::strerror(-rc));
+            return;
+        }
+        io_uring_cqe* cqe;
+        bool woken = false;
+        while (io_uring_peek_cqe(&ring, &cqe) == 0) {
+            const std::uint64_t tag = cqe->user_data;
+            const int res = cqe->res;
+            io_uring_cqe_seen(&ring, cqe);
+            if (tag == kEventTag) {
+                woken = true;
+                std::vector<Entry*> ready;
+                {
+                    std::lock_guard lock(handoff);
+                    ready.swap(handed);
+                }
+                for (Entry* e : ready) {
+                    e->busy = false;
+                    prep_commit(e);
+                }
+                if (!stopping) arm_event_read();
+                continue;
+            }
+            auto* e = reinterpret_cast<Entry*>(tag);
+            if (res < 0) {
+                // The kernel ended the entry: the connection is going (ENOTCONN,
+                // ECANCELED), or a commit it refused.
+                e->dead = true;
+                e->busy = false;
+                if (res != -ENOTCONN && res != -ECANCELED && res != -ENODEV)
+                    log::warning("io_uring: a ring entry of queue {} failed: {}", qid,
+                                 std::strerror(-res));
+                continue;
+            }
+            process(e);
+        }
+        if (woken && stopping) return;
+    }
+}
+
+void UringTransport::Ring::process(Entry* e) {
+    const auto* in = reinterpret_cast<const fuse_in_header*>(e->header->in_out);
+    const std::uint32_t payload = e->header->ring_ent_in_out.payload_sz;
+    const std::size_t fixed = sizeof(fuse_in_header) + payload;
+    const std::size_t op_len = in->len >= fixed ? in->len - fixed : abi::kOpInOutSize + 1;
+    e->request = in->unique;
+    if (op_len > abi::kOpInOutSize || payload > e->payload_size) {
+        log::error(
+            "io_uring: a request of opcode {} does not add up (length {}, payload {}): "
+            "answered EIO",
+            in->opcode, in->len, payload);
+        auto* out = reinterpret_cast<fuse_out_header*>(e->header->in_out);
+        const std::uint64_t unique = in->unique;
+        *out = {};
+        out->len = sizeof *out;
+        out->error = -EIO;
+        out->unique = unique;
+        e->header->ring_ent_in_out.payload_sz = 0;
+        return prep_commit(e);
+    }
+    // /dev/fuse's layout: fuse_in_header, op header, payload in one buffer.
+    char* start = e->payload - op_len - sizeof(fuse_in_header);
+    std::memcpy(start + sizeof(fuse_in_header), e->header->op_in, op_len);
+    std::memcpy(start, in, sizeof(fuse_in_header));
+    e->busy = true;
+    e->replied_inline = false;
+    e->awaiting.store(e->request, std::memory_order_release);
+    t_current = e;
+    fuse_buf buf{};
+    buf.size = reinterpret_cast<const fuse_in_header*>(start)->len;
+    buf.mem = start;
+    buf.fd = -1;
+    fuse_session_process_buf(transport->m_session, &buf);
+    t_current = nullptr;
+    served.fetch_add(1, std::memory_order_relaxed);
+    if (e->replied_inline) return;  // and committed
+    // The reply was deferred (or written from another thread already): the entry stays
+    // with its request. Keep one entry of this thread free for the kernel.
+    const int n = entry_count.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+        if (!slots[i].busy && !slots[i].dead) return;
+    }
+    if (add_entry()) {
+        prep_register(&slots[n]);
+    } else if (!warned_full) {
+        warned_full = true;
+        log::warning(
+            "io_uring: the {} entries of a ring thread of queue {} all wait for deferred "
+            "replies; its CPU's requests may wait",
+            n, qid);
+    }
+}
+
+void UringTransport::Ring::close_ring() {
+    {
+        std::lock_guard lock(handoff);
+        closed = true;
+        handed.clear();
+    }
+    if (ring_made) io_uring_queue_exit(&ring);
+    ring_made = false;
+    if (event_fd >= 0) close(event_fd);
+    event_fd = -1;
+}
+
+std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session) {
+    std::unique_ptr<UringTransport> t(new UringTransport(session));
+    fuse_custom_io io{};
+    io.read = &UringHooks::read;
+    io.writev = &UringHooks::writev;
+    if (const int rc = fuse_session_custom_io(session, &io, t->m_fd); rc != 0) {
+        log::warning("--io-uring: libfuse refused a custom io ({}): serving over /dev/fuse",
+                     std::strerror(-rc));
+        return nullptr;
+    }
+    g_transport.store(t.get(), std::memory_order_release);
+    return t;
+}
+
+UringTransport::UringTransport(fuse_session* session)
+    : m_session(session), m_fd(fuse_session_fd(session)) {}
+
+UringTransport::~UringTransport() {
+    stop();
+    g_transport.store(nullptr, std::memory_order_release);
+}
+
+void UringTransport::stop() {
+    if (m_stopped) return;
+    m_stopped = true;
+    for (auto& r : m_rings) {
+        r->stopping = true;
+        std::lock_guard lock(r->handoff);
+        if (!r->closed) {
+            const std::uint64_t one = 1;
+            (void)!::write(r->event_fd, &one, sizeof one);
+        }
+    }
+    for (auto& r : m_rings) {
+        if (r->thread.joinable()) r->thread.join();
+    }
+    if (m_serving) log::info("io_uring served {} requests", served());
+}
+
+std::uint64_t UringTransport::served() const {
+    std::uint64_t n = 0;
+    for (const auto& r : m_rings) n += r->served.load(std::memory_order_relaxed);
+    return n;
+}
+
+}  // namespace kcache::fsd
