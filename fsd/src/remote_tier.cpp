@@ -407,12 +407,11 @@ void RemoteTier::run_timer() {
     }
 }
 
-void RemoteTier::follow_events(std::uint64_t& seq) {
+void RemoteTier::follow_events(core::EventCursor& events) {
     auto txn = m_store.read();
     if (!txn) return;
     const auto now = Clock::now();
-    (void)txn->for_each_event(seq, [&](const core::Event& e) {
-        seq = e.seq;
+    auto lost = events.read(*txn, [&](const core::Event& e) {
         switch (e.kind) {
             case core::EventKind::populate:
             case core::EventKind::member:
@@ -440,6 +439,12 @@ void RemoteTier::follow_events(std::uint64_t& seq) {
         m_queued.fetch_add(1);
         return true;
     });
+    if (lost && *lost) {
+        log::warning(
+            "{} events were trimmed from the log before the uploader read them: entries they "
+            "changed are not uploaded until `kcache remote push` sends them",
+            *lost);
+    }
 }
 
 std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
@@ -486,12 +491,9 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
 
 void RemoteTier::run_uploader() {
     const bool uploads = !m_remote->options().read_only;
-    std::uint64_t seq = 0;
+    core::EventCursor events;
     if (auto txn = m_store.read()) {  // from now on: `kcache remote push` uploads what is older
-        (void)txn->for_each_event(0, [&](const core::Event& e) {
-            seq = e.seq;
-            return true;
-        });
+        if (auto end = core::EventCursor::at_end(*txn)) events = *end;
     }
     auto last_record = Clock::now();
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
@@ -501,7 +503,7 @@ void RemoteTier::run_uploader() {
         if (m_stop) break;
         lock.unlock();
         if (uploads) {
-            follow_events(seq);
+            follow_events(events);
             for (const auto& [id, name] : settled()) {
                 {
                     std::lock_guard stopping(m_mutex);

@@ -67,6 +67,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kcache/core/events.hpp"
 #include "kcache/core/layout.hpp"
 #include "kcache/core/store.hpp"
 #include "kcache/remote/remote.hpp"
@@ -144,7 +145,7 @@ class RemoteTier {
     void run_timer();
     void run_uploader();
     // Queues the entries of new events for settling (uploader thread only).
-    void follow_events(std::uint64_t& seq);
+    void follow_events(core::EventCursor& events);
     // Takes the pending entries that settled out of m_pending (uploader thread only).
     std::vector<std::pair<core::Ino, std::string>> settled();
     void record_counts();
