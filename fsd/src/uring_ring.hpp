@@ -1,0 +1,115 @@
+// The ring threads of kcache-fsd --io-uring (private to uring_transport.cpp and
+// uring_ring.cpp): an Entry is one registered ring entry and its buffers; a Ring is one
+// thread's io_uring with its entries. uring_transport.hpp says what they do, which
+// thread owns what and which lock guards what; uring_ring.cpp is the thread's loop.
+#pragma once
+
+#include <liburing.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fuse_uring_abi.hpp"
+#include "uring_transport.hpp"
+
+namespace kcache::fsd {
+
+struct Entry;
+
+namespace uring_detail {
+
+namespace abi = uring_abi;
+
+constexpr std::uint64_t kEventTag = 1;  // user_data of the eventfd read (entries are pointers)
+constexpr std::size_t kPage = 4096;
+// An entry's mapping: the header page, a page in which a request's fuse_in_header and
+// op header are put back in front of its payload (libfuse wants /dev/fuse's layout:
+// one contiguous buffer), then the payload.
+constexpr std::size_t kHeaderArea = kPage;
+constexpr std::size_t kPrefixArea = kPage;
+constexpr unsigned kRingDepth = 2 * UringTransport::kMaxEntriesPerThread + 8;
+
+inline thread_local Entry* t_current = nullptr;  // the entry this ring thread is handling
+
+}  // namespace uring_detail
+
+struct Entry {
+    UringTransport::Ring* ring = nullptr;
+    char* base = nullptr;  // the mapping (kHeaderArea + kPrefixArea + payload_size)
+    std::size_t mapped = 0;
+    uring_abi::ReqHeader* header = nullptr;
+    char* payload = nullptr;
+    std::size_t payload_size = 0;
+    iovec iov[2]{};
+    // Owner thread only:
+    std::uint64_t request = 0;    // unique of the request it holds
+    bool busy = false;            // holds a request whose reply is not committed
+    bool dead = false;            // the kernel ended it (teardown)
+    bool replied_inline = false;  // answered during fuse_session_process_buf
+    // The unique of the request whose reply has not been claimed yet; 0 otherwise.
+    // The reply's writer claims it (compare-exchange), from any thread.
+    std::atomic<std::uint64_t> awaiting{0};
+
+    ~Entry() {
+        if (base) munmap(base, mapped);
+    }
+};
+
+struct UringTransport::Ring {
+    UringTransport* transport = nullptr;
+    int qid = 0;
+    io_uring ring{};
+    bool ring_made = false;
+    int event_fd = -1;
+    std::uint64_t event_value = 0;
+    std::size_t payload_size = 0;
+    Entry slots[kMaxEntriesPerThread];
+    std::atomic<int> entry_count{0};  // slots[0, entry_count) are made (release/acquire)
+    // Replies written by other threads, for this thread to commit (guarded by handoff).
+    std::mutex handoff;
+    std::vector<Entry*> handed;
+    bool closed = false;  // the ring is gone: replies are refused
+    std::atomic<bool> stopping{false};
+    std::atomic<std::uint64_t> served{0};
+    std::thread thread;
+    bool warned_full = false;
+
+    // The start-up handshake with the thread that answers INIT.
+    enum class Phase { making, made, failed, go, abort, registered, register_failed };
+    std::mutex phase_mutex;
+    std::condition_variable phase_changed;
+    Phase phase = Phase::making;
+    std::string error;
+
+    void set_phase(Phase p, std::string why = {}) {
+        std::lock_guard lock(phase_mutex);
+        phase = p;
+        if (!why.empty()) error = std::move(why);
+        phase_changed.notify_all();
+    }
+    Phase wait_phase_past(Phase from) {
+        std::unique_lock lock(phase_mutex);
+        phase_changed.wait(lock, [&] { return phase != from; });
+        return phase;
+    }
+
+    void run();
+    bool make();
+    bool add_entry();
+    io_uring_sqe* sqe();
+    void prep_register(Entry* e);
+    void prep_commit(Entry* e);
+    void arm_event_read();
+    void process(Entry* e);
+    void serve();
+    void close_ring();
+};
+
+}  // namespace kcache::fsd
