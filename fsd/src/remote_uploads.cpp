@@ -1,0 +1,161 @@
+// The shared tier's write-behind (remote_tier.hpp, its "Write-behind" point): the uploader
+// thread follows the events log into the entries waiting to settle, and uploads each
+// once it has settled, retrying a failed upload a few times.
+#include <cerrno>
+
+#include "log.hpp"
+#include "remote_tier.hpp"
+
+namespace kcache::fsd {
+
+void RemoteTier::follow_events(core::EventCursor& events) {
+    auto txn = m_store.read();
+    if (!txn) return;
+    const auto now = Clock::now();
+    auto lost = events.read(*txn, [&](const core::Event& e) {
+        switch (e.kind) {
+            case core::EventKind::populate:
+            case core::EventKind::member:
+            case core::EventKind::import:
+            case core::EventKind::rename:
+                break;
+            default:
+                return true;
+        }
+        if (e.entry == 0) return true;
+        if (auto entry =
+                txn->entry(e.entry)) {  // pulled here (read through, prefetched): not uploaded back
+            std::lock_guard lock(m_mutex);
+            if (m_pulled.count(entry->name)) return true;
+        }
+        if (auto p = m_pending.find(e.entry); p != m_pending.end()) {
+            p->second.since = now;  // changed again: settles later
+            return true;
+        }
+        if (m_pending.size() >= kMaxQueued) {
+            m_dropped.fetch_add(1);
+            return true;
+        }
+        m_pending[e.entry] = Pending{0, 0, 0, now};
+        m_queued.fetch_add(1);
+        return true;
+    });
+    if (lost && *lost) {
+        log::warning(
+            "{} events were trimmed from the log before the uploader read them: entries they "
+            "changed are not uploaded until `kcache remote push` sends them",
+            *lost);
+    }
+}
+
+std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
+    std::vector<std::pair<core::Ino, std::string>> names;
+    auto txn = m_store.read();
+    if (!txn) return names;
+    const auto now = Clock::now();
+    for (auto it = m_pending.begin(); it != m_pending.end();) {
+        Pending& p = it->second;
+        if (now < p.not_before) {
+            ++it;
+            continue;
+        }
+        auto entry = txn->entry(it->first);
+        if (!entry) {  // evicted or removed meanwhile: nothing to upload
+            it = m_pending.erase(it);
+            continue;
+        }
+        auto busy = txn->in_flight(it->first);
+        const bool changed = entry->files != p.files || entry->bytes != p.bytes ||
+                             entry->last_access_ns != p.last_access_ns;
+        if ((busy && *busy) || changed) {
+            p.files = entry->files;
+            p.bytes = entry->bytes;
+            p.last_access_ns = entry->last_access_ns;
+            p.since = now;
+            ++it;
+            continue;
+        }
+        if (now - p.since < kSettle) {
+            ++it;
+            continue;
+        }
+        bool pulled = false;
+        {
+            std::lock_guard lock(m_mutex);
+            pulled = m_pulled.erase(entry->name) > 0;
+        }
+        if (!pulled && entry->files > 0) names.emplace_back(it->first, entry->name);
+        it = m_pending.erase(it);
+    }
+    return names;
+}
+
+void RemoteTier::run_uploader() {
+    const bool uploads = !m_remote->options().read_only;
+    core::EventCursor events;
+    if (auto txn = m_store.read()) {  // from now on: `kcache remote push` uploads what is older
+        if (auto end = core::EventCursor::at_end(*txn)) events = *end;
+    }
+    auto last_record = Clock::now();
+    std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
+    std::unique_lock lock(m_mutex);
+    while (!m_stop) {
+        m_upload_wake.wait_for(lock, std::chrono::milliseconds(250));
+        if (m_stop) break;
+        lock.unlock();
+        if (uploads) {
+            follow_events(events);
+            for (const auto& [id, name] : settled()) {
+                {
+                    std::lock_guard stopping(m_mutex);
+                    if (m_stop) break;
+                }
+                auto r = m_remote->push(m_store, name);
+                if (r) {
+                    failures.erase(id);
+                    bool leased = false;
+                    {
+                        std::lock_guard held(m_mutex);
+                        leased = m_leases.erase(name) > 0;
+                    }
+                    // Uploaded: the nodes waiting find its manifest; the lease goes (a
+                    // failure leaves it to expire).
+                    if (leased) (void)m_remote->release_lease(name, m_owner);
+                    continue;
+                }
+                const unsigned failed = ++failures[id];
+                const bool again = failed < kMaxUploadTries && r.error().code != EROFS &&
+                                   m_pending.size() < kMaxQueued;
+                if (again) {
+                    Pending retry;
+                    retry.since = Clock::now();
+                    retry.not_before =
+                        retry.since + std::chrono::seconds(std::int64_t{1} << failed);
+                    m_pending[id] = retry;
+                } else {
+                    failures.erase(id);
+                }
+                const std::int64_t now_ns = m_store.now_ns();
+                std::int64_t last = m_last_warning_ns.load();
+                if (now_ns - last > 10'000'000'000 &&
+                    m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+                    log::warning(
+                        "remote: uploading {}: {} ({}; further failures are counted, not logged, "
+                        "for 10 s)",
+                        name, r.error().message,
+                        again ? "tried again later" : "left to `kcache remote push`");
+                }
+            }
+            if (failures.size() > kMaxQueued) failures.clear();
+        }
+        if (Clock::now() - last_record >= std::chrono::seconds(1)) {
+            (void)m_remote->probe();
+            publish_servers(false);
+            record_counts();
+            last_record = Clock::now();
+        }
+        lock.lock();
+    }
+}
+
+}  // namespace kcache::fsd
