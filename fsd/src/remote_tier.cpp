@@ -238,10 +238,7 @@ void RemoteTier::run_fetcher() {
             continue;
         }
         if (!result) {
-            const std::int64_t now_ns = m_store.now_ns();
-            std::int64_t last = m_last_warning_ns.load();
-            if (now_ns - last > 10'000'000'000 &&
-                m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+            if (may_warn()) {
                 log::warning(
                     "remote: reading {} through: {} (a miss; further failures are counted, "
                     "not logged, for 10 s)",
@@ -322,6 +319,13 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
     f->second.fetching = false;
     f->second.next_poll = now + kLeasePoll;
     return true;
+}
+
+bool RemoteTier::may_warn() {
+    const std::int64_t now_ns = m_store.now_ns();
+    std::int64_t last = m_last_warning_ns.load();
+    return now_ns - last > 10'000'000'000 &&
+           m_last_warning_ns.compare_exchange_strong(last, now_ns);
 }
 
 void RemoteTier::remember_pulled(const std::string& entry) {

@@ -142,6 +142,9 @@ class RemoteTier {
     // Publishes the servers' breaker states if they changed (or `stopping`: none).
     void publish_servers(bool stopping);
     void remember_pulled(const std::string& entry);  // m_mutex held
+    // True at most once every 10 s (m_last_warning_ns): failures are counted always,
+    // logged only then. Any thread; takes no lock.
+    bool may_warn();
     void run_timer();
     void run_uploader();
     // Queues the entries of new events for settling (uploader thread only).

@@ -135,10 +135,7 @@ void RemoteTier::run_uploader() {
                 } else {
                     failures.erase(id);
                 }
-                const std::int64_t now_ns = m_store.now_ns();
-                std::int64_t last = m_last_warning_ns.load();
-                if (now_ns - last > 10'000'000'000 &&
-                    m_last_warning_ns.compare_exchange_strong(last, now_ns)) {
+                if (may_warn()) {
                     log::warning(
                         "remote: uploading {}: {} ({}; further failures are counted, not logged, "
                         "for 10 s)",
