@@ -176,7 +176,9 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (fuse_reply_open(req, &opened) != 0)
             discard_open(raw);  // the opener is gone (interrupted)
     };
-    if (raw->version && raw->writable) return m_pages.admit_writer(raw, std::move(reply));
+    // Every writer, an orphan's too: an O_TRUNC open sets the kernel's one size of the
+    // inode to 0 when it completes, and writes grow it, under its readers.
+    if (raw->writable) return m_pages.admit_writer(raw, std::move(reply));
     if (grow) {
         if (stale_attr) m_background.invalidate_attr(ino);  // the same pass, before the reply
         return m_background.grow_size(ino, grow->first, grow->second, std::move(reply));
@@ -226,18 +228,28 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     if (handle->version) m_flights.writer_opened(attr.entry, handle->opener);
     FileHandle* raw = handle.release();
     fi->fh = reinterpret_cast<std::uint64_t>(raw);
-    (void)m_pages.enter_as_writer(
-        raw);  // no reader enters the page cache while it writes; see admit_writer
-    m_versions.apply_live_size(attr);
-    const fuse_entry_param e =
-        kernel::entry_param(attr, attr_timeout(attr));  // 0: its version is at work
     m_lookups.remember(attr.ino);
     // O_CREAT of a file that existed: the kernel may hold its settled attributes.
     m_background.invalidate_attr(attr.ino);
-    if (fuse_reply_create(req, &e, fi) != 0) {
-        forget(attr.ino, 1);
-        discard_open(raw);
-    }
+    auto reply = [this, req, opened = *fi, raw, attr]() mutable {
+        // The size when answered: the kernel applies it to the inode (its pages past it
+        // go), and a writer that joined the version meanwhile may have written more.
+        m_versions.apply_live_size(attr);
+        const fuse_entry_param e =
+            kernel::entry_param(attr, attr_timeout(attr));  // 0: its version is at work
+        if (fuse_reply_create(req, &e, &opened) != 0) {
+            forget(attr.ino, 1);
+            discard_open(raw);
+        }
+    };
+    // O_CREAT without O_EXCL of a file that exists (the kernel sends CREATE, not OPEN,
+    // when its dentry is negative or stale) waits for other processes' page-cache
+    // readers as an OPEN does: the reply's size, and the writes after it, would change
+    // the kernel's one size and pages under a reader of the old version. A new file has
+    // no readers and is answered at once. The kernel holds the directory's lock until
+    // the reply, so a background notification of a name in this directory waits too,
+    // at most PageCache::kWriterWait.
+    m_pages.admit_writer(raw, std::move(reply));
 }
 
 void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {

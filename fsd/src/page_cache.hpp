@@ -76,8 +76,10 @@ class PageCache {
 
     // Answers a writer's open (`reply`) now, or once the readers that other processes
     // have reading its inode through the page cache have closed (at most kWriterWait).
-    // Only for OPEN: a CREATE is answered while the kernel holds its directory's lock,
-    // which the background thread's notifications take (it calls enter_as_writer).
+    // For OPEN and CREATE. A CREATE is answered while the kernel holds its directory's
+    // lock, which the background thread's notifications of names in it take: such a
+    // notification waits with it, at most kWriterWait (only a CREATE of an existing
+    // file that others read through the page cache waits at all).
     void admit_writer(FileHandle* writer, std::function<void()> reply);
     // Counts a writer of its inode in (new readers then read directly) and returns the
     // readers already reading through the page cache, with the threads that opened them.

@@ -390,3 +390,68 @@ TEST_CASE("a rewrite waits for readers still following a shared version that end
     auto rewrite_closed = d.req();
     d.fs->release(rewrite_closed.get(), ino, &rewriter->fi);
 }
+
+TEST_CASE("every writer's open waits for other processes' page-cache readers", "[fsd][direct]") {
+    // An O_TRUNC open sets the kernel's one size of the inode to 0 when it completes,
+    // and a writer's writes grow it: a reader of the old version reading through the
+    // page cache meanwhile stops short (the 8-writer publish test saw 64 KiB of a
+    // 96 KiB file). An OPEN of a file removed since the kernel looked it up (an
+    // orphan) and a CREATE of a file that exists are writers' opens too.
+    Direct d;
+    const pid_t other = ::fork();  // a process of its own for the reader (process_of)
+    if (other == 0) {
+        ::pause();
+        ::_exit(0);
+    }
+    REQUIRE(other > 0);
+    struct Reaper {
+        pid_t pid;
+        ~Reaper() {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
+        }
+    } reaper{other};
+
+    auto made = d.req();
+    fuse_file_info created{};
+    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
+    d.fs->create(made.get(), kcache::core::kRootIno, "kernel.cubin", S_IFREG | 0644, &created);
+    REQUIRE(made->err == 0);
+    const Ino ino = made->entry.ino;
+    const std::string version(3 * 4096 + 100, 'v');
+    auto written = d.req();
+    d.fs->write(written.get(), ino, version.data(), version.size(), 0, &made->fi);
+    REQUIRE(written->err == 0);
+    auto closed = d.req();
+    d.fs->release(closed.get(), ino, &made->fi);
+
+    auto reader = d.req();
+    reader->ctx.pid = other;
+    fuse_file_info fi{};
+    fi.flags = O_RDONLY;
+    d.fs->open(reader.get(), ino, &fi);
+    REQUIRE(replied_within(*reader, 10));
+    REQUIRE(reader->err == 0);
+    REQUIRE(reader->fi.direct_io == 0);  // it reads through the page cache
+
+    auto writer = d.req();
+    fuse_file_info wfi{};
+    wfi.flags = O_WRONLY | O_CREAT | O_TRUNC;
+    SECTION("an OPEN of an orphan") {
+        auto removed = d.req();
+        d.fs->unlink(removed.get(), kcache::core::kRootIno, "kernel.cubin");
+        REQUIRE(removed->err == 0);
+        wfi.flags = O_WRONLY | O_TRUNC;
+        d.fs->open(writer.get(), ino, &wfi);
+    }
+    SECTION("a CREATE of an existing file") {
+        d.fs->create(writer.get(), kcache::core::kRootIno, "kernel.cubin", S_IFREG | 0644, &wfi);
+    }
+    CHECK_FALSE(replied_within(*writer, 0.3));  // held while the reader reads
+    auto reader_closed = d.req();
+    d.fs->release(reader_closed.get(), ino, &reader->fi);
+    REQUIRE(replied_within(*writer, 10));
+    REQUIRE(writer->err == 0);
+    auto writer_closed = d.req();
+    d.fs->release(writer_closed.get(), ino, &writer->fi);
+}
