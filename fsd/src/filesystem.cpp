@@ -351,6 +351,9 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         // did, before the store; a rewrite that opened in between is cut here).
         std::uint64_t unused = 0;
         (void)m_versions.truncate(ino, *changes.size, &unused);
+        // A reader of the old version whose RELEASE is still in flight (or one still
+        // reading) must not make getattr tell its version's size from now on.
+        m_pages.resize(ino, *changes.size);
         m_background.invalidate_inode(ino);
     }
     if (version_size)
@@ -384,8 +387,11 @@ void Filesystem::make_node(
         return {};
     });
     if (!s) return reply_error(req, s.error());
-    if (attr.entry && m_flights.enabled())
-        m_flights.created(attr.entry, process_of(ctx->pid));  // a filler at work (single flight)
+    // A filler at work (single flight): one that made a file, not a directory. mkdir -p
+    // by several processes at once is no compile to wait for, and the lookup a sibling's
+    // mkdir makes of its new name cannot take the ESTALE a wait starts with.
+    if (attr.entry && !attr.is_dir() && m_flights.enabled())
+        m_flights.created(attr.entry, process_of(ctx->pid));
     reply_entry(req, attr);
 }
 

@@ -226,6 +226,11 @@ std::optional<std::uint64_t> PageCache::size(Ino ino) {
     return it->second.size;
 }
 
+void PageCache::resize(Ino ino, std::uint64_t size) {
+    std::lock_guard lock(m_mutex);
+    if (auto it = m_pages.find(ino); it != m_pages.end()) it->second.size = size;
+}
+
 bool PageCache::tell_attr(const core::Attr& a) {
     std::lock_guard lock(m_mutex);
     PageState& state = m_pages[a.ino];  // an empty state is one of no known version (enter)

@@ -92,6 +92,9 @@ class PageCache {
 
     // The size of the version being read through the page cache of `ino`, if any.
     std::optional<std::uint64_t> size(core::Ino ino);
+    // A truncate by path changed the stored file in place, for everybody as on a local
+    // disk (its pages are dropped): the size told while its readers read is `size`.
+    void resize(core::Ino ino, std::uint64_t size);
     // Whether the kernel may keep the attributes `a` of a regular file that no writer
     // has at work: no page writer, no page-cache reader of another version. If so,
     // `a`'s version is recorded as told (PageState::told).

@@ -20,7 +20,8 @@
 // Who waits: a process (the thread's thread group) whose compile (same_compile: itself,
 // an ancestor or descendant) is not at work in the entry, while another process is: it
 // holds a handle open for writing a file of the entry (its temporary files included),
-// or it made something in the entry (create, mkdir, symlink, a rename into it) or closed
+// or it made something in the entry (create, symlink, mknod, a rename into it; not a
+// directory: mkdir -p by several processes is no compile) or closed
 // such a handle within kGrace, and it is still alive.
 //
 // Limit: the kernel retries ESTALE for lookups, opens (O_CREAT too), renames, unlinks,

@@ -277,6 +277,8 @@ TEST_CASE("mkdir -p with exist_ok works", "[fsd][contract]") {
         children.push_back(std::make_unique<Child>([&cache] {
             std::error_code child_ec;
             fs::create_directories(cache.path("race/x/y/z"), child_ec);
+            if (child_ec)
+                std::fprintf(stderr, "create_directories: %s\n", child_ec.message().c_str());
             return child_ec ? 1 : 0;
         }));
     }

@@ -455,3 +455,50 @@ TEST_CASE("every writer's open waits for other processes' page-cache readers", "
     auto writer_closed = d.req();
     d.fs->release(writer_closed.get(), ino, &writer->fi);
 }
+
+TEST_CASE("a truncate by path is the size told while a reader of the old version is open",
+          "[fsd][direct]") {
+    // A reader's RELEASE is sent after close() returns: a truncate and a stat by path
+    // may come before it (over io_uring they often do). getattr tells the size of the
+    // version read through the page cache while it has readers; a truncate by path
+    // changes the file in place for everybody, as on a local disk, so from then on the
+    // size told is the truncated one.
+    Direct d;
+    auto made = d.req();
+    fuse_file_info created{};
+    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
+    d.fs->create(made.get(), kcache::core::kRootIno, "data.bin", S_IFREG | 0644, &created);
+    REQUIRE(made->err == 0);
+    const Ino ino = made->entry.ino;
+    const std::string version(4000, 'v');
+    auto written = d.req();
+    d.fs->write(written.get(), ino, version.data(), version.size(), 0, &made->fi);
+    REQUIRE(written->err == 0);
+    auto closed = d.req();
+    d.fs->release(closed.get(), ino, &made->fi);
+
+    auto reader = d.req();
+    fuse_file_info fi{};
+    fi.flags = O_RDONLY;
+    d.fs->open(reader.get(), ino, &fi);
+    REQUIRE(replied_within(*reader, 10));
+    REQUIRE(reader->err == 0);
+    REQUIRE(reader->fi.direct_io == 0);
+
+    auto truncated = d.req();
+    struct stat to {};
+    to.st_size = 9000;
+    d.fs->setattr(truncated.get(), ino, &to, FUSE_SET_ATTR_SIZE, nullptr);
+    REQUIRE(truncated->err == 0);
+    CHECK(truncated->attr.st_size == 9000);
+    auto stat_by_path = d.req();
+    d.fs->getattr(stat_by_path.get(), ino, nullptr);
+    REQUIRE(stat_by_path->err == 0);
+    CHECK(stat_by_path->attr.st_size == 9000);
+
+    auto reader_closed = d.req();
+    d.fs->release(reader_closed.get(), ino, &reader->fi);
+    auto after = d.req();
+    d.fs->getattr(after.get(), ino, nullptr);
+    CHECK(after->attr.st_size == 9000);
+}

@@ -321,3 +321,31 @@ TEST_CASE("single flight: -o single_flight_ms=0 never waits", "[fsd][single_flig
     CHECK(filler.join(30).exit_code == 0);
     CHECK(stat_of(m, "single_flight_waits") == 0);
 }
+
+TEST_CASE("single flight: a process making directories in an entry is no filler to wait for",
+          "[fsd][single_flight]") {
+    // mkdir -p by several processes at once (std::filesystem::create_directories, the
+    // contract test's race): the kernel does not retry ESTALE for the lookup mkdir
+    // makes of its new name, so a sibling's mkdir inside an entry that another process
+    // had just made directories in failed with ESTALE. Making a directory is not
+    // filling an entry: only files written or made (and renames into it) are.
+    MountedCache m(with_bound(60'000));
+    Signal ready, go;
+    Child maker([&] {
+        if (::mkdir(m.p(kEntry).c_str(), 0755) != 0) return 1;
+        if (::mkdir(m.p(kEntry + "/x").c_str(), 0755) != 0) return 2;
+        ready.raise();
+        return go.wait(60) ? 0 : 3;
+    });
+    REQUIRE(ready.wait(30));
+    Child sibling([&] {
+        if (::mkdir(m.p(kEntry + "/y").c_str(), 0755) != 0) return errno;
+        return ::mkdir(m.p(kEntry + "/x").c_str(), 0755) != 0 && errno == EEXIST ? 0 : 100;
+    });
+    const ChildResult s = sibling.join(30);
+    go.raise();
+    CHECK(maker.join(30).exit_code == 0);
+    REQUIRE_FALSE(s.timed_out);
+    CHECK(s.exit_code == 0);  // ESTALE (116) before
+    CHECK(stat_of(m, "single_flight_waits") == 0);
+}
