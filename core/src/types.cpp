@@ -94,6 +94,8 @@ std::string_view event_kind_name(EventKind k) {
             return "reset";
         case EventKind::member:
             return "member";
+        case EventKind::update:
+            return "update";
     }
     return "unknown";
 }
