@@ -1,7 +1,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
@@ -90,16 +89,6 @@ core::EntryInfo find_entry(const core::Txn& txn, std::string_view name) {
                               matches.size() > kShown ? ", ..." : ""));
 }
 
-namespace {
-
-std::int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-}  // namespace
-
 Progress::Progress(std::string label)
     : m_label(std::move(label)), m_enabled(isatty(STDERR_FILENO) == 1) {}
 
@@ -117,7 +106,7 @@ core::ProgressFn Progress::fn() {
 
 void Progress::update(std::uint64_t done, std::uint64_t total) {
     constexpr std::int64_t kIntervalNs = 100'000'000;  // at most ten redraws a second
-    const std::int64_t now = steady_ns();
+    const std::int64_t now = core::steady_ns();
     if (m_shown && done < total && now - m_last_ns < kIntervalNs) return;
     m_last_ns = now;
     m_shown = true;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <limits>
 
@@ -202,6 +203,24 @@ Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time) {
         if (auto s = tx.put(tx.db.lru, records::lru_key(new_time, entry.ino), {}); !s) return s;
     }
     entry.last_access_ns = new_time;
+    return {};
+}
+
+Status log_updates(Tx& tx) {
+    if (!tx.write || tx.write->written_entries.empty()) return {};
+    std::vector<Ino> written = std::move(tx.write->written_entries);
+    tx.write->written_entries.clear();
+    std::sort(written.begin(), written.end());
+    written.erase(std::unique(written.begin(), written.end()), written.end());
+    std::vector<Ino> logged = tx.write->logged_entries;
+    std::sort(logged.begin(), logged.end());
+    for (Ino ino : written) {
+        if (std::binary_search(logged.begin(), logged.end(), ino)) continue;
+        auto entry = KCACHE_TRY(tx.find_entry_record(ino));
+        if (!entry) continue;  // dropped again later in the transaction
+        const auto [parent, name] = event_target(tx, *entry);
+        if (auto s = tx.log(EventKind::update, ino, parent, name); !s) return s;
+    }
     return {};
 }
 

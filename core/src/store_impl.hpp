@@ -44,9 +44,13 @@ struct Store::Impl {
     ~Impl();
 };
 
-// Pending state of a write transaction: the first storage error poisons it.
+// Pending state of a write transaction: the first storage error poisons it. It also
+// notes which entry records were written and which entries had events logged, so the
+// commit can log `update` for the rest (ops::log_updates).
 struct WriteState {
     std::optional<Error> poisoned;
+    std::vector<Ino> written_entries;  // Tx::put_entry, in call order (may repeat)
+    std::vector<Ino> logged_entries;   // Tx::log's entry, in call order (may repeat)
 };
 
 // Meta record names.
@@ -199,6 +203,10 @@ Status drop_entry_record(Tx& tx, Ino entry, EventKind why, Ino parent, std::stri
 // Where an event about `entry` points the daemon: the directory and the entry's name in it.
 std::pair<Ino, std::string> event_target(const Tx& tx, const EntryInfo& entry);
 Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time);
+// Before a write transaction commits: one `update` event for each entry whose record it
+// wrote (and that still exists) when it logged no event for that entry, so followers
+// of the log see every change of an entry (a file published into a populated entry).
+Status log_updates(Tx& tx);
 Status drop_leases(Tx& tx, Ino file);  // the file is gone
 }  // namespace ops
 

@@ -139,6 +139,7 @@ Result<EntryInfo> Tx::entry(Ino entry) const {
 }
 
 Status Tx::put_entry(const EntryInfo& entry) {
+    if (write) write->written_entries.push_back(entry.ino);
     return put(db.entries, records::u64_key(entry.ino), records::encode(entry));
 }
 
@@ -171,6 +172,7 @@ Status Tx::log(EventKind kind, Ino entry, Ino parent, std::string_view name) {
         auto n = KCACHE_TRY(records::decode_u64(*next, "meta next_event"));
         seq = n;
     }
+    if (write && entry != 0) write->logged_entries.push_back(entry);
     Event event{seq, now(), kind, entry, parent, std::string(name)};
     if (auto s = put(db.events, records::u64_key(seq), records::encode(event)); !s) return s;
     if (auto s = put(db.meta, kMetaNextEvent, records::encode_u64(seq + 1)); !s) return s;

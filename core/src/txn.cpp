@@ -90,6 +90,10 @@ Result<WriteTxn> Store::write() {
 
 Status WriteTxn::commit() {
     if (!m_txn) return fail(EINVAL, "transaction already ended");
+    if (!m_state->poisoned) {
+        Tx tx = TxnAccess::tx(*this);
+        if (auto s = ops::log_updates(tx); !s && !m_state->poisoned) m_state->poisoned = s.error();
+    }
     MDB_txn* txn = std::exchange(m_txn, nullptr);
     if (m_state->poisoned) {
         mdb_txn_abort(txn);

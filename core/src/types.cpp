@@ -20,6 +20,12 @@ std::int64_t system_clock_ns() {
     return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+std::int64_t steady_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 std::string Digest::hex() const {
     return fmt::format("{:016x}{:016x}", high, low);
 }
@@ -94,6 +100,8 @@ std::string_view event_kind_name(EventKind k) {
             return "reset";
         case EventKind::member:
             return "member";
+        case EventKind::update:
+            return "update";
     }
     return "unknown";
 }

@@ -15,6 +15,10 @@ void draw_entries(Model& model, UiState& ui);
 void draw_entry_detail(Model& model, UiState& ui);
 void draw_statistics(Model& model, UiState& ui);
 void draw_duplicates(Model& model, UiState& ui);
+// The Statistics window's "Shared tier" section (shared_tier.cpp): drawn only while
+// shared_tier_in_use(), i.e. any of the remote tier's statistics is not zero.
+void draw_shared_tier(const Model& model, UiState& ui);
+bool shared_tier_in_use(const core::Stats& stats);
 
 // Loads the focused entry's detail if needed and opens `file` (a path in it).
 bool open_entry_file(Model& model, UiState& ui, std::string_view file);

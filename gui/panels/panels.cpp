@@ -232,6 +232,8 @@ void draw_inspector(Model& model, UiState& ui) {
     draw_menu(model, ui);
     if (ui.show_entries) draw_entries(model, ui);
     if (ui.show_detail) draw_entry_detail(model, ui);
+    ui.shared_tier_drawn.clear();  // drawn again below, if shown
+    ui.rects[static_cast<std::size_t>(Widget::shared_tier)].valid = false;
     if (ui.show_statistics) draw_statistics(model, ui);
     if (ui.show_duplicates) draw_duplicates(model, ui);
     draw_confirm(model, ui);

@@ -1,5 +1,6 @@
-// The statistics window: counters (docs/stats.md), hit rate and entries stored over
-// time from the events log, top entries by hits and by size, bytes by producer.
+// The statistics window: counters (docs/stats.md), the shared tier's (shared_tier.cpp),
+// hit rate and entries stored over time from the events log, top entries by hits and
+// by size, bytes by producer.
 // Everything drawn here was computed by the model at its last refresh.
 
 #include <algorithm>
@@ -199,6 +200,7 @@ void draw_statistics(Model& model, UiState& ui) {
         return;
     }
     draw_counters(model);
+    draw_shared_tier(model, ui);
     section("Over time (events log)");
     draw_timeline(model);
     if (ImGui::BeginTable("tops", 2, ImGuiTableFlags_SizingStretchSame)) {

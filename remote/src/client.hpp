@@ -24,7 +24,7 @@ struct redisContext;
 
 namespace kcache::remote {
 
-std::int64_t steady_ns();
+using core::steady_ns;  // deadlines below are on this clock
 
 struct Reply {
     enum class Type : std::uint8_t { string, array, integer, nil, status, error };

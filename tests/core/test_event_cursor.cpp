@@ -55,6 +55,28 @@ TEST_CASE("event cursor: follows the log from one read to the next", "[core][eve
     CHECK(cursor.seq() == 4);
 }
 
+TEST_CASE("event cursor: a follower sees a publish into a populated entry", "[core][events]") {
+    TestStore ts;
+    ts.put("k/a.cubin", "bin");
+    auto cursor = KC_MUST(core::EventCursor::at_end(ts.read()));
+    ts.put("k/a.json", "{}");  // the entry was populated already
+    std::vector<core::Event> seen;
+    {
+        auto txn = ts.read();
+        const auto lost = KC_MUST(cursor.read(txn, [&](const core::Event& e) {
+            seen.push_back(e);
+            return true;
+        }));
+        CHECK(lost == 0);
+    }
+    REQUIRE(seen.size() == 1);
+    CHECK(seen[0].kind == core::EventKind::update);
+    CHECK(seen[0].entry == ts.entry("k").ino);
+    CHECK(seen[0].parent == core::kRootIno);
+    CHECK(seen[0].name == "k");
+    CHECK(ts.entry("k").files == 2);
+}
+
 TEST_CASE("event cursor: at_end reads only what is logged later", "[core][events]") {
     TestStore ts;
     {

@@ -51,14 +51,18 @@ struct StringMaker<EventKind> {
 
 TEST_CASE("events: every kind has a distinct name", "[events]") {
     std::set<std::string> names;
-    for (auto k :
-         {EventKind::populate, EventKind::hit, EventKind::evict, EventKind::pin, EventKind::unpin,
-          EventKind::remove, EventKind::rename, EventKind::import, EventKind::reset}) {
+    for (auto k : {EventKind::populate, EventKind::hit, EventKind::evict, EventKind::pin,
+                   EventKind::unpin, EventKind::remove, EventKind::rename, EventKind::import,
+                   EventKind::reset, EventKind::member, EventKind::update}) {
         auto name = std::string(core::event_kind_name(k));
         CHECK_FALSE(name.empty());
         CHECK(names.insert(name).second);
     }
     CHECK(core::event_kind_name(EventKind::populate) == "populate");
+    CHECK(core::event_kind_name(EventKind::update) == "update");
+    CHECK(static_cast<int>(EventKind::update) == 11);  // stable: stored in the log
+    // A kind from a newer binary: named, not an error (readers skip what they do not know).
+    CHECK(core::event_kind_name(static_cast<EventKind>(200)) == "unknown");
 }
 
 TEST_CASE("events: populate, hit, pin, unpin and evict are logged in order", "[events]") {
@@ -67,7 +71,7 @@ TEST_CASE("events: populate, hit, pin, unpin and evict are logged in order", "[e
 
     const auto t1 = ts.clock().advance();
     ts.put("k/a.cubin", "bin");
-    ts.put("k/a.json", "{}");  // same entry: no second populate
+    ts.put("k/a.json", "{}");  // same entry: no second populate, an update
     const auto t2 = ts.clock().advance();
     hit(ts, "k");
     pin(ts, "k", true);
@@ -79,9 +83,9 @@ TEST_CASE("events: populate, hit, pin, unpin and evict are logged in order", "[e
         KC_MUST(txn.commit());
     }
     auto events = events_after(ts);
-    REQUIRE(kinds(events) == std::vector<EventKind>{EventKind::populate, EventKind::hit,
-                                                    EventKind::pin, EventKind::unpin,
-                                                    EventKind::evict});
+    REQUIRE(kinds(events) == std::vector<EventKind>{EventKind::populate, EventKind::update,
+                                                    EventKind::hit, EventKind::pin,
+                                                    EventKind::unpin, EventKind::evict});
     for (std::size_t i = 1; i < events.size(); ++i) CHECK(events[i].seq > events[i - 1].seq);
     const auto k = events[0].entry;
     CHECK(k != 0);
@@ -92,11 +96,12 @@ TEST_CASE("events: populate, hit, pin, unpin and evict are logged in order", "[e
         CHECK(e.name == "k");
     }
     CHECK(events[0].time_ns == t1);
-    CHECK(events[1].time_ns == t2);
-    CHECK(events[4].time_ns == t3);
+    CHECK(events[1].time_ns == t1);
+    CHECK(events[2].time_ns == t2);
+    CHECK(events[5].time_ns == t3);
 
     SECTION("for_each_event resumes after a seq") {
-        auto tail = events_after(ts, events[2].seq);
+        auto tail = events_after(ts, events[3].seq);
         CHECK(kinds(tail) == std::vector<EventKind>{EventKind::unpin, EventKind::evict});
         CHECK(events_after(ts, events.back().seq).empty());
     }
@@ -114,6 +119,58 @@ TEST_CASE("events: populate, hit, pin, unpin and evict are logged in order", "[e
         CHECK(more[0].kind == EventKind::populate);
         CHECK(more[0].seq > events.back().seq);
         CHECK(more[0].name == "k2");
+    }
+}
+
+TEST_CASE("events: a publish into a populated entry logs one update", "[events]") {
+    TestStore ts;
+    ts.put("k/a.cubin", "bin");
+    auto first = events_after(ts);
+    // The first publish populates the entry: a populate, no update.
+    REQUIRE(kinds(first) == std::vector<EventKind>{EventKind::populate});
+    const auto k = first[0].entry;
+    const auto last = first.back().seq;
+
+    auto only_update = [&](const std::vector<core::Event>& events) {
+        REQUIRE(kinds(events) == std::vector<EventKind>{EventKind::update});
+        CHECK(events[0].entry == k);
+        CHECK(events[0].parent == kRootIno);
+        CHECK(events[0].name == "k");
+    };
+    SECTION("a new file") {
+        ts.put("k/a.json", "{}");
+        only_update(events_after(ts, last));
+        CHECK(ts.entry("k").files == 2);
+    }
+    SECTION("a rewrite of a file") {
+        ts.put("k/a.cubin", "a longer binary");
+        only_update(events_after(ts, last));
+    }
+    SECTION("several files in one transaction: still one update") {
+        auto txn = ts.write();
+        put(txn, "k/b.ptx", "ptx");
+        put(txn, "k/c.json", "{}");
+        put(txn, "k/a.cubin", "new");
+        KC_MUST(txn.commit());
+        only_update(events_after(ts, last));
+    }
+    SECTION("a hit changes the record too, but logs only the hit") {
+        hit(ts, "k");
+        CHECK(kinds(events_after(ts, last)) == std::vector<EventKind>{EventKind::hit});
+    }
+    SECTION("a transaction that does not commit logs nothing") {
+        {
+            auto txn = ts.write();
+            put(txn, "k/b.ptx", "ptx");
+        }
+        CHECK(events_after(ts, last).empty());
+    }
+    SECTION("a publish that also evicts the entry logs only the eviction") {
+        auto txn = ts.write();
+        put(txn, "k/b.ptx", "ptx");
+        KC_MUST(txn.evict_entry(KC_MUST(txn.resolve("k"))));
+        KC_MUST(txn.commit());
+        CHECK(kinds(events_after(ts, last)) == std::vector<EventKind>{EventKind::evict});
     }
 }
 
@@ -175,14 +232,14 @@ TEST_CASE("events: removing and renaming an entry's node are logged", "[events]"
         CHECK(got.count({EventKind::rename, "work"}) == 1);
         CHECK(got.count({EventKind::remove, "dir"}) == 1);
     }
-    SECTION("changes inside an entry are not entry events") {
+    SECTION("changes inside an entry are not removals or renames: an update") {
         auto txn = ts.write();
         KC_MUST(txn.unlink(KC_MUST(txn.resolve("work")), "a"));
         KC_MUST(txn.commit());
-        for (const auto& e : events_after(ts, last)) {
-            CHECK(e.kind != EventKind::remove);
-            CHECK(e.kind != EventKind::rename);
-        }
+        auto events = events_after(ts, last);
+        REQUIRE(kinds(events) == std::vector<EventKind>{EventKind::update});
+        CHECK(events[0].entry == tmp);
+        CHECK(events[0].name == "work");
     }
 }
 

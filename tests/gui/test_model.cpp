@@ -236,15 +236,43 @@ TEST_CASE("model: refresh follows changes by other writers", "[gui][model]") {
         CHECK(model->row(d)->bytes == 53);
         CHECK(model->full_loads() == loads);
     }
-    SECTION("a change that logs no event shows in the gauges: a full reload") {
-        // aaa111 was populated before the model looked: publishing more files into
-        // it logs no event.
+    SECTION("files published into an older entry apply from its update events") {
+        // aaa111 was populated before the model looked: the feed's update events
+        // alone bring its new files, with no reload and no list of entries to watch.
         db.add_file("aaa111", "more.ptx", "extra");
         db.add_file("aaa111", "more2.ptx", "extra");
         REQUIRE(*model->refresh(true));
         CHECK(model->row(e.a)->files == 3);
         CHECK(model->row(e.a)->bytes == 110);
-        CHECK(model->full_loads() == loads + 1);
+        CHECK(model->full_loads() == loads);
+    }
+    SECTION("a rewritten file's new size applies from the feed, long after the populate") {
+        const core::Ino d = db.add_entry("ddd444", {{"k.cubin", fake_cubin(9, 50)}});
+        REQUIRE(*model->refresh(true));
+        REQUIRE(model->row(d));
+        CHECK(model->row(d)->bytes == 50);
+        db.clock().advance(kDayNs);  // far past any window of lately populated entries
+        REQUIRE(db.store().update([&](core::WriteTxn& txn) -> core::Status {
+            const auto file = KCACHE_TRY(txn.resolve("ddd444/k.cubin"));
+            KCACHE_TRY(txn.write(file, fake_cubin(9, 4000), core::Origin{4242, "testcc"}));
+            return {};
+        }));
+        REQUIRE(*model->refresh(true));
+        CHECK(model->row(d)->files == 1);
+        CHECK(model->row(d)->bytes == 4000);
+        CHECK(model->full_loads() == loads);
+    }
+    SECTION("a file outside every entry changes the gauges only: no reload") {
+        const auto bytes = model->stats().get(core::Counter::bytes);
+        REQUIRE(db.store().update([&](core::WriteTxn& txn) -> core::Status {
+            const auto lock = KCACHE_TRY(txn.create(core::kRootIno, "cache.lock", 0644));
+            KCACHE_TRY(txn.write(lock.ino, "12345", core::Origin{4242, "testcc"}));
+            return {};
+        }));
+        REQUIRE(model->refresh(true));
+        CHECK(model->stats().get(core::Counter::bytes) == bytes + 5);
+        CHECK(model->entry_count() == 3);
+        CHECK(model->full_loads() == loads);
     }
     SECTION("selected entries evicted elsewhere leave the selection") {
         model->select_all_visible();

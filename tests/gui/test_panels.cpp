@@ -6,9 +6,12 @@
 
 #include <imgui.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "gui_test_util.hpp"
+#include "kcache/core/statistics.hpp"
 #include "kcache/gui/model.hpp"
 #include "kcache/gui/panels.hpp"
 
@@ -282,4 +285,59 @@ TEST_CASE("panels: a change by another process shows without a click", "[gui][pa
     REQUIRE(ui.model().refresh(true));  // the frame would poll within 250 ms
     ui.frames();
     CHECK(ui.model().visible_count() == 4);
+}
+
+TEST_CASE("panels: the Shared tier section shows the remote statistics once a remote ran",
+          "[gui][panels]") {
+    GuiDb db;
+    Entries e(db);
+    NullUi ui(db);
+    // No remote tier has run on this db: no section.
+    CHECK_FALSE(ui.ui().rect(Widget::shared_tier).valid);
+    CHECK(ui.ui().shared_tier_drawn.empty());
+
+    // What kcache-fsd --remote records: counters and the servers gauge.
+    REQUIRE(db.store().update([](core::WriteTxn& txn) -> core::Status {
+        KCACHE_TRY(txn.add(core::Counter::remote_hits, 3));
+        KCACHE_TRY(txn.add(core::Counter::remote_bytes_down, 5000));
+        KCACHE_TRY(txn.add(core::Counter::remote_upload_queued, 2));
+        return txn.add(core::Counter::remote_servers, 2);
+    }));
+    REQUIRE(ui.model().refresh(true));
+    ui.frames();
+    CHECK(ui.ui().rect(Widget::shared_tier).valid);
+    // Every statistic the table says is the shared tier's, each once, grouped: the
+    // section keeps no list of its own.
+    std::vector<core::Counter> expected;
+    for (const core::StatisticField& f : core::kStatistics) {
+        if (f.counted_by & core::by_remote) expected.push_back(f.id);
+    }
+    REQUIRE(expected.size() >= 19);
+    auto drawn = ui.ui().shared_tier_drawn;
+    REQUIRE(drawn.size() == expected.size());
+    // Grouped: each group's statistics are drawn together.
+    for (std::size_t i = 1; i < drawn.size(); ++i) {
+        const auto* prev = core::statistic_field(drawn[i - 1]);
+        const auto* at = core::statistic_field(drawn[i]);
+        if (prev->group == at->group) continue;
+        for (std::size_t j = 0; j < i; ++j) {
+            CHECK(core::statistic_field(drawn[j])->group != at->group);
+        }
+    }
+    std::sort(drawn.begin(), drawn.end());
+    CHECK(drawn == expected);
+
+    SECTION("hidden with the Statistics window") {
+        ui.ui().show_statistics = false;
+        ui.frames();
+        CHECK(ui.ui().shared_tier_drawn.empty());
+        CHECK_FALSE(ui.ui().rect(Widget::shared_tier).valid);
+    }
+    SECTION("a counter reset leaves it while the servers gauge says a remote is configured") {
+        REQUIRE(db.store().update([](core::WriteTxn& txn) { return txn.reset_stats(); }));
+        REQUIRE(ui.model().refresh(true));
+        ui.frames();
+        CHECK(ui.model().stats().get(core::Counter::remote_hits) == 0);
+        CHECK(ui.ui().rect(Widget::shared_tier).valid);
+    }
 }

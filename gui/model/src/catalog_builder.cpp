@@ -1,6 +1,7 @@
 #include "catalog_builder.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <limits>
@@ -13,21 +14,6 @@ namespace {
 constexpr std::size_t kTimelineBuckets = 120;
 // More new events than this since the last look: reloading is cheaper than applying.
 constexpr std::size_t kMaxIncrementalEvents = 20000;
-// How long a populated entry is re-read at every look (its files keep arriving).
-constexpr std::int64_t kRecentNs = 30'000'000'000;
-
-std::int64_t signed_diff(std::uint64_t gauge, std::uint64_t total) {
-    return static_cast<std::int64_t>(gauge) - static_cast<std::int64_t>(total);
-}
-
-std::array<std::int64_t, 3> gauge_offset(const Catalog& c) {
-    return {
-        signed_diff(c.stats.get(core::Counter::entries), c.live),
-        signed_diff(c.stats.get(core::Counter::bytes), c.total_bytes),
-        signed_diff(c.stats.get(core::Counter::stored_bytes), c.total_stored),
-    };
-}
-
 }  // namespace
 
 core::Result<CatalogBuilder::Update> CatalogBuilder::load() {
@@ -57,12 +43,10 @@ core::Result<CatalogBuilder::Update> CatalogBuilder::load_all(const core::Txn& t
 
     m_events.clear();
     m_cursor = core::EventCursor();
-    m_recent.clear();
     KCACHE_TRY(m_cursor.read(txn, [&](const core::Event& event) {
         append_event(event);
         return true;
     }));
-    m_gauge_offset = gauge_offset(*c);
 
     c->txn_id = txn.id();
     c->full_loads = ++m_full_loads;
@@ -103,7 +87,6 @@ core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& 
     std::vector<core::Ino> touched;
     bool need_reload = false;
     std::size_t count = 0;
-    const std::int64_t now = m_store.get().now_ns();
     const auto lost = KCACHE_TRY(m_cursor.read(txn, [&](const core::Event& event) {
         if (++count > kMaxIncrementalEvents) {
             need_reload = true;
@@ -111,16 +94,11 @@ core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& 
         }
         append_event(event);
         if (event.entry != 0) touched.push_back(event.entry);
-        if (event.kind == core::EventKind::populate || event.kind == core::EventKind::import) {
-            m_recent.emplace_back(event.entry, now);
-        }
         return true;
     }));
     // Lost events (the log was trimmed past what we saw): changes we cannot apply.
     if (need_reload || lost != 0) return false;
 
-    std::erase_if(m_recent, [&](const auto& recent) { return now - recent.second > kRecentNs; });
-    for (const auto& recent : m_recent) touched.push_back(recent.first);
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
 
@@ -139,9 +117,6 @@ core::Result<bool> CatalogBuilder::apply_changes(const core::Txn& txn, Catalog& 
     auto stats = KCACHE_TRY(txn.stats());
     c.stats = std::move(stats);
     c.data_file_bytes = m_store.get().data_file_bytes();
-    // Changes that log no event (another file published into an older entry) show
-    // as gauges that no longer match the rows: then only a reload is right.
-    if (gauge_offset(c) != m_gauge_offset) return false;
 
     for (core::Ino ino : touched) {
         if (const EntryRow* r = c.find(ino)) {

@@ -1,17 +1,16 @@
 // Builds catalogs from a db: a full load, or the last catalog brought up to date from
-// the events log (the entries those events name, and the entries populated lately,
-// which may still be receiving files). If the gauges then disagree with the rows, or
-// the log was trimmed past what it saw, it loads everything again.
+// the events log: the entries those events name are read again. Every change of an
+// entry's record logs an event (an `update` when nothing else was logged for it, e.g.
+// a file published into a populated entry), so the log alone says what changed. If
+// the log was trimmed past what it saw, or too much happened, it loads everything again.
 //
 // Thread: the worker's only; it is the one place that reads the db for the catalog.
 // A published catalog is never changed: an update copies it first.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include "kcache/core/events.hpp"
@@ -55,11 +54,6 @@ class CatalogBuilder {
     };
     std::vector<EventPoint> m_events;  // hit, populate, evict events, oldest first
     core::EventCursor m_cursor;        // after the last event seen
-    // Entries populated lately, re-read at every look: files keep arriving after the
-    // populate event, and publishing them logs nothing. (ino, when it was seen).
-    std::vector<std::pair<core::Ino, std::int64_t>> m_recent;
-    // Gauges minus the rows' totals at the last full load: files outside entries.
-    std::array<std::int64_t, 3> m_gauge_offset{};
     std::uint64_t m_full_loads = 0;
 };
 

@@ -1,20 +1,12 @@
 #include "kcache/gui/duplicates.hpp"
 
 #include <algorithm>
-#include <chrono>
 
 #include "kcache/core/roles.hpp"
 
 namespace kcache::gui {
-namespace {
 
-std::int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-}  // namespace
+using core::steady_ns;
 
 core::Status DuplicateScan::start(const core::Store& store, std::vector<core::Ino> entries) {
     m_txn.reset();

@@ -16,11 +16,7 @@ constexpr std::int64_t kMaxPollIntervalNs = 5'000'000'000;
 constexpr std::int64_t kScanSliceNs = 20'000'000;  // between two looks at the requests
 constexpr std::size_t kMaxPatched = 256;           // more changed rows: sort again instead
 
-std::int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
+using core::steady_ns;
 
 ActionReport report_of(const core::EvictReport& evicted) {
     ActionReport report;

@@ -103,6 +103,10 @@ struct StatisticField {
     StatisticKind kind;
     std::uint8_t counted_by;  // CountedBy flags
     std::string_view description;
+    // The shared tier's statistics (by_remote): which part of it they describe, the
+    // heading the inspector's "Shared tier" section shows them under ("reads",
+    // "uploads", ...; groups in the order they first appear here). Empty for the rest.
+    std::string_view group = {};
 };
 
 // Every statistic, in id order (the order `kcache stats` lists them in).
@@ -141,37 +145,37 @@ inline constexpr StatisticField kStatistics[] = {
     {Counter::single_flight_timeouts, "single_flight_timeouts", Unit::count, StatisticKind::counter, by_daemon,
      "single-flight waits that ended at their bound with the entry still being filled"},
     {Counter::remote_hits, "remote_hits", Unit::count, StatisticKind::counter, by_remote,
-     "entries pulled from the remote tier into this db"},
+     "entries pulled from the remote tier into this db", "reads"},
     {Counter::remote_misses, "remote_misses", Unit::count, StatisticKind::counter, by_remote,
-     "entries asked for that the remote tier does not hold"},
+     "entries asked for that the remote tier does not hold", "reads"},
     {Counter::remote_errors, "remote_errors", Unit::count, StatisticKind::counter, by_remote,
-     "remote operations that failed (I/O, refused, circuit open, server error)"},
+     "remote operations that failed (I/O, refused, circuit open, server error)", "failures"},
     {Counter::remote_timeouts, "remote_timeouts", Unit::count, StatisticKind::counter, by_remote,
-     "remote operations that ran past their deadline"},
+     "remote operations that ran past their deadline", "failures"},
     {Counter::remote_corrupt, "remote_corrupt", Unit::count, StatisticKind::counter, by_remote,
-     "blobs or manifests whose bytes did not match: dropped, never stored"},
+     "blobs or manifests whose bytes did not match: dropped, never stored", "failures"},
     {Counter::remote_dangling, "remote_dangling", Unit::count, StatisticKind::counter, by_remote,
-     "manifests whose blob is gone (counted as a miss)"},
+     "manifests whose blob is gone (counted as a miss)", "reads"},
     {Counter::remote_bytes_up, "remote_bytes_up", Unit::bytes, StatisticKind::counter, by_remote,
-     "bytes of values sent to the remote tier"},
+     "bytes of values sent to the remote tier", "uploads"},
     {Counter::remote_bytes_down, "remote_bytes_down", Unit::bytes, StatisticKind::counter, by_remote,
-     "bytes of values received from the remote tier"},
+     "bytes of values received from the remote tier", "reads"},
     {Counter::remote_uploads, "remote_uploads", Unit::count, StatisticKind::counter, by_remote,
-     "entries uploaded (their manifest written by this db)"},
+     "entries uploaded (their manifest written by this db)", "uploads"},
     {Counter::remote_upload_skipped, "remote_upload_skipped", Unit::count, StatisticKind::counter, by_remote,
-     "entries not uploaded: already there (the first writer won)"},
+     "entries not uploaded: already there (the first writer won)", "uploads"},
     {Counter::remote_upload_queued, "remote_upload_queued", Unit::count, StatisticKind::counter, by_remote,
-     "kcache-fsd --remote: settled entries queued for write-behind"},
+     "kcache-fsd --remote: settled entries queued for write-behind", "uploads"},
     {Counter::remote_upload_dropped, "remote_upload_dropped", Unit::count, StatisticKind::counter, by_remote,
-     "kcache-fsd --remote: entries not queued because the upload queue was full"},
+     "kcache-fsd --remote: entries not queued because the upload queue was full", "uploads"},
     {Counter::remote_prefetched, "remote_prefetched", Unit::count, StatisticKind::counter, by_remote,
-     "kcache-fsd --prefetch-job-tag: entries of the job pulled into this db at mount"},
+     "kcache-fsd --prefetch-job-tag: entries of the job pulled into this db at mount", "prefetch"},
     {Counter::remote_prefetched_bytes, "remote_prefetched_bytes", Unit::bytes, StatisticKind::counter, by_remote,
-     "kcache-fsd --prefetch-job-tag: logical bytes of the entries prefetched"},
+     "kcache-fsd --prefetch-job-tag: logical bytes of the entries prefetched", "prefetch"},
     {Counter::remote_lease_waits, "remote_lease_waits", Unit::count, StatisticKind::counter, by_remote,
-     "misses that waited for another node holding the compile lease (kcache-fsd --remote-lease-ms)"},
+     "misses that waited for another node holding the compile lease (kcache-fsd --remote-lease-ms)", "leases"},
     {Counter::remote_lease_timeouts, "remote_lease_timeouts", Unit::count, StatisticKind::counter, by_remote,
-     "lease waits that ended without the entry (the lease expired or its time passed): compiled here"},
+     "lease waits that ended without the entry (the lease expired or its time passed): compiled here", "leases"},
     {Counter::entries, "entries", Unit::count, StatisticKind::gauge, by_store,
      "entries in the cache now"},
     {Counter::bytes, "bytes", Unit::bytes, StatisticKind::gauge, by_store,
@@ -185,11 +189,11 @@ inline constexpr StatisticField kStatistics[] = {
     {Counter::blob_raw_bytes, "blob_raw_bytes", Unit::bytes, StatisticKind::gauge, by_store,
      "raw bytes of the unique blobs (after dedup, before compression)"},
     {Counter::remote_servers, "remote_servers", Unit::count, StatisticKind::gauge, by_remote,
-     "kcache-fsd --remote: Redis servers the running daemon uses (0 when none runs)"},
+     "kcache-fsd --remote: Redis servers the running daemon uses (0 when none runs)", "servers"},
     {Counter::remote_breakers_open, "remote_breakers_open", Unit::count, StatisticKind::gauge, by_remote,
-     "kcache-fsd --remote: of them, servers whose circuit breaker is open (failing at once)"},
+     "kcache-fsd --remote: of them, servers whose circuit breaker is open (failing at once)", "servers"},
     {Counter::remote_breakers_half_open, "remote_breakers_half_open", Unit::count, StatisticKind::gauge, by_remote,
-     "kcache-fsd --remote: of them, servers whose cool-down passed: the next operation is the trial"},
+     "kcache-fsd --remote: of them, servers whose cool-down passed: the next operation is the trial", "servers"},
     // clang-format on
 };
 
@@ -199,6 +203,7 @@ constexpr bool table_is_consistent() {
         const StatisticField& f = kStatistics[i];
         if (f.name.empty() || f.description.empty() || f.counted_by == 0) return false;
         if ((f.kind == StatisticKind::gauge) != is_gauge(f.id)) return false;
+        if (((f.counted_by & by_remote) != 0) == f.group.empty()) return false;
         if (i > 0 &&
             static_cast<std::uint32_t>(kStatistics[i - 1].id) >= static_cast<std::uint32_t>(f.id)) {
             return false;  // in id order, each id once
@@ -214,7 +219,8 @@ constexpr bool table_is_consistent() {
 static_assert(std::size(kStatistics) == kStatisticCount,
               "every Counter has one row in kStatistics and kStatisticCount counts them");
 static_assert(statistics_detail::table_is_consistent(),
-              "kStatistics: rows in id order, names unique, gauges exactly the ids from 100");
+              "kStatistics: rows in id order, names unique, gauges exactly the ids from 100, "
+              "a group for exactly the shared tier's statistics");
 
 // The row of `c`; nullptr for an id this build does not know (read from a newer db).
 constexpr const StatisticField* statistic_field(Counter c) {

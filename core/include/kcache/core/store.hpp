@@ -34,6 +34,9 @@ class Store;
 // Nanoseconds since the Unix epoch. Tests inject a fake clock through OpenOptions.
 using Clock = std::function<std::int64_t()>;
 std::int64_t system_clock_ns();
+// Nanoseconds of the monotonic clock (std::chrono::steady_clock's): deadlines, pacing
+// and durations within one process; never stored.
+std::int64_t steady_ns();
 
 // Progress of a long operation: (done, total) in the operation's own unit.
 using ProgressFn = std::function<void(std::uint64_t done, std::uint64_t total)>;

@@ -144,7 +144,11 @@ enum class EventKind : std::uint8_t {
     import = 8,
     reset = 9,    // statistics were reset
     member = 10,  // a file of a stem entry appeared or went (parent + name: that file)
+    update = 11,  // an entry's record changed and nothing else was logged for it (a file
+                  // published into it after its populate, rewritten, removed, renamed in it)
 };
+// Decoders accept every kind; followers ignore kinds they do not know (a newer
+// binary's), so a new kind never breaks an older reader.
 std::string_view event_kind_name(EventKind k);
 
 // One record of the events log. The daemon's invalidator follows it to tell the

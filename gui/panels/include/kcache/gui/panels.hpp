@@ -35,6 +35,7 @@ enum class Widget : std::uint8_t {
     confirm,  // the confirmation dialog's button that does it
     cancel,
     find_duplicates,
+    shared_tier,  // the Statistics window's "Shared tier" heading
     count,
 };
 
@@ -88,6 +89,9 @@ struct UiState {
     std::array<Rect, kColumnCount> header_rects{};
     std::size_t first_row_drawn = 0;  // visible index of row_rects[0]
     std::vector<Rect> row_rects;      // rows of the entries table drawn last frame
+    // The shared tier's statistics the Statistics window drew last frame, in order
+    // (empty: the section was hidden, as when no remote tier has run on this db).
+    std::vector<core::Counter> shared_tier_drawn;
 
     const Rect& rect(Widget w) const { return rects[static_cast<std::size_t>(w)]; }
 };
