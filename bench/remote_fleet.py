@@ -26,7 +26,9 @@ Then, each with a Redis of its own:
            started, how long its job took, entries from Redis, entries it compiled;
            the fleet's compiles against the job's size (1.00x: nothing compiled twice)
            and each node's time against node 0's (the baseline: a lone compile).
-  restart  node A compiles the job; `kcache remote push --job-tag` tags it; node B
+  restart  node A compiles the job; `kcache remote push --job-tag` tags it;
+           `kcache remote pull --job-tag` pulls it into an empty db (--pull-runs times:
+           the prefetch's loop alone, without a daemon); node B
            runs it by read-through (the baseline), then restarts on an empty db with
            --prefetch-job-tag: how long the mount takes to come up, the job run at
            once (while the prefetch goes on), how long the prefetch took (its
@@ -36,7 +38,7 @@ Then, each with a Redis of its own:
 Usage: bench/remote_fleet.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache
            [--nodes 2,4,8] [--entries 300] [--compile-ms 20] [--cubin-kib 64]
            [--stagger-nodes 4] [--stagger-s 2.0] [--phases fleet,staggered,restart]
-           [--remote-timeout 300ms] [--dir DIR]
+           [--remote-timeout 300ms] [--pull-runs 5] [--dir DIR]
 """
 import argparse
 import hashlib
@@ -349,6 +351,21 @@ def restart(args, root):
         if r.returncode != 0:
             sys.exit(f"restart: push --job-tag failed: {r.stderr}")
         out["tag_s"] = time.perf_counter() - t
+        # The prefetch's loop alone (Remote::pull_job, as the daemon runs it): `kcache remote
+        # pull --job-tag` into an empty db, --pull-runs times (median; each a fresh db).
+        pulls = []
+        for k in range(args.pull_runs):
+            d = os.path.join(root, f"pull-{k}")
+            t = time.perf_counter()
+            r = subprocess.run([args.kcache, "--db", d, "remote", "--remote", url, "--remote-namespace",
+                                "restart", "pull", "--job-tag", tag], capture_output=True, text=True,
+                               timeout=300)
+            pulls.append(time.perf_counter() - t)
+            if r.returncode != 0:
+                sys.exit(f"restart: pull --job-tag failed: {r.stderr}")
+            shutil.rmtree(d)
+        out["cli_pull_s"] = statistics.median(pulls) if pulls else None
+        out["cli_pull_all_s"] = pulls
         out["read_through_s"], hits, compiled = run_job(b.cache, keys, args)
         out["read_through_compiled"] = compiled
         out["local_s"], _, _ = run_job(b.cache, keys, args)  # every entry local now
@@ -408,6 +425,8 @@ def main():
     ap.add_argument("--remote-timeout", default="300ms",
                     help="--remote-timeout and --remote-connect-timeout of every daemon")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--pull-runs", type=int, default=5,
+                    help="restart: times `kcache remote pull --job-tag` runs into an empty db")
     args = ap.parse_args()
 
     phases = args.phases.split(",")
@@ -487,6 +506,10 @@ def main():
         rt = r["read_through_s"]
         print(f"| A compiles the job | {r['compile_s']:.2f} s | {r['compile_s'] / rt:.2f}x | {args.entries} |")
         print(f"| push --job-tag (A's db, all already remote) | {r['tag_s']:.2f} s | - | - |")
+        if r.get("cli_pull_s") is not None:
+            runs = ", ".join(f"{x:.2f}" for x in r["cli_pull_all_s"])
+            print(f"| `kcache remote pull --job-tag` into an empty db (median of {runs}) "
+                  f"| {r['cli_pull_s']:.2f} s | {r['cli_pull_s'] / rt:.2f}x | - |")
         print(f"| job by read-through, empty db (baseline) | {rt:.2f} s | 1.00x | {r['read_through_compiled']} |")
         print(f"| job again, all local | {r['local_s']:.2f} s | {r['local_s'] / rt:.2f}x | 0 |")
         print(f"| restart empty + prefetch: mount up | {r['mount_s'] * 1e3:.0f} ms | - | - |")

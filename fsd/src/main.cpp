@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
     // lazily: an unreachable Redis does not stop start-up, it only costs misses.
     std::unique_ptr<fsd::RemoteTier> remote;
     if (options->remote) {
-        auto made = fsd::RemoteTier::create(**store, *options->remote, options->prefetch_job_tag);
+        auto made = fsd::RemoteTier::create(**store, *options->remote, options->prefetch_job_tag,
+                                            options->job_tag);
         if (!made) startup.fail_startup(made.error().message);
         remote = std::move(*made);
         filesystem.attach_remote(remote.get());

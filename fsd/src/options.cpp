@@ -71,6 +71,13 @@ core::Result<bool> apply_option(const std::string& key, const std::string& value
         o.entry_depth = static_cast<std::uint32_t>(depth);
         return true;
     }
+    if (key == "job_tag" || key == "prefetch_job_tag") {
+        // Checked here, so that a bad tag stops start-up with the option's name.
+        if (auto s = remote::validate_job_tag(value); !s)
+            return tl::unexpected(core::with_context(s.error(), key));
+        (key == "job_tag" ? o.job_tag : o.prefetch_job_tag) = value;
+        return true;
+    }
     if (key == "io_uring") {
         if (!value.empty()) return core::fail(EINVAL, "io_uring takes no value");
         o.io_uring = true;
@@ -127,12 +134,19 @@ core::Result<Options> parse_options(int argc, char** argv) {
                    "for this many ms; other nodes wait that long for it (default 0: off)")
         ->type_name("MS");
     app.add_option(
-           "--prefetch-job-tag", o.prefetch_job_tag,
-           "with --remote: pull every entry of this job into the db in the background at mount")
+           "--prefetch-job-tag", long_options["prefetch_job_tag"],
+           "with --remote: pull every entry of this job into the db in the background at mount "
+           "(also -o prefetch_job_tag=TAG)")
+        ->type_name("TAG");
+    app.add_option("--job-tag", long_options["job_tag"],
+                   "with --remote: add every entry this daemon uploads, finds in the shared tier "
+                   "or pulls from it to this job's set, for the next job's --prefetch-job-tag "
+                   "(also -o job_tag=TAG)")
         ->type_name("TAG");
     app.add_option("-o", dash_o,
                    "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, "
-                   "max_file_size=, durability=, single_flight_ms=, io_uring")
+                   "max_file_size=, durability=, single_flight_ms=, job_tag=, prefetch_job_tag=, "
+                   "io_uring")
         ->allow_extra_args(false);
     app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
     try {
@@ -202,11 +216,16 @@ core::Result<Options> parse_options(int argc, char** argv) {
         if (lease_ms > 3'600'000) return core::fail(ERANGE, "--remote-lease-ms: over an hour");
         o.remote->lease_ms = static_cast<std::int64_t>(lease_ms);
     }
-    if (!o.prefetch_job_tag.empty()) {
+    if (!o.prefetch_job_tag.empty() && !o.remote)
+        return core::fail(EINVAL, "--prefetch-job-tag needs a shared tier: give --remote URL");
+    if (!o.job_tag.empty()) {
         if (!o.remote)
-            return core::fail(EINVAL, "--prefetch-job-tag needs a shared tier: give --remote URL");
-        if (auto s = remote::validate_job_tag(o.prefetch_job_tag); !s)
-            return tl::unexpected(s.error());
+            return core::fail(EINVAL, "--job-tag needs a shared tier: give --remote URL");
+        if (o.remote->read_only) {
+            return core::fail(EINVAL,
+                              "--job-tag adds entries to a job's set in the shared tier: not with "
+                              "--remote-read-only");
+        }
     }
     if (o.debug) o.foreground = true;
     if (o.db.empty()) o.db = core::default_db_path();

@@ -40,6 +40,10 @@ struct Options {
     // --prefetch-job-tag T (needs --remote): every entry of job T is pulled into the db
     // in the background once the mount is up (what `kcache remote pull --job-tag T` does).
     std::string prefetch_job_tag;
+    // --job-tag T / -o job_tag=T (needs --remote, not --remote-read-only): every entry the
+    // write-behind uploads, or finds already there, and every entry pulled from the shared
+    // tier joins job T's set, for the next job's (or restart's) --prefetch-job-tag T.
+    std::string job_tag;
     // --single-flight-ms / -o single_flight_ms=N: how long, at most, a path walk through
     // an entry directory that another compile is filling waits for it (single_flight.hpp;
     // docs/operations.md). 0 disables the wait.
@@ -47,7 +51,8 @@ struct Options {
 };
 
 // Parses argv; kcache's own -o options (db=, max_size=, max_entries=, entry_depth=,
-// max_file_size=, durability=, single_flight_ms=, io_uring) are taken out of the FUSE option list.
+// max_file_size=, durability=, single_flight_ms=, job_tag=, prefetch_job_tag=, io_uring) are taken
+// out of the FUSE option list.
 // Each means what its long option means (one code path; -o comes last and wins); sizes and counts
 // parse with core::parse_size ("1K" is 1024, "1T" a tebibyte).
 core::Result<Options> parse_options(int argc, char** argv);

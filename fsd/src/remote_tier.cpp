@@ -78,25 +78,32 @@ bool write_file_atomically(const std::string& path, const std::string& content) 
 
 core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store,
                                                              remote::Options options,
-                                                             std::string prefetch_job_tag) {
-    if (!prefetch_job_tag.empty()) {
-        if (auto s = remote::validate_job_tag(prefetch_job_tag); !s)
-            return tl::unexpected(s.error());
+                                                             std::string prefetch_job_tag,
+                                                             std::string job_tag) {
+    for (const std::string* tag : {&prefetch_job_tag, &job_tag}) {
+        if (tag->empty()) continue;
+        if (auto s = remote::validate_job_tag(*tag); !s) return tl::unexpected(s.error());
+    }
+    if (!job_tag.empty() && options.read_only) {
+        return core::fail(EINVAL,
+                          "a job tag adds entries to a job's set in the shared tier: not with a "
+                          "read-only remote");
     }
     auto r = remote::Remote::create(std::move(options));
     if (!r) return tl::unexpected(r.error());
     return std::unique_ptr<RemoteTier>(
-        new RemoteTier(store, std::move(*r), std::move(prefetch_job_tag)));
+        new RemoteTier(store, std::move(*r), std::move(prefetch_job_tag), std::move(job_tag)));
 }
 
 RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote,
-                       std::string prefetch_job_tag)
+                       std::string prefetch_job_tag, std::string job_tag)
     : m_store(store),
       m_remote(std::move(remote)),
       m_deadline(std::chrono::nanoseconds(m_remote->options().connect_timeout_ns +
                                           m_remote->options().op_timeout_ns)),
       m_owner(lease_owner()),
-      m_prefetch_tag(std::move(prefetch_job_tag)) {}
+      m_prefetch_tag(std::move(prefetch_job_tag)),
+      m_job_tag(std::move(job_tag)) {}
 
 RemoteTier::~RemoteTier() {
     stop();
@@ -266,7 +273,18 @@ void RemoteTier::run_fetcher() {
         }
         lock.unlock();
         for (auto& done : answer) done();
+        if (found && result->outcome == remote::Outcome::pulled) tag_pulled({entry});
         lock.lock();
+    }
+}
+
+void RemoteTier::tag_pulled(const std::vector<std::string>& entries) {
+    if (m_job_tag.empty() || entries.empty()) return;
+    if (auto s = m_remote->add_to_job(m_job_tag, entries); !s && may_warn()) {
+        log::warning(
+            "remote: adding {} pulled entries to job {}: {} (further failures are counted, not "
+            "logged, for 10 s)",
+            entries.size(), m_job_tag, s.error().message);
     }
 }
 
@@ -337,17 +355,29 @@ void RemoteTier::remember_pulled(const std::string& entry) {
 void RemoteTier::run_prefetch() {
     const auto begin = Clock::now();
     log::info("remote: prefetching job {}", m_prefetch_tag);
+    // Entries of another job pulled here join --job-tag's set, a batch at a time.
+    std::vector<std::string> to_tag;
+    const bool tagging = !m_job_tag.empty() && m_job_tag != m_prefetch_tag;
     auto summary = m_remote->pull_job(
         m_store, m_prefetch_tag,
         [&](const std::string& entry, const core::Result<remote::EntryResult>& result) {
+            const bool pulled = result && result->outcome == remote::Outcome::pulled;
+            if (pulled && tagging) {
+                to_tag.push_back(entry);
+                if (to_tag.size() >= remote::Remote::kPullBatch) {
+                    tag_pulled(to_tag);
+                    to_tag.clear();
+                }
+            }
             std::lock_guard lock(m_mutex);
-            if (result && result->outcome == remote::Outcome::pulled) {
+            if (pulled) {
                 remember_pulled(entry);
                 m_prefetched.fetch_add(1);
                 m_prefetched_bytes.fetch_add(result->bytes);
             }
             return !m_stop;
         });
+    tag_pulled(to_tag);
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     if (!summary) {
         log::warning(

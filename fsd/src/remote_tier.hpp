@@ -33,9 +33,15 @@
 //    uploaded with --remote-read-only.
 //  - Prefetch (--prefetch-job-tag T): start() begins one thread that pulls every entry
 //    of job T into the db with Remote::pull_job (what `kcache remote pull --job-tag T`
-//    does), entry after entry, while the mount serves: no FUSE thread waits for it and
-//    the mount does not wait for it to come up. Entries it pulled are not uploaded back
-//    and count remote_prefetched(_bytes). stop() ends it after the pull in progress.
+//    does), in batches (remote.hpp), while the mount serves: no FUSE thread waits for it
+//    and the mount does not wait for it to come up. Entries it pulled are not uploaded
+//    back and count remote_prefetched(_bytes). stop() ends it after the transaction in
+//    progress (remote.hpp's pull_entries).
+//  - Job tag (--job-tag T): every entry the uploader uploads, or finds already in the
+//    shared tier, is added to job T's set (Remote::push's job tag), and so is every entry
+//    this tier pulled (read through, or prefetched from another job): a later job or a
+//    restart with --prefetch-job-tag T gets them all. A read-through adds its entry after
+//    its waiters were answered; a failure to add is counted and logged, never retried.
 //  - Counts (the Remote's remote_* counters, remote_upload_queued/dropped,
 //    remote_prefetched(_bytes)) are added to the db's statistics every second and at
 //    stop().
@@ -95,9 +101,12 @@ class RemoteTier {
 
     // Fails (EINVAL) for invalid options, as Remote::create does. Starts no thread.
     // `prefetch_job_tag`: the job whose entries start() prefetches (empty: none).
+    // `job_tag`: the job whose set every entry uploaded or pulled here joins (empty: none;
+    // EINVAL with a read-only remote).
     static core::Result<std::unique_ptr<RemoteTier>> create(core::Store& store,
                                                             remote::Options options,
-                                                            std::string prefetch_job_tag = {});
+                                                            std::string prefetch_job_tag = {},
+                                                            std::string job_tag = {});
     ~RemoteTier();
     RemoteTier(const RemoteTier&) = delete;
     RemoteTier& operator=(const RemoteTier&) = delete;
@@ -136,7 +145,9 @@ class RemoteTier {
     };
 
     RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote,
-               std::string prefetch_job_tag);
+               std::string prefetch_job_tag, std::string job_tag);
+    // Adds entries pulled here to m_job_tag's set (when set); logs a failure (rate-limited).
+    void tag_pulled(const std::vector<std::string>& entries);
     void run_fetcher();
     void run_prefetch();
     // Publishes the servers' breaker states if they changed (or `stopping`: none).
@@ -186,6 +197,7 @@ class RemoteTier {
     std::mutex m_record_mutex;  // record_counts() from the uploader and stop()
 
     const std::string m_prefetch_tag;
+    const std::string m_job_tag;  // --job-tag: empty when none
     std::atomic<std::uint64_t> m_prefetched{0}, m_prefetched_bytes{0};
     std::uint64_t m_recorded_prefetched = 0,
                   m_recorded_prefetched_bytes = 0;  // under m_record_mutex

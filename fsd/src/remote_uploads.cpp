@@ -110,7 +110,7 @@ void RemoteTier::run_uploader() {
                     std::lock_guard stopping(m_mutex);
                     if (m_stop) break;
                 }
-                auto r = m_remote->push(m_store, name);
+                auto r = m_remote->push(m_store, name, m_job_tag);  // --job-tag: joins its set
                 if (r) {
                     failures.erase(id);
                     bool leased = false;

@@ -31,6 +31,13 @@ inline constexpr std::size_t kInlineMax = 8 * 1024;  // files up to this size ri
 inline constexpr std::size_t kMaxManifestBytes = std::size_t{64} << 20;  // decoded
 inline constexpr std::uint32_t kMaxNodes = 100'000;
 
+// Orders digests, for maps of blobs by digest.
+struct DigestLess {
+    bool operator()(const core::Digest& a, const core::Digest& b) const {
+        return a.high != b.high ? a.high < b.high : a.low < b.low;
+    }
+};
+
 std::string manifest_key(std::string_view ns, std::string_view entry);
 std::string blob_key(std::string_view ns, const core::Digest& digest);
 std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index);

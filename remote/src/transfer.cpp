@@ -1,8 +1,8 @@
-// Moving entries: push (blobs, then the manifest with SET NX, then the job set) and
-// pull (manifest, blobs, every digest checked, then one write transaction).
+// Pushing entries (blobs, then the manifest with SET NX, then the job set), job sets and
+// compile leases. Pulling is in pull.cpp.
 //
-// No LMDB write transaction is ever open while waiting on Redis: a pull fetches and
-// checks everything first, a push reads from a snapshot.
+// No LMDB write transaction is ever open while waiting on Redis: a push reads from a
+// snapshot that ends before the first command.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,140 +25,6 @@ namespace kcache::remote {
 namespace {
 
 constexpr std::size_t kChunksPerRoundTrip = 8;  // bounds one pipeline to about 8 MiB
-constexpr std::size_t kMaxPath = 0xffff;        // the manifest's str16
-
-struct DigestLess {
-    bool operator()(const core::Digest& a, const core::Digest& b) const {
-        return a.high != b.high ? a.high < b.high : a.low < b.low;
-    }
-};
-
-// A relative path of valid names (core::check_path), as long as the manifest's str16 allows.
-Status check_path(std::string_view path, std::string_view what) {
-    if (auto s = core::check_path(path, kMaxPath); !s) {
-        return tl::unexpected(core::with_context(s.error(), std::string(what)));
-    }
-    return {};
-}
-
-std::string dir_of(std::string_view path) {
-    const std::size_t slash = path.rfind('/');
-    return slash == std::string_view::npos ? std::string() : std::string(path.substr(0, slash));
-}
-
-// Everything a hostile manifest could get wrong about names, checked before any
-// blob is fetched.
-Status check_manifest(const proto::Manifest& m, std::string_view asked) {
-    if (m.entry != asked)
-        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.entry));
-    if (auto s = check_path(m.entry, "entry"); !s) return s;
-    const std::string dir = dir_of(m.entry);
-    if (m.kind == core::EntryKind::stem) {
-        if (m.stem.empty() || m.entry != (dir.empty() ? m.stem : dir + "/" + m.stem)) {
-            return core::fail(EINVAL, "a stem entry's name must be its directory and its stem");
-        }
-    }
-    if (m.nodes.empty()) return core::fail(EINVAL, "the manifest has no files");
-    std::map<std::string, core::FileType, std::less<>> seen;
-    for (const proto::Node& n : m.nodes) {
-        if (auto s = check_path(n.path, "file"); !s) return s;
-        if (seen.count(n.path))
-            return core::fail(EINVAL, fmt::format("'{}' appears twice", n.path));
-        if (m.kind == core::EntryKind::stem) {
-            if (n.path.find('/') != std::string::npos || !n.path.starts_with(m.stem) ||
-                n.type == core::FileType::directory) {
-                return core::fail(EINVAL,
-                                  fmt::format("'{}' is not a file of stem '{}'", n.path, m.stem));
-            }
-        } else if (const std::string parent = dir_of(n.path); !parent.empty()) {
-            auto it = seen.find(parent);
-            if (it == seen.end() || it->second != core::FileType::directory) {
-                return core::fail(EINVAL, fmt::format("'{}' comes before its directory", n.path));
-            }
-        }
-        if (n.type == core::FileType::symlink) {
-            const std::string full = m.kind == core::EntryKind::stem
-                                         ? (dir.empty() ? n.path : dir + "/" + n.path)
-                                         : m.entry + "/" + n.path;
-            if (auto s = core::check_link_target(full, n.target); !s) return s;
-        }
-        seen.emplace(n.path, n.type);
-    }
-    return {};
-}
-
-// Writes the checked manifest's nodes with their verified contents, then checks that
-// the layout here forms the same entry. The caller commits or drops the transaction.
-Status write_entry(core::WriteTxn& txn, const proto::Manifest& m,
-                   const std::map<core::Digest, std::string, DigestLess>& blobs) {
-    const core::Origin origin = core::Origin::current();
-    std::unordered_map<std::string, core::Ino> made;  // relative path -> ino
-    core::Ino top = 0;
-    if (m.kind == core::EntryKind::node) {
-        auto parent = txn.mkdirs(dir_of(m.entry));
-        if (!parent) return tl::unexpected(parent.error());
-        const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
-        auto existing = txn.lookup(*parent, base);  // an empty entry directory is filled
-        auto dir = existing && existing->is_dir()
-                       ? existing
-                       : txn.mkdir(*parent, base, m.dir_mode & 0777, getuid(), getgid());
-        if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
-        top = dir->ino;
-    } else {
-        auto parent = txn.mkdirs(dir_of(m.entry));
-        if (!parent) return tl::unexpected(parent.error());
-        top = *parent;
-    }
-    for (const proto::Node& n : m.nodes) {
-        const std::string parent_path =
-            m.kind == core::EntryKind::node ? dir_of(n.path) : std::string();
-        const core::Ino parent = parent_path.empty() ? top : made.at(parent_path);
-        const std::string name = n.path.substr(n.path.rfind('/') + 1);
-        core::Result<core::Attr> attr = core::fail(EINVAL, "unknown node type");
-        switch (n.type) {
-            case core::FileType::directory:
-                attr = txn.mkdir(parent, name, n.mode & 0777, getuid(), getgid());
-                break;
-            case core::FileType::symlink:
-                attr = txn.symlink(parent, name, n.target, getuid(), getgid());
-                break;
-            case core::FileType::regular: {
-                attr = txn.create(parent, name, n.mode & 0777, getuid(), getgid(), true);
-                const std::string_view content = n.inlined || n.size == 0
-                                                     ? std::string_view(n.content)
-                                                     : std::string_view(blobs.at(n.digest));
-                if (attr && !content.empty()) attr = txn.write(attr->ino, content, origin);
-                break;
-            }
-        }
-        if (!attr) return tl::unexpected(core::with_context(attr.error(), n.path));
-        core::SetAttr times;
-        times.mtime_ns = n.mtime_ns;
-        if (auto a = txn.setattr(attr->ino, times); !a) return tl::unexpected(a.error());
-        made[n.path] = attr->ino;
-    }
-    auto formed = txn.find_entry(m.entry);
-    if (!formed || formed->kind != m.kind ||
-        (m.kind == core::EntryKind::node && formed->ino != top)) {
-        return core::fail(
-            EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)",
-                                m.entry));
-    }
-    return {};
-}
-
-// The content of a blob the local db holds with `size` raw bytes, copied out of a
-// snapshot; nullopt when it lacks it (or cannot read it: then the remote's copy is used).
-std::optional<std::string> local_blob(const core::Store& store, const core::Digest& digest,
-                                      std::uint64_t size) {
-    auto txn = store.read();
-    if (!txn) return std::nullopt;
-    auto present = txn->has_blob(digest);
-    if (!present || !*present) return std::nullopt;
-    auto content = txn->read_blob(digest, size);
-    if (!content) return std::nullopt;
-    return std::string(content->bytes());
-}
 
 }  // namespace
 
@@ -196,7 +62,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
     }
     proto::Manifest m;
-    std::map<core::Digest, std::string, DigestLess> blobs;  // not inlined, by digest
+    std::map<core::Digest, std::string, proto::DigestLess> blobs;  // not inlined, by digest
     EntryResult result;
     {  // the manifest and the contents, from one snapshot that ends here
         auto txn = store.read();
@@ -252,13 +118,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     Server& mserver = shard(mkey);
     auto add_to_job = [&]() -> Status {
         if (job_tag.empty()) return {};
-        const std::string jkey = proto::job_key(m_options.ns, job_tag);
-        Server& js = shard(jkey);
-        auto r = exec(js, {{"SADD", jkey, m.entry}});
-        if (!r) return tl::unexpected(r.error());
-        if (r->front().type != Reply::Type::integer)
-            return tl::unexpected(reply_error(js, r->front(), "job set"));
-        return {};
+        return this->add_to_job(job_tag, {m.entry});
     };
     if (uploads_paused(mserver)) {
         return core::fail(
@@ -318,179 +178,29 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     return result;
 }
 
-Result<std::string> Remote::fetch_blob(Server& server, const core::Digest& digest,
-                                       std::uint64_t size, EntryResult& result) {
-    const std::string bkey = proto::blob_key(m_options.ns, digest);
-    auto dangling = [&](std::string why) -> Result<std::string> {
-        result.outcome = Outcome::dangling;
-        result.detail = fmt::format("blob {} {}", digest.hex(), why);
-        return std::string();
-    };
-    auto corrupt = [&](std::string why) -> Result<std::string> {
-        result.outcome = Outcome::corrupt;
-        result.detail = fmt::format("blob {}: {}", digest.hex(), why);
-        if (!m_options.read_only) {  // dropped, so that the next push uploads it again
-            Command del{"DEL", bkey};
-            for (std::uint32_t i = 0; i < proto::chunk_count(size); ++i)
-                del.push_back(proto::chunk_key(m_options.ns, digest, i));
-            (void)exec(server, {del});  // best effort: a failure is counted by exec
-        }
-        return std::string();
-    };
-    auto header_reply = exec(server, {{"GET", bkey}});
-    if (!header_reply) return tl::unexpected(header_reply.error());
-    const Reply& hr = header_reply->front();
-    if (hr.type == Reply::Type::nil) return dangling("is gone");
-    if (hr.type != Reply::Type::string) return tl::unexpected(reply_error(server, hr, "GET"));
-    auto header = proto::decode_blob_header(hr.str);
-    if (!header) return corrupt(header.error().message);
-    if (header->raw_size != size) return corrupt("its size differs from the manifest's");
-    std::string content;
-    content.reserve(size);
-    for (std::uint32_t first = 0; first < header->chunks; first += kChunksPerRoundTrip) {
-        std::vector<Command> batch;
-        const std::uint32_t end =
-            std::min<std::uint32_t>(header->chunks, first + kChunksPerRoundTrip);
-        for (std::uint32_t i = first; i < end; ++i)
-            batch.push_back({"GET", proto::chunk_key(m_options.ns, digest, i)});
-        auto replies = exec(server, batch);
-        if (!replies) return tl::unexpected(replies.error());
-        for (std::uint32_t i = first; i < end; ++i) {
-            const Reply& r = (*replies)[i - first];
-            if (r.type == Reply::Type::nil) return dangling(fmt::format("has lost chunk {}", i));
-            if (r.type != Reply::Type::string) return tl::unexpected(reply_error(server, r, "GET"));
-            const std::size_t raw = std::min<std::uint64_t>(
-                proto::kChunkBytes, size - std::uint64_t{i} * proto::kChunkBytes);
-            if (auto s = proto::decode_chunk(r.str, raw, content); !s)
-                return corrupt(fmt::format("chunk {}: {}", i, s.error().message));
-        }
-    }
-    if (!(core::digest_of(content) == digest)) return corrupt("content does not match its digest");
-    return content;
-}
-
-Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
-    EntryResult result;
-    {
-        auto txn = store.read();
-        if (!txn) return tl::unexpected(txn.error());
-        auto local = txn->find_entry(name);
-        if (local && local->files > 0) {
-            result.outcome = Outcome::already_local;
-            result.files = local->files;
-            result.bytes = local->bytes;
-            return result;
-        }
-        if (!local && local.error().code != ENOENT) return tl::unexpected(local.error());
-    }
-    const std::string mkey = proto::manifest_key(m_options.ns, name);
-    Server& mserver = shard(mkey);
-    auto got = exec(mserver, {{"GET", mkey}});
-    if (!got) return tl::unexpected(got.error());
-    const Reply& mr = got->front();
-    if (mr.type == Reply::Type::nil) {
-        m_counts.misses.fetch_add(1);
-        result.outcome = Outcome::miss;
-        return result;
-    }
-    if (mr.type != Reply::Type::string) return tl::unexpected(reply_error(mserver, mr, "GET"));
-    auto manifest = proto::decode_manifest(mr.str);
-    Status checked =
-        manifest ? check_manifest(*manifest, name) : Status(tl::unexpected(manifest.error()));
-    if (!checked) {
-        // A manifest that fails its checksum or names anything it must not is dropped
-        // like a corrupt blob; SET NX would otherwise keep it there for good.
-        m_counts.corrupt.fetch_add(1);
-        if (!m_options.read_only) (void)exec(mserver, {{"DEL", mkey}});
-        result.outcome = Outcome::corrupt;
-        result.detail = "manifest: " + checked.error().message;
-        return result;
-    }
-    std::map<core::Digest, std::string, DigestLess> blobs;
-    for (const proto::Node& n : manifest->nodes) {
-        if (n.type != core::FileType::regular) continue;
-        ++result.files;
-        result.bytes += n.size;
-        if (n.inlined || n.size == 0 || blobs.count(n.digest)) continue;
-        // A blob the db already holds (another entry's file, an earlier version) is
-        // copied from it, not fetched: a short snapshot per blob, none held across I/O.
-        if (auto local = local_blob(store, n.digest, n.size)) {
-            blobs.emplace(n.digest, std::move(*local));
-            continue;
-        }
-        auto content =
-            fetch_blob(shard(proto::blob_key(m_options.ns, n.digest)), n.digest, n.size, result);
-        if (!content) return tl::unexpected(content.error());
-        if (result.outcome == Outcome::dangling) {
-            m_counts.dangling.fetch_add(1);
-            m_counts.misses.fetch_add(1);
-            // Useless without its blob, and SET NX would keep a fresh copy out: dropped,
-            // so the next push of the entry uploads it whole.
-            if (!m_options.read_only) (void)exec(mserver, {{"DEL", mkey}});
-            return result;
-        }
-        if (result.outcome == Outcome::corrupt) {
-            m_counts.corrupt.fetch_add(1);
-            return result;
-        }
-        blobs.emplace(n.digest, std::move(*content));
-    }
-    // Everything is here and verified: one transaction, nothing of it on any failure.
-    auto txn = store.write();
-    if (!txn) return tl::unexpected(txn.error());
-    if (auto local = txn->find_entry(name); local && local->files > 0) {  // pulled meanwhile
-        result.outcome = Outcome::already_local;
-        return result;
-    }
-    if (auto s = write_entry(*txn, *manifest, blobs); !s)
-        return tl::unexpected(core::with_context(s.error(), std::string(name)));
-    if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
-    m_counts.hits.fetch_add(1);
-    result.outcome = Outcome::pulled;
-    return result;
-}
-
-Result<std::vector<std::string>> Remote::job_entries(std::string_view job_tag) {
-    if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
+Status Remote::add_to_job(std::string_view job_tag, const std::vector<std::string>& entries) {
+    if (m_options.read_only)
+        return core::fail(EROFS, "the remote is read-only (--remote-read-only): no job set");
+    if (auto s = validate_job_tag(job_tag); !s) return s;
     const std::string jkey = proto::job_key(m_options.ns, job_tag);
     Server& server = shard(jkey);
-    auto r = exec(server, {{"SMEMBERS", jkey}});
-    if (!r) return tl::unexpected(r.error());
-    const Reply& set = r->front();
-    if (set.type != Reply::Type::array) return tl::unexpected(reply_error(server, set, "SMEMBERS"));
-    std::vector<std::string> names;
-    for (const Reply& e : set.elements) {
-        if (e.type == Reply::Type::string) names.push_back(e.str);
+    constexpr std::size_t kPerCommand = 512;
+    std::vector<Command> commands;
+    for (std::size_t first = 0; first < entries.size(); first += kPerCommand) {
+        Command sadd{"SADD", jkey};
+        const std::size_t end = std::min(entries.size(), first + kPerCommand);
+        sadd.insert(sadd.end(), entries.begin() + static_cast<std::ptrdiff_t>(first),
+                    entries.begin() + static_cast<std::ptrdiff_t>(end));
+        commands.push_back(std::move(sadd));
     }
-    std::sort(names.begin(), names.end());
-    return names;
-}
-
-PullSummary Remote::pull_entries(core::Store& store, const std::vector<std::string>& entries,
-                                 const PullProgress& progress) {
-    PullSummary summary;
-    for (const std::string& name : entries) {
-        auto result = pull(store, name);
-        if (!result) {
-            ++summary.failed;
-        } else if (result->outcome == Outcome::pulled) {
-            ++summary.pulled;
-            summary.pulled_bytes += result->bytes;
-        } else if (result->outcome == Outcome::already_local) {
-            ++summary.already_local;
-        } else {
-            ++summary.missing;
-        }
-        if (progress && !progress(name, result)) break;
+    if (commands.empty()) return {};
+    auto replies = exec(server, commands);
+    if (!replies) return tl::unexpected(replies.error());
+    for (const Reply& r : *replies) {
+        if (r.type != Reply::Type::integer)
+            return tl::unexpected(reply_error(server, r, "job set"));
     }
-    return summary;
-}
-
-Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_tag,
-                                     const PullProgress& progress) {
-    auto names = job_entries(job_tag);
-    if (!names) return tl::unexpected(names.error());
-    return pull_entries(store, *names, progress);
+    return {};
 }
 
 Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owner,

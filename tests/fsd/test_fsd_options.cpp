@@ -118,6 +118,40 @@ TEST_CASE("options: --remote-lease-ms needs --remote, and is off by default", "[
         ERANGE);
 }
 
+TEST_CASE(
+    "options: --job-tag and -o job_tag= are the same, validated, and need a writable --remote",
+    "[options]") {
+    const Args remote = {"--remote", "unix:/run/redis.sock"};
+    auto with = [&](Args tail) {
+        Args a = remote;
+        a.insert(a.end(), tail.begin(), tail.end());
+        return a;
+    };
+    CHECK(must_parse(remote).job_tag.empty());
+    CHECK(must_parse(with({"--job-tag", "train-7"})).job_tag == "train-7");
+    const Options o = must_parse(with({"-o", "job_tag=train:8,prefetch_job_tag=train-7"}));
+    CHECK(o.job_tag == "train:8");
+    CHECK(o.prefetch_job_tag == "train-7");
+    CHECK(o.fuse_options.empty());  // ours, not libfuse's
+    // -o comes last and wins, as for every option.
+    CHECK(must_parse(with({"--job-tag", "a", "-o", "job_tag=b"})).job_tag == "b");
+
+    auto bad = parse(with({"-o", "job_tag=has space"}));
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().code == EINVAL);
+    CHECK(bad.error().message.find("job_tag") != std::string::npos);
+    CHECK(bad.error().message.find("bad job tag") != std::string::npos);
+    CHECK(parse(with({"--job-tag", std::string(129, 'x')})).error().code == EINVAL);
+    CHECK(parse(with({"--prefetch-job-tag", "a/b"})).error().code == EINVAL);
+
+    auto no_remote = parse({"--job-tag", "train-7"});
+    REQUIRE_FALSE(no_remote);
+    CHECK(no_remote.error().message.find("--remote") != std::string::npos);
+    auto read_only = parse(with({"--remote-read-only", "--job-tag", "train-7"}));
+    REQUIRE_FALSE(read_only);
+    CHECK(read_only.error().message.find("--remote-read-only") != std::string::npos);
+}
+
 TEST_CASE("options: -o options that are not kcache's go to libfuse", "[options]") {
     const Options o = must_parse({"-o", "allow_other,max_entries=10,noatime"});
     CHECK(o.max_entries == 10);

@@ -4,9 +4,12 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <thread>
 
+#include <fmt/core.h>
 #include <catch2/catch.hpp>
 
 #include "kcache/remote/remote.hpp"
@@ -70,11 +73,13 @@ TEST_CASE("a frozen Redis (SIGSTOP) fails commands within their deadline and SIG
     INFO(pull.out << pull.err);
     CHECK(!pull.timed_out);
     CHECK(pull.exit_code == 1);
-    CHECK(pull.err.find("deadline") != std::string::npos);
-    CHECK(pull.err.find("circuit open") !=
-          std::string::npos);  // the breaker opened: later entries fail at once
+    // Both manifests were asked for in one pipeline (a batch): one deadline fails both.
+    CHECK(pull.err.find(kEntryA + ": redis") != std::string::npos);
+    CHECK(pull.err.find(kEntryB + ": redis") != std::string::npos);
+    CHECK(pull.err.find("deadline") != pull.err.rfind("deadline"));
     CHECK(b.entries() == 0);
-    CHECK(b.counter(core::Counter::remote_timeouts) == 2);  // one per entry, told apart from errors
+    CHECK(b.counter(core::Counter::remote_timeouts) ==
+          1);  // one round trip, told apart from errors
     CHECK(b.counter(core::Counter::remote_errors) == 0);
 
     auto push = run_cli(args(a, redis, {"push"}));
@@ -205,6 +210,104 @@ TEST_CASE("a flipped byte and a deleted blob in Redis are detected and nothing b
     CHECK(bad.exit_code == 1);
     CHECK(bad.out.find("corrupt") != std::string::npos);
     CHECK(c.entries() == 0);
+}
+
+TEST_CASE(
+    "a job pulled in batches drops just the entries whose blob is corrupt or gone, counted, and "
+    "reports every entry in order",
+    "[remote]") {
+    RedisServer redis;
+    TestDb a, b;
+    // More than two batches (Remote::kPullBatch), with the faults in different ones.
+    constexpr std::size_t kEntries = 2 * remote::Remote::kPullBatch + 22;
+    std::vector<std::string> names;
+    std::vector<std::string> blobs;
+    for (std::size_t i = 0; i < kEntries; ++i) {
+        names.push_back(fmt::format("{:024X}", 0xABCDEF000000 + i * 7919));
+        blobs.push_back(kcache::test::random_bytes(20'000, static_cast<std::uint32_t>(100 + i)));
+        a.put(names[i] + "/kernel.cubin", blobs[i]);
+        a.put(names[i] + "/kernel.json", "{\"i\": " + std::to_string(i) + "}");
+    }
+    // Two entries share one blob, which goes: both are dangling.
+    const std::size_t shared1 = kEntries - 3, shared2 = kEntries - 2;
+    blobs[shared2] = blobs[shared1];
+    a.put(names[shared2] + "/kernel.cubin", blobs[shared2]);
+    REQUIRE(run_cli(args(a, redis, {"push", "--job-tag", "j"})).exit_code == 0);
+    std::sort(names.begin(), names.end());  // the order a job's entries are pulled in
+    auto index_of = [&](std::size_t i) { return names[i]; };
+
+    const std::size_t corrupt = 5, gone = remote::Remote::kPullBatch + 7, no_manifest = 40;
+    auto digest_of_entry = [&](const std::string& name) {
+        const std::string cubin = a.snapshot(name).at("kernel.cubin");
+        return core::digest_of(cubin.substr(cubin.find(' ', 2) + 1));
+    };
+    {
+        const std::string chunk = proto::chunk_key("t", digest_of_entry(index_of(corrupt)), 0);
+        std::string value = redis.command({"GET", chunk}).str;
+        REQUIRE(value.size() > 1000);
+        value[1000] = static_cast<char>(value[1000] ^ 1);
+        REQUIRE(redis.command({"SET", chunk, value}).is_ok());
+    }
+    REQUIRE(redis.command({"DEL", proto::blob_key("t", digest_of_entry(index_of(gone)))}).integer ==
+            1);
+    REQUIRE(redis.command({"DEL", proto::manifest_key("t", index_of(no_manifest))}).integer == 1);
+    const core::Digest shared = core::digest_of(blobs[shared1]);
+    REQUIRE(redis.command({"DEL", proto::chunk_key("t", shared, 0)}).integer == 1);
+
+    auto made = remote::Remote::create(options(redis));
+    REQUIRE(made);
+    remote::Remote& r = **made;
+    std::vector<std::string> seen;
+    std::map<std::string, remote::Outcome> outcomes;
+    auto summary = r.pull_job(b.store(), "j", [&](const std::string& name, const auto& result) {
+        seen.push_back(name);
+        REQUIRE(result);
+        outcomes[name] = result->outcome;
+        return true;
+    });
+    REQUIRE(summary);
+    CHECK(seen == names);
+    CHECK(summary->pulled == kEntries - 5);
+    CHECK(summary->missing == 5);
+    CHECK(summary->failed == 0);
+    CHECK(outcomes.at(index_of(corrupt)) == remote::Outcome::corrupt);
+    CHECK(outcomes.at(index_of(gone)) == remote::Outcome::dangling);
+    CHECK(outcomes.at(index_of(no_manifest)) == remote::Outcome::miss);
+    const std::string n1 = fmt::format("{:024X}", 0xABCDEF000000 + shared1 * 7919),
+                      n2 = fmt::format("{:024X}", 0xABCDEF000000 + shared2 * 7919);
+    CHECK(outcomes.at(n1) == remote::Outcome::dangling);
+    CHECK(outcomes.at(n2) == remote::Outcome::dangling);
+    const remote::Counts counts = r.counts();
+    CHECK(counts.corrupt == 1);
+    CHECK(counts.dangling == 3);
+    CHECK(counts.misses == 4);  // the missing manifest and the three dangling ones
+    CHECK(counts.hits == kEntries - 5);
+    for (const std::string& name : names) {
+        INFO(name);
+        const bool bad = outcomes.at(name) != remote::Outcome::pulled;
+        CHECK(b.has_entry(name) == !bad);
+        if (!bad) CHECK(b.snapshot(name) == a.snapshot(name));
+    }
+    // The corrupt blob and the dangling manifests were dropped from Redis, so that the
+    // next push uploads them whole.
+    CHECK(redis.command({"EXISTS", proto::blob_key("t", digest_of_entry(index_of(corrupt)))})
+              .integer == 0);
+    CHECK(redis.command({"EXISTS", proto::manifest_key("t", index_of(gone))}).integer == 0);
+    CHECK(redis.command({"EXISTS", proto::manifest_key("t", n1)}).integer == 0);
+    CHECK(redis.command({"EXISTS", proto::manifest_key("t", index_of(corrupt))}).integer == 1);
+
+    // A progress that stops: the pulls stop after the transaction in progress, and every
+    // entry written was reported.
+    TestDb c;
+    std::size_t calls = 0, pulled = 0;
+    auto stopped = r.pull_job(c.store(), "j", [&](const std::string&, const auto& result) {
+        pulled += result && result->outcome == remote::Outcome::pulled;
+        return ++calls < 5;
+    });
+    REQUIRE(stopped);
+    CHECK(calls >= 5);
+    CHECK(calls < kEntries);
+    CHECK(c.entries() == pulled);
 }
 
 TEST_CASE("hostile manifests are refused before anything is fetched or stored", "[remote]") {

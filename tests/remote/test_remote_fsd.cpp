@@ -5,12 +5,14 @@
 // empty); a frozen Redis leaves B's local hits as they were and answers its misses
 // (ENOENT) by the deadline, counted; after SIGCONT sharing works again. A daemon
 // started with --prefetch-job-tag has the job's entries in its db before anything asks
-// for them; `kcache stats` shows each server's breaker (open while Redis is stopped,
+// for them; with --job-tag every entry a daemon uploads, finds in Redis or pulls joins
+// the job's set; `kcache stats` shows each server's breaker (open while Redis is stopped,
 // closed after it is back, nothing once the daemon stopped).
 
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <string>
@@ -235,6 +237,95 @@ TEST_CASE(
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the settle time
     CHECK(stat_of(b, "remote_uploads") == 0);
     CHECK(stat_of(b, "remote_upload_skipped") == 0);
+}
+
+TEST_CASE(
+    "fsd remote: --job-tag puts what the daemon uploads, finds remote or pulls in the job's set, "
+    "for a fresh daemon's --prefetch-job-tag",
+    "[remote][fsd]") {
+    RedisServer redis;
+    // The members of a job's set, sorted.
+    auto members = [&](const std::string& tag) {
+        std::vector<std::string> names;
+        for (const auto& e : redis.command({"SMEMBERS", "kc1:fsd:j:" + tag}).elements)
+            names.push_back(e.str);
+        std::sort(names.begin(), names.end());
+        return names;
+    };
+    const auto files1 = triton_files(kKey1, 51), files2 = triton_files(kKey2, 52),
+               files4 = triton_files(kKey4, 54);
+    // An entry of no compiler's layout (the depth fallback), published by renaming a
+    // filled temp dir into place: no lookup reads it through (neither of its name nor
+    // inside it while empty), so A stores its own copy and its uploader finds C's.
+    const std::string shared = "shared-kernels";
+    const std::map<std::string, std::string> files3 = {
+        {"kernel.bin", test::random_bytes(std::size_t{30'000}, std::uint64_t{53})},
+        {"kernel.json", "{\"seed\": 53}"}};
+    auto store_plain = [&](const MountedCache& m) {
+        const std::string tmp = m.p("tmp.pid_2_xyz");
+        REQUIRE_SYS(::mkdir(tmp.c_str(), 0755));
+        for (const auto& [name, content] : files3)
+            REQUIRE(test::write_all(tmp + "/" + name, content) == 0);
+        REQUIRE_SYS(::rename(tmp.c_str(), m.p(shared).c_str()));
+    };
+
+    MountedCache c(with_remote(redis));
+    store_plain(c);
+    wait_uploads(c, 1);
+    CHECK(members("train-9").empty());
+
+    MountedCache a(with_remote(redis, {"--job-tag", "train-9"}));
+    store(a, kKey1, files1);
+    store(a, kKey2, files2);
+    store_plain(a);
+    {
+        INFO(a.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return members("train-9").size() >= 3; }, 30));
+    }
+    std::vector<std::string> job = {kKey1, kKey2, shared};
+    std::sort(job.begin(), job.end());
+    CHECK(members("train-9") == job);
+    REQUIRE(test::wait_until([&] { return stat_of(a, "remote_upload_skipped") >= 1; }, 30));
+    CHECK(stat_of(a, "remote_uploads") == 2);  // C's copy was there: found, tagged, not sent
+    CHECK(stat_of(a, "remote_hits") == 0);     // nothing was read through
+    // The library reads the same set.
+    {
+        const auto r =
+            test::run_kcache(a.db(), {"remote", "--remote", redis.url(), "--remote-namespace",
+                                      "fsd", "pull", "--job-tag", "train-9"});
+        INFO(r.describe());
+        CHECK(r.exit_code == 0);
+        CHECK(r.out.find("pulled 0, already local 3") != std::string::npos);
+    }
+
+    // A fresh daemon prefetching the job: local hits, no read-through. It tags what it
+    // pulls into its own job, train-10: the prefetched entries, and one read through.
+    MountedCache b(with_remote(redis, {"--prefetch-job-tag", "train-9", "-o", "job_tag=train-10"}));
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_prefetched") >= 3; }, 30));
+    }
+    CHECK(test::stat_value(test::cache_stats(b.db()), "entries") == 3);
+    const std::uint64_t gets = redis.calls("get");
+    require_same(b, kKey1, files1);
+    require_same(b, kKey2, files2);
+    require_same(b, shared, files3);
+    CHECK(redis.calls("get") == gets);
+    CHECK(stat_of(b, "remote_misses") == 0);
+    REQUIRE(test::wait_until([&] { return members("train-10").size() >= 3; }, 30));
+    CHECK(members("train-10") == job);
+
+    store(c, kKey4, files4);
+    wait_uploads(c, 2);
+    require_same(b, kKey4, files4);  // read through
+    job.push_back(kKey4);
+    std::sort(job.begin(), job.end());
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return members("train-10").size() >= 4; }, 30));
+    }
+    CHECK(members("train-10") == job);
+    CHECK(members("train-9").size() == 3);
 }
 
 TEST_CASE(

@@ -10,8 +10,9 @@
 //    once (EAGAIN) until a cool-down has passed, when one trial operation may close it.
 //  - A failed remote operation changes nothing in the local db. A pull verifies every
 //    file against its XXH3-128 digest before anything is written and writes a whole
-//    entry in one transaction; a corrupt blob is dropped (never stored, and deleted
-//    from Redis unless read-only), a manifest whose blob is gone is a miss.
+//    entry in one transaction (a batch may put several whole entries in one); a corrupt blob is
+//    dropped (never stored, and deleted from Redis unless read-only), a manifest whose blob is gone
+//    is a miss.
 //  - The password is held in memory only: it never appears in a message, a URL or a
 //    log line.
 //  - A Remote is thread-safe: each server's connection and breaker are guarded by that
@@ -109,7 +110,7 @@ struct PullSummary {
     std::uint64_t pulled_bytes = 0;  // logical bytes of the entries pulled
 };
 // Sees each entry as soon as its pull ended (an error fails that entry only); returning
-// false stops the pulls after it.
+// false stops the pulls once the entries already written are seen (pull_entries).
 using PullProgress =
     std::function<bool(const std::string& entry, const Result<EntryResult>& result)>;
 
@@ -138,9 +139,20 @@ class Remote {
     Result<EntryResult> pull(core::Store& store, std::string_view entry);
     // The entry names of a job's set (sorted).
     Result<std::vector<std::string>> job_entries(std::string_view job_tag);
-    // Pulls `entries` one after another with pull(); a failure fails its entry, not the
-    // others (fast once a server's circuit is open). The one loop behind `kcache remote
-    // pull` and kcache-fsd --prefetch-job-tag.
+    // Adds `entries` to a job's set (SADD, in batches): what push() does with its
+    // `job_tag`, for entries this node did not push (kcache-fsd --job-tag: entries it read
+    // through or prefetched). EROFS when read-only; EINVAL for a bad tag.
+    Status add_to_job(std::string_view job_tag, const std::vector<std::string>& entries);
+    // Pulls `entries` as pull() does, with the same checks, but in batches: the manifests
+    // of up to kPullBatch entries in one pipeline per server, then the blobs those entries
+    // lack (header and chunks together, about 8 MiB a pipeline), then whole entries a few
+    // to a write transaction (about 8 MiB; an entry that fails to write is retried alone,
+    // so it never takes others with it). A failure fails its entries, not the others
+    // (fast once a server's circuit is open); `progress` sees each entry once it is
+    // written or failed, in the order given; once it returned false the pulls stop after
+    // it has seen the rest of the transaction just written. The one loop behind `kcache
+    // remote pull` and kcache-fsd --prefetch-job-tag.
+    static constexpr std::size_t kPullBatch = 64;
     PullSummary pull_entries(core::Store& store, const std::vector<std::string>& entries,
                              const PullProgress& progress = {});
     // job_entries() then pull_entries(): an error only when the job's set cannot be read.
@@ -180,8 +192,13 @@ class Remote {
     core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
     bool uploads_paused(Server& server);
     Status upload_blob(Server& server, const core::Digest& digest, std::string_view content);
-    Result<std::string> fetch_blob(Server& server, const core::Digest& digest, std::uint64_t size,
-                                   EntryResult& result);
+    // pull() and pull_entries() (pull.cpp): pulls `names` in batches, calling `each` with
+    // every entry's result in order; false when `each` stopped it.
+    struct Wanted;  // a blob a batch needs (pull.cpp)
+    bool pull_batches(core::Store& store, const std::vector<std::string>& names,
+                      const std::function<bool(std::size_t, Result<EntryResult>)>& each);
+    // Fetches the blobs from their servers, pipelined, each checked against its digest.
+    void fetch_blobs(std::vector<Wanted*>& blobs);
     struct AtomicCounts {
         std::atomic<std::uint64_t> hits{0}, misses{0}, errors{0}, timeouts{0}, corrupt{0},
             dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0};

@@ -1,0 +1,587 @@
+// Pulling entries in batches: the manifests of a batch in one pipeline per server, the
+// blobs they lack (header and chunks together) in pipelines of about 8 MiB, every digest
+// checked, then whole entries written a few to a transaction (about 8 MiB). pull() is a
+// batch of one.
+//
+// No LMDB write transaction is ever open while waiting on Redis: a batch fetches and
+// checks everything first; the local db is read from short snapshots.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <optional>
+#include <unordered_map>
+
+#include <fmt/core.h>
+
+#include "client.hpp"
+#include "kcache/core/names.hpp"
+#include "kcache/remote/remote.hpp"
+#include "protocol.hpp"
+#include "server.hpp"
+
+namespace kcache::remote {
+
+// A blob that a batch's entries need and the local db lacks.
+struct Remote::Wanted {
+    core::Digest digest;
+    std::uint64_t size = 0;
+    Server* server = nullptr;
+    std::string content;  // the raw bytes, as they arrive
+    enum class State : std::uint8_t {
+        fetching,
+        ok,
+        dangling,
+        corrupt,
+        failed
+    } state = State::fetching;
+    std::string detail;                // dangling, corrupt
+    std::optional<core::Error> error;  // failed
+    bool header_seen = false;
+    std::uint32_t chunks = 0;      // chunk_count(size)
+    std::uint32_t next_chunk = 0;  // the first chunk not asked for yet
+    std::uint32_t next_reply = 0;  // the first chunk not received yet
+};
+
+namespace {
+
+constexpr std::size_t kMaxPath = 0xffff;                              // the manifest's str16
+constexpr std::uint64_t kBytesPerRoundTrip = std::uint64_t{8} << 20;  // one pipeline's chunks
+// Blob bytes that one group of a batch holds in memory before it is written (at least one
+// entry's, whatever its size).
+constexpr std::uint64_t kBytesPerGroup = std::uint64_t{64} << 20;
+// Entries' bytes that one write transaction takes, at most (at least one entry): bounds
+// how long a pull holds the db's write lock against the daemon's own writers.
+constexpr std::uint64_t kBytesPerTransaction = std::uint64_t{8} << 20;
+
+// Blob contents by digest: local copies, or the fetched ones.
+using BlobContents = std::map<core::Digest, const std::string*, proto::DigestLess>;
+
+// A relative path of valid names (core::check_path), as long as the manifest's str16 allows.
+Status check_path(std::string_view path, std::string_view what) {
+    if (auto s = core::check_path(path, kMaxPath); !s) {
+        return tl::unexpected(core::with_context(s.error(), std::string(what)));
+    }
+    return {};
+}
+
+std::string dir_of(std::string_view path) {
+    const std::size_t slash = path.rfind('/');
+    return slash == std::string_view::npos ? std::string() : std::string(path.substr(0, slash));
+}
+
+// Everything a hostile manifest could get wrong about names, checked before any
+// blob is fetched.
+Status check_manifest(const proto::Manifest& m, std::string_view asked) {
+    if (m.entry != asked)
+        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.entry));
+    if (auto s = check_path(m.entry, "entry"); !s) return s;
+    const std::string dir = dir_of(m.entry);
+    if (m.kind == core::EntryKind::stem) {
+        if (m.stem.empty() || m.entry != (dir.empty() ? m.stem : dir + "/" + m.stem)) {
+            return core::fail(EINVAL, "a stem entry's name must be its directory and its stem");
+        }
+    }
+    if (m.nodes.empty()) return core::fail(EINVAL, "the manifest has no files");
+    std::map<std::string, core::FileType, std::less<>> seen;
+    for (const proto::Node& n : m.nodes) {
+        if (auto s = check_path(n.path, "file"); !s) return s;
+        if (seen.count(n.path))
+            return core::fail(EINVAL, fmt::format("'{}' appears twice", n.path));
+        if (m.kind == core::EntryKind::stem) {
+            if (n.path.find('/') != std::string::npos || !n.path.starts_with(m.stem) ||
+                n.type == core::FileType::directory) {
+                return core::fail(EINVAL,
+                                  fmt::format("'{}' is not a file of stem '{}'", n.path, m.stem));
+            }
+        } else if (const std::string parent = dir_of(n.path); !parent.empty()) {
+            auto it = seen.find(parent);
+            if (it == seen.end() || it->second != core::FileType::directory) {
+                return core::fail(EINVAL, fmt::format("'{}' comes before its directory", n.path));
+            }
+        }
+        if (n.type == core::FileType::symlink) {
+            const std::string full = m.kind == core::EntryKind::stem
+                                         ? (dir.empty() ? n.path : dir + "/" + n.path)
+                                         : m.entry + "/" + n.path;
+            if (auto s = core::check_link_target(full, n.target); !s) return s;
+        }
+        seen.emplace(n.path, n.type);
+    }
+    return {};
+}
+
+// Writes the checked manifest's nodes with their verified contents, then checks that
+// the layout here forms the same entry. The caller commits or drops the transaction.
+Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobContents& blobs) {
+    const core::Origin origin = core::Origin::current();
+    std::unordered_map<std::string, core::Ino> made;  // relative path -> ino
+    core::Ino top = 0;
+    if (m.kind == core::EntryKind::node) {
+        auto parent = txn.mkdirs(dir_of(m.entry));
+        if (!parent) return tl::unexpected(parent.error());
+        const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
+        auto existing = txn.lookup(*parent, base);  // an empty entry directory is filled
+        auto dir = existing && existing->is_dir()
+                       ? existing
+                       : txn.mkdir(*parent, base, m.dir_mode & 0777, getuid(), getgid());
+        if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
+        top = dir->ino;
+    } else {
+        auto parent = txn.mkdirs(dir_of(m.entry));
+        if (!parent) return tl::unexpected(parent.error());
+        top = *parent;
+    }
+    for (const proto::Node& n : m.nodes) {
+        const std::string parent_path =
+            m.kind == core::EntryKind::node ? dir_of(n.path) : std::string();
+        const core::Ino parent = parent_path.empty() ? top : made.at(parent_path);
+        const std::string name = n.path.substr(n.path.rfind('/') + 1);
+        core::Result<core::Attr> attr = core::fail(EINVAL, "unknown node type");
+        switch (n.type) {
+            case core::FileType::directory:
+                attr = txn.mkdir(parent, name, n.mode & 0777, getuid(), getgid());
+                break;
+            case core::FileType::symlink:
+                attr = txn.symlink(parent, name, n.target, getuid(), getgid());
+                break;
+            case core::FileType::regular: {
+                attr = txn.create(parent, name, n.mode & 0777, getuid(), getgid(), true);
+                const std::string_view content = n.inlined || n.size == 0
+                                                     ? std::string_view(n.content)
+                                                     : std::string_view(*blobs.at(n.digest));
+                if (attr && !content.empty()) attr = txn.write(attr->ino, content, origin);
+                break;
+            }
+        }
+        if (!attr) return tl::unexpected(core::with_context(attr.error(), n.path));
+        core::SetAttr times;
+        times.mtime_ns = n.mtime_ns;
+        if (auto a = txn.setattr(attr->ino, times); !a) return tl::unexpected(a.error());
+        made[n.path] = attr->ino;
+    }
+    auto formed = txn.find_entry(m.entry);
+    if (!formed || formed->kind != m.kind ||
+        (m.kind == core::EntryKind::node && formed->ino != top)) {
+        return core::fail(
+            EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)",
+                                m.entry));
+    }
+    return {};
+}
+
+// One entry of a batch on its way.
+struct Item {
+    std::string name;
+    std::optional<Result<EntryResult>> done;  // set once the entry's outcome is known
+    EntryResult result;
+    std::optional<proto::Manifest> manifest;
+    std::uint64_t blob_bytes = 0;  // of its files that are not inlined
+};
+
+}  // namespace
+
+void Remote::fetch_blobs(std::vector<Wanted*>& blobs) {
+    std::map<Server*, std::vector<Wanted*>> by_server;
+    for (Wanted* w : blobs) by_server[w->server].push_back(w);
+    for (auto& [server, wanted] : by_server) {
+        std::vector<Command> dels;  // corrupt blobs, dropped so that the next push sends them
+        auto finished = [&](Wanted& w, Wanted::State state, std::string detail) {
+            w.state = state;
+            w.detail = std::move(detail);
+            w.content.clear();
+            w.content.shrink_to_fit();
+            if (state == Wanted::State::corrupt && !m_options.read_only) {
+                Command del{"DEL", proto::blob_key(m_options.ns, w.digest)};
+                for (std::uint32_t i = 0; i < w.chunks; ++i)
+                    del.push_back(proto::chunk_key(m_options.ns, w.digest, i));
+                dels.push_back(std::move(del));
+            }
+        };
+        std::size_t first = 0;  // the first blob not fully asked for
+        while (first < wanted.size()) {
+            // One pipeline: each blob's header with its first chunks, up to about 8 MiB.
+            std::vector<Command> batch;
+            std::vector<std::pair<Wanted*, std::int64_t>> asked;  // blob, chunk (-1: header)
+            std::uint64_t bytes = 0;
+            for (std::size_t i = first; i < wanted.size() && bytes < kBytesPerRoundTrip; ++i) {
+                Wanted& w = *wanted[i];
+                if (w.state != Wanted::State::fetching) {
+                    if (i == first) ++first;
+                    continue;
+                }
+                if (!w.header_seen && w.next_chunk == 0) {
+                    batch.push_back({"GET", proto::blob_key(m_options.ns, w.digest)});
+                    asked.emplace_back(&w, -1);
+                }
+                while (w.next_chunk < w.chunks && bytes < kBytesPerRoundTrip) {
+                    batch.push_back(
+                        {"GET", proto::chunk_key(m_options.ns, w.digest, w.next_chunk)});
+                    asked.emplace_back(&w, w.next_chunk);
+                    bytes += std::min<std::uint64_t>(
+                        proto::kChunkBytes,
+                        w.size - std::uint64_t{w.next_chunk} * proto::kChunkBytes);
+                    ++w.next_chunk;
+                }
+                if (w.next_chunk == w.chunks && i == first) ++first;
+            }
+            if (batch.empty()) break;
+            auto replies = exec(*server, batch);
+            if (!replies) {
+                for (Wanted* w : wanted) {
+                    if (w->state != Wanted::State::fetching) continue;
+                    w->state = Wanted::State::failed;
+                    w->error = replies.error();
+                }
+                break;
+            }
+            for (std::size_t k = 0; k < asked.size(); ++k) {
+                auto [wp, chunk] = asked[k];
+                Wanted& w = *wp;
+                const Reply& r = (*replies)[k];
+                if (w.state != Wanted::State::fetching) continue;
+                if (chunk < 0) {
+                    if (r.type == Reply::Type::nil) {
+                        finished(w, Wanted::State::dangling,
+                                 fmt::format("blob {} is gone", w.digest.hex()));
+                        continue;
+                    }
+                    if (r.type != Reply::Type::string) {
+                        w.state = Wanted::State::failed;
+                        w.error = reply_error(*server, r, "GET");
+                        continue;
+                    }
+                    auto header = proto::decode_blob_header(r.str);
+                    std::string why;
+                    if (!header) {
+                        why = header.error().message;
+                    } else if (header->raw_size != w.size) {
+                        why = "its size differs from the manifest's";
+                    } else if (header->chunks != w.chunks) {
+                        why = "its chunk count differs from its size's";
+                    }
+                    if (!why.empty()) {
+                        finished(w, Wanted::State::corrupt,
+                                 fmt::format("blob {}: {}", w.digest.hex(), why));
+                        continue;
+                    }
+                    w.header_seen = true;
+                    w.content.reserve(w.size);
+                    continue;
+                }
+                const auto i = static_cast<std::uint32_t>(chunk);
+                if (r.type == Reply::Type::nil) {
+                    finished(w, Wanted::State::dangling,
+                             fmt::format("blob {} has lost chunk {}", w.digest.hex(), i));
+                    continue;
+                }
+                if (r.type != Reply::Type::string) {
+                    w.state = Wanted::State::failed;
+                    w.error = reply_error(*server, r, "GET");
+                    continue;
+                }
+                const std::size_t raw = std::min<std::uint64_t>(
+                    proto::kChunkBytes, w.size - std::uint64_t{i} * proto::kChunkBytes);
+                if (auto s = proto::decode_chunk(r.str, raw, w.content); !s) {
+                    finished(
+                        w, Wanted::State::corrupt,
+                        fmt::format("blob {}: chunk {}: {}", w.digest.hex(), i, s.error().message));
+                    continue;
+                }
+                w.next_reply = i + 1;
+                if (w.next_reply == w.chunks) {
+                    if (core::digest_of(w.content) == w.digest) {
+                        w.state = Wanted::State::ok;
+                    } else {
+                        finished(w, Wanted::State::corrupt,
+                                 fmt::format("blob {}: content does not match its digest",
+                                             w.digest.hex()));
+                    }
+                }
+            }
+        }
+        if (!dels.empty()) (void)exec(*server, dels);  // best effort: a failure is counted by exec
+    }
+}
+
+bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& names,
+                          const std::function<bool(std::size_t, Result<EntryResult>)>& each) {
+    for (std::size_t base = 0; base < names.size(); base += kPullBatch) {
+        const std::size_t end = std::min(names.size(), base + kPullBatch);
+        std::vector<Item> items(end - base);
+        for (std::size_t i = 0; i < items.size(); ++i) items[i].name = names[base + i];
+
+        {  // Entries the db has already: not asked for.
+            auto txn = store.read();
+            for (Item& item : items) {
+                if (!txn) {
+                    item.done = tl::unexpected(txn.error());
+                    continue;
+                }
+                auto local = txn->find_entry(item.name);
+                if (local && local->files > 0) {
+                    item.result.outcome = Outcome::already_local;
+                    item.result.files = local->files;
+                    item.result.bytes = local->bytes;
+                    item.done = item.result;
+                } else if (!local && local.error().code != ENOENT) {
+                    item.done = tl::unexpected(local.error());
+                }
+            }
+        }
+
+        // The manifests: one pipeline per server.
+        std::map<Server*, std::vector<Item*>> by_server;
+        for (Item& item : items) {
+            if (!item.done)
+                by_server[&shard(proto::manifest_key(m_options.ns, item.name))].push_back(&item);
+        }
+        for (auto& [server, asked] : by_server) {
+            std::vector<Command> gets;
+            for (const Item* item : asked)
+                gets.push_back({"GET", proto::manifest_key(m_options.ns, item->name)});
+            auto replies = exec(*server, gets);
+            if (!replies) {
+                for (Item* item : asked) item->done = tl::unexpected(replies.error());
+                continue;
+            }
+            std::vector<Command> dels;  // manifests that failed their checks
+            for (std::size_t k = 0; k < asked.size(); ++k) {
+                Item& item = *asked[k];
+                const Reply& mr = (*replies)[k];
+                if (mr.type == Reply::Type::nil) {
+                    m_counts.misses.fetch_add(1);
+                    item.result.outcome = Outcome::miss;
+                    item.done = item.result;
+                    continue;
+                }
+                if (mr.type != Reply::Type::string) {
+                    item.done = tl::unexpected(reply_error(*server, mr, "GET"));
+                    continue;
+                }
+                auto manifest = proto::decode_manifest(mr.str);
+                Status checked = manifest ? check_manifest(*manifest, item.name)
+                                          : Status(tl::unexpected(manifest.error()));
+                if (!checked) {
+                    // A manifest that fails its checksum or names anything it must not is
+                    // dropped like a corrupt blob; SET NX would otherwise keep it for good.
+                    m_counts.corrupt.fetch_add(1);
+                    dels.push_back({"DEL", proto::manifest_key(m_options.ns, item.name)});
+                    item.result.outcome = Outcome::corrupt;
+                    item.result.detail = "manifest: " + checked.error().message;
+                    item.done = item.result;
+                    continue;
+                }
+                for (const proto::Node& n : manifest->nodes) {
+                    if (n.type != core::FileType::regular) continue;
+                    ++item.result.files;
+                    item.result.bytes += n.size;
+                    if (!n.inlined) item.blob_bytes += n.size;
+                }
+                item.manifest = std::move(*manifest);
+            }
+            if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
+        }
+
+        // The blobs, a group of entries at a time (bounded memory), then their writes; each
+        // entry is reported once it is written (or failed), in order. False: stopped, after
+        // the entries written so far were all reported.
+        std::size_t reported = 0;
+        bool going = true;
+        auto report_through = [&](std::size_t i) {
+            for (; reported <= i; ++reported) {
+                if (!each(base + reported, std::move(*items[reported].done))) going = false;
+            }
+            return going;
+        };
+        auto pull_group = [&](std::size_t first, std::size_t last) -> bool {
+            std::map<core::Digest, Wanted, proto::DigestLess> wanted;
+            std::map<core::Digest, std::string, proto::DigestLess> local;
+            {
+                // A blob the db already holds (another entry's file, an earlier version)
+                // is copied from it, not fetched (if it cannot be read, it is fetched).
+                auto txn = store.read();
+                for (std::size_t i = first; i < last; ++i) {
+                    if (items[i].done) continue;
+                    for (const proto::Node& n : items[i].manifest->nodes) {
+                        if (n.type != core::FileType::regular || n.inlined || n.size == 0 ||
+                            local.count(n.digest) || wanted.count(n.digest))
+                            continue;
+                        if (txn) {
+                            auto present = txn->has_blob(n.digest);
+                            if (present && *present) {
+                                if (auto content = txn->read_blob(n.digest, n.size)) {
+                                    local.emplace(n.digest, std::string(content->bytes()));
+                                    continue;
+                                }
+                            }
+                        }
+                        Wanted& w = wanted[n.digest];
+                        w.digest = n.digest;
+                        w.size = n.size;
+                        w.chunks = proto::chunk_count(n.size);
+                        w.server = &shard(proto::blob_key(m_options.ns, n.digest));
+                    }
+                }
+            }
+            std::vector<Wanted*> fetch;
+            for (auto& [digest, w] : wanted) fetch.push_back(&w);
+            fetch_blobs(fetch);
+
+            std::map<Server*, std::vector<Command>> dels;  // dangling manifests
+            std::vector<std::size_t> ready;                // verified, to be written
+            std::vector<BlobContents> contents(last - first);
+            for (std::size_t i = first; i < last; ++i) {
+                Item& item = items[i];
+                if (item.done) continue;
+                const Wanted* bad = nullptr;
+                for (const proto::Node& n : item.manifest->nodes) {
+                    if (n.type != core::FileType::regular || n.inlined || n.size == 0) continue;
+                    if (auto l = local.find(n.digest); l != local.end()) {
+                        contents[i - first][n.digest] = &l->second;
+                        continue;
+                    }
+                    const Wanted& w = wanted.at(n.digest);
+                    if (w.state != Wanted::State::ok) {
+                        bad = &w;
+                        break;
+                    }
+                    contents[i - first][n.digest] = &w.content;
+                }
+                if (!bad) {
+                    ready.push_back(i);
+                } else if (bad->state == Wanted::State::failed) {
+                    item.done = tl::unexpected(*bad->error);
+                } else {
+                    item.result.detail = bad->detail;
+                    if (bad->state == Wanted::State::dangling) {
+                        m_counts.dangling.fetch_add(1);
+                        m_counts.misses.fetch_add(1);
+                        item.result.outcome = Outcome::dangling;
+                        // Useless without its blob, and SET NX would keep a fresh copy out:
+                        // dropped, so the next push of the entry uploads it whole.
+                        const std::string mkey = proto::manifest_key(m_options.ns, item.name);
+                        dels[&shard(mkey)].push_back({"DEL", mkey});
+                    } else {
+                        m_counts.corrupt.fetch_add(1);
+                        item.result.outcome = Outcome::corrupt;
+                    }
+                    item.done = item.result;
+                }
+            }
+            if (!m_options.read_only) {
+                for (const auto& [server, commands] : dels) (void)exec(*server, commands);
+            }
+
+            // Everything is here and verified: whole entries, a few to a transaction (one
+            // commit, one sync, one hold of the write lock of at most kBytesPerTransaction),
+            // nothing of an entry on any failure. An entry whose write fails undoes its
+            // transaction: those entries are then written one per transaction.
+            auto write = [&](std::size_t i, core::WriteTxn& txn) -> Status {
+                Item& item = items[i];
+                if (auto had = txn.find_entry(item.name); had && had->files > 0) {
+                    item.result.outcome = Outcome::already_local;  // pulled meanwhile
+                    return {};
+                }
+                if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
+                    return tl::unexpected(core::with_context(s.error(), item.name));
+                item.result.outcome = Outcome::pulled;
+                return {};
+            };
+            auto write_together = [&](std::size_t from, std::size_t to) -> Status {
+                auto txn = store.write();
+                if (!txn) return tl::unexpected(txn.error());
+                for (std::size_t k = from; k < to; ++k) {
+                    if (auto s = write(ready[k], *txn); !s) return s;
+                }
+                return txn->commit();
+            };
+            for (std::size_t from = 0; from < ready.size();) {
+                std::size_t to = from;
+                std::uint64_t bytes = 0;
+                while (to < ready.size() && (to == from || bytes < kBytesPerTransaction))
+                    bytes += items[ready[to++]].result.bytes;
+                Status together = write_together(from, to);
+                for (std::size_t k = from; k < to; ++k) {
+                    Item& item = items[ready[k]];
+                    Status alone = together;
+                    if (!together && to - from > 1) alone = write_together(k, k + 1);
+                    if (!alone) {
+                        item.done = tl::unexpected(alone.error());
+                        continue;
+                    }
+                    if (item.result.outcome == Outcome::pulled) m_counts.hits.fetch_add(1);
+                    item.done = item.result;
+                }
+                if (!report_through(to == ready.size() ? last - 1 : ready[to - 1])) return false;
+                from = to;
+            }
+            return report_through(last - 1);
+        };
+        for (std::size_t first = 0; first < items.size();) {
+            std::size_t last = first;  // the group is [first, last)
+            std::uint64_t group_bytes = 0;
+            while (last < items.size() && (last == first || group_bytes < kBytesPerGroup)) {
+                if (!items[last].done) group_bytes += items[last].blob_bytes;
+                ++last;
+            }
+            if (!pull_group(first, last)) return false;
+            first = last;
+        }
+    }
+    return true;
+}
+
+Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
+    std::optional<Result<EntryResult>> out;
+    (void)pull_batches(store, {std::string(name)}, [&](std::size_t, Result<EntryResult> r) {
+        out = std::move(r);
+        return true;
+    });
+    return std::move(*out);
+}
+
+Result<std::vector<std::string>> Remote::job_entries(std::string_view job_tag) {
+    if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
+    const std::string jkey = proto::job_key(m_options.ns, job_tag);
+    Server& server = shard(jkey);
+    auto r = exec(server, {{"SMEMBERS", jkey}});
+    if (!r) return tl::unexpected(r.error());
+    const Reply& set = r->front();
+    if (set.type != Reply::Type::array) return tl::unexpected(reply_error(server, set, "SMEMBERS"));
+    std::vector<std::string> names;
+    for (const Reply& e : set.elements) {
+        if (e.type == Reply::Type::string) names.push_back(e.str);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+PullSummary Remote::pull_entries(core::Store& store, const std::vector<std::string>& entries,
+                                 const PullProgress& progress) {
+    PullSummary summary;
+    (void)pull_batches(store, entries, [&](std::size_t i, Result<EntryResult> result) {
+        if (!result) {
+            ++summary.failed;
+        } else if (result->outcome == Outcome::pulled) {
+            ++summary.pulled;
+            summary.pulled_bytes += result->bytes;
+        } else if (result->outcome == Outcome::already_local) {
+            ++summary.already_local;
+        } else {
+            ++summary.missing;
+        }
+        return !progress || progress(entries[i], result);
+    });
+    return summary;
+}
+
+Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_tag,
+                                     const PullProgress& progress) {
+    auto names = job_entries(job_tag);
+    if (!names) return tl::unexpected(names.error());
+    return pull_entries(store, *names, progress);
+}
+
+}  // namespace kcache::remote
