@@ -137,6 +137,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kcache-fsd: %s\n", options.error().message.c_str());
         return 2;
     }
+    if (!options->help.empty()) {
+        std::fputs(options->help.c_str(), stdout);
+        return 0;
+    }
     std::error_code ec;
     const auto mountpoint =
         std::filesystem::absolute(options->mountpoint, ec).lexically_normal().string();

@@ -152,8 +152,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp&) {
-        std::fputs(app.help().c_str(), stdout);
-        std::exit(0);
+        Options help_only;
+        help_only.help = app.help();
+        return help_only;
     } catch (const CLI::ParseError& e) {
         return core::fail(EINVAL, e.what());
     }

@@ -28,7 +28,8 @@ struct Options {
     core::Durability durability = core::Durability::none;
     double sync_interval_s = kBatchedSyncIntervalS;  // 0: the daemon never syncs on a timer
     bool foreground = false;                         // -f
-    bool debug = false;                              // -d: libfuse's request log
+    std::string help;        // --help: print this and exit 0 (nothing else is set)
+    bool debug = false;      // -d: libfuse's request log
     bool read_only = false;  // --read-only or -o ro: serve the db, change nothing
     // --io-uring or -o io_uring: serve requests from per-CPU io_uring rings where the
     // kernel offers FUSE over io_uring, else /dev/fuse (uring_transport.hpp).

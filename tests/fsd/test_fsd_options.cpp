@@ -199,3 +199,11 @@ TEST_CASE("options: --io-uring and -o io_uring are the same, off by default, and
     REQUIRE_FALSE(valued);
     CHECK(valued.error().code == EINVAL);
 }
+
+TEST_CASE("options: --help returns the text for main to print, without exiting", "[options]") {
+    // parse_options returns a Result: it reports, main decides (no std::exit inside).
+    const Options o = must_parse({"--help"});
+    CHECK(o.help.find("MOUNTPOINT") != std::string::npos);
+    CHECK(o.help.find("--io-uring") != std::string::npos);
+    CHECK(must_parse({"--foreground"}).help.empty());
+}
