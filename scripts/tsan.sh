@@ -45,10 +45,11 @@ export KCACHE_MAP_SIZE=${KCACHE_MAP_SIZE:-4G}
 export TSAN_OPTIONS="log_path=$logs/report die_after_fork=0 halt_on_error=0 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tests/support/tsan.supp"
 # Only the programs built above have tests listed (CTest lists a Catch2 program's tests
 # once it is built), so -L picks the fsd tests and the crash, equivalence and soak
-# tests; the fuzzers (clang, their own sanitizers) are left out.
+# tests, over /dev/fuse and over io_uring (label uring: its fixture needs root, else
+# those runs skip); the fuzzers (clang, their own sanitizers) are left out.
 status=0
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 \
-    -L 'fsd|reliability' -E 'fuzz_' "$@" || status=$?
+    -L 'fsd|reliability|uring' -E 'fuzz_' "$@" || status=$?
 # The crash test kills daemons on purpose; only real findings count.
 reports=$(find "$logs" -type f | sort)
 if [[ -n "$reports" ]]; then

@@ -194,6 +194,26 @@ bool replied_within(fuse_req& r, double seconds) {
     return false;
 }
 
+// A process other than this one, for a request's pid: process_of tells it apart, as
+// the daemon tells another compile apart. It waits until the end of the test.
+struct OtherProcess {
+    pid_t pid = -1;
+    OtherProcess() {
+        pid = ::fork();
+        if (pid == 0) {
+            ::pause();
+            ::_exit(0);
+        }
+        REQUIRE(pid > 0);
+    }
+    ~OtherProcess() {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+    }
+    OtherProcess(const OtherProcess&) = delete;
+    OtherProcess& operator=(const OtherProcess&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("no reader keeps the kernel's pages before a refilling reader's open has dropped them",
@@ -342,19 +362,7 @@ TEST_CASE("a rewrite waits for readers still following a shared version that end
     // as the follower's, cut at its own version's size (the soak caught one): the
     // rewrite waits for such readers as for any page-cache reader.
     Direct d;
-    const pid_t other = ::fork();  // a process of its own for the reader (process_of)
-    if (other == 0) {
-        ::pause();
-        ::_exit(0);
-    }
-    REQUIRE(other > 0);
-    struct Reaper {
-        pid_t pid;
-        ~Reaper() {
-            ::kill(pid, SIGKILL);
-            ::waitpid(pid, nullptr, 0);
-        }
-    } reaper{other};
+    const OtherProcess other;  // a process of its own for the reader (process_of)
 
     auto made = d.req();
     fuse_file_info created{};
@@ -368,7 +376,7 @@ TEST_CASE("a rewrite waits for readers still following a shared version that end
     REQUIRE(written->err == 0);
 
     auto follower = d.req();
-    follower->ctx.pid = other;
+    follower->ctx.pid = other.pid;
     fuse_file_info fi{};
     fi.flags = O_RDONLY;
     d.fs->open(follower.get(), ino, &fi);
@@ -398,19 +406,7 @@ TEST_CASE("every writer's open waits for other processes' page-cache readers", "
     // 96 KiB file). An OPEN of a file removed since the kernel looked it up (an
     // orphan) and a CREATE of a file that exists are writers' opens too.
     Direct d;
-    const pid_t other = ::fork();  // a process of its own for the reader (process_of)
-    if (other == 0) {
-        ::pause();
-        ::_exit(0);
-    }
-    REQUIRE(other > 0);
-    struct Reaper {
-        pid_t pid;
-        ~Reaper() {
-            ::kill(pid, SIGKILL);
-            ::waitpid(pid, nullptr, 0);
-        }
-    } reaper{other};
+    const OtherProcess other;  // a process of its own for the reader (process_of)
 
     auto made = d.req();
     fuse_file_info created{};
@@ -426,7 +422,7 @@ TEST_CASE("every writer's open waits for other processes' page-cache readers", "
     d.fs->release(closed.get(), ino, &made->fi);
 
     auto reader = d.req();
-    reader->ctx.pid = other;
+    reader->ctx.pid = other.pid;
     fuse_file_info fi{};
     fi.flags = O_RDONLY;
     d.fs->open(reader.get(), ino, &fi);
