@@ -118,6 +118,22 @@ struct Direct {
         return r;
     }
 
+    // A file `name` in the root with `content`, stored as a compiler stores one
+    // (create, write, release); its inode.
+    Ino store_file(const char* name, const std::string& content) {
+        auto made = req();
+        fuse_file_info created{};
+        created.flags = O_WRONLY | O_CREAT | O_TRUNC;
+        fs->create(made.get(), kcache::core::kRootIno, name, S_IFREG | 0644, &created);
+        REQUIRE(made->err == 0);
+        auto written = req();
+        fs->write(written.get(), made->entry.ino, content.data(), content.size(), 0, &made->fi);
+        REQUIRE(written->err == 0);
+        auto closed = req();
+        fs->release(closed.get(), made->entry.ino, &made->fi);
+        return made->entry.ino;
+    }
+
     std::string stored(Ino ino) const {
         auto txn = store->read();
         REQUIRE(txn);
@@ -194,6 +210,19 @@ bool replied_within(fuse_req& r, double seconds) {
     return false;
 }
 
+// An OPEN of `ino` with `flags` (by process `pid`, else this thread's), answered
+// without error: its request, whose fi is the handle.
+std::unique_ptr<fuse_req> open_file(Direct& d, Ino ino, int flags, pid_t pid = 0) {
+    auto r = d.req();
+    if (pid != 0) r->ctx.pid = pid;
+    fuse_file_info fi{};
+    fi.flags = flags;
+    d.fs->open(r.get(), ino, &fi);
+    REQUIRE(replied_within(*r, 10));
+    REQUIRE(r->err == 0);
+    return r;
+}
+
 // A process other than this one, for a request's pid: process_of tells it apart, as
 // the daemon tells another compile apart. It waits until the end of the test.
 struct OtherProcess {
@@ -224,26 +253,11 @@ TEST_CASE("no reader keeps the kernel's pages before a refilling reader's open h
     // stop at its own version's size: the soak saw such reads. Until a refilling
     // reader's first READ shows its open completed, every reader refills.
     Direct d;
-    auto made = d.req();
-    fuse_file_info created{};
-    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
-    d.fs->create(made.get(), kcache::core::kRootIno, "kernel.bin", S_IFREG | 0644, &created);
-    REQUIRE(made->err == 0);
-    const Ino ino = made->entry.ino;
     const std::string version(3 * 4096 + 100, 'v');
-    auto written = d.req();
-    d.fs->write(written.get(), ino, version.data(), version.size(), 0, &made->fi);
-    REQUIRE(written->err == 0);
-    auto closed = d.req();
-    d.fs->release(closed.get(), ino, &made->fi);
+    const Ino ino = d.store_file("kernel.bin", version);
 
     auto open_reader = [&] {
-        auto r = d.req();
-        fuse_file_info fi{};
-        fi.flags = O_RDONLY;
-        d.fs->open(r.get(), ino, &fi);
-        REQUIRE(replied_within(*r, 10));
-        REQUIRE(r->err == 0);
+        auto r = open_file(d, ino, O_RDONLY);
         REQUIRE(r->fi.direct_io == 0);  // no writer: every reader uses the page cache
         return r;
     };
@@ -271,12 +285,7 @@ TEST_CASE("no reader keeps the kernel's pages before a refilling reader's open h
     release(*third);
 
     // A rewrite leaves its pages to the kernel: the next readers refill again.
-    auto rewriter = d.req();
-    fuse_file_info rw{};
-    rw.flags = O_WRONLY | O_TRUNC;
-    d.fs->open(rewriter.get(), ino, &rw);
-    REQUIRE(replied_within(*rewriter, 10));
-    REQUIRE(rewriter->err == 0);
+    auto rewriter = open_file(d, ino, O_WRONLY | O_TRUNC);
     const std::string rewritten(100, 'r');
     auto rewrote = d.req();
     d.fs->write(rewrote.get(), ino, rewritten.data(), rewritten.size(), 0, &rewriter->fi);
@@ -313,12 +322,7 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
     d.fs->write(written.get(), ino, data.data(), data.size(), 0, &writer);
     REQUIRE(written->err == 0);
 
-    auto still_writing = d.req();
-    fuse_file_info early{};
-    early.flags = O_RDONLY;
-    d.fs->open(still_writing.get(), ino, &early);
-    REQUIRE(replied_within(*still_writing, 10));
-    REQUIRE(still_writing->err == 0);
+    auto still_writing = open_file(d, ino, O_RDONLY);
     CHECK(still_writing->fi.direct_io == 1);  // a rewrite at work: the reader bypasses its pages
     auto early_closed = d.req();
     d.fs->release(early_closed.get(), ino, &still_writing->fi);
@@ -327,23 +331,13 @@ TEST_CASE("a reader opening between a writer's close and its release may map the
     d.fs->flush(flushed.get(), ino, &writer);
     REQUIRE(flushed->err == 0);
     REQUIRE(d.stored(ino) == data);
-    auto reader = d.req();
-    fuse_file_info fi{};
-    fi.flags = O_RDONLY;
-    d.fs->open(reader.get(), ino, &fi);
-    REQUIRE(replied_within(*reader, 10));
-    REQUIRE(reader->err == 0);
+    auto reader = open_file(d, ino, O_RDONLY);
     CHECK(reader->fi.direct_io == 0);
 
     SECTION("a write after the close makes a later reader bypass the pages again") {
         auto again = d.req();
         d.fs->write(again.get(), ino, "x", 1, 0, &writer);
-        auto later = d.req();
-        fuse_file_info fi2{};
-        fi2.flags = O_RDONLY;
-        d.fs->open(later.get(), ino, &fi2);
-        REQUIRE(replied_within(*later, 10));
-        REQUIRE(later->err == 0);
+        auto later = open_file(d, ino, O_RDONLY);
         CHECK(later->fi.direct_io == 1);
         auto later_closed = d.req();
         d.fs->release(later_closed.get(), ino, &later->fi);
@@ -375,13 +369,7 @@ TEST_CASE("a rewrite waits for readers still following a shared version that end
     d.fs->write(written.get(), ino, first.data(), first.size(), 0, &made->fi);
     REQUIRE(written->err == 0);
 
-    auto follower = d.req();
-    follower->ctx.pid = other.pid;
-    fuse_file_info fi{};
-    fi.flags = O_RDONLY;
-    d.fs->open(follower.get(), ino, &fi);
-    REQUIRE(replied_within(*follower, 10));
-    REQUIRE(follower->err == 0);
+    auto follower = open_file(d, ino, O_RDONLY, other.pid);
     REQUIRE(follower->fi.keep_cache == 1);  // it reads the shared version's pages
     auto closed = d.req();
     d.fs->release(closed.get(), ino, &made->fi);  // the shared version ends, published
@@ -408,26 +396,10 @@ TEST_CASE("every writer's open waits for other processes' page-cache readers", "
     Direct d;
     const OtherProcess other;  // a process of its own for the reader (process_of)
 
-    auto made = d.req();
-    fuse_file_info created{};
-    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
-    d.fs->create(made.get(), kcache::core::kRootIno, "kernel.cubin", S_IFREG | 0644, &created);
-    REQUIRE(made->err == 0);
-    const Ino ino = made->entry.ino;
     const std::string version(3 * 4096 + 100, 'v');
-    auto written = d.req();
-    d.fs->write(written.get(), ino, version.data(), version.size(), 0, &made->fi);
-    REQUIRE(written->err == 0);
-    auto closed = d.req();
-    d.fs->release(closed.get(), ino, &made->fi);
+    const Ino ino = d.store_file("kernel.cubin", version);
 
-    auto reader = d.req();
-    reader->ctx.pid = other.pid;
-    fuse_file_info fi{};
-    fi.flags = O_RDONLY;
-    d.fs->open(reader.get(), ino, &fi);
-    REQUIRE(replied_within(*reader, 10));
-    REQUIRE(reader->err == 0);
+    auto reader = open_file(d, ino, O_RDONLY, other.pid);
     REQUIRE(reader->fi.direct_io == 0);  // it reads through the page cache
 
     auto writer = d.req();
@@ -460,25 +432,10 @@ TEST_CASE("a truncate by path is the size told while a reader of the old version
     // changes the file in place for everybody, as on a local disk, so from then on the
     // size told is the truncated one.
     Direct d;
-    auto made = d.req();
-    fuse_file_info created{};
-    created.flags = O_WRONLY | O_CREAT | O_TRUNC;
-    d.fs->create(made.get(), kcache::core::kRootIno, "data.bin", S_IFREG | 0644, &created);
-    REQUIRE(made->err == 0);
-    const Ino ino = made->entry.ino;
     const std::string version(4000, 'v');
-    auto written = d.req();
-    d.fs->write(written.get(), ino, version.data(), version.size(), 0, &made->fi);
-    REQUIRE(written->err == 0);
-    auto closed = d.req();
-    d.fs->release(closed.get(), ino, &made->fi);
+    const Ino ino = d.store_file("data.bin", version);
 
-    auto reader = d.req();
-    fuse_file_info fi{};
-    fi.flags = O_RDONLY;
-    d.fs->open(reader.get(), ino, &fi);
-    REQUIRE(replied_within(*reader, 10));
-    REQUIRE(reader->err == 0);
+    auto reader = open_file(d, ino, O_RDONLY);
     REQUIRE(reader->fi.direct_io == 0);
 
     auto truncated = d.req();
