@@ -18,7 +18,6 @@ void RemoteTier::follow_events(core::EventCursor& events) {
             case core::EventKind::member:
             case core::EventKind::import:
             case core::EventKind::rename:
-            case core::EventKind::update:  // a file published into an existing entry
                 break;
             default:
                 return true;
