@@ -444,3 +444,24 @@ TEST_CASE("fsd remote: a lease wait ends after the lease's time when the holder 
     // A's lease expired without a manifest: B took it over (it compiles now).
     CHECK(redis.command({"EXISTS", "kc1:fsd:l:" + kKey2}).integer == 1);
 }
+
+TEST_CASE(
+    "fsd remote: files published into an entry over more than the settle time are uploaded "
+    "together",
+    "[remote][fsd]") {
+    // The uploader uploads an entry once it has not changed for about a second (its
+    // file count, bytes and last access, polled while it waits), and Redis keeps the
+    // first manifest of an entry: files published 0.6 s apart must all be in it.
+    RedisServer redis;
+    MountedCache a(with_remote(redis));
+    const auto files = triton_files(kKey1, 11);
+    const std::string dir = a.p(kKey1);
+    REQUIRE_SYS(::mkdir(dir.c_str(), 0755));
+    for (const auto& [name, content] : files) {  // one file every 0.6 s
+        REQUIRE(test::write_all(dir + "/" + name, content) == 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    }
+    wait_uploads(a, 1);
+    MountedCache b(with_remote(redis));
+    require_same(b, kKey1, files);  // read through: the one manifest has all four
+}
