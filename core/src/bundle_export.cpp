@@ -60,8 +60,7 @@ class BundleWriter {
 // Writes one node record and, for a directory, pushes its children.
 Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& path,
                    ExportReport& report) {
-    auto node = tx.inode(ino);
-    if (!node) return tl::unexpected(node.error());
+    auto node = KCACHE_TRY(tx.inode(ino));
     if (path.size() > kMaxBundlePath) {  // str16 would truncate its length
         return fail(ENAMETOOLONG,
                     fmt::format("'{}...': path too long for a bundle", path.substr(0, 64)));
@@ -70,46 +69,45 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
     records::Writer w(rec);
     w.u8('N');
     w.str16(path);
-    const Attr attr = node->attr();
+    const Attr attr = node.attr();
     w.u8(static_cast<std::uint8_t>(attr.type()));
-    w.u32(node->mode);
-    w.i64(node->mtime_ns);
+    w.u32(node.mode);
+    w.i64(node.mtime_ns);
     if (attr.is_regular()) {
         Content stored_content;
         Codec codec = Codec::raw;
-        if (!node->digest.empty()) {
-            auto r = tx.blob_ref(node->digest);
-            if (!r) return tl::unexpected(r.error());
-            if (!*r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
-            codec = (*r)->codec;
+        if (!node.digest.empty()) {
+            auto r = KCACHE_TRY(tx.blob_ref(node.digest));
+            if (!r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
+            codec = r->codec;
             if (codec == Codec::segments) {
                 // Segments stay in the db: the bundle carries the content, compressed
                 // whole when that saves space.
-                auto raw = ops::read_blob(tx, node->digest, node->size);
+                auto raw = ops::read_blob(tx, node.digest, node.size);
                 if (!raw) return tl::unexpected(with_context(raw.error(), path));
                 std::string compressed = ops::compressed_form(raw->bytes());
                 codec = compressed.empty() ? Codec::raw : Codec::zstd;
                 stored_content =
                     compressed.empty() ? std::move(*raw) : Content::owned(std::move(compressed));
             } else {
-                auto data = ops::stored_form(tx, node->digest, **r);
+                auto data = ops::stored_form(tx, node.digest, *r);
                 if (!data) return tl::unexpected(with_context(data.error(), path));
                 stored_content = std::move(*data);
             }
         }
         const std::string_view stored = stored_content.bytes();
-        w.u64(node->size);
-        w.u64(node->digest.high);
-        w.u64(node->digest.low);
+        w.u64(node.size);
+        w.u64(node.digest.high);
+        w.u64(node.digest.low);
         w.u8(static_cast<std::uint8_t>(codec));
         w.u32(static_cast<std::uint32_t>(stored.size()));
         if (auto s = out.put(rec); !s) return s;
         if (auto s = out.put(stored); !s) return s;  // no copy of the content
         ++report.files;
-        report.bytes += node->size;
+        report.bytes += node.size;
         return {};
     }
-    if (attr.is_symlink()) w.str16(node->target);
+    if (attr.is_symlink()) w.str16(node.target);
     return out.put(rec);
 }
 
@@ -137,9 +135,8 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
         work.pop_back();
         if (auto s = export_node(tx, out, ino, path, report); !s) return s;
         ++nodes;
-        auto children = tx.children(ino);
-        if (!children) return tl::unexpected(children.error());
-        for (auto it = children->rbegin(); it != children->rend(); ++it) {  // name order on pop
+        auto children = KCACHE_TRY(tx.children(ino));
+        for (auto it = children.rbegin(); it != children.rend(); ++it) {  // name order on pop
             work.emplace_back(it->second.child, path + "/" + it->first);
         }
     }
@@ -150,18 +147,17 @@ Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, Exp
 
 Result<ExportReport> export_bundle(const Store& store, const std::vector<std::string>& names,
                                    const std::string& out_path, const ProgressFn& progress) {
-    auto txn = store.read();
-    if (!txn) return tl::unexpected(txn.error());
+    auto txn = KCACHE_TRY(store.read());
     std::vector<EntryInfo> selected;
     if (names.empty()) {
-        auto s = txn->for_each_entry([&](const EntryInfo& e) {
+        auto s = txn.for_each_entry([&](const EntryInfo& e) {
             selected.push_back(e);
             return true;
         });
         if (!s) return tl::unexpected(s.error());
     } else {
         for (const auto& name : names) {
-            auto e = txn->find_entry(name);
+            auto e = txn.find_entry(name);
             if (!e) return tl::unexpected(with_context(e.error(), "export"));
             selected.push_back(std::move(*e));
         }
@@ -180,7 +176,7 @@ Result<ExportReport> export_bundle(const Store& store, const std::vector<std::st
     if (auto s = writer.put(header); !s) return cleanup(s.error());
     ExportReport report;
     std::uint64_t nodes = 0;
-    Tx tx = TxnAccess::tx(*txn);
+    Tx tx = TxnAccess::tx(txn);
     for (const auto& entry : selected) {
         if (auto s = export_entry(tx, writer, entry, report, nodes); !s) return cleanup(s.error());
         ++report.entries;

@@ -22,8 +22,7 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         return tl::unexpected(s.error());
     }
     // Pass 2: write all of it in one transaction (aborted as a whole on any error).
-    auto txn = store.write();
-    if (!txn) return tl::unexpected(txn.error());
+    auto txn = KCACHE_TRY(store.write());
     ImportReport report;
     const Origin origin = Origin::current();
     bool skipping = false;
@@ -33,14 +32,14 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         made.clear();
         skipping = false;
         kind = entry_kind;
-        auto existing = txn->find_entry(entry);
+        auto existing = txn.find_entry(entry);
         if (existing) {
             if (!replace) {
                 skipping = true;
                 ++report.entries_skipped;
                 return {};
             }
-            Tx tx = TxnAccess::tx(*txn);
+            Tx tx = TxnAccess::tx(txn);
             std::vector<std::pair<Ino, std::string>> members;
             auto listed = ops::for_each_member(tx, *existing, [&](const records::Inode& member) {
                 members.emplace_back(member.parent, member.name);
@@ -55,11 +54,11 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
             return tl::unexpected(existing.error());
         } else {
             // A node of that name that is not an entry (e.g. a plain file) is in the way.
-            auto ino = txn->resolve(entry);
+            auto ino = txn.resolve(entry);
             if (ino) return fail(EEXIST, fmt::format("'{}' exists and is not an entry", entry));
             ++report.entries_added;
         }
-        if (auto s = txn->add(Counter::imported_entries, 1); !s) return s;
+        if (auto s = txn.add(Counter::imported_entries, 1); !s) return s;
         return {};
     };
     auto on_node = [&](const BundleNode& node) -> Status {
@@ -70,9 +69,9 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
             made.empty() || kind == EntryKind::stem;  // an entry's own node, or a stem file
         if (top) {
             // The directories above the entry (entry depth > 1), like mkdir -p.
-            auto p = txn->mkdirs(slash == std::string::npos
-                                     ? std::string_view()
-                                     : std::string_view(node.path).substr(0, slash));
+            auto p = txn.mkdirs(slash == std::string::npos
+                                    ? std::string_view()
+                                    : std::string_view(node.path).substr(0, slash));
             if (!p) return tl::unexpected(p.error());
             parent = *p;
         } else {
@@ -84,14 +83,14 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         Result<Attr> attr = fail(EINVAL, "unknown node type");
         switch (node.type) {
             case FileType::directory:
-                attr = txn->mkdir(parent, name, node.mode, getuid(), getgid());
+                attr = txn.mkdir(parent, name, node.mode, getuid(), getgid());
                 break;
             case FileType::symlink:
-                attr = txn->symlink(parent, name, node.target, getuid(), getgid());
+                attr = txn.symlink(parent, name, node.target, getuid(), getgid());
                 break;
             case FileType::regular:
-                attr = txn->create(parent, name, node.mode, getuid(), getgid(), true);
-                if (attr) attr = txn->write(attr->ino, node.content, origin);
+                attr = txn.create(parent, name, node.mode, getuid(), getgid(), true);
+                if (attr) attr = txn.write(attr->ino, node.content, origin);
                 ++report.files;
                 report.bytes += node.content.size();
                 break;
@@ -99,9 +98,9 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         if (!attr) return tl::unexpected(with_context(attr.error(), node.path));
         SetAttr times;
         times.mtime_ns = node.mtime_ns;
-        if (auto a = txn->setattr(attr->ino, times); !a) return tl::unexpected(a.error());
+        if (auto a = txn.setattr(attr->ino, times); !a) return tl::unexpected(a.error());
         if (top) {  // a name the daemon learns of from the log
-            Tx tx = TxnAccess::tx(*txn);
+            Tx tx = TxnAccess::tx(txn);
             if (auto l =
                     tx.log(EventKind::import, attr->entry ? attr->entry : attr->ino, parent, name);
                 !l) {
@@ -112,7 +111,7 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         return {};
     };
     if (auto s = parse_bundle(path, on_entry, on_node, {}); !s) return tl::unexpected(s.error());
-    if (auto s = txn->commit(); !s) return tl::unexpected(s.error());
+    if (auto s = txn.commit(); !s) return tl::unexpected(s.error());
     return report;
 }
 

@@ -79,9 +79,8 @@ class BundleReader {
     Status read_from(bool hashed, Ts&... fields) {
         constexpr std::uint64_t total = (std::uint64_t{0} + ... + sizeof(Ts));
         const std::uint64_t at = m_pos;
-        auto piece = bytes(total, hashed);
-        if (!piece) return tl::unexpected(piece.error());
-        m_piece = std::move(*piece);
+        auto piece = KCACHE_TRY(bytes(total, hashed));
+        m_piece = std::move(piece);
         if (auto s = ByteReader(m_piece, m_path, at).read(fields...); !s) return invalid(s.error());
         return {};
     }
@@ -101,9 +100,8 @@ Status parse_bundle(const std::string& path,
                     const std::function<Status(const std::string&, EntryKind)>& on_entry,
                     const std::function<Status(const BundleNode&)>& on_node,
                     const ProgressFn& progress) {
-    auto opened = BundleReader::open(path);
-    if (!opened) return tl::unexpected(opened.error());
-    BundleReader& in = *opened;
+    auto opened = KCACHE_TRY(BundleReader::open(path));
+    BundleReader& in = opened;
     auto magic = in.bytes(kMagic.size());
     if (!magic || *magic != kMagic)
         return fail(EINVAL, fmt::format("{}: not a kcache bundle", path));
@@ -123,9 +121,8 @@ Status parse_bundle(const std::string& path,
         if (auto s = in.read(tag); !s) return s;
         if (tag == 'Z') break;
         if (tag == 'E') {
-            auto name = in.str16();
-            if (!name) return tl::unexpected(name.error());
-            if (auto s = check_path(*name, kMaxBundlePath); !s)
+            auto name = KCACHE_TRY(in.str16());
+            if (auto s = check_path(name, kMaxBundlePath); !s)
                 return in.bad("refused " + s.error().message);
             kind = EntryKind::node;
             if (format >= kFormatFlatDigests) {
@@ -135,7 +132,7 @@ Status parse_bundle(const std::string& path,
                     return in.bad("unknown entry kind");
                 kind = static_cast<EntryKind>(k);
             }
-            entry = std::move(*name);
+            entry = std::move(name);
             const auto slash = entry.rfind('/');
             stem_dir = slash == std::string::npos ? std::string() : entry.substr(0, slash + 1);
             stem = entry.substr(stem_dir.size());
@@ -146,9 +143,8 @@ Status parse_bundle(const std::string& path,
         }
         if (tag != 'N' || entry.empty()) return in.bad("unexpected record");
         BundleNode node;
-        auto p = in.str16();
-        if (!p) return tl::unexpected(p.error());
-        node.path = std::move(*p);
+        auto p = KCACHE_TRY(in.str16());
+        node.path = std::move(p);
         std::uint8_t type = 0;
         if (auto s = in.read(type, node.mode, node.mtime_ns); !s) return s;
         if (type < 1 || type > 3) return in.bad("unknown node type");
@@ -186,18 +182,17 @@ Status parse_bundle(const std::string& path,
             std::uint32_t stored_len = 0;
             if (auto s = in.read(raw_size, declared.high, declared.low, codec, stored_len); !s)
                 return s;
-            auto stored = in.bytes(stored_len);
-            if (!stored) return tl::unexpected(stored.error());
+            auto stored = KCACHE_TRY(in.bytes(stored_len));
             if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
                 if (raw_size > in.size() * 1024 + (1u << 20))
                     return in.bad("implausible file size");
                 node.content.assign(raw_size, '\0');
                 const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
-                                                      stored->data(), stored->size());
+                                                      stored.data(), stored.size());
                 if (ZSTD_isError(n) || n != raw_size)
                     return in.bad(fmt::format("'{}' does not decompress", node.path));
             } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
-                node.content = std::move(*stored);
+                node.content = std::move(stored);
             } else {
                 return in.bad("unknown codec");
             }

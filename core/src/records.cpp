@@ -38,15 +38,13 @@ bool known_layout(std::uint8_t version) {
 
 // A length-prefixed string into `out`.
 Status str16(ByteReader& r, std::string& out) {
-    auto s = r.str16();
-    if (!s) return tl::unexpected(s.error());
-    out.assign(*s);
+    auto s = KCACHE_TRY(r.str16());
+    out.assign(s);
     return {};
 }
 Status str32(ByteReader& r, std::string& out) {
-    auto s = r.str32();
-    if (!s) return tl::unexpected(s.error());
-    out.assign(*s);
+    auto s = KCACHE_TRY(r.str32());
+    out.assign(s);
     return {};
 }
 

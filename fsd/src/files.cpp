@@ -332,15 +332,13 @@ core::Status Filesystem::publish(fuse_req_t req, Version& version) {
     // pinned or being written), the writer gets ENOSPC and nothing is published.
     std::uint64_t max = 0, stored = 0;
     {
-        auto txn = m_store.read();
-        if (!txn) return tl::unexpected(txn.error());
-        max = txn->config().max_bytes;
-        stored = txn->counter(core::Counter::stored_bytes).value_or(0);
+        auto txn = KCACHE_TRY(m_store.read());
+        max = txn.config().max_bytes;
+        stored = txn.counter(core::Counter::stored_bytes).value_or(0);
     }
     if (max && stored + size > max) {
-        auto evicted = m_store.evict({.max_bytes = size > max ? 0 : max - size});
-        if (!evicted) return tl::unexpected(evicted.error());
-        if (!evicted->satisfied) {
+        auto evicted = KCACHE_TRY(m_store.evict({.max_bytes = size > max ? 0 : max - size}));
+        if (!evicted.satisfied) {
             return core::fail(ENOSPC,
                               fmt::format("cache full: {} bytes do not fit under the {} byte bound "
                                           "(the rest is pinned or being written)",

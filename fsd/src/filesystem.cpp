@@ -101,14 +101,13 @@ std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn&
 
 core::Status Filesystem::remove_keeping_orphan(
     Ino parent, const char* name, const std::function<core::Status(core::WriteTxn&)>& remove) {
-    auto txn = m_store.write();
-    if (!txn) return tl::unexpected(txn.error());
-    auto orphan = orphan_of(*txn, parent, name);
-    if (auto s = remove(*txn); !s) return s;
+    auto txn = KCACHE_TRY(m_store.write());
+    auto orphan = orphan_of(txn, parent, name);
+    if (auto s = remove(txn); !s) return s;
     // The orphan must exist before the removal is visible: the kernel may open the
     // old inode concurrently (an open does not wait for a rename of its name).
     if (orphan) m_lookups.adopt(orphan->first, orphan->second);
-    auto s = txn->commit();
+    auto s = txn.commit();
     if (!s && orphan)
         m_lookups.disown(orphan->first);
     else if (orphan)
@@ -334,9 +333,8 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         changes.mtime_ns = ns_of(attr->st_mtim);
     Attr result;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto a = txn.setattr(ino, changes);
-        if (!a) return tl::unexpected(a.error());
-        result = *a;
+        auto a = KCACHE_TRY(txn.setattr(ino, changes));
+        result = a;
         return {};
     });
     if (!s && s.error().code == ENOENT) {  // removed while open: as on a local disk, it works
@@ -381,9 +379,8 @@ void Filesystem::make_node(
     const fuse_ctx* ctx = fuse_req_ctx(req);
     Attr attr;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto a = make(txn, *ctx);
-        if (!a) return tl::unexpected(a.error());
-        attr = *a;
+        auto a = KCACHE_TRY(make(txn, *ctx));
+        attr = a;
         return {};
     });
     if (!s) return reply_error(req, s.error());

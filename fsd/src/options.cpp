@@ -179,9 +179,8 @@ core::Result<Options> parse_options(int argc, char** argv) {
             const auto eq = item.find('=');
             const std::string key = item.substr(0, eq);
             const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-            auto ours = apply_option(key, value, o);
-            if (!ours) return tl::unexpected(ours.error());
-            if (!*ours) o.fuse_options.push_back(item);
+            auto ours = KCACHE_TRY(apply_option(key, value, o));
+            if (!ours) o.fuse_options.push_back(item);
             if (item == "ro") o.read_only = true;  // kept for the kernel, which then refuses writes
         }
     }
@@ -207,9 +206,8 @@ core::Result<Options> parse_options(int argc, char** argv) {
         if (o.read_only)
             return core::fail(EINVAL,
                               "--remote writes what it fetches into the db: not with --read-only");
-        auto resolved = remote::resolve(remote_settings);
-        if (!resolved) return tl::unexpected(resolved.error());
-        o.remote = std::move(*resolved);
+        auto resolved = KCACHE_TRY(remote::resolve(remote_settings));
+        o.remote = std::move(resolved);
     }
     if (lease_ms) {
         if (!o.remote)

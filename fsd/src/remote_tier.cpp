@@ -89,10 +89,9 @@ core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store,
                           "a job tag adds entries to a job's set in the shared tier: not with a "
                           "read-only remote");
     }
-    auto r = remote::Remote::create(std::move(options));
-    if (!r) return tl::unexpected(r.error());
+    auto r = KCACHE_TRY(remote::Remote::create(std::move(options)));
     return std::unique_ptr<RemoteTier>(
-        new RemoteTier(store, std::move(*r), std::move(prefetch_job_tag), std::move(job_tag)));
+        new RemoteTier(store, std::move(r), std::move(prefetch_job_tag), std::move(job_tag)));
 }
 
 RemoteTier::RemoteTier(core::Store& store, std::unique_ptr<remote::Remote> remote,
@@ -508,9 +507,8 @@ void RemoteTier::publish_servers(bool stopping) {
             {core::Counter::remote_breakers_half_open, half_open},
         };
         for (const auto& [counter, value] : gauges) {
-            auto now = txn.counter(counter);
-            if (!now) return tl::unexpected(now.error());
-            if (auto a = txn.add(counter, value - *now); !a) return a;  // modulo 2^64: sets it
+            auto now = KCACHE_TRY(txn.counter(counter));
+            if (auto a = txn.add(counter, value - now); !a) return a;  // modulo 2^64: sets it
         }
         return {};
     });

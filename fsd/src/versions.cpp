@@ -48,10 +48,9 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
             if (versions.rewrites.empty() && !versions.shared) m_versions.erase(ino);
         }
         // A new version: begin it outside the lock (a write transaction), then decide again.
-        auto staged = core::StagedFile::begin(m_store, ino, truncate);
-        if (!staged) return tl::unexpected(staged.error());
-        staged->set_max_size(m_max_file_size);
-        made = std::move(*staged);
+        auto staged = KCACHE_TRY(core::StagedFile::begin(m_store, ino, truncate));
+        staged.set_max_size(m_max_file_size);
+        made = std::move(staged);
     }
     if (made) (void)made->abandon();  // another handle's version was taken instead
     *out = joined;

@@ -195,9 +195,8 @@ Result<std::string> cubin_arch(const ElfFile& elf) {
 }  // namespace
 
 Result<BinaryInfo> parse_cubin(std::string_view bytes) {
-    auto elf = parse_elf(bytes, "cubin");
-    if (!elf) return tl::unexpected(elf.error());
-    return parse_cubin(*elf);
+    auto elf = KCACHE_TRY(parse_elf(bytes, "cubin"));
+    return parse_cubin(elf);
 }
 
 Result<BinaryInfo> parse_cubin(const ElfFile& elf) {
@@ -218,9 +217,8 @@ Result<BinaryInfo> parse_cubin(const ElfFile& elf) {
         }
     }
 
-    auto symbols = parse_symbols(elf, "cubin");
-    if (!symbols) return tl::unexpected(symbols.error());
-    for (const ElfSymbol& symbol : *symbols) {
+    auto symbols = KCACHE_TRY(parse_symbols(elf, "cubin"));
+    for (const ElfSymbol& symbol : symbols) {
         if (symbol.type() != kSttFunc || !(symbol.other & kStoCudaEntry) || symbol.shndx == 0) {
             continue;
         }

@@ -35,11 +35,10 @@ struct SectionHeader {
 };
 
 Result<SectionHeader> section_header(const ByteReader& in, std::uint64_t at) {
-    auto sh = in.sub(at, kShdrSize);
-    if (!sh) return tl::unexpected(sh.error());
+    auto sh = KCACHE_TRY(in.sub(at, kShdrSize));
     SectionHeader h;
-    if (auto s = sh->read(h.name, h.type, h.flags, h.addr, h.offset, h.size, h.link, h.info,
-                          h.addralign, h.entsize);
+    if (auto s = sh.read(h.name, h.type, h.flags, h.addr, h.offset, h.size, h.link, h.info,
+                         h.addralign, h.entsize);
         !s) {
         return tl::unexpected(s.error());
     }

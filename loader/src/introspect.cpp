@@ -39,9 +39,8 @@ std::string describe(std::string_view bytes) {
 Result<BinaryInfo> inspect_elf(std::string_view bytes, const InspectOptions& options) {
     const auto machine = core::ByteReader(bytes).le_at<std::uint16_t>(18);
     const bool cuda = machine && *machine == detail::kEmCuda;
-    auto elf = detail::parse_elf(bytes, cuda ? "cubin" : "ELF file");
-    if (!elf) return tl::unexpected(elf.error());
-    return cuda ? detail::parse_cubin(*elf) : detail::parse_host_elf(*elf, options);
+    auto elf = KCACHE_TRY(detail::parse_elf(bytes, cuda ? "cubin" : "ELF file"));
+    return cuda ? detail::parse_cubin(elf) : detail::parse_host_elf(elf, options);
 }
 
 }  // namespace

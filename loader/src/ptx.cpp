@@ -167,9 +167,8 @@ class Parser {
                 }
                 info.arch = std::string(target);
             } else if (depth == 0 && t == ".entry") {
-                auto kernel = entry();
-                if (!kernel) return tl::unexpected(kernel.error());
-                if (*kernel) info.kernels.push_back(std::move(**kernel));
+                auto kernel = KCACHE_TRY(entry());
+                if (kernel) info.kernels.push_back(std::move(*kernel));
             }
         }
         if (depth != 0) return error("unbalanced '{' at the end of the text");

@@ -112,10 +112,9 @@ Result<std::unique_ptr<Connection>> Connection::open(const Endpoint& endpoint,
     }
     if (endpoint.db != 0) hello.push_back({"SELECT", std::to_string(endpoint.db)});
     if (!hello.empty()) {
-        auto replies = conn->exec(hello, deadline_ns);
-        if (!replies) return tl::unexpected(replies.error());
-        for (std::size_t i = 0; i < replies->size(); ++i) {
-            const Reply& r = (*replies)[i];
+        auto replies = KCACHE_TRY(conn->exec(hello, deadline_ns));
+        for (std::size_t i = 0; i < replies.size(); ++i) {
+            const Reply& r = replies[i];
             if (r.is_ok()) continue;
             // The reply to AUTH never echoes the password; it is still not quoted here.
             const bool auth = !password.empty() && i == 0;

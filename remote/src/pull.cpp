@@ -129,9 +129,8 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
         if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
         top = dir->ino;
     } else {
-        auto parent = txn.mkdirs(dir_of(m.entry));
-        if (!parent) return tl::unexpected(parent.error());
-        top = *parent;
+        auto parent = KCACHE_TRY(txn.mkdirs(dir_of(m.entry)));
+        top = parent;
     }
     for (const proto::Node& n : m.nodes) {
         const std::string parent_path =
@@ -490,12 +489,11 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
                 return {};
             };
             auto write_together = [&](std::size_t from, std::size_t to) -> Status {
-                auto txn = store.write();
-                if (!txn) return tl::unexpected(txn.error());
+                auto txn = KCACHE_TRY(store.write());
                 for (std::size_t k = from; k < to; ++k) {
-                    if (auto s = write(ready[k], *txn); !s) return s;
+                    if (auto s = write(ready[k], txn); !s) return s;
                 }
-                return txn->commit();
+                return txn.commit();
             };
             for (std::size_t from = 0; from < ready.size();) {
                 std::size_t to = from;
@@ -546,9 +544,8 @@ Result<std::vector<std::string>> Remote::job_entries(std::string_view job_tag) {
     if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
     const std::string jkey = proto::job_key(m_options.ns, job_tag);
     Server& server = shard(jkey);
-    auto r = exec(server, {{"SMEMBERS", jkey}});
-    if (!r) return tl::unexpected(r.error());
-    const Reply& set = r->front();
+    auto r = KCACHE_TRY(exec(server, {{"SMEMBERS", jkey}}));
+    const Reply& set = r.front();
     if (set.type != Reply::Type::array) return tl::unexpected(reply_error(server, set, "SMEMBERS"));
     std::vector<std::string> names;
     for (const Reply& e : set.elements) {
@@ -579,9 +576,8 @@ PullSummary Remote::pull_entries(core::Store& store, const std::vector<std::stri
 
 Result<PullSummary> Remote::pull_job(core::Store& store, std::string_view job_tag,
                                      const PullProgress& progress) {
-    auto names = job_entries(job_tag);
-    if (!names) return tl::unexpected(names.error());
-    return pull_entries(store, *names, progress);
+    auto names = KCACHE_TRY(job_entries(job_tag));
+    return pull_entries(store, names, progress);
 }
 
 }  // namespace kcache::remote

@@ -92,9 +92,8 @@ Result<Options> resolve(const Settings& s) {
         return core::fail(EINVAL, "no remote server: give --remote URL or set KCACHE_REMOTE");
     Options options;
     for (const std::string& url : urls) {
-        auto endpoint = parse_endpoint(url);
-        if (!endpoint) return tl::unexpected(endpoint.error());
-        options.servers.push_back(std::move(*endpoint));
+        auto endpoint = KCACHE_TRY(parse_endpoint(url));
+        options.servers.push_back(std::move(endpoint));
     }
     if (!s.password_env.empty() && !s.password_file.empty()) {
         return core::fail(EINVAL,

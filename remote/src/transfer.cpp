@@ -39,9 +39,8 @@ Status Remote::upload_blob(Server& server, const core::Digest& digest, std::stri
             batch.push_back(
                 {"SET", proto::chunk_key(m_options.ns, digest, i), proto::encode_chunk(raw)});
         }
-        auto replies = exec(server, batch);
-        if (!replies) return tl::unexpected(replies.error());
-        for (const Reply& r : *replies) {
+        auto replies = KCACHE_TRY(exec(server, batch));
+        for (const Reply& r : replies) {
             if (!r.is_ok()) return tl::unexpected(reply_error(server, r, "upload"));
         }
     }
@@ -65,9 +64,8 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     std::map<core::Digest, std::string, proto::DigestLess> blobs;  // not inlined, by digest
     EntryResult result;
     {  // the manifest and the contents, from one snapshot that ends here
-        auto txn = store.read();
-        if (!txn) return tl::unexpected(txn.error());
-        auto entry = txn->find_entry(name);
+        auto txn = KCACHE_TRY(store.read());
+        auto entry = txn.find_entry(name);
         if (!entry) return tl::unexpected(entry.error());
 
         m.entry = entry->name;
@@ -78,12 +76,11 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         char host[256] = {};
         if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
         if (entry->kind == core::EntryKind::node) {
-            auto dir = txn->getattr(entry->ino);
-            if (!dir) return tl::unexpected(dir.error());
-            m.dir_mode = dir->mode & 07777;
+            auto dir = KCACHE_TRY(txn.getattr(entry->ino));
+            m.dir_mode = dir.mode & 07777;
         }
         std::vector<core::EntryFile> files;
-        auto listed = txn->for_each_entry_file(*entry, [&](const core::EntryFile& f) {
+        auto listed = txn.for_each_entry_file(*entry, [&](const core::EntryFile& f) {
             files.push_back(f);
             return true;
         });
@@ -96,7 +93,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
             n.mtime_ns = f.attr.mtime_ns;
             if (f.attr.is_symlink()) n.target = f.link_target;
             if (f.attr.is_regular()) {
-                auto content = txn->read(f.attr.ino);
+                auto content = txn.read(f.attr.ino);
                 if (!content) return tl::unexpected(core::with_context(content.error(), f.path));
                 const std::string_view bytes = content->bytes();
                 n.size = bytes.size();
@@ -126,11 +123,10 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
             fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)",
                         mserver.id));
     }
-    auto exists = exec(mserver, {{"EXISTS", mkey}});
-    if (!exists) return tl::unexpected(exists.error());
-    if (exists->front().type != Reply::Type::integer)
-        return tl::unexpected(reply_error(mserver, exists->front(), "EXISTS"));
-    if (exists->front().integer == 1) {
+    auto exists = KCACHE_TRY(exec(mserver, {{"EXISTS", mkey}}));
+    if (exists.front().type != Reply::Type::integer)
+        return tl::unexpected(reply_error(mserver, exists.front(), "EXISTS"));
+    if (exists.front().integer == 1) {
         if (auto s = add_to_job(); !s) return tl::unexpected(s.error());
         m_counts.upload_skipped.fetch_add(1);
         result.outcome = Outcome::already_remote;
@@ -150,10 +146,9 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         std::vector<Command> probes;
         for (const core::Digest& d : digests)
             probes.push_back({"EXISTS", proto::blob_key(m_options.ns, d)});
-        auto have = exec(*server, probes);
-        if (!have) return tl::unexpected(have.error());
+        auto have = KCACHE_TRY(exec(*server, probes));
         for (std::size_t i = 0; i < digests.size(); ++i) {
-            const Reply& r = (*have)[i];
+            const Reply& r = have[i];
             if (r.type != Reply::Type::integer)
                 return tl::unexpected(reply_error(*server, r, "EXISTS"));
             if (r.integer == 1) continue;
@@ -162,9 +157,8 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         }
     }
     // Every blob is acknowledged: now the manifest, first writer wins.
-    auto set = exec(mserver, {{"SET", mkey, proto::encode(m), "NX"}});
-    if (!set) return tl::unexpected(set.error());
-    const Reply& r = set->front();
+    auto set = KCACHE_TRY(exec(mserver, {{"SET", mkey, proto::encode(m), "NX"}}));
+    const Reply& r = set.front();
     if (r.is_ok()) {
         m_counts.uploads.fetch_add(1);
         result.outcome = Outcome::uploaded;
@@ -194,9 +188,8 @@ Status Remote::add_to_job(std::string_view job_tag, const std::vector<std::strin
         commands.push_back(std::move(sadd));
     }
     if (commands.empty()) return {};
-    auto replies = exec(server, commands);
-    if (!replies) return tl::unexpected(replies.error());
-    for (const Reply& r : *replies) {
+    auto replies = KCACHE_TRY(exec(server, commands));
+    for (const Reply& r : replies) {
         if (r.type != Reply::Type::integer)
             return tl::unexpected(reply_error(server, r, "job set"));
     }
@@ -237,9 +230,8 @@ Status Remote::release_lease(std::string_view entry, std::string_view owner) {
 
 Result<bool> Remote::lease_held(std::string_view entry) {
     Server& server = shard(proto::manifest_key(m_options.ns, entry));
-    auto replies = exec(server, {{"EXISTS", proto::lease_key(m_options.ns, entry)}});
-    if (!replies) return tl::unexpected(replies.error());
-    const Reply& r = replies->front();
+    auto replies = KCACHE_TRY(exec(server, {{"EXISTS", proto::lease_key(m_options.ns, entry)}}));
+    const Reply& r = replies.front();
     if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));
     return r.integer > 0;
 }
