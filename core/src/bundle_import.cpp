@@ -18,9 +18,7 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
     // Pass 1: validate everything; nothing is written.
     auto noop_entry = [](const std::string&, EntryKind) -> Status { return {}; };
     auto noop_node = [](const BundleNode&) -> Status { return {}; };
-    if (auto s = parse_bundle(path, noop_entry, noop_node, progress); !s) {
-        return tl::unexpected(s.error());
-    }
+    KCACHE_TRY(parse_bundle(path, noop_entry, noop_node, progress));
     // Pass 2: write all of it in one transaction (aborted as a whole on any error).
     auto txn = KCACHE_TRY(store.write());
     ImportReport report;
@@ -98,7 +96,7 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         if (!attr) return tl::unexpected(with_context(attr.error(), node.path));
         SetAttr times;
         times.mtime_ns = node.mtime_ns;
-        if (auto a = txn.setattr(attr->ino, times); !a) return tl::unexpected(a.error());
+        KCACHE_TRY(txn.setattr(attr->ino, times));
         if (top) {  // a name the daemon learns of from the log
             Tx tx = TxnAccess::tx(txn);
             if (auto l =
@@ -110,8 +108,8 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
         made[node.path] = attr->ino;
         return {};
     };
-    if (auto s = parse_bundle(path, on_entry, on_node, {}); !s) return tl::unexpected(s.error());
-    if (auto s = txn.commit(); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(parse_bundle(path, on_entry, on_node, {}));
+    KCACHE_TRY(txn.commit());
     return report;
 }
 

@@ -62,7 +62,7 @@ class BundleReader {
     // A u16 length, then that many bytes.
     Result<std::string> str16() {
         std::uint16_t n = 0;
-        if (auto s = read(n); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(read(n));
         return bytes(n);
     }
     tl::unexpected<Error> bad(std::string_view why) const {

@@ -84,7 +84,7 @@ core::Result<bool> apply_option(const std::string& key, const std::string& value
         return true;
     }
     if (key == "durability") {
-        if (auto s = set_durability(value, o); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(set_durability(value, o));
         return true;
     }
     return false;
@@ -163,7 +163,7 @@ core::Result<Options> parse_options(int argc, char** argv) {
     if (positionals.size() == 2) o.db = positionals.front();
     for (const auto& [key, value] : long_options) {
         if (value.empty()) continue;
-        if (auto ours = apply_option(key, value, o); !ours) return tl::unexpected(ours.error());
+        KCACHE_TRY(apply_option(key, value, o));
     }
     if (!layout_rules_file.empty()) {
         std::ifstream in(layout_rules_file, std::ios::binary);

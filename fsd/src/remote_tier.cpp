@@ -82,7 +82,7 @@ core::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::Store& store,
                                                              std::string job_tag) {
     for (const std::string* tag : {&prefetch_job_tag, &job_tag}) {
         if (tag->empty()) continue;
-        if (auto s = remote::validate_job_tag(*tag); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(remote::validate_job_tag(*tag));
     }
     if (!job_tag.empty() && options.read_only) {
         return core::fail(EINVAL,

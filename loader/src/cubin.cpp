@@ -226,13 +226,9 @@ Result<BinaryInfo> parse_cubin(const ElfFile& elf) {
         kernel.name = std::string(symbol.name);
         const std::string what = fmt::format("cubin: .nv.info.{}", kernel.name);
         if (auto it = kernel_info.find(symbol.name); it != kernel_info.end()) {
-            if (auto status = parse_kernel_info(it->second->data, what, kernel); !status) {
-                return tl::unexpected(status.error());
-            }
+            KCACHE_TRY(parse_kernel_info(it->second->data, what, kernel));
         }
-        if (auto status = finish_kernel(kernel, what); !status) {
-            return tl::unexpected(status.error());
-        }
+        KCACHE_TRY(finish_kernel(kernel, what));
         info.kernels.push_back(std::move(kernel));
     }
     return info;

@@ -37,11 +37,8 @@ struct SectionHeader {
 Result<SectionHeader> section_header(const ByteReader& in, std::uint64_t at) {
     auto sh = KCACHE_TRY(in.sub(at, kShdrSize));
     SectionHeader h;
-    if (auto s = sh.read(h.name, h.type, h.flags, h.addr, h.offset, h.size, h.link, h.info,
-                         h.addralign, h.entsize);
-        !s) {
-        return tl::unexpected(s.error());
-    }
+    KCACHE_TRY(sh.read(h.name, h.type, h.flags, h.addr, h.offset, h.size, h.link, h.info,
+                       h.addralign, h.entsize));
     return h;
 }
 
@@ -123,9 +120,7 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
 
     if (shoff == 0) {
         if (shnum != 0) return damaged(what, "section headers declared at offset 0");
-        if (auto status = check_segments(in, phoff, phentsize, phnum, what); !status) {
-            return tl::unexpected(status.error());
-        }
+        KCACHE_TRY(check_segments(in, phoff, phentsize, phnum, what));
         return elf;  // no sections (a stripped image): nothing to describe
     }
     if (shentsize != kShdrSize) {
@@ -142,9 +137,7 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
     }
     if (shnum == 0) shnum = first->size;
     if (phnum == kPnXnum) phnum = first->info;
-    if (auto status = check_segments(in, phoff, phentsize, phnum, what); !status) {
-        return tl::unexpected(status.error());
-    }
+    KCACHE_TRY(check_segments(in, phoff, phentsize, phnum, what));
     if (shstrndx == kShnXindex) shstrndx = first->link;
     if (shnum == 0) return damaged(what, "no sections");
     if (shnum > (bytes.size() - shoff) / kShdrSize) {

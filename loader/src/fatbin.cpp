@@ -123,9 +123,7 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
         std::uint32_t header_magic = 0;
         std::uint16_t version = 0, header_size16 = 0;
         std::uint64_t body_size = 0;
-        if (auto s = header->read(header_magic, version, header_size16, body_size); !s) {
-            return tl::unexpected(s.error());
-        }
+        KCACHE_TRY(header->read(header_magic, version, header_size16, body_size));
         const std::uint64_t header_size = header_size16;
         if (header_size < kContainerHeaderSize || !in.contains(at, header_size) ||
             !in.contains(at + header_size, body_size)) {
@@ -151,12 +149,9 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
             std::uint32_t entry_header_size32 = 0, compressed_size = 0, options_offset = 0, sm = 0,
                           name_offset = 0, name_size = 0;
             std::uint64_t hash = 0, uncompressed_size = 0;
-            if (auto s = fixed->read(entry.raw_kind, reserved16, entry_header_size32, entry.size,
-                                     compressed_size, options_offset, minor, major, sm, name_offset,
-                                     name_size, entry.flags, hash, uncompressed_size);
-                !s) {
-                return tl::unexpected(s.error());
-            }
+            KCACHE_TRY(fixed->read(entry.raw_kind, reserved16, entry_header_size32, entry.size,
+                                   compressed_size, options_offset, minor, major, sm, name_offset,
+                                   name_size, entry.flags, hash, uncompressed_size));
             entry.kind = entry_kind(entry.raw_kind);
             const std::uint64_t entry_header_size = entry_header_size32;
 
@@ -192,10 +187,7 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
                                                  kind_name(entry.kind), entry.arch);
             const auto payload = body->slice(p + entry_header_size, entry.size);
             if (!payload) return tl::unexpected(payload.error());
-            if (auto status = read_payload(entry, *payload, compressed_size, options, what);
-                !status) {
-                return tl::unexpected(status.error());
-            }
+            KCACHE_TRY(read_payload(entry, *payload, compressed_size, options, what));
             out.entries.push_back(std::move(entry));
             p += entry_header_size + out.entries.back().size;
         }

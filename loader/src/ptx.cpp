@@ -223,9 +223,7 @@ class Parser {
             m_lex.next();
             if (t == ";") return std::optional<KernelInfo>{};  // a declaration
         }
-        if (auto status = finish_kernel(kernel, "ptx: kernel " + kernel.name); !status) {
-            return tl::unexpected(status.error());
-        }
+        KCACHE_TRY(finish_kernel(kernel, "ptx: kernel " + kernel.name));
         return std::optional<KernelInfo>(std::move(kernel));
     }
 

@@ -157,7 +157,7 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
         if (!attr) return tl::unexpected(core::with_context(attr.error(), n.path));
         core::SetAttr times;
         times.mtime_ns = n.mtime_ns;
-        if (auto a = txn.setattr(attr->ino, times); !a) return tl::unexpected(a.error());
+        KCACHE_TRY(txn.setattr(attr->ino, times));
         made[n.path] = attr->ino;
     }
     auto formed = txn.find_entry(m.entry);
@@ -541,7 +541,7 @@ Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
 }
 
 Result<std::vector<std::string>> Remote::job_entries(std::string_view job_tag) {
-    if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(validate_job_tag(job_tag));
     const std::string jkey = proto::job_key(m_options.ns, job_tag);
     Server& server = shard(jkey);
     auto r = KCACHE_TRY(exec(server, {{"SMEMBERS", jkey}}));

@@ -199,7 +199,7 @@ Remote::Remote(Options options) : m_options(std::move(options)) {}
 Remote::~Remote() = default;
 
 Result<std::unique_ptr<Remote>> Remote::create(Options options) {
-    if (auto s = validate(options); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(validate(options));
     ignore_sigpipe();
     std::unique_ptr<Remote> remote(new Remote(std::move(options)));
     for (const Endpoint& e : remote->m_options.servers) {

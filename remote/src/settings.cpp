@@ -110,7 +110,7 @@ Result<Options> resolve(const Settings& s) {
     options.op_timeout_ns = s.timeout_ns;
     options.connect_timeout_ns = s.connect_timeout_ns;
     options.read_only = s.read_only;
-    if (auto v = validate(options); !v) return tl::unexpected(v.error());
+    KCACHE_TRY(validate(options));
     return options;
 }
 

@@ -58,7 +58,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): nothing is pushed");
     if (!job_tag.empty()) {
-        if (auto s = validate_job_tag(job_tag); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(validate_job_tag(job_tag));
     }
     proto::Manifest m;
     std::map<core::Digest, std::string, proto::DigestLess> blobs;  // not inlined, by digest
@@ -127,7 +127,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     if (exists.front().type != Reply::Type::integer)
         return tl::unexpected(reply_error(mserver, exists.front(), "EXISTS"));
     if (exists.front().integer == 1) {
-        if (auto s = add_to_job(); !s) return tl::unexpected(s.error());
+        KCACHE_TRY(add_to_job());
         m_counts.upload_skipped.fetch_add(1);
         result.outcome = Outcome::already_remote;
         return result;
@@ -152,8 +152,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
             if (r.type != Reply::Type::integer)
                 return tl::unexpected(reply_error(*server, r, "EXISTS"));
             if (r.integer == 1) continue;
-            if (auto s = upload_blob(*server, digests[i], blobs.at(digests[i])); !s)
-                return tl::unexpected(s.error());
+            KCACHE_TRY(upload_blob(*server, digests[i], blobs.at(digests[i])));
         }
     }
     // Every blob is acknowledged: now the manifest, first writer wins.
@@ -168,7 +167,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     } else {
         return tl::unexpected(reply_error(mserver, r, "manifest"));
     }
-    if (auto s = add_to_job(); !s) return tl::unexpected(s.error());
+    KCACHE_TRY(add_to_job());
     return result;
 }
 
