@@ -28,7 +28,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKCACHE_WERRO
     -DKCACHE_BUILD_BENCH=OFF -DKCACHE_BUILD_GUI=OFF \
     -DCMAKE_C_FLAGS= -DCMAKE_CXX_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS= >/dev/null
-targets=(kcache-fsd kcache test_fsd test_fsd_direct test_fsd_unit
+targets=(kcache-fsd kcache test_fsd test_fsd_direct test_fsd_unit test_fsd_uring
          test_reliability_crash test_reliability_equivalence test_reliability_soak)
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 

@@ -124,6 +124,7 @@ void UringTransport::Ring::prep_register(Entry* e) {
 }
 
 void UringTransport::Ring::prep_commit(Entry* e) {
+    replied_to_kernel();
     io_uring_sqe* s = sqe();
     if (!s) {
         log::error("io_uring: no submission slot for a reply on queue {}", qid);
@@ -182,6 +183,7 @@ void UringTransport::Ring::serve() {
                                  std::strerror(-res));
                 continue;
             }
+            request_from_kernel();
             process(e);
         }
         if (woken && stopping) return;
@@ -242,11 +244,9 @@ void UringTransport::Ring::process(Entry* e) {
 }
 
 void UringTransport::Ring::close_ring() {
-    {
-        std::lock_guard lock(handoff);
-        closed = true;
-        handed.clear();
-    }
+    std::lock_guard lock(handoff);  // a deferred reply writes event_fd under it
+    closed = true;
+    handed.clear();
     if (ring_made) io_uring_queue_exit(&ring);
     ring_made = false;
     if (event_fd >= 0) close(event_fd);

@@ -38,6 +38,28 @@ constexpr unsigned kRingDepth = 2 * UringTransport::kMaxEntriesPerThread + 8;
 
 inline thread_local Entry* t_current = nullptr;  // the entry this ring thread is handling
 
+// The kernel orders requests after the replies they depend on (a RELEASE after the
+// READ's reply, a READ after the OPEN's). ThreadSanitizer sees that order through
+// /dev/fuse, whose read and write it models as acquire and release on the fd, but not
+// through the rings (shared memory and io_uring_enter): without these annotations it
+// reports every handle used on one ring thread and released on another. Every reply
+// handed to the kernel releases, every request taken from it acquires, one object for
+// all (as one /dev/fuse fd is). Nothing without -fsanitize=thread.
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+inline char g_kernel_order;
+inline void replied_to_kernel() {
+    __tsan_release(&g_kernel_order);
+}
+inline void request_from_kernel() {
+    __tsan_acquire(&g_kernel_order);
+}
+#else
+inline void replied_to_kernel() {}
+inline void request_from_kernel() {}
+#endif
+
 }  // namespace uring_detail
 
 struct Entry {

@@ -95,6 +95,7 @@ std::string not_offered_reason() {
 struct UringHooks {
     static ssize_t read(int fd, void* buf, size_t len, void*) {
         const ssize_t n = ::read(fd, buf, len);
+        request_from_kernel();  // /dev/fuse and the rings: one order (uring_ring.hpp)
         if (n >= static_cast<ssize_t>(sizeof(fuse_in_header)) &&
             !g_init_seen.load(std::memory_order_relaxed)) {
             const auto* in = static_cast<const fuse_in_header*>(buf);
@@ -115,6 +116,7 @@ struct UringHooks {
     }
 
     static ssize_t writev(int fd, iovec* iov, int count, void*) {
+        replied_to_kernel();
         UringTransport* t = g_transport.load(std::memory_order_acquire);
         if (t && count > 0 && iov[0].iov_len >= sizeof(fuse_out_header)) {
             const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
@@ -169,14 +171,15 @@ struct UringHooks {
             }
             return static_cast<ssize_t>(total);
         }
-        {
-            std::lock_guard lock(e->ring->handoff);
-            if (e->ring->closed) {
-                errno = ENOTCONN;
-                return -1;
-            }
-            e->ring->handed.push_back(e);
+        // The wake-up is written under the hand-off lock, which close_ring() closes
+        // event_fd under: a write after the close could land in a file that reused its
+        // number (ThreadSanitizer found it). An eventfd write does not block.
+        std::lock_guard lock(e->ring->handoff);
+        if (e->ring->closed) {
+            errno = ENOTCONN;
+            return -1;
         }
+        e->ring->handed.push_back(e);
         const std::uint64_t one = 1;
         if (::write(e->ring->event_fd, &one, sizeof one) != sizeof one) {
             log::error("io_uring: cannot wake ring thread {}: {}", e->ring->qid,
