@@ -150,11 +150,10 @@ Result<ExportReport> export_bundle(const Store& store, const std::vector<std::st
     auto txn = KCACHE_TRY(store.read());
     std::vector<EntryInfo> selected;
     if (names.empty()) {
-        auto s = txn.for_each_entry([&](const EntryInfo& e) {
+        KCACHE_TRY(txn.for_each_entry([&](const EntryInfo& e) {
             selected.push_back(e);
             return true;
-        });
-        if (!s) return tl::unexpected(s.error());
+        }));
     } else {
         for (const auto& name : names) {
             auto e = txn.find_entry(name);

@@ -67,11 +67,9 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
             made.empty() || kind == EntryKind::stem;  // an entry's own node, or a stem file
         if (top) {
             // The directories above the entry (entry depth > 1), like mkdir -p.
-            auto p = txn.mkdirs(slash == std::string::npos
-                                    ? std::string_view()
-                                    : std::string_view(node.path).substr(0, slash));
-            if (!p) return tl::unexpected(p.error());
-            parent = *p;
+            parent = KCACHE_TRY(txn.mkdirs(slash == std::string::npos
+                                               ? std::string_view()
+                                               : std::string_view(node.path).substr(0, slash)));
         } else {
             parent = made.at(node.path.substr(0, slash));
         }

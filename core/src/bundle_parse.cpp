@@ -202,13 +202,12 @@ Status parse_bundle(const std::string& path,
                 return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
             }
         } else if (node.type == FileType::symlink) {
-            auto target = in.str16();
-            if (!target) return tl::unexpected(target.error());
-            if (target->empty()) return in.bad("empty symlink target");
-            if (auto s = check_link_target(node.path, *target); !s) {
+            auto target = KCACHE_TRY(in.str16());
+            if (target.empty()) return in.bad("empty symlink target");
+            if (auto s = check_link_target(node.path, target); !s) {
                 return in.bad("refused " + s.error().message);
             }
-            node.target = std::move(*target);
+            node.target = std::move(target);
         }
         ++nodes;
         if (auto s = on_node(node); !s) return s;

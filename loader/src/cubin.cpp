@@ -174,13 +174,12 @@ Result<std::string> cubin_arch(const ElfFile& elf) {
 
     bool accelerated = false;
     if (const ElfSection* compat = elf.find(".nv.compat")) {
-        auto status = for_each_record(compat->data, "cubin: .nv.compat", [&](const Record& r) {
+        KCACHE_TRY(for_each_record(compat->data, "cubin: .nv.compat", [&](const Record& r) {
             if (r.attribute == kCompatAcceleratorTarget && r.format != kFmtSval && r.value == 1) {
                 accelerated = true;
             }
             return Status{};
-        });
-        if (!status) return tl::unexpected(status.error());
+        }));
     }
     const std::string_view named = tkinfo_arch(elf);
     if (accelerated) {
@@ -205,9 +204,7 @@ Result<BinaryInfo> parse_cubin(const ElfFile& elf) {
     }
     BinaryInfo info;
     info.format = Format::cubin;
-    auto arch = cubin_arch(elf);
-    if (!arch) return tl::unexpected(arch.error());
-    info.arch = std::move(*arch);
+    info.arch = KCACHE_TRY(cubin_arch(elf));
 
     std::unordered_map<std::string_view, const ElfSection*> kernel_info;
     constexpr std::string_view kInfoPrefix = ".nv.info.";

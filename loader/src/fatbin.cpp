@@ -131,15 +131,14 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
                                          "entries) runs past the end ({} bytes)",
                                          at, header_size, body_size, bytes.size()));
         }
-        const auto body = in.sub(at + header_size, body_size);
-        if (!body) return tl::unexpected(body.error());
+        const auto body = KCACHE_TRY(in.sub(at + header_size, body_size));
         std::uint64_t p = 0;
-        while (p < body->size()) {
+        while (p < body.size()) {
             const std::uint64_t entry_at = at + header_size + p;
-            if (all_zero(body->data().substr(static_cast<std::size_t>(p)))) {
+            if (all_zero(body.data().substr(static_cast<std::size_t>(p)))) {
                 break;  // padding up to the declared size
             }
-            auto fixed = body->sub(p, kEntryHeaderSize);
+            auto fixed = body.sub(p, kEntryHeaderSize);
             if (!fixed) {
                 return fail(EIO, fmt::format("fatbin: entry header at {} truncated", entry_at));
             }
@@ -155,8 +154,8 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
             entry.kind = entry_kind(entry.raw_kind);
             const std::uint64_t entry_header_size = entry_header_size32;
 
-            if (entry_header_size < kEntryHeaderSize || !body->contains(p, entry_header_size) ||
-                !body->contains(p + entry_header_size, entry.size)) {
+            if (entry_header_size < kEntryHeaderSize || !body.contains(p, entry_header_size) ||
+                !body.contains(p + entry_header_size, entry.size)) {
                 return fail(EIO, fmt::format("fatbin: entry at {} (header {} bytes, payload {} "
                                              "bytes) runs past its container",
                                              entry_at, entry_header_size, entry.size));
@@ -185,9 +184,8 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
 
             const std::string what = fmt::format("fatbin entry {} ({} {})", out.entries.size(),
                                                  kind_name(entry.kind), entry.arch);
-            const auto payload = body->slice(p + entry_header_size, entry.size);
-            if (!payload) return tl::unexpected(payload.error());
-            KCACHE_TRY(read_payload(entry, *payload, compressed_size, options, what));
+            const auto payload = KCACHE_TRY(body.slice(p + entry_header_size, entry.size));
+            KCACHE_TRY(read_payload(entry, payload, compressed_size, options, what));
             out.entries.push_back(std::move(entry));
             p += entry_header_size + out.entries.back().size;
         }

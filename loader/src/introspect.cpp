@@ -98,8 +98,7 @@ Result<BinaryInfo> inspect(std::string_view bytes, const InspectOptions& options
         magic && *magic == kFatbinMagic) {
         info = BinaryInfo{};
         info->format = Format::fatbin;
-        auto containers = detail::parse_fatbin_containers(bytes, 0, options, *info);
-        if (!containers) return tl::unexpected(containers.error());
+        KCACHE_TRY(detail::parse_fatbin_containers(bytes, 0, options, *info));
     } else if (detail::is_elf(bytes)) {
         info = inspect_elf(bytes, options);
     } else if (detail::looks_like_ptx(bytes)) {

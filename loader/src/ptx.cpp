@@ -202,8 +202,7 @@ class Parser {
                 m_lex.next();
             } else {
                 while (true) {
-                    auto status = param(kernel, offset);
-                    if (!status) return tl::unexpected(status.error());
+                    KCACHE_TRY(param(kernel, offset));
                     const std::string_view sep = m_lex.next();
                     if (sep == ")") break;
                     if (sep != ",") {

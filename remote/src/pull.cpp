@@ -119,13 +119,12 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
     std::unordered_map<std::string, core::Ino> made;  // relative path -> ino
     core::Ino top = 0;
     if (m.kind == core::EntryKind::node) {
-        auto parent = txn.mkdirs(dir_of(m.entry));
-        if (!parent) return tl::unexpected(parent.error());
+        const core::Ino parent = KCACHE_TRY(txn.mkdirs(dir_of(m.entry)));
         const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
-        auto existing = txn.lookup(*parent, base);  // an empty entry directory is filled
+        auto existing = txn.lookup(parent, base);  // an empty entry directory is filled
         auto dir = existing && existing->is_dir()
                        ? existing
-                       : txn.mkdir(*parent, base, m.dir_mode & 0777, getuid(), getgid());
+                       : txn.mkdir(parent, base, m.dir_mode & 0777, getuid(), getgid());
         if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
         top = dir->ino;
     } else {

@@ -102,9 +102,7 @@ Result<Options> resolve(const Settings& s) {
     std::string env = s.password_env;
     if (env.empty() && s.password_file.empty() && std::getenv("KCACHE_REMOTE_PASSWORD"))
         env = "KCACHE_REMOTE_PASSWORD";
-    auto password = load_password(env, s.password_file);
-    if (!password) return tl::unexpected(password.error());
-    options.password = std::move(*password);
+    options.password = KCACHE_TRY(load_password(env, s.password_file));
     const char* ns_env = std::getenv("KCACHE_REMOTE_NAMESPACE");
     options.ns = !s.ns.empty() ? s.ns : (ns_env && *ns_env ? ns_env : "default");
     options.op_timeout_ns = s.timeout_ns;

@@ -45,11 +45,11 @@ Status Remote::upload_blob(Server& server, const core::Digest& digest, std::stri
         }
     }
     // The header last: a reader that finds it finds every chunk (unless evicted).
-    auto header = exec(server, {{"SET", proto::blob_key(m_options.ns, digest),
-                                 proto::encode(proto::BlobHeader{content.size(), chunks})}});
-    if (!header) return tl::unexpected(header.error());
-    if (!header->front().is_ok())
-        return tl::unexpected(reply_error(server, header->front(), "upload"));
+    const auto header =
+        KCACHE_TRY(exec(server, {{"SET", proto::blob_key(m_options.ns, digest),
+                                  proto::encode(proto::BlobHeader{content.size(), chunks})}}));
+    if (!header.front().is_ok())
+        return tl::unexpected(reply_error(server, header.front(), "upload"));
     return {};
 }
 
@@ -65,26 +65,24 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     EntryResult result;
     {  // the manifest and the contents, from one snapshot that ends here
         auto txn = KCACHE_TRY(store.read());
-        auto entry = txn.find_entry(name);
-        if (!entry) return tl::unexpected(entry.error());
+        const auto entry = KCACHE_TRY(txn.find_entry(name));
 
-        m.entry = entry->name;
-        m.kind = entry->kind;
-        m.stem = entry->stem;
-        m.producer = entry->producer;
-        m.created_ns = entry->created_ns;
+        m.entry = entry.name;
+        m.kind = entry.kind;
+        m.stem = entry.stem;
+        m.producer = entry.producer;
+        m.created_ns = entry.created_ns;
         char host[256] = {};
         if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
-        if (entry->kind == core::EntryKind::node) {
-            auto dir = KCACHE_TRY(txn.getattr(entry->ino));
+        if (entry.kind == core::EntryKind::node) {
+            auto dir = KCACHE_TRY(txn.getattr(entry.ino));
             m.dir_mode = dir.mode & 07777;
         }
         std::vector<core::EntryFile> files;
-        auto listed = txn.for_each_entry_file(*entry, [&](const core::EntryFile& f) {
+        KCACHE_TRY(txn.for_each_entry_file(entry, [&](const core::EntryFile& f) {
             files.push_back(f);
             return true;
-        });
-        if (!listed) return tl::unexpected(listed.error());
+        }));
         for (const core::EntryFile& f : files) {
             proto::Node n;
             n.path = f.path;
@@ -200,10 +198,10 @@ Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owne
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
     Server& server = shard(proto::manifest_key(m_options.ns, entry));
-    auto replies = exec(server, {{"SET", proto::lease_key(m_options.ns, entry), std::string(owner),
-                                  "NX", "PX", std::to_string(std::max<std::int64_t>(ttl_ms, 1))}});
-    if (!replies) return tl::unexpected(replies.error());
-    const Reply& r = replies->front();
+    const auto replies =
+        KCACHE_TRY(exec(server, {{"SET", proto::lease_key(m_options.ns, entry), std::string(owner),
+                                  "NX", "PX", std::to_string(std::max<std::int64_t>(ttl_ms, 1))}}));
+    const Reply& r = replies.front();
     if (r.is_ok()) return true;
     if (r.type == Reply::Type::nil) return false;  // held by another
     return tl::unexpected(reply_error(server, r, "lease"));
@@ -218,11 +216,10 @@ Status Remote::release_lease(std::string_view entry, std::string_view owner) {
     static const char* const kScript =
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) "
         "else return 0 end";
-    auto replies =
+    const auto replies = KCACHE_TRY(
         exec(server,
-             {{"EVAL", kScript, "1", proto::lease_key(m_options.ns, entry), std::string(owner)}});
-    if (!replies) return tl::unexpected(replies.error());
-    const Reply& r = replies->front();
+             {{"EVAL", kScript, "1", proto::lease_key(m_options.ns, entry), std::string(owner)}}));
+    const Reply& r = replies.front();
     if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));
     return {};
 }
