@@ -99,6 +99,160 @@ class Redis:
         self.proc.wait()
 
 
+def remote_args(remote):
+    """--remote arguments for a URL (str), a list of URLs (shards) or a backend."""
+    if hasattr(remote, "urls"):
+        remote = remote.urls
+    if isinstance(remote, str):
+        remote = [remote]
+    out = []
+    for url in remote:
+        out += ["--remote", url]
+    return out
+
+
+class Shards:
+    """Client-side shards: --shards plain redis-servers, each key on one of them."""
+
+    def __init__(self, directory, n=3):
+        self.servers = [Redis(os.path.join(directory, f"shard{k}")) for k in range(n)]
+        self.urls = [f"unix:{r.sock}" for r in self.servers]
+        self.name = f"{n} shards"
+
+    def stop(self):
+        for r in self.servers:
+            r.stop()
+
+
+def free_port():
+    for _ in range(1000):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", 0))
+                port = a.getsockname()[1]
+                if port + 10000 > 65535:
+                    continue
+                b.bind(("127.0.0.1", port + 10000))  # the cluster bus
+                return port
+            except OSError:
+                continue
+    sys.exit("no free port pair")
+
+
+def resp(port, *argv, timeout=2):
+    """One command to 127.0.0.1:port; the raw reply bytes (enough for INFO / SLOTS)."""
+    cmd = f"*{len(argv)}\r\n".encode()
+    for a in argv:
+        a = a.encode() if isinstance(a, str) else a
+        cmd += f"${len(a)}\r\n".encode() + a + b"\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(cmd)
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            out += chunk
+            if not chunk or len(chunk) < 65536:
+                return out
+
+
+class Cluster:
+    """A Redis Cluster of 3 masters and 3 replicas on loopback (cluster-node-timeout 1 s)."""
+
+    def __init__(self, directory):
+        server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if not server or not cli:
+            sys.exit("redis-server / redis-cli are not installed")
+        self.procs = {}
+        ports = []
+        while len(ports) < 6:
+            p = free_port()
+            if p not in ports:
+                ports.append(p)
+        for p in ports:
+            d = os.path.join(directory, str(p))
+            os.makedirs(d, exist_ok=True)
+            self.procs[p] = subprocess.Popen(
+                [server, "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", os.path.join(d, "nodes.conf"),
+                 "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
+                 "--dir", d, "--logfile", os.path.join(d, "redis.log"), "--daemonize", "no"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for p in ports:
+            end = time.monotonic() + 15
+            while True:
+                try:
+                    if resp(p, "PING").startswith(b"+PONG"):
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > end:
+                    sys.exit(f"cluster node {p} did not start")
+                time.sleep(0.05)
+        r = subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                            "--cluster-replicas", "1", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            sys.exit(f"redis-cli --cluster create failed: {r.stdout}{r.stderr}")
+        self.wait_ok()
+        self.urls = ["redis-cluster://127.0.0.1:%d" % ports[0]]
+        self.name = "cluster 3+3"
+
+    def masters(self):
+        """Ports of the masters serving slots, from CLUSTER NODES of a live node."""
+        for p in self.procs:
+            try:
+                text = resp(p, "CLUSTER", "NODES").decode(errors="replace")
+            except OSError:
+                continue
+            out = []
+            for line in text.splitlines():
+                f = line.split()
+                if len(f) > 8 and "master" in f[2] and "fail" not in f[2]:
+                    out.append(int(f[1].split("@")[0].rsplit(":", 1)[1]))
+            return out
+        return []
+
+    def wait_ok(self, timeout=60):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if all(b"cluster_state:ok" in resp(p, "CLUSTER", "INFO") for p in self.procs) \
+                        and len(self.masters()) == 3:
+                    return time.monotonic()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        sys.exit("the cluster did not settle")
+
+    def kill_master(self):
+        """SIGKILLs one master; returns (port, seconds until its replica serves)."""
+        port = self.masters()[0]
+        proc = self.procs.pop(port)
+        t = time.monotonic()
+        proc.kill()
+        proc.wait()
+        return port, self.wait_ok() - t
+
+    def stop(self):
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+
+
+class OneRedis:
+    def __init__(self, directory):
+        self.redis = Redis(directory)
+        self.urls = [f"unix:{self.redis.sock}"]
+        self.name = "1 Redis"
+
+    def stop(self):
+        self.redis.stop()
+
+
+def make_backend(kind, directory):
+    return {"redis": OneRedis, "shards": Shards, "cluster": Cluster}[kind](directory)
+
+
 class Node:
     def __init__(self, args, root, name, remote_url, ns, extra=()):
         self.args, self.name = args, name
@@ -108,7 +262,7 @@ class Node:
         self.log = open(os.path.join(root, name, "fsd.log"), "ab")
         start = time.perf_counter()
         self.proc = subprocess.Popen(
-            [args.fsd, "-f", "--db", self.db, "--remote", remote_url, "--remote-namespace", ns,
+            [args.fsd, "-f", "--db", self.db, *remote_args(remote_url), "--remote-namespace", ns,
              "--remote-timeout", args.remote_timeout,
              "--remote-connect-timeout", args.remote_timeout, *extra, self.mnt],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
@@ -144,6 +298,14 @@ def key_of(job, i):
     return base64.b32encode(digest).decode().rstrip("=")[:52]
 
 
+WRONG = []  # files read with bytes other than their compile wrote
+ARGS = None
+
+
+def cubin_of(key, args):
+    return hashlib.sha256(key.encode()).digest() * (args.cubin_kib * 1024 // 32)
+
+
 def compile_entry(cache, key, i, args):
     """The simulated compile, then Triton's way of storing: tmp dir, rename, rmdir."""
     time.sleep(args.compile_ms / 1000.0)
@@ -154,7 +316,7 @@ def compile_entry(cache, key, i, args):
     files = {
         f"__grp__k{i}.json": json.dumps({"child_paths": {
             f"k{i}.cubin": f"{d}/k{i}.cubin", f"k{i}.json": f"{d}/k{i}.json"}}).encode(),
-        f"k{i}.cubin": hashlib.sha256(key.encode()).digest() * (args.cubin_kib * 1024 // 32),
+        f"k{i}.cubin": cubin_of(key, args),
         f"k{i}.json": json.dumps({"name": f"k{i}", "num_warps": 4, "shared": 0}).encode(),
     }
     for name, data in files.items():
@@ -174,7 +336,9 @@ def probe(cache, key, i):
         return False
     for name in (grp, os.path.join(d, f"k{i}.cubin"), os.path.join(d, f"k{i}.json")):
         with open(name, "rb") as f:
-            f.read()
+            data = f.read()
+        if name.endswith(".cubin") and data != cubin_of(key, ARGS):
+            WRONG.append(name)  # wrong bytes: never expected
     return True
 
 
@@ -297,7 +461,72 @@ def wait_stat(node, name, n, timeout=300):
     return None
 
 
-def staggered(args, root):
+def storm(args, root, backend_kind, n, leases, fault=None):
+    """n nodes mounted first, then all run the same job at the same moment: every node
+    misses the same kernels at once. fault: None, "holder" (node 0 first probes every
+    entry, taking their leases, and dies; the others then run the job) or "failover"
+    (a cluster master is killed a third of the way through)."""
+    backend = make_backend(backend_kind, os.path.join(root, "backend"))
+    keys = [key_of("storm", i) for i in range(args.entries)]
+    nodes = []
+    out = {"backend": backend.name, "nodes": n, "leases": leases, "fault": fault}
+    try:
+        for k in range(n):
+            nodes.append(Node(args, root, f"n{k}", backend, "storm", ["--remote-lease-ms", leases]))
+        runners = nodes
+        if fault == "holder":
+            for i, key in enumerate(keys):  # misses: node 0 takes every lease
+                probe(nodes[0].cache, key, i)
+            nodes[0].proc.kill()
+            nodes[0].proc.wait()
+            runners = nodes[1:]
+        results = [None] * len(runners)
+        barrier = threading.Barrier(len(runners) + 1)
+
+        def member(k):
+            barrier.wait()
+            results[k] = run_job(runners[k].cache, keys, args)
+
+        threads = [threading.Thread(target=member, args=(k,)) for k in range(len(runners))]
+        for t in threads:
+            t.start()
+        wrong_before = len(WRONG)
+        barrier.wait()
+        t0 = time.perf_counter()
+        if fault == "failover":
+            time.sleep(max(0.5, args.entries * args.compile_ms / 1000.0 / 3))
+            port, took = backend.kill_master()
+            out["failover_s"] = took
+            log(f"[storm] killed master {port}: its replica served {took:.2f}s later")
+        for t in threads:
+            t.join()
+        out["wall_s"] = time.perf_counter() - t0
+        out["jobs_s"] = [r[0] for r in results]
+        out["compiled"] = sum(r[2] for r in results)
+        out["wrong"] = len(WRONG) - wrong_before
+        time.sleep(1.2)  # the counters reach the dbs every second
+        waits = timeouts = 0
+        for node in runners:
+            st = node.stats()
+            waits += st.get("remote_lease_waits", 0)
+            timeouts += st.get("remote_lease_timeouts", 0)
+        out["lease_waits"], out["lease_timeouts"] = waits, timeouts
+    finally:
+        for node in nodes:
+            if node.proc.poll() is None:
+                node.stop()
+            else:
+                subprocess.run(["fusermount3", "-uz", node.mnt], capture_output=True)
+                node.log.close()
+        backend.stop()
+    log(f"[storm {out['backend']}, {n} nodes, leases {leases}, fault {fault}] "
+        f"compiled {out['compiled']} for {args.entries}, wall {out['wall_s']:.2f}s, "
+        f"jobs {', '.join('%.2f' % x for x in out['jobs_s'])}, waits {out['lease_waits']}, "
+        f"timeouts {out['lease_timeouts']}, wrong {out['wrong']}")
+    return out
+
+
+def staggered(args, root, leases="0"):
     """Nodes start one after another while the job runs; each runs the whole job."""
     redis = Redis(os.path.join(root, "redis"))
     url = f"unix:{redis.sock}"
@@ -310,7 +539,7 @@ def staggered(args, root):
     def member(k):
         time.sleep(max(0.0, k * args.stagger_s - (time.perf_counter() - t0)))
         started = time.perf_counter() - t0
-        nodes[k] = Node(args, root, f"s{k}", url, "stagger")
+        nodes[k] = Node(args, root, f"s{k}", url, "stagger", ["--remote-lease-ms", leases])
         secs, hits, compiled = run_job(nodes[k].cache, keys, args)
         results[k] = (started, nodes[k].mount_s, secs, hits, compiled)
 
@@ -326,8 +555,8 @@ def staggered(args, root):
                 node.stop()
         redis.stop()
     for k, r in enumerate(results):
-        log(f"[staggered] node{k}: started {r[0]:.2f}s, job {r[2]:.2f}s, {r[3]} from Redis, {r[4]} compiled")
-    return {"nodes": n, "rows": results}
+        log(f"[staggered leases={leases}] node{k}: started {r[0]:.2f}s, job {r[2]:.2f}s, {r[3]} from Redis, {r[4]} compiled")
+    return {"nodes": n, "rows": results, "leases": leases}
 
 
 def restart(args, root):
@@ -419,7 +648,14 @@ def main():
     ap.add_argument("--entries", type=int, default=300)
     ap.add_argument("--stagger-nodes", type=int, default=4)
     ap.add_argument("--stagger-s", type=float, default=2.0)
-    ap.add_argument("--phases", default="fleet,staggered,restart")
+    ap.add_argument("--phases", default="fleet,staggered,restart",
+                    help="also: storm (every node misses the same kernels at once), holder "
+                         "(a node dies holding leases), failover (a cluster master killed mid-storm)")
+    ap.add_argument("--storm-nodes", default="4,8")
+    ap.add_argument("--backends", default="redis,shards,cluster",
+                    help="storm: 1 Redis, 3 client-side shards, a 3+3 Redis Cluster")
+    ap.add_argument("--leases", default="0,auto",
+                    help="storm / staggered: --remote-lease-ms values compared")
     ap.add_argument("--compile-ms", type=float, default=20)
     ap.add_argument("--cubin-kib", type=int, default=64)
     ap.add_argument("--remote-timeout", default="300ms",
@@ -428,11 +664,14 @@ def main():
     ap.add_argument("--pull-runs", type=int, default=5,
                     help="restart: times `kcache remote pull --job-tag` runs into an empty db")
     args = ap.parse_args()
+    global ARGS
+    ARGS = args
 
     phases = args.phases.split(",")
     base = tempfile.mkdtemp(prefix="kcache-remote-fleet-", dir=args.dir)
     rows = []
     stag = rest = None
+    stags, storms = [], []
     with open("/proc/loadavg") as f:
         load_before = f.read().strip()
     try:
@@ -442,9 +681,21 @@ def main():
                 os.makedirs(root)
                 rows.append(fleet(args, root, n))
         if "staggered" in phases:
-            root = os.path.join(base, "staggered")
-            os.makedirs(root)
-            stag = staggered(args, root)
+            for leases in args.leases.split(","):
+                root = os.path.join(base, f"staggered-{leases}")
+                os.makedirs(root)
+                stags.append(staggered(args, root, leases))
+        for fault in ("storm", "holder", "failover"):
+            if fault not in phases:
+                continue
+            backends = args.backends.split(",") if fault != "failover" else ["cluster"]
+            for kind in backends:
+                for n in [int(x) for x in args.storm_nodes.split(",")]:
+                    for leases in (args.leases.split(",") if fault == "storm" else ["auto"]):
+                        root = os.path.join(base, f"{fault}-{kind}-{n}-{leases}")
+                        os.makedirs(root)
+                        storms.append(storm(args, root, kind, n, leases,
+                                            None if fault == "storm" else fault))
         if "restart" in phases:
             root = os.path.join(base, "restart")
             os.makedirs(root)
@@ -481,12 +732,30 @@ def main():
     for r in rows:
         print(f"{r['nodes']} nodes: B remote_hits {r['b_remote_hits']}, "
               f"B remote (errors, timeouts) after the faults {r['b_errors']}")
-    if stag:
+    if storms:
+        print()
+        print(f"every node runs the job of {args.entries} entries at the same moment "
+              f"(compile {args.compile_ms:g} ms each); wall: the slowest node's job; "
+              f"holder: node 0 took every lease and died first; failover: a master killed "
+              f"a third of the way through")
+        print()
+        print("| backend | nodes | leases | fault | compiles per kernel | wall | jobs (each) "
+              "| lease waits | lease timeouts | wrong bytes |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in storms:
+            fault = r["fault"] or "-"
+            if r.get("failover_s") is not None:
+                fault += f" (replica serving after {r['failover_s']:.1f} s)"
+            print(f"| {r['backend']} | {r['nodes']} | {r['leases']} | {fault} "
+                  f"| {r['compiled'] / args.entries:.2f} | {r['wall_s']:.2f} s "
+                  f"| {', '.join('%.2f' % x for x in r['jobs_s'])} s "
+                  f"| {r['lease_waits']} | {r['lease_timeouts']} | {r['wrong']} |")
+    for stag in stags:
         rows_s = stag["rows"]
         base_s = rows_s[0][2]
         print()
         print(f"staggered: {stag['nodes']} nodes, {args.stagger_s:g} s apart, each runs the job of "
-              f"{args.entries} entries at once")
+              f"{args.entries} entries at once; --remote-lease-ms {stag['leases']}")
         print()
         print("| node | started at | mount up | job | job / node 0's | from Redis | compiled |")
         print("|---|---|---|---|---|---|---|")

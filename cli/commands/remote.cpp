@@ -144,8 +144,11 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
     std::unique_ptr<remote::Remote> r;
     if (!remote::configured_urls(*opts.common).empty()) r = make_remote(*opts.common);
     std::vector<std::string> pings = r ? r->ping() : std::vector<std::string>{};
-    const std::vector<remote::ServerState> servers =
+    std::vector<remote::ServerState> servers =
         r ? r->servers() : std::vector<remote::ServerState>{};
+    // A cluster's masters may change between the two calls (a failover): report those pinged.
+    if (servers.size() > pings.size()) servers.resize(pings.size());
+    pings.resize(servers.size());
     if (opts.json) {
         nlohmann::json out;
         for (core::Counter c : kRemoteCounters)

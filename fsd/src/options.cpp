@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -128,11 +129,13 @@ core::Result<Options> parse_options(int argc, char** argv) {
                  "-o io_uring; fuse module parameter enable_uring; else /dev/fuse, logged)");
     remote::Settings remote_settings;
     remote::add_options(app, remote_settings);
-    std::uint64_t lease_ms = 0;
+    std::string lease_ms = "auto";
     app.add_option("--remote-lease-ms", lease_ms,
-                   "with --remote: a node that misses an entry everywhere leases compiling it "
-                   "for this many ms; other nodes wait that long for it (default 0: off)")
-        ->type_name("MS");
+                   "with --remote: a node that misses an entry everywhere leases compiling it; "
+                   "other nodes wait for it. auto (default): a short lease renewed while it "
+                   "compiles, bounded by measured compile times; N: a fixed lease of N ms; "
+                   "0: no leases")
+        ->type_name("auto|MS");
     app.add_option(
            "--prefetch-job-tag", long_options["prefetch_job_tag"],
            "with --remote: pull every entry of this job into the db in the background at mount "
@@ -209,11 +212,18 @@ core::Result<Options> parse_options(int argc, char** argv) {
         auto resolved = KCACHE_TRY(remote::resolve(remote_settings));
         o.remote = std::move(resolved);
     }
-    if (lease_ms) {
-        if (!o.remote)
+    if (lease_ms != "auto") {
+        std::uint64_t ms = 0;
+        const auto [end, ec] =
+            std::from_chars(lease_ms.data(), lease_ms.data() + lease_ms.size(), ms);
+        if (ec != std::errc() || end != lease_ms.data() + lease_ms.size())
+            return core::fail(EINVAL, "--remote-lease-ms: auto, or a number of ms (0: no leases)");
+        if (ms && !o.remote)
             return core::fail(EINVAL, "--remote-lease-ms needs a shared tier: give --remote URL");
-        if (lease_ms > 3'600'000) return core::fail(ERANGE, "--remote-lease-ms: over an hour");
-        o.remote->lease_ms = static_cast<std::int64_t>(lease_ms);
+        if (ms > 3'600'000) return core::fail(ERANGE, "--remote-lease-ms: over an hour");
+        if (o.remote) o.remote->lease_ms = static_cast<std::int64_t>(ms);
+    } else if (o.remote && !o.remote->read_only) {
+        o.remote->lease_ms = remote::Options::kLeaseRenewed;  // the default: renewed leases
     }
     if (!o.prefetch_job_tag.empty() && !o.remote)
         return core::fail(EINVAL, "--prefetch-job-tag needs a shared tier: give --remote URL");

@@ -118,6 +118,7 @@ void RemoteTier::start() {
     for (int i = 0; i < kFetchers; ++i) m_threads.emplace_back([this] { run_fetcher(); });
     m_threads.emplace_back([this] { run_timer(); });
     m_threads.emplace_back([this] { run_uploader(); });
+    if (renewed_leases()) m_threads.emplace_back([this] { run_lease_keeper(); });
     if (!m_prefetch_tag.empty()) m_threads.emplace_back([this] { run_prefetch(); });
 }
 
@@ -137,6 +138,7 @@ void RemoteTier::stop() {
     m_fetch_wake.notify_all();
     m_timer_wake.notify_all();
     m_upload_wake.notify_all();
+    m_lease_wake.notify_all();
     for (auto& done : answer) done();
     for (std::thread& t : m_threads) t.join();
     m_threads.clear();
@@ -296,7 +298,13 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
         if (m_leases.count(entry)) return false;  // ours: this node compiles it
         waiting = f->second.lease_wait;
     }
-    const std::int64_t ttl = m_remote->options().lease_ms;
+    const std::int64_t ttl =
+        renewed_leases() ? remote::Options::kLeaseTtlMs : m_remote->options().lease_ms;
+    // A waiter's bound: the lease's time, or (renewed) the longest any holder renews it.
+    const auto wait_bound =
+        renewed_leases()
+            ? kLeaseBoundMax + std::chrono::milliseconds(ttl)
+            : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(ttl));
     bool other = false;  // another node holds the lease
     bool won = false;
     if (waiting) {  // a poll: still theirs? If it is gone without a manifest, take it
@@ -321,7 +329,7 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
     }
     if (won) {
         if (m_leases.size() >= kMaxLeases) m_leases.clear();  // a bound: they expire anyway
-        m_leases.insert(entry);
+        m_leases[entry] = Lease{Clock::now()};
         return false;  // a miss: this node compiles
     }
     if (!other) return false;  // no lease to be had: a plain miss
@@ -330,12 +338,53 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
     const auto now = Clock::now();
     if (!f->second.lease_wait) {
         f->second.lease_wait = true;
-        f->second.deadline = std::max(f->second.deadline, now + std::chrono::milliseconds(ttl));
+        f->second.deadline = std::max(f->second.deadline, now + wait_bound);
         m_lease_waits.fetch_add(1);
     }
     f->second.fetching = false;
     f->second.next_poll = now + kLeasePoll;
     return true;
+}
+
+bool RemoteTier::lease_uploaded(const std::string& entry) {
+    std::lock_guard lock(m_mutex);
+    const auto l = m_leases.find(entry);
+    if (l == m_leases.end()) return false;
+    // How long a compile here takes, lease to upload: the bound of the next leases.
+    if (m_lease_times.size() >= kLeaseSamples) m_lease_times.pop_front();
+    m_lease_times.push_back(Clock::now() - l->second.taken);
+    const Clock::duration longest = *std::max_element(m_lease_times.begin(), m_lease_times.end());
+    m_lease_bound =
+        std::clamp<Clock::duration>(kLeaseBoundFactor * longest, kLeaseBoundMin, kLeaseBoundMax);
+    m_leases.erase(l);
+    return true;
+}
+
+void RemoteTier::run_lease_keeper() {
+    std::unique_lock lock(m_mutex);
+    while (!m_stop) {
+        m_lease_wake.wait_for(lock, kLeaseRenew);
+        if (m_stop) return;
+        std::vector<std::string> renew;
+        const auto now = Clock::now();
+        for (auto& [entry, lease] : m_leases) {
+            // Held for the bound without an upload: left to expire (kLeaseTtlMs), so that
+            // a lookup that never compiles does not hold the others for long.
+            if (lease.renewing && now - lease.taken >= m_lease_bound) lease.renewing = false;
+            if (lease.renewing) renew.push_back(entry);
+        }
+        if (renew.empty()) continue;
+        lock.unlock();
+        std::vector<std::string> lost;
+        for (const std::string& entry : renew) {
+            auto r = m_remote->renew_lease(entry, m_owner, remote::Options::kLeaseTtlMs);
+            if (r && !*r) lost.push_back(entry);  // expired, or another's now
+        }
+        lock.lock();
+        for (const std::string& entry : lost) {
+            if (auto l = m_leases.find(entry); l != m_leases.end()) l->second.renewing = false;
+        }
+    }
 }
 
 bool RemoteTier::may_warn() {

@@ -11,8 +11,9 @@
 //    circuit is open (remote.hpp) a miss is answered at once. Concurrent misses of one
 //    entry share one pull (single flight); an entry that missed is not asked for again
 //    for kMissMemo, nor while its overdue pull is still running.
-//  - Compile leases (--remote-lease-ms N, remote::Options::lease_ms; off when 0): a pull
-//    that finds no manifest takes the entry's lease (Remote::acquire_lease, SET NX PX N).
+//  - Compile leases (on by default: remote::Options::kLeaseRenewed; --remote-lease-ms N
+//    for a fixed time, 0 for none): a pull that finds no manifest takes the entry's
+//    lease (Remote::acquire_lease, SET NX PX N; renewed leases: N = kLeaseTtlMs).
 //    The winner answers its waiters at once (a miss: this node compiles) and releases
 //    the lease once its upload of the entry succeeded (else it expires). A loser keeps
 //    its waiters: the flight's deadline becomes N from then, and the entry is pulled
@@ -22,11 +23,21 @@
 //    remote_lease_timeouts. Waits are counted remote_lease_waits. A lease this node
 //    holds is its own: its later misses of the entry never wait. A failure to take or
 //    read a lease is a plain miss.
+//    Renewed leases (the default): the lease keeper thread renews every lease held here
+//    each kLeaseRenew (Remote::renew_lease) until its upload succeeded or it was held
+//    for the lease bound; a waiter's deadline is kLeaseBoundMax + kLeaseTtlMs, but it
+//    ends as soon as a poll finds the lease gone. So a holder that died costs the
+//    others kLeaseTtlMs (then one of them compiles), a slow compile is still waited
+//    for, and a holder that never uploads stops blocking others after the bound. The
+//    bound follows the compile times measured here: kLeaseBoundFactor times the
+//    longest of the last kLeaseSamples (lease taken to upload done), clamped to
+//    [kLeaseBoundMin, kLeaseBoundMax]; kLeaseBoundFirst before any was measured.
 //  - Negative entries the kernel caches for a name that could be an entry last
 //    kNegativeTimeoutS only, so an entry another node published is found soon after.
 //  - Write-behind: entries changed in the db (populated, a stem member, imported,
 //    renamed: the events log, whoever wrote them) are uploaded once settled (no write
-//    lease, no change for kSettle), from a queue of at most kMaxQueued entries; more
+//    lease, no change for kSettle, kSettleLeased for an entry whose compile lease this
+//    node holds), from a queue of at most kMaxQueued entries; more
 //    are dropped and counted (remote_upload_dropped). Entries this tier pulled are not
 //    uploaded back. An upload that fails is tried again a few times, further apart
 //    each time (kMaxUploadTries), then left to `kcache remote push`. Nothing is
@@ -52,7 +63,8 @@
 //    kServerStateFile in the db directory (docs/stats.md). start() publishes them,
 //    stop() sets the gauges to 0 and removes the file.
 // Threads: kFetchers fetchers, one timer (deadlines), one uploader (events, settling,
-// pushes, statistics, breakers), one prefetcher while a prefetch runs. m_mutex guards the flights,
+// pushes, statistics, breakers), one lease keeper with renewed leases, one prefetcher
+// while a prefetch runs. m_mutex guards the flights,
 // the fetch queue, the miss memo, the pulled set and m_stop; nothing else is locked while it is
 // held, and no callback runs under it. The Remote serializes operations per server itself.
 #pragma once
@@ -86,11 +98,21 @@ class RemoteTier {
     static constexpr double kNegativeTimeoutS = 1.0;
     static constexpr auto kMissMemo = std::chrono::seconds(1);
     static constexpr auto kSettle = std::chrono::seconds(1);
+    // An entry this node holds the compile lease of settles sooner: other nodes wait for
+    // it. Its files must come less than this apart (a compiler's burst of writes after
+    // its compile; a file held open for writing keeps it unsettled however long).
+    static constexpr auto kSettleLeased = std::chrono::milliseconds(300);
     static constexpr std::size_t kMaxQueued = 1024;  // entries waiting to settle or upload
     static constexpr std::size_t kMaxFlights = 256;  // pulls pending or running
     static constexpr int kFetchers = 2;
     static constexpr auto kLeasePoll = std::chrono::milliseconds(100);
     static constexpr std::size_t kMaxLeases = 4096;  // leases held: a bound (they expire anyway)
+    static constexpr auto kLeaseRenew = std::chrono::milliseconds(1000);
+    static constexpr auto kLeaseBoundFirst = std::chrono::seconds(30);
+    static constexpr auto kLeaseBoundMin = std::chrono::seconds(10);
+    static constexpr auto kLeaseBoundMax = std::chrono::seconds(600);
+    static constexpr int kLeaseBoundFactor = 4;
+    static constexpr std::size_t kLeaseSamples = 32;
     // A failed upload (Redis down, frozen, circuit open, full) is tried again after
     // 2, 4, 8, 16 s; after kMaxUploadTries it is left to `kcache remote push`.
     static constexpr unsigned kMaxUploadTries = 5;
@@ -136,6 +158,10 @@ class RemoteTier {
         bool fetching = true;     // a pull of it is queued or running
         Clock::time_point next_poll{};  // lease waits: when to pull it again
     };
+    struct Lease {  // a compile lease held here
+        Clock::time_point taken;
+        bool renewing = true;  // renewed leases: until uploaded or held for the bound
+    };
     struct Pending {  // an entry waiting to settle before its upload
         std::uint64_t files = 0, bytes = 0;
         std::int64_t last_access_ns = 0;
@@ -173,17 +199,27 @@ class RemoteTier {
     std::condition_variable m_fetch_wake;   // a fetch queued, or stop
     std::condition_variable m_timer_wake;   // a flight began, or stop
     std::condition_variable m_upload_wake;  // stop
+    std::condition_variable m_lease_wake;   // stop
     bool m_stop = false;
     bool m_started = false;
     std::unordered_map<std::string, Flight> m_flights;
     std::deque<std::string> m_fetch_queue;
     std::unordered_map<std::string, Clock::time_point> m_missed;  // entry -> memo ends
     std::unordered_set<std::string> m_pulled;                     // pulled here: not uploaded back
-    std::unordered_set<std::string> m_leases;                     // compile leases held here
+    std::unordered_map<std::string, Lease> m_leases;              // compile leases held here
+    std::deque<Clock::duration> m_lease_times;  // the last kLeaseSamples: taken to uploaded
+    Clock::duration m_lease_bound = kLeaseBoundFirst;
     const std::string m_owner;  // this daemon in lease values: host:pid
     // A pull that found no manifest, with leases on: the lease decided (m_mutex not held).
     // True when the flight goes on waiting (its waiters are kept).
     bool lease_after_miss(const std::string& entry);
+    bool renewed_leases() const {
+        return m_remote->options().lease_ms == remote::Options::kLeaseRenewed;
+    }
+    // The uploader uploaded `entry`: forgets its lease (measuring how long it was held)
+    // and says whether this node held one. m_mutex not held.
+    bool lease_uploaded(const std::string& entry);
+    void run_lease_keeper();
 
     std::mutex m_rules_mutex;  // the db's layout rules, parsed once per text
     std::string m_rules_text;

@@ -75,7 +75,12 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
             ++it;
             continue;
         }
-        if (now - p.since < kSettle) {
+        bool leased = false;  // others may be waiting for it: a shorter settle
+        {
+            std::lock_guard lock(m_mutex);
+            leased = m_leases.count(entry->name) > 0;
+        }
+        if (now - p.since < (leased ? kSettleLeased : kSettle)) {
             ++it;
             continue;
         }
@@ -100,7 +105,9 @@ void RemoteTier::run_uploader() {
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
     std::unique_lock lock(m_mutex);
     while (!m_stop) {
-        m_upload_wake.wait_for(lock, std::chrono::milliseconds(250));
+        // While this node holds leases, others may wait for its uploads: look more often.
+        m_upload_wake.wait_for(lock, m_leases.empty() ? std::chrono::milliseconds(250)
+                                                      : std::chrono::milliseconds(50));
         if (m_stop) break;
         lock.unlock();
         if (uploads) {
@@ -113,11 +120,7 @@ void RemoteTier::run_uploader() {
                 auto r = m_remote->push(m_store, name, m_job_tag);  // --job-tag: joins its set
                 if (r) {
                     failures.erase(id);
-                    bool leased = false;
-                    {
-                        std::lock_guard held(m_mutex);
-                        leased = m_leases.erase(name) > 0;
-                    }
+                    const bool leased = lease_uploaded(name);
                     // Uploaded: the nodes waiting find its manifest; the lease goes (a
                     // failure leaves it to expire).
                     if (leased) (void)m_remote->release_lease(name, m_owner);

@@ -13,43 +13,6 @@ namespace kcache::remote {
 
 namespace {
 
-// Converts hiredis's reply tree into our own (hiredis limits its depth to 7).
-Reply convert(const redisReply* r, std::uint64_t* received) {
-    Reply out;
-    switch (r->type) {
-        case REDIS_REPLY_STRING:
-            out.type = Reply::Type::string;
-            break;
-        case REDIS_REPLY_ARRAY:
-            out.type = Reply::Type::array;
-            break;
-        case REDIS_REPLY_INTEGER:
-            out.type = Reply::Type::integer;
-            break;
-        case REDIS_REPLY_STATUS:
-            out.type = Reply::Type::status;
-            break;
-        case REDIS_REPLY_ERROR:
-            out.type = Reply::Type::error;
-            break;
-        default:
-            out.type = Reply::Type::nil;
-            break;
-    }
-    if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
-        r->type == REDIS_REPLY_ERROR) {
-        out.str.assign(r->str, r->len);
-        if (received) *received += r->len;
-    }
-    if (r->type == REDIS_REPLY_INTEGER) out.integer = r->integer;
-    if (r->type == REDIS_REPLY_ARRAY) {
-        out.elements.reserve(r->elements);
-        for (std::size_t i = 0; i < r->elements; ++i)
-            out.elements.push_back(convert(r->element[i], received));
-    }
-    return out;
-}
-
 // Milliseconds to hand poll(2) until `deadline_ns`, rounded up; 0 once it has passed.
 int poll_ms(std::int64_t deadline_ns) {
     const std::int64_t left = deadline_ns - steady_ns();
@@ -161,7 +124,7 @@ Result<std::vector<Reply>> Connection::exec(const std::vector<Command>& commands
             return core::fail(EPROTO, fmt::format("redis {}: bad reply: {}", m_name, c->errstr));
         }
         if (raw != nullptr) {
-            replies.push_back(convert(static_cast<redisReply*>(raw), received));
+            replies.push_back(reply_of(static_cast<redisReply*>(raw), received));
             freeReplyObject(raw);
             continue;
         }

@@ -21,6 +21,7 @@
 #include "kcache/remote/remote.hpp"
 
 struct redisContext;
+struct redisReply;
 
 namespace kcache::remote {
 
@@ -38,6 +39,14 @@ struct Reply {
 };
 
 using Command = std::vector<std::string>;  // binary-safe arguments
+
+// The whole replies in `bytes` (RESP, as a server sends them), parsed by hiredis's reader
+// as Connection::exec parses a server's: EPROTO for bytes that are not RESP; a reply cut
+// short at the end is left out. For the tests and fuzz targets of reply parsers.
+Result<std::vector<Reply>> parse_replies(std::string_view bytes);
+// hiredis's reply tree as ours (hiredis limits its depth to 7); adds the bytes of its
+// values to `received` when given.
+Reply reply_of(const redisReply* reply, std::uint64_t* received);
 
 class Connection {
   public:

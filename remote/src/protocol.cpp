@@ -81,7 +81,14 @@ class Reader {
 };
 
 std::string prefix(std::string_view ns, char kind) {
-    return fmt::format("kc1:{}:{}:", ns, kind);
+    return fmt::format("kc2:{}:{}:", ns, kind);
+}
+
+// The hash tag of an entry's keys (manifest, lease): 16 hex digits of the XXH3 of its
+// name, so that the tag never holds a brace an entry name might contain and spreads
+// entries evenly over the slots.
+std::string entry_tag(std::string_view entry) {
+    return fmt::format("{{{:016x}}}:", core::digest_of(entry).low);
 }
 
 // zstd when it is smaller, else raw: [codec u8][raw length u32][payload].
@@ -127,16 +134,16 @@ core::Status unpack(std::string_view value, std::size_t limit, std::string& out)
 }  // namespace
 
 std::string manifest_key(std::string_view ns, std::string_view entry) {
-    return prefix(ns, 'm').append(entry);
+    return prefix(ns, 'm').append(entry_tag(entry)).append(entry);
 }
 std::string lease_key(std::string_view ns, std::string_view entry) {
-    return prefix(ns, 'l').append(entry);
+    return prefix(ns, 'l').append(entry_tag(entry)).append(entry);
 }
 std::string blob_key(std::string_view ns, const core::Digest& digest) {
-    return prefix(ns, 'b').append(digest.hex());
+    return prefix(ns, 'b').append(fmt::format("{{{}}}", digest.hex()));
 }
 std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index) {
-    return prefix(ns, 'c').append(fmt::format("{}:{}", digest.hex(), index));
+    return prefix(ns, 'c').append(fmt::format("{{{}}}:{}", digest.hex(), index));
 }
 std::string job_key(std::string_view ns, std::string_view tag) {
     return prefix(ns, 'j').append(tag);

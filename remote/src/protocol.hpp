@@ -1,14 +1,31 @@
-// The shared tier's protocol, version 1: keys and value formats in Redis.
+// The shared tier's protocol, version 2: keys and value formats in Redis.
 //
 // Keys (all under a versioned prefix and a namespace, so they coexist with other
-// tools' keys such as `triton:` or `ccache:` on one server):
-//   kc1:<ns>:m:<entry name>      manifest of an entry (written last, SET NX)
-//   kc1:<ns>:b:<digest hex>      blob header: raw size and chunk count (written after
-//                                every chunk of the blob)
-//   kc1:<ns>:c:<digest hex>:<i>  chunk i of a blob (1 MiB of raw bytes, zstd or raw)
-//   kc1:<ns>:j:<job tag>         set of entry names a job pushed
-//   kc1:<ns>:l:<entry name>      compile lease of an entry (SET NX PX; kcache-fsd
-//                                --remote-lease-ms): who compiles it while others wait
+// tools' keys such as `triton:` or `ccache:` on one server; version 1's `kc1:` keys are
+// never read: after an upgrade they simply miss, and expire or are evicted):
+//   kc2:<ns>:m:{<E>}:<entry name>  manifest of an entry (written last, SET NX)
+//   kc2:<ns>:l:{<E>}:<entry name>  compile lease of an entry (SET NX PX; kcache-fsd
+//                                  --remote-lease-ms): who compiles it while others wait
+//   kc2:<ns>:b:{<digest hex>}      blob header: raw size and chunk count (written after
+//                                  every chunk of the blob)
+//   kc2:<ns>:c:{<digest hex>}:<i>  chunk i of a blob (1 MiB of raw bytes, zstd or raw)
+//   kc2:<ns>:j:<job tag>           set of entry names a job pushed
+// where E is 16 hex digits of the XXH3 of the entry's name.
+//
+// Why these hash tags (Redis Cluster puts a key in the slot of the text between its
+// first '{' and the next '}', or of the whole key without one; client-side shards pick
+// a server by the same text, remote.cpp's shard()):
+//  - No tag spans a namespace: a `{<ns>}` tag would put a whole namespace, the whole
+//    fleet's cache, on one node.
+//  - An entry's manifest and its lease share the entry's tag: they live on one node, so
+//    a lease and the manifest it waits for are asked of the same node (and could be read
+//    together, in one pipeline or script), and a failover loses or keeps both.
+//  - A blob's header and chunks share the blob's own digest as tag and nothing else (no
+//    namespace, no entry): every blob lands on its own slot, spread over the cluster and
+//    shared by every entry that uses it, while one blob is still read in one pipeline
+//    from one node and dropped in one DEL. Dictionaries take the same shape.
+//  - A job set is untagged: one key, anywhere.
+// The entry's tag is a digest, not the name itself, because a name may hold '{' or '}'.
 // Values are little-endian with a magic word. Decoding treats every value as hostile:
 // every length is bounds-checked against the value and against fixed limits, and a
 // value that fails is EBADMSG (corrupt), never a crash or an unbounded allocation.

@@ -1,5 +1,5 @@
 // Servers, URLs, passwords, the circuit breaker and sharding. Moving entries is in
-// transfer.cpp.
+// transfer.cpp; a Redis Cluster's routing in cluster.cpp.
 #include <signal.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "client.hpp"
+#include "cluster.hpp"
 #include "kcache/remote/remote.hpp"
 #include "server.hpp"
 
@@ -135,6 +136,37 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
     return e;
 }
 
+Result<std::vector<Endpoint>> parse_cluster_url(std::string_view url) {
+    constexpr std::string_view kScheme = "redis-cluster://";
+    if (!url.starts_with(kScheme))
+        return bad_url(url, "expected redis-cluster://[user@]host:port[,host:port...]");
+    std::string_view rest = url.substr(kScheme.size());
+    std::string user;
+    if (const std::size_t at = rest.rfind('@'); at != std::string_view::npos) {
+        if (rest.substr(0, at).find(':') != std::string_view::npos) {
+            return core::fail(EINVAL,
+                              "bad remote URL: a password in the URL is refused; use "
+                              "--remote-password-env or --remote-password-file");
+        }
+        user = std::string(rest.substr(0, at)) + "@";
+        rest.remove_prefix(at + 1);
+    }
+    if (rest.ends_with("/0")) rest.remove_suffix(2);
+    if (rest.find('/') != std::string_view::npos) return bad_url(url, "a cluster has only db 0");
+    std::vector<Endpoint> seeds;
+    while (!rest.empty()) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view hostport = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        if (hostport.empty()) return bad_url(url, "an empty node between commas");
+        auto e = parse_endpoint(fmt::format("redis://{}{}", user, hostport));
+        if (!e) return bad_url(url, e.error().message);
+        seeds.push_back(std::move(*e));
+    }
+    if (seeds.empty()) return bad_url(url, "no node");
+    return seeds;
+}
+
 Result<std::string> load_password(const std::string& env_name, const std::string& file) {
     if (!env_name.empty()) {
         const char* value = std::getenv(env_name.c_str());
@@ -164,6 +196,15 @@ Status validate(const Options& o) {
     }
     if (o.breaker_threshold == 0)
         return core::fail(EINVAL, "the breaker threshold must be at least 1");
+    if (o.lease_ms < 0 && o.lease_ms != Options::kLeaseRenewed)
+        return core::fail(EINVAL, "a lease's time must be positive (or 0: no leases)");
+    for (const Endpoint& e : o.cluster ? o.servers : std::vector<Endpoint>()) {
+        if (e.unix_socket || e.db != 0) {
+            return core::fail(EINVAL, fmt::format("cluster node {}: a cluster is reached over "
+                                                  "TCP and has only db 0",
+                                                  e.id()));
+        }
+    }
     return {};
 }
 
@@ -213,17 +254,23 @@ Result<std::unique_ptr<Remote>> Remote::create(Options options) {
         }
         remote->m_servers.push_back(std::move(server));
     }
+    if (remote->m_options.cluster) {
+        remote->m_cluster = std::make_unique<Cluster>();
+        remote->m_cluster->slots.assign(cluster::kSlots, nullptr);
+    }
     return remote;
 }
 
 Remote::Server& Remote::shard(std::string_view key) {
+    if (m_cluster) return route(key);
     Server* best = m_servers.front().get();
     if (m_servers.size() == 1) return *best;
     std::uint64_t best_score = 0;
+    const std::string_view tag = cluster::hash_tag(key);
     for (const auto& s : m_servers) {
         std::string probe = s->id;
         probe.push_back('\n');
-        probe.append(key);
+        probe.append(tag);
         const std::uint64_t score = core::digest_of(probe).low;
         if (score >= best_score) {
             best_score = score;
@@ -234,6 +281,12 @@ Remote::Server& Remote::shard(std::string_view key) {
 }
 
 Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Command>& commands) {
+    auto replies = KCACHE_TRY(exec_once(server, commands));
+    if (!m_cluster) return replies;
+    return follow_redirects(server, commands, std::move(replies));
+}
+
+Result<std::vector<Reply>> Remote::exec_once(Server& server, const std::vector<Command>& commands) {
     std::lock_guard lock(server.mutex);
     std::int64_t now = steady_ns();
     if (server.breaker == Server::Breaker::open) {
@@ -247,7 +300,8 @@ Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Comman
         server.breaker = Server::Breaker::half_open;  // this operation is the trial
     }
     auto failed = [&](core::Error e) -> tl::unexpected<core::Error> {
-        server.connection.reset();  // replies may be pending: never reuse it
+        server.connection.reset();                     // replies may be pending: never reuse it
+        if (m_cluster) m_cluster->wanted.store(true);  // a failover may have begun
         (e.code == ETIMEDOUT ? m_counts.timeouts : m_counts.errors).fetch_add(1);
         ++server.failures;
         if (server.breaker == Server::Breaker::half_open ||
@@ -304,7 +358,7 @@ bool Remote::uploads_paused(Server& server) {
 
 std::vector<std::string> Remote::ping() {
     std::vector<std::string> out;
-    for (const auto& s : m_servers) {
+    for (Server* s : serving()) {
         auto r = exec(*s, {{"PING"}});
         if (!r) {
             out.push_back(r.error().message);
@@ -319,7 +373,7 @@ std::vector<std::string> Remote::ping() {
 
 std::size_t Remote::probe() {
     std::size_t tried = 0;
-    for (const auto& s : m_servers) {
+    for (Server* s : all_servers()) {
         {
             std::lock_guard lock(s->mutex);
             if (s->breaker != Server::Breaker::open || steady_ns() < s->open_until) continue;
@@ -345,10 +399,10 @@ Counts Remote::counts() const {
     return c;
 }
 
-std::vector<ServerState> Remote::servers() const {
+std::vector<ServerState> Remote::servers() {
     std::vector<ServerState> out;
     const std::int64_t now = steady_ns();
-    for (const auto& s : m_servers) {
+    for (Server* s : serving()) {
         std::lock_guard lock(s->mutex);
         ServerState st;
         st.id = s->id;

@@ -1,10 +1,13 @@
 // A Remote's view of one server (internal to kcache_remote).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "client.hpp"
 #include "kcache/remote/remote.hpp"
@@ -25,6 +28,19 @@ struct Remote::Server {
     std::int64_t open_until = 0;  // steady_ns
     std::int64_t cooldown = 0;    // the next time it opens
     std::int64_t uploads_paused_until = 0;
+};
+
+// A Redis Cluster's slot map. `mutex` guards `slots` and the Remote's m_servers (which
+// only grows); `refresh` is held by the one thread reading the map from the cluster
+// (others route by the map they have meanwhile). No server's mutex is ever taken while
+// `mutex` is held.
+struct Remote::Cluster {
+    std::shared_mutex mutex;
+    std::vector<Server*> slots;  // kSlots entries; null: unknown
+    std::mutex refresh;
+    std::atomic<bool> wanted{true};                 // the map is stale (or was never read)
+    std::atomic<std::int64_t> next_refresh_ns{0};   // steady_ns: no read before this
+    static constexpr std::size_t kMaxNodes = 1024;  // addresses a reply may add, at most
 };
 
 }  // namespace kcache::remote

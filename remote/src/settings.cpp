@@ -1,5 +1,6 @@
 #include "kcache/remote/settings.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -50,10 +51,11 @@ CLI::Validator deadline_transform() {
 void add_options(CLI::App& app, Settings& s) {
     app.add_option("--remote", s.urls,
                    "redis://[user@]host:port[/db] or unix:/path[?db=N&user=U]; repeat to shard "
-                   "over several (default: $KCACHE_REMOTE)")
+                   "over several; or one Redis Cluster: "
+                   "redis-cluster://[user@]host:port[,host:port...] (default: $KCACHE_REMOTE)")
         ->type_name("URL");
     app.add_option("--remote-namespace", s.ns,
-                   "keys live under kc1:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
+                   "keys live under kc2:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
         ->type_name("NS");
     app.add_option("--remote-password-env", s.password_env,
                    "read the password from this environment variable (default: "
@@ -92,8 +94,22 @@ Result<Options> resolve(const Settings& s) {
         return core::fail(EINVAL, "no remote server: give --remote URL or set KCACHE_REMOTE");
     Options options;
     for (const std::string& url : urls) {
+        if (url.starts_with("redis-cluster://")) {
+            // Several cluster URLs name seeds of one cluster; plain servers cannot join it.
+            options.cluster = true;
+            auto seeds = KCACHE_TRY(parse_cluster_url(url));
+            options.servers.insert(options.servers.end(), seeds.begin(), seeds.end());
+            continue;
+        }
         auto endpoint = KCACHE_TRY(parse_endpoint(url));
         options.servers.push_back(std::move(endpoint));
+    }
+    if (options.cluster && !std::all_of(urls.begin(), urls.end(), [](const std::string& u) {
+            return u.starts_with("redis-cluster://");
+        })) {
+        return core::fail(EINVAL,
+                          "--remote: a redis-cluster:// URL cannot be mixed with plain servers "
+                          "(shards are for plain servers; a cluster shards itself)");
     }
     if (!s.password_env.empty() && !s.password_file.empty()) {
         return core::fail(EINVAL,

@@ -197,7 +197,7 @@ Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owne
                                    std::int64_t ttl_ms) {
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
-    Server& server = shard(proto::manifest_key(m_options.ns, entry));
+    Server& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
     const auto replies =
         KCACHE_TRY(exec(server, {{"SET", proto::lease_key(m_options.ns, entry), std::string(owner),
                                   "NX", "PX", std::to_string(std::max<std::int64_t>(ttl_ms, 1))}}));
@@ -210,7 +210,7 @@ Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owne
 Status Remote::release_lease(std::string_view entry, std::string_view owner) {
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
-    Server& server = shard(proto::manifest_key(m_options.ns, entry));
+    Server& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
     // Compare and delete in one step: a lease that expired and was taken by another
     // node meanwhile is theirs.
     static const char* const kScript =
@@ -224,8 +224,24 @@ Status Remote::release_lease(std::string_view entry, std::string_view owner) {
     return {};
 }
 
+Result<bool> Remote::renew_lease(std::string_view entry, std::string_view owner,
+                                 std::int64_t ttl_ms) {
+    if (m_options.read_only)
+        return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
+    Server& server = shard(proto::lease_key(m_options.ns, entry));
+    static const char* const kScript =
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], "
+        "ARGV[2]) else return 0 end";
+    const auto replies = KCACHE_TRY(
+        exec(server, {{"EVAL", kScript, "1", proto::lease_key(m_options.ns, entry),
+                       std::string(owner), std::to_string(std::max<std::int64_t>(ttl_ms, 1))}}));
+    const Reply& r = replies.front();
+    if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));
+    return r.integer == 1;
+}
+
 Result<bool> Remote::lease_held(std::string_view entry) {
-    Server& server = shard(proto::manifest_key(m_options.ns, entry));
+    Server& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
     auto replies = KCACHE_TRY(exec(server, {{"EXISTS", proto::lease_key(m_options.ns, entry)}}));
     const Reply& r = replies.front();
     if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));

@@ -108,8 +108,20 @@ TEST_CASE("options: single flight's bound: -o single_flight_ms= and --single-fli
     CHECK(parse({"-o", "single_flight_ms=3600001"}).error().code == ERANGE);
 }
 
-TEST_CASE("options: --remote-lease-ms needs --remote, and is off by default", "[options]") {
-    CHECK(must_parse({"--remote", "unix:/run/redis.sock"}).remote->lease_ms == 0);
+TEST_CASE("options: --remote-lease-ms needs --remote; renewed leases by default, 0 turns them off",
+          "[options]") {
+    using kcache::remote::Options;
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock"}).remote->lease_ms ==
+          Options::kLeaseRenewed);
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "auto"})
+              .remote->lease_ms == Options::kLeaseRenewed);
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "0"})
+              .remote->lease_ms == 0);
+    // A read-only node takes no lease (it could not write one): a plain miss.
+    CHECK(must_parse({"--remote", "unix:/run/redis.sock", "--remote-read-only"}).remote->lease_ms ==
+          0);
+    CHECK(parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "soon"}).error().code ==
+          EINVAL);
     CHECK(must_parse({"--remote", "unix:/run/redis.sock", "--remote-lease-ms", "5000"})
               .remote->lease_ms == 5000);
     CHECK(parse({"--remote-lease-ms", "5000"}).error().code == EINVAL);

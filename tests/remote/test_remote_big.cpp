@@ -128,14 +128,14 @@ TEST_CASE("fsd remote: a file over 512 MiB travels from mount A to mount B in ch
 
     // In Redis: chunks of at most the protocol's chunk size (plus a small header), as
     // many as the size needs; no value anywhere near Redis's 512 MB limit.
-    const auto keys = redis.command({"KEYS", "kc1:fsd:*"});
+    const auto keys = redis.command({"KEYS", "kc2:fsd:*"});
     REQUIRE(keys.type == kcache::remote::Reply::Type::array);
     std::uint64_t chunks = 0, largest = 0;
     for (const auto& key : keys.elements) {
         const auto len = redis.command({"STRLEN", key.str});
         REQUIRE(len.type == kcache::remote::Reply::Type::integer);
         largest = std::max<std::uint64_t>(largest, static_cast<std::uint64_t>(len.integer));
-        if (key.str.rfind("kc1:fsd:c:", 0) == 0) ++chunks;
+        if (key.str.rfind("kc2:fsd:c:", 0) == 0) ++chunks;
     }
     CHECK(chunks == proto::chunk_count(kSize));
     CHECK(chunks == 521);

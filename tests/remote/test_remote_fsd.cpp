@@ -21,12 +21,14 @@
 #include <catch2/catch.hpp>
 
 #include "mount_fixture.hpp"
+#include "protocol.hpp"
 #include "redis_fixture.hpp"
 
 using kcache::test::DaemonOptions;
 using kcache::test::MountedCache;
 using kcache::test::RedisServer;
 namespace test = kcache::test;
+namespace proto = kcache::remote::proto;
 
 namespace {
 
@@ -36,9 +38,13 @@ const std::string kKey2 = "Q7LZ3WJ5UE2RS4VN6KXA3MBY7DHC2PGTF5OIQ4ZL6NW3RT2XYKAA"
 const std::string kKey3 = "B3NDK7QWZ2LX5RM4UVJ6YTH2CPA7SGEF4NOIQ5ZK6LW3XT2RYMBB";
 const std::string kKey4 = "C4PEL8RXA3MY6SN5VWK7ZUI3DQB8THFG5OPJR6AL7MX4YU3SZNCC";
 
+// Compile leases are on by default; the cases that are not about them turn them off, so
+// that a name one mount missed never makes the other wait for its compile.
 DaemonOptions with_remote(const RedisServer& redis, std::vector<std::string> extra = {}) {
     DaemonOptions o;
     o.args = {"--remote", redis.url(), "--remote-namespace", "fsd"};
+    if (std::find(extra.begin(), extra.end(), "--remote-lease-ms") == extra.end())
+        o.args.insert(o.args.end(), {"--remote-lease-ms", "0"});
     o.args.insert(o.args.end(), extra.begin(), extra.end());
     return o;
 }
@@ -247,7 +253,7 @@ TEST_CASE(
     // The members of a job's set, sorted.
     auto members = [&](const std::string& tag) {
         std::vector<std::string> names;
-        for (const auto& e : redis.command({"SMEMBERS", "kc1:fsd:j:" + tag}).elements)
+        for (const auto& e : redis.command({"SMEMBERS", proto::job_key("fsd", tag)}).elements)
             names.push_back(e.str);
         std::sort(names.begin(), names.end());
         return names;
@@ -393,7 +399,7 @@ TEST_CASE("fsd remote: with --remote-lease-ms one node compiles a missed entry, 
     RedisServer redis;
     MountedCache a(with_remote(redis, {"--remote-lease-ms", "60000"}));  // never reached below
     MountedCache b(with_remote(redis, {"--remote-lease-ms", "60000"}));
-    const std::string lease = "kc1:fsd:l:" + kKey1;
+    const std::string lease = proto::lease_key("fsd", kKey1);
 
     // A misses the entry here and in Redis: it takes the lease and is answered at once.
     REQUIRE_FAILS_WITH(::access(a.p(kKey1).c_str(), F_OK), ENOENT);
@@ -442,7 +448,7 @@ TEST_CASE("fsd remote: a lease wait ends after the lease's time when the holder 
     }
     CHECK(stat_of(b, "remote_lease_waits") == 1);
     // A's lease expired without a manifest: B took it over (it compiles now).
-    CHECK(redis.command({"EXISTS", "kc1:fsd:l:" + kKey2}).integer == 1);
+    CHECK(redis.command({"EXISTS", proto::lease_key("fsd", kKey2)}).integer == 1);
 }
 
 TEST_CASE(
@@ -464,4 +470,61 @@ TEST_CASE(
     wait_uploads(a, 1);
     MountedCache b(with_remote(redis));
     require_same(b, kKey1, files);  // read through: the one manifest has all four
+}
+
+TEST_CASE("fsd remote: leases are on by default and renewed while the holder compiles",
+          "[remote][fsd][lease]") {
+    // A compile longer than a renewed lease's time to live (Options::kLeaseTtlMs) is
+    // still waited for: its holder renews the lease until its upload.
+    RedisServer redis;
+    MountedCache a(with_remote(redis, {"--remote-lease-ms", "auto"}));
+    MountedCache b(with_remote(redis, {"--remote-lease-ms", "auto"}));
+    const std::string lease = proto::lease_key("fsd", kKey1);
+    REQUIRE_FAILS_WITH(::access(a.p(kKey1).c_str(), F_OK), ENOENT);  // A leases: it compiles
+    CHECK(redis.command({"EXISTS", lease}).integer == 1);
+    test::Child prober([&] {
+        struct stat st {};
+        return ::stat(b.p(kKey1 + "/__grp__add_kernel.json").c_str(), &st) == 0 ? 0 : 2;
+    });
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_lease_waits") >= 1; }, 30));
+    }
+    // The compile: past the lease's first time to live.
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(kcache::remote::Options::kLeaseTtlMs + 2000));
+    REQUIRE(prober.running());
+    CHECK(redis.command({"EXISTS", lease}).integer == 1);  // renewed
+    const auto files = triton_files(kKey1, 51);
+    store(a, kKey1, files);
+    wait_uploads(a, 1);
+    const test::ChildResult probed = prober.join(60);
+    REQUIRE_FALSE(probed.timed_out);
+    CHECK(probed.exit_code == 0);
+    require_same(b, kKey1, files);
+    CHECK(stat_of(b, "remote_lease_timeouts") == 0);
+    CHECK(stat_of(b, "remote_uploads") == 0);  // compiled once, by A
+}
+
+TEST_CASE("fsd remote: a holder that dies costs the waiters one lease time, then one compiles",
+          "[remote][fsd][lease]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis, {"--remote-lease-ms", "auto"}));
+    MountedCache b(with_remote(redis, {"--remote-lease-ms", "auto"}));
+    REQUIRE_FAILS_WITH(::access(a.p(kKey2).c_str(), F_OK), ENOENT);  // A leases
+    const std::string lease = proto::lease_key("fsd", kKey2);
+    const std::string holder = redis.command({"GET", lease}).str;
+    REQUIRE(!holder.empty());
+    REQUIRE(a.signal_daemon(SIGKILL) == -1);  // dies holding it: no renewal, no release
+
+    // B waits while the lease lives (at most its time to live, unrenewed), then takes it.
+    REQUIRE_FAILS_WITH(::access(b.p(kKey2).c_str(), F_OK), ENOENT);
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_lease_timeouts") >= 1; }, 30));
+    }
+    CHECK(stat_of(b, "remote_lease_waits") == 1);
+    const auto now_held = redis.command({"GET", lease});
+    REQUIRE(now_held.type == kcache::remote::Reply::Type::string);
+    CHECK(now_held.str != holder);  // B's now: B compiles
 }

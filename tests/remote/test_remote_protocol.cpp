@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include <fmt/core.h>
 #include <catch2/catch.hpp>
 
 #include "kcache/remote/remote.hpp"
@@ -82,10 +83,12 @@ TEST_CASE("remote options and job tags are validated", "[remote]") {
 
 TEST_CASE("remote keys are versioned and namespaced", "[remote]") {
     const core::Digest d = core::digest_of("x");
-    CHECK(proto::manifest_key("ns", "triton/ABC") == "kc1:ns:m:triton/ABC");
-    CHECK(proto::blob_key("ns", d) == "kc1:ns:b:" + d.hex());
-    CHECK(proto::chunk_key("ns", d, 3) == "kc1:ns:c:" + d.hex() + ":3");
-    CHECK(proto::job_key("ns", "j1") == "kc1:ns:j:j1");
+    const std::string tag = fmt::format("{{{:016x}}}", core::digest_of("triton/ABC").low);
+    CHECK(proto::manifest_key("ns", "triton/ABC") == "kc2:ns:m:" + tag + ":triton/ABC");
+    CHECK(proto::lease_key("ns", "triton/ABC") == "kc2:ns:l:" + tag + ":triton/ABC");
+    CHECK(proto::blob_key("ns", d) == "kc2:ns:b:{" + d.hex() + "}");
+    CHECK(proto::chunk_key("ns", d, 3) == "kc2:ns:c:{" + d.hex() + "}:3");
+    CHECK(proto::job_key("ns", "j1") == "kc2:ns:j:j1");
     CHECK(proto::chunk_count(0) == 0);
     CHECK(proto::chunk_count(1) == 1);
     CHECK(proto::chunk_count(proto::kChunkBytes) == 1);

@@ -136,12 +136,12 @@ TEST_CASE("a read-only ACL user never writes to Redis", "[remote]") {
     RedisServer redis;
     // The two users of docs/operations.md.
     REQUIRE(redis
-                .command({"ACL", "SETUSER", "writer", "on", ">writerpw", "~kc1:*", "resetchannels",
+                .command({"ACL", "SETUSER", "writer", "on", ">writerpw", "~kc2:*", "resetchannels",
                           "-@all", "+get", "+set", "+exists", "+del", "+sadd", "+smembers", "+ping",
                           "+select"})
                 .is_ok());
     REQUIRE(redis
-                .command({"ACL", "SETUSER", "reader", "on", ">readerpw", "~kc1:*", "resetchannels",
+                .command({"ACL", "SETUSER", "reader", "on", ">readerpw", "~kc2:*", "resetchannels",
                           "-@all", "+get", "+exists", "+smembers", "+ping", "+select"})
                 .is_ok());
     TestDb a, b;
@@ -209,10 +209,9 @@ TEST_CASE("a full Redis (OOM) pauses uploads with a clear error and loses nothin
     CHECK(push.err.find("paused") != std::string::npos);
     CHECK(a.entries() == before);
     // No manifest of an entry whose blobs did not all make it.
-    const auto keys = redis.command({"KEYS", "kc1:test:m:*"});
+    const auto keys = redis.command({"KEYS", "kc2:test:m:*"});
     CHECK(keys.elements.size() < 3);
     for (const auto& k : keys.elements) {
-        const std::string name = k.str.substr(std::string("kc1:test:m:").size());
         auto m = proto::decode_manifest(redis.command({"GET", k.str}).str);
         REQUIRE(m);
         for (const auto& n : m->nodes) {

@@ -17,6 +17,13 @@
 //    log line.
 //  - A Remote is thread-safe: each server's connection and breaker are guarded by that
 //    server's mutex, so operations on one server are serialized; counts are atomic.
+//  - Redis Cluster (Options::cluster, `redis-cluster://`): the slots are discovered with
+//    CLUSTER SLOTS on first use, every command goes to the master of its key's slot
+//    (pipelined per node), MOVED and ASK are followed (a few hops at most), and the map
+//    is read again after a MOVED, a CLUSTERDOWN or a node's failure (at most every
+//    kRefreshNs). Each node has its own connection, deadlines and circuit breaker, so
+//    a dead master costs its slots' operations one deadline each until its breaker
+//    opens, then nothing until its replica is promoted and the map names it.
 //  - SIGPIPE is set to be ignored when a Remote is created (unless a handler is
 //    installed): a write to a connection the server closed must be an error, not death.
 #pragma once
@@ -53,6 +60,9 @@ struct Endpoint {
     std::string id() const;
 };
 Result<Endpoint> parse_endpoint(std::string_view url);
+// The seed nodes of `redis-cluster://[user@]host:port[,host:port...]` (TCP only, db 0:
+// a cluster has no other). EINVAL naming the fault otherwise.
+Result<std::vector<Endpoint>> parse_cluster_url(std::string_view url);
 
 // The password from the environment variable `env_name` (when non-empty and set) or
 // else the first line of `file` (when non-empty). EINVAL when an explicitly named
@@ -61,8 +71,10 @@ Result<std::string> load_password(const std::string& env_name, const std::string
 
 struct Options {
     std::vector<Endpoint> servers;  // keys are sharded over them by rendezvous hashing
-    std::string password;           // AUTH [user] password; empty: no AUTH
-    std::string ns = "default";     // namespace: keys live under kc1:<ns>:
+    // The servers are seed nodes of one Redis Cluster: keys go where its slot map says.
+    bool cluster = false;
+    std::string password;        // AUTH [user] password; empty: no AUTH
+    std::string ns = "default";  // namespace: keys live under kc2:<ns>: (protocol.hpp)
     std::int64_t connect_timeout_ns = 1'000'000'000;
     std::int64_t op_timeout_ns = 2'000'000'000;  // one round trip (or one pipeline)
     bool read_only = false;                      // never write (push refused, corrupt blobs kept)
@@ -71,11 +83,16 @@ struct Options {
     std::int64_t oom_pause_ns = 30'000'000'000;        // uploads pause this long after an OOM reply
     // kcache-fsd --remote-lease-ms: a node that misses an entry everywhere takes a lease
     // of this many ms on compiling it (SET NX PX); the others wait for its manifest at
-    // most that long. 0: no leases.
+    // most that long. 0: no leases. kLeaseRenewed (kcache-fsd's default): a lease of
+    // kLeaseTtlMs that its holder renews while it compiles, for as long as the compile
+    // times it measured allow (fsd/src/remote_tier.hpp), so that a dead holder costs the
+    // others kLeaseTtlMs and a slow compile is still waited for.
+    static constexpr std::int64_t kLeaseRenewed = -1;
+    static constexpr std::int64_t kLeaseTtlMs = 5000;
     std::int64_t lease_ms = 0;
 };
-// EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]) or a
-// non-positive timeout.
+// EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]), a
+// non-positive timeout, or a cluster seed that is a unix socket or names a db.
 Status validate(const Options& options);
 
 // What a Remote has done since it was made. Add them to a db's statistics with
@@ -159,14 +176,18 @@ class Remote {
     Result<PullSummary> pull_job(core::Store& store, std::string_view job_tag,
                                  const PullProgress& progress = {});
     // Compile leases (kcache-fsd --remote-lease-ms; protocol.hpp's lease key, on the
-    // server of the entry's manifest). acquire_lease: SET NX PX: true when `owner` now
-    // holds it, false when another does. release_lease: deletes it if `owner` holds it
+    // server (or cluster slot) of the entry's manifest). acquire_lease: SET NX PX: true when
+    // `owner` now holds it, false when another does. release_lease: deletes it if `owner` holds it
     // (a script compares and deletes in one step). lease_held: whether anyone holds it.
     // EROFS when read-only (acquire, release); the usual errors otherwise.
     Result<bool> acquire_lease(std::string_view entry, std::string_view owner, std::int64_t ttl_ms);
     Status release_lease(std::string_view entry, std::string_view owner);
+    // Sets the lease's time to live to `ttl_ms` if `owner` still holds it (one script):
+    // true when it did, false when the lease is gone or another's.
+    Result<bool> renew_lease(std::string_view entry, std::string_view owner, std::int64_t ttl_ms);
     Result<bool> lease_held(std::string_view entry);
-    // PING every server: per server, empty on success or the error message.
+    // PING every server (a cluster: every master): per server, in servers()'s order,
+    // empty on success or the error message.
     std::vector<std::string> ping();
     // PINGs each server whose circuit is open and whose cool-down has passed: the trial
     // that closes the circuit (or opens it again), so that an idle client's breaker
@@ -175,19 +196,43 @@ class Remote {
     std::size_t probe();
 
     Counts counts() const;
-    std::vector<ServerState> servers() const;
+    std::vector<ServerState> servers();
     const Options& options() const { return m_options; }
 
-    struct Server;  // a connection, its breaker and its mutex (remote.cpp)
+    struct Server;   // a connection, its breaker and its mutex (server.hpp)
+    struct Cluster;  // the slot map of a Redis Cluster (server.hpp)
+    static constexpr std::int64_t kRefreshNs = 200'000'000;  // slot map reads, at most
 
   private:
     explicit Remote(Options options);
-    // The server that holds `key`: highest rendezvous score of (server id, key).
+    // The server that holds `key`. Plain servers: the highest rendezvous score of
+    // (server id, the key's hash tag), so that keys sharing a tag share a server as
+    // they share a slot in a cluster. A cluster: the master of the key's slot (the
+    // first seed while the slot is unknown; its MOVED reply corrects that).
     Server& shard(std::string_view key);
-    // One pipeline on one server under the breaker and the deadline; counts failures,
-    // timeouts and bytes, pauses uploads on an OOM reply. Error replies are replies.
+    // One pipeline on the server of its keys; in a cluster, MOVED and ASK replies are
+    // followed to the node they name and their replies put in place. Error replies are
+    // replies; a failure of any node it reached fails the whole pipeline.
     Result<std::vector<Reply>> exec(Server& server,
                                     const std::vector<std::vector<std::string>>& commands);
+    // One pipeline on one server under the breaker and the deadline; counts failures,
+    // timeouts and bytes, pauses uploads on an OOM reply.
+    Result<std::vector<Reply>> exec_once(Server& server,
+                                         const std::vector<std::vector<std::string>>& commands);
+    // Cluster (cluster.cpp): the master of a slot; reads the slot map when it is
+    // wanted and kRefreshNs has passed since the last read; the server of an address
+    // (added on first sight); follows the redirections among `replies`.
+    Server& route(std::string_view key);
+    void refresh_slots();
+    Server* node(const std::string& host, std::uint16_t port);
+    Result<std::vector<Reply>> follow_redirects(
+        Server& server, const std::vector<std::vector<std::string>>& commands,
+        std::vector<Reply> replies);
+    // Every server known now (plain: the configured ones; cluster: seeds and nodes seen).
+    std::vector<Server*> all_servers() const;
+    // The servers ping() and servers() report: plain: all; a cluster: the masters of
+    // the slot map (read first if it never was), or the first seed while none is known.
+    std::vector<Server*> serving();
     // A server's error reply as an Error (ENOSPC for OOM, EACCES for NOPERM), counted.
     core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
     bool uploads_paused(Server& server);
@@ -204,8 +249,11 @@ class Remote {
             dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0};
     };
     Options m_options;
+    // Plain servers: fixed once create() returns. A cluster appends the nodes it
+    // discovers under m_cluster's mutex (never removes one: a Server& stays valid).
     std::vector<std::unique_ptr<Server>> m_servers;
-    AtomicCounts m_counts;  // Server operations count errors, timeouts and bytes here
+    std::unique_ptr<Cluster> m_cluster;  // null for plain servers
+    AtomicCounts m_counts;               // Server operations count errors, timeouts and bytes here
 };
 
 // Adds `counts` to the db's remote_* statistics in one write transaction.
