@@ -47,6 +47,7 @@ Result<std::unique_ptr<Connection>> Connection::open(const Endpoint& endpoint,
         redisFree(c);
         return tl::unexpected(std::move(e));
     }
+    limit_replies(c->reader);
     std::unique_ptr<Connection> conn(new Connection(c, name));
     // The connect is in progress: wait for the socket to become writable, then ask it
     // how the connect ended.

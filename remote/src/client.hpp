@@ -22,6 +22,7 @@
 
 struct redisContext;
 struct redisReply;
+struct redisReader;
 
 namespace kcache::remote {
 
@@ -47,6 +48,9 @@ Result<std::vector<Reply>> parse_replies(std::string_view bytes);
 // hiredis's reply tree as ours (hiredis limits its depth to 7); adds the bytes of its
 // values to `received` when given.
 Reply reply_of(const redisReply* reply, std::uint64_t* received);
+// Makes `reader` refuse an array of a negative count or over 2^20 elements (hiredis
+// 0.14 would allocate its table first): the read fails instead (reply.cpp).
+void limit_replies(redisReader* reader);
 
 class Connection {
   public:
