@@ -240,7 +240,7 @@ void RemoteTier::run_fetcher() {
         const bool found = result && (result->outcome == remote::Outcome::pulled ||
                                       result->outcome == remote::Outcome::already_local);
         if (result && result->outcome == remote::Outcome::miss &&
-            m_remote->options().lease_ms > 0 && lease_after_miss(entry)) {
+            m_remote->options().lease_ms != 0 && lease_after_miss(entry)) {
             m_timer_wake.notify_one();  // its next poll
             lock.lock();
             continue;
