@@ -35,10 +35,25 @@ Then, each with a Redis of its own:
            remote_prefetched reaching the job's size), the job run again (all local);
            and once more restarted empty, waiting for the prefetch before the job.
 
+Issue 22 (compile leases on by default, Redis Cluster), each on a backend of its own:
+
+  staggered  as above, once per --leases value (0: no leases; auto: the default).
+  storm    for each --backends (1 Redis, 3 client-side shards, a 3+3 Redis Cluster on
+           loopback), --storm-nodes (4, 8) and --leases: every node mounted first, then
+           all run the same job at the same moment, so every node misses the same
+           kernel at once. Compiles per kernel for the fleet, each node's job time, the
+           lease waits and timeouts, and files read with wrong bytes (every cubin read
+           is checked against what its compile wrote).
+  holder   the same with leases on, but node 0 first misses every entry (taking every
+           lease) and is SIGKILLed before the others start: what a dead holder costs.
+  failover the storm on the cluster with a master SIGKILLed a third of the way through
+           (its replica promoted: cluster-node-timeout 1 s).
+
 Usage: bench/remote_fleet.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache
            [--nodes 2,4,8] [--entries 300] [--compile-ms 20] [--cubin-kib 64]
            [--stagger-nodes 4] [--stagger-s 2.0] [--phases fleet,staggered,restart]
            [--remote-timeout 300ms] [--pull-runs 5] [--dir DIR]
+           [--storm-nodes 4,8] [--backends redis,shards,cluster] [--leases 0,auto]
 """
 import argparse
 import hashlib
@@ -212,12 +227,14 @@ class Cluster:
             return out
         return []
 
-    def wait_ok(self, timeout=60):
+    def wait_ok(self, timeout=60, dead=None):
+        """Until every node is ok and 3 live masters (not `dead`) serve the slots."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             try:
+                masters = self.masters()
                 if all(b"cluster_state:ok" in resp(p, "CLUSTER", "INFO") for p in self.procs) \
-                        and len(self.masters()) == 3:
+                        and len(masters) == 3 and dead not in masters:
                     return time.monotonic()
             except OSError:
                 pass
@@ -231,7 +248,7 @@ class Cluster:
         t = time.monotonic()
         proc.kill()
         proc.wait()
-        return port, self.wait_ok() - t
+        return port, self.wait_ok(dead=port) - t
 
     def stop(self):
         for proc in self.procs.values():
@@ -640,6 +657,33 @@ def restart(args, root):
     return out
 
 
+def fleet_tables(rows):
+    print()
+    print("| nodes | A compiles + stores | upload done after | B..N serve from Redis (each) "
+          "| serve/compile | compiled on B..N |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        serve = r["serve_s"]
+        print(f"| {r['nodes']} | {r['compile_s']:.2f} s | {r['upload_wait_s']:.2f} s "
+              f"| {', '.join(f'{s:.2f}' for s in serve)} s "
+              f"| {', '.join('%.2fx' % (s / r['compile_s']) for s in serve)} "
+              f"| {r['serve_compiled']} |")
+    print()
+    print("| nodes | Redis | local hit median | p99 | median/healthy | miss median | miss max |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        base_med = r["local"]["healthy"][0]
+        for state in ("healthy", "frozen", "killed"):
+            med, p99 = r["local"][state]
+            mmed, mmax = r["miss"][state]
+            print(f"| {r['nodes']} | {state} | {med * 1e6:.0f} us | {p99 * 1e6:.0f} us "
+                  f"| {med / base_med:.2f}x | {mmed * 1e3:.1f} ms | {mmax * 1e3:.1f} ms |")
+    print()
+    for r in rows:
+        print(f"{r['nodes']} nodes: B remote_hits {r['b_remote_hits']}, "
+              f"B remote (errors, timeouts) after the faults {r['b_errors']}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsd", required=True)
@@ -708,30 +752,8 @@ def main():
     print(f"remote_fleet: {args.entries} entries, compile {args.compile_ms:g} ms each, "
           f"cubin {args.cubin_kib} KiB, remote timeouts {args.remote_timeout}; {os.cpu_count()} cores; "
           f"loadavg before {load_before}, after {load}")
-    print()
-    print("| nodes | A compiles + stores | upload done after | B..N serve from Redis (each) "
-          "| serve/compile | compiled on B..N |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        serve = r["serve_s"]
-        print(f"| {r['nodes']} | {r['compile_s']:.2f} s | {r['upload_wait_s']:.2f} s "
-              f"| {', '.join(f'{s:.2f}' for s in serve)} s "
-              f"| {', '.join('%.2fx' % (s / r['compile_s']) for s in serve)} "
-              f"| {r['serve_compiled']} |")
-    print()
-    print("| nodes | Redis | local hit median | p99 | median/healthy | miss median | miss max |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        base_med = r["local"]["healthy"][0]
-        for state in ("healthy", "frozen", "killed"):
-            med, p99 = r["local"][state]
-            mmed, mmax = r["miss"][state]
-            print(f"| {r['nodes']} | {state} | {med * 1e6:.0f} us | {p99 * 1e6:.0f} us "
-                  f"| {med / base_med:.2f}x | {mmed * 1e3:.1f} ms | {mmax * 1e3:.1f} ms |")
-    print()
-    for r in rows:
-        print(f"{r['nodes']} nodes: B remote_hits {r['b_remote_hits']}, "
-              f"B remote (errors, timeouts) after the faults {r['b_errors']}")
+    if rows:
+        fleet_tables(rows)
     if storms:
         print()
         print(f"every node runs the job of {args.entries} entries at the same moment "

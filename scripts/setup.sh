@@ -18,7 +18,8 @@ packages=(
   # xauth and Mesa's llvmpipe for its screenshot test without a display
   libimgui-dev libglfw3-dev libstb-dev xvfb xauth libgl1-mesa-dri
   # the shared tier (remote/): the hiredis client, and redis-server for its tests
-  libhiredis-dev redis-server
+  # (redis-cli: the Redis Cluster test joins its nodes with `redis-cli --cluster create`)
+  libhiredis-dev redis-server redis-tools
 )
 
 sudo_cmd=()

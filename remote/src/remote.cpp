@@ -1,5 +1,5 @@
 // Servers, URLs, passwords, the circuit breaker and sharding. Moving entries is in
-// transfer.cpp; a Redis Cluster's routing in cluster.cpp.
+// transfer.cpp; a Redis Cluster's routing in routing.cpp.
 #include <signal.h>
 
 #include <algorithm>
