@@ -6,7 +6,6 @@
 
 #include <fmt/core.h>
 
-
 namespace kcache::remote {
 
 namespace cluster {

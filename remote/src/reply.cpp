@@ -43,8 +43,8 @@ void free_object(void* reply) {
 void limit_replies(redisReader* reader) {
     static redisReplyObjectFunctions bounded = [&] {
         g_hiredis = reader->fn;  // hiredis's static defaults, the same for every reader
-        return redisReplyObjectFunctions{create_string, create_array, create_integer,
-                                         create_nil, free_object};
+        return redisReplyObjectFunctions{create_string, create_array, create_integer, create_nil,
+                                         free_object};
     }();
     reader->fn = &bounded;
 }

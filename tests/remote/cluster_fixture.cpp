@@ -189,7 +189,8 @@ void RedisCluster::wait_replicated() {
     for (const std::uint16_t m : masters()) {
         bool acked = false;
         // A replica acknowledges once a second; WAIT's own bound stays under our deadline.
-        for (int i = 0; i < 20 && !acked; ++i) acked = command(m, {"WAIT", "1", "1000"}).integer >= 1;
+        for (int i = 0; i < 20 && !acked; ++i)
+            acked = command(m, {"WAIT", "1", "1000"}).integer >= 1;
         INFO("master " << m << " has no replica that caught up: " << logs());
         REQUIRE(acked);
     }

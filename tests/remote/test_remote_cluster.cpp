@@ -168,15 +168,19 @@ void fill(TestDb& db) {
         db.put(e + "/kernel.cubin", test::random_bytes(std::size_t{30'000} + i, std::uint64_t{i}));
         db.put(e + "/libdevice.bc", shared);
     }
-    db.put(kEntries[0] + "/big.so", test::random_bytes(2 * proto::kChunkBytes + 5, std::uint64_t{7}));
+    db.put(kEntries[0] + "/big.so",
+           test::random_bytes(2 * proto::kChunkBytes + 5, std::uint64_t{7}));
 }
 
-std::vector<std::string> cli_args(TestDb& db, const RedisCluster& c, std::vector<std::string> tail) {
+std::vector<std::string> cli_args(TestDb& db, const RedisCluster& c,
+                                  std::vector<std::string> tail) {
     db.close();
-    std::vector<std::string> a = {"--db",          db.path(),        "remote",
-                                  "--remote",      c.url(),          "--remote-namespace",
-                                  "ct",            "--remote-timeout", "500ms",
-                                  "--remote-connect-timeout", "500ms"};
+    std::vector<std::string> a = {"--db",   db.path(),
+                                  "remote", "--remote",
+                                  c.url(),  "--remote-namespace",
+                                  "ct",     "--remote-timeout",
+                                  "500ms",  "--remote-connect-timeout",
+                                  "500ms"};
     a.insert(a.end(), tail.begin(), tail.end());
     return a;
 }
@@ -225,8 +229,7 @@ TEST_CASE("cluster: kcache remote push and pull through one seed, keys spread ov
     }
     // A manifest and its lease's key live where CLUSTER KEYSLOT says, on one master.
     const std::string mkey = proto::manifest_key("ct", kEntries[3]);
-    CHECK(c.command(masters[0], {"CLUSTER", "KEYSLOT", mkey}).integer ==
-          cluster::key_slot(mkey));
+    CHECK(c.command(masters[0], {"CLUSTER", "KEYSLOT", mkey}).integer == cluster::key_slot(mkey));
     CHECK(c.command(c.master_of(mkey), {"EXISTS", mkey}).integer == 1);
 
     auto pull = run_cli(cli_args(b, c, {"pull", "--job-tag", "job-c"}));
@@ -350,7 +353,7 @@ TEST_CASE("cluster: a master killed mid-run costs misses within the deadlines, n
         if (was_settled && s.pulled == kEntries.size()) ++complete_after_settle;
         if (killed && !settled) {
             killer.join();
-            c.kill(victim);  // reaps it
+            c.kill(victim);   // reaps it
             c.wait_stable();  // its replica is promoted
             settled = true;
         }
