@@ -194,10 +194,12 @@ Result<std::shared_ptr<const LoadedDictionary>> load_dictionary(const Tx& tx, st
     // Loaded outside the lock (a few LMDB reads, zstd digesting the dictionary). A
     // dictionary is loaded only after the transaction that stored it committed (none
     // compresses or reads with it before), so an id cached here names committed bytes.
-    auto record = KCACHE_TRY(find_dictionary(tx, id));
-    if (!tx.db.has_dicts || !record) {
-        return fail(EIO, fmt::format("db {}: dictionary {} is missing", tx.db.path, id));
+    if (!tx.db.has_dicts) {
+        return fail(
+            EIO, fmt::format("db {}: dictionary {} is missing (no dicts table)", tx.db.path, id));
     }
+    auto record = KCACHE_TRY(find_dictionary(tx, id));
+    if (!record) return fail(EIO, fmt::format("db {}: dictionary {} is missing", tx.db.path, id));
     auto bytes = KCACHE_TRY(dictionary_bytes(tx, id, *record));
     std::shared_ptr<const LoadedDictionary> loaded = make_loaded(id, bytes);
     if (!loaded) {

@@ -47,7 +47,7 @@ struct Store::Impl {
     MDB_dbi inodes = 0;      // ino -> Inode
     MDB_dbi dirents = 0;     // parent + name -> Dirent
     MDB_dbi blob_refs = 0;   // digest -> BlobRef (small, rewritten on every refcount change)
-    MDB_dbi blob_data = 0;   // digest -> stored bytes (written once, never rewritten)
+    MDB_dbi blob_data = 0;   // digest -> stored bytes (written once; only gc recompresses)
     MDB_dbi entries = 0;     // entry ino -> EntryInfo
     MDB_dbi lru = 0;         // last access + entry ino -> "" (unpinned entries only)
     MDB_dbi leases = 0;      // file ino + pid -> write count (writes in flight)

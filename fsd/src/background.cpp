@@ -13,7 +13,7 @@ namespace {
 
 constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
 constexpr int kFlushEvery = 4;                           // statistics: every 4 periods
-constexpr int kTrainEvery = 200;  // is a dictionary due? every 10 s (a scan of the kinds)
+constexpr auto kTrainEvery = std::chrono::seconds(10);   // is a dictionary due? (reads the kinds)
 
 constexpr int find_slot(core::Counter c) {
     for (int i = 0; i < Background::kSlots; ++i) {
@@ -180,8 +180,11 @@ void Background::run() {
                 log::warning("statistics not saved yet: {}", s.error().message);
             }
         }
-        if (tick % kTrainEvery == 0) train_if_due();
         const auto now = std::chrono::steady_clock::now();
+        if (now - m_last_train_check >= kTrainEvery) {
+            m_last_train_check = now;
+            train_if_due();
+        }
         if (m_sync_interval_s > 0 &&
             now - m_last_sync >= std::chrono::duration<double>(m_sync_interval_s)) {
             m_last_sync = now;

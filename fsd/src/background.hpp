@@ -100,6 +100,7 @@ class Background {
     // stop() joins it. m_training: set here, cleared by the trainer when it is done.
     std::thread m_trainer;
     std::atomic<bool> m_training{false};
+    std::chrono::steady_clock::time_point m_last_train_check = std::chrono::steady_clock::now();
 
   public:
     // The counters handlers count in memory, flushed together: the rows of the table
