@@ -1,6 +1,8 @@
 // File kinds and trained dictionaries (core/include/kcache/core/dictionaries.hpp):
 // classification, training, new blobs and gc's rewrite with a dictionary, the
 // lifetime of a replaced dictionary, bundles, and an older db's upgrade.
+#include <lmdb.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -9,6 +11,7 @@
 #include "kcache/core/bundle.hpp"
 #include "kcache/core/dictionaries.hpp"
 #include "kcache/core/maintenance.hpp"
+#include "records.hpp"
 
 using namespace kcache;
 using namespace kcache::test;
@@ -274,4 +277,45 @@ TEST_CASE("dictionaries: an older db is upgraded, and gc classifies its blobs",
     CHECK_FALSE(KC_MUST(core::kind_stats(txn)).empty());
     auto verified = KC_MUST(core::verify(*store));
     CHECK(verified.problems == std::vector<std::string>{});
+}
+
+TEST_CASE(
+    "dictionaries: a blob whose dictionary is gone is an EIO naming it, and verify "
+    "reports it",
+    "[dictionaries][verify]") {
+    TestStore ts;
+    put_kernels(ts, 0, 40);
+    KC_MUST(core::recompress_blobs(ts.store(), small_policy()));
+    const std::uint32_t id = kind(ts, "triton/ptx").dictionary;
+    REQUIRE(id != 0);
+    ts.close();
+    {  // damage: the dictionary's record goes (as a bad disk or a bad tool would do it)
+        MDB_env* env = nullptr;
+        REQUIRE(mdb_env_create(&env) == 0);
+        mdb_env_set_maxdbs(env, 16);
+        REQUIRE(mdb_env_open(env, ts.db_path().c_str(), MDB_NOTLS, 0644) == 0);
+        MDB_txn* txn = nullptr;
+        REQUIRE(mdb_txn_begin(env, nullptr, 0, &txn) == 0);
+        MDB_dbi dbi = 0;
+        REQUIRE(mdb_dbi_open(txn, "dicts", 0, &dbi) == 0);
+        std::string key = core::records::dictionary_key(id);
+        MDB_val k{key.size(), key.data()};
+        REQUIRE(mdb_del(txn, dbi, &k, nullptr) == 0);
+        REQUIRE(mdb_txn_commit(txn) == 0);
+        mdb_env_close(env);
+    }
+    ts.reopen();
+    auto txn = ts.read();
+    const auto read = txn.read(KC_MUST(txn.resolve(kernel_dir(3) + "/k.ptx")));
+    REQUIRE(err(read) == EIO);
+    CHECK_THAT(read.error().message, Catch::Contains("dictionary " + std::to_string(id)));
+    // Other kinds are not affected.
+    CHECK(ts.get(kernel_dir(3) + "/k.json") == metadata(3));
+    const auto report = KC_MUST(core::verify(ts.store()));
+    bool named = false;
+    for (const auto& p : report.problems) {
+        named = named ||
+                p.find("dictionary " + std::to_string(id) + " is missing") != std::string::npos;
+    }
+    CHECK(named);
 }
