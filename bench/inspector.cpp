@@ -298,13 +298,6 @@ int run_frames_bench(const std::string& db, bool sync) {
     return 0;
 }
 
-std::string read_whole(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
-
 int run_demo(const std::string& tree, const std::string& db) {
     FakeClock clock;
     const std::int64_t end = *clock.now;

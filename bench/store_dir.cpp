@@ -25,56 +25,19 @@ using namespace kcache::bench;
 
 namespace {
 
-std::string read_whole(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        std::fprintf(stderr, "cannot read %s\n", path.c_str());
-        std::exit(1);
-    }
-    std::ostringstream out;
-    out << in.rdbuf();
-    return out.str();
-}
-
-std::vector<fs::path> sorted_children(const fs::path& dir) {
-    std::vector<fs::path> children;
-    for (const auto& e : fs::directory_iterator(dir)) children.push_back(e.path());
-    std::sort(children.begin(), children.end());
-    return children;
-}
-
 struct Totals {
     std::uint64_t files = 0;
     std::uint64_t bytes = 0;
     std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_ext;  // files, bytes
-};
-
-void import_file(core::WriteTxn& txn, core::Ino parent, const fs::path& path,
-                 const core::Origin& origin, Totals& totals) {
-    const std::string content = read_whole(path);
-    const std::string name = path.filename().string();
-    const auto attr = must(txn.create(parent, name, 0644), "create " + path.string());
-    must(txn.write(attr.ino, content, origin), "write " + path.string());
-    ++totals.files;
-    totals.bytes += content.size();
-    auto& ext = totals.by_ext[path.extension().empty() ? name : path.extension().string()];
-    ++ext.first;
-    ext.second += content.size();
-}
-
-void import_tree(core::WriteTxn& txn, core::Ino parent, const fs::path& dir,
-                 const core::Origin& origin, Totals& totals) {
-    const auto attr =
-        must(txn.mkdir(parent, dir.filename().string(), 0755), "mkdir " + dir.string());
-    for (const fs::path& child : sorted_children(dir)) {
-        if (fs::is_symlink(child)) continue;
-        if (fs::is_directory(child)) {
-            import_tree(txn, attr.ino, child, origin, totals);
-        } else if (fs::is_regular_file(child)) {
-            import_file(txn, attr.ino, child, origin, totals);
-        }
+    void add(const fs::path& path, std::string_view content) {
+        ++files;
+        bytes += content.size();
+        const std::string name = path.filename().string();
+        auto& ext = by_ext[path.extension().empty() ? name : path.extension().string()];
+        ++ext.first;
+        ext.second += content.size();
     }
-}
+};
 
 }  // namespace
 
@@ -95,14 +58,11 @@ int main(int argc, char** argv) {
     const auto t0 = SteadyClock::now();
     for (const fs::path& item : sorted_children(src)) {
         if (fs::is_symlink(item)) continue;
+        if (!fs::is_directory(item) && !fs::is_regular_file(item)) continue;
         auto txn = must(store->write(), "write txn");
-        if (fs::is_directory(item)) {
-            import_tree(txn, core::kRootIno, item, origin, totals);
-        } else if (fs::is_regular_file(item)) {
-            import_file(txn, core::kRootIno, item, origin, totals);
-        } else {
-            continue;
-        }
+        import_tree(
+            txn, core::kRootIno, item, origin,
+            [&](const fs::path& path, std::string_view content) { totals.add(path, content); });
         must(txn.commit(), "commit " + item.string());
         ++entries;
     }

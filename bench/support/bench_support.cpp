@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
+#include <sstream>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -106,6 +108,45 @@ std::string_view durability_name(core::Durability d) {
             return "none";
     }
     return "?";
+}
+
+std::string read_whole(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        std::fprintf(stderr, "cannot read %s\n", path.c_str());
+        std::exit(1);
+    }
+    std::ostringstream out;
+    out << in.rdbuf();
+    return out.str();
+}
+
+std::vector<std::filesystem::path> sorted_children(const std::filesystem::path& dir) {
+    std::vector<std::filesystem::path> children;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) children.push_back(e.path());
+    std::sort(children.begin(), children.end());
+    return children;
+}
+
+void import_tree(
+    core::WriteTxn& txn, core::Ino parent, const std::filesystem::path& item,
+    const core::Origin& origin,
+    const std::function<void(const std::filesystem::path&, std::string_view)>& on_file) {
+    namespace fs = std::filesystem;
+    const std::string name = item.filename().string();
+    if (fs::is_symlink(item)) return;
+    if (fs::is_regular_file(item)) {
+        const std::string content = read_whole(item);
+        const auto attr = must(txn.create(parent, name, 0644), "create " + item.string());
+        must(txn.write(attr.ino, content, origin), "write " + item.string());
+        if (on_file) on_file(item, content);
+        return;
+    }
+    if (!fs::is_directory(item)) return;
+    const auto attr = must(txn.mkdir(parent, name, 0755), "mkdir " + item.string());
+    for (const fs::path& child : sorted_children(item)) {
+        import_tree(txn, attr.ino, child, origin, on_file);
+    }
 }
 
 }  // namespace kcache::bench

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -54,6 +55,17 @@ struct FileSpec {
 // when given.
 core::Status put_entry(core::WriteTxn& txn, std::string_view entry, std::span<const FileSpec> files,
                        const core::Origin& origin, std::vector<core::Ino>* inos = nullptr);
+
+// A plain file's bytes (exits when it cannot be read).
+std::string read_whole(const std::filesystem::path& path);
+// The entries of `dir`, sorted by name.
+std::vector<std::filesystem::path> sorted_children(const std::filesystem::path& dir);
+// Imports `item` (a directory tree or a file; symlinks skipped) below `parent` inside
+// `txn`, calling `on_file(path, content)` for each file stored.
+void import_tree(
+    core::WriteTxn& txn, core::Ino parent, const std::filesystem::path& item,
+    const core::Origin& origin,
+    const std::function<void(const std::filesystem::path&, std::string_view)>& on_file = {});
 
 // Value of a counter/gauge in a fresh read transaction (0 on error, reported).
 std::uint64_t gauge(const core::Store& store, core::Counter c);

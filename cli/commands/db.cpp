@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 
 #include "commands.hpp"
+#include "kcache/core/dictionaries.hpp"
 #include "kcache/core/units.hpp"
 
 namespace kcache::cli {
@@ -149,7 +150,8 @@ nlohmann::json remote_server_states(const core::Store& store) {
 }
 
 nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
-                          const core::Config& config) {
+                          const core::Config& config,
+                          const std::vector<core::KindStats>& kind_list) {
     nlohmann::json out;
     out["db"] = store.path();
     for (const auto& [counter, value] : stats.values)
@@ -161,10 +163,44 @@ nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
     out["data_file_bytes"] = store.data_file_bytes();
     out["config"] = config_json(config);
     out["remote_server_states"] = remote_server_states(store);
+    nlohmann::json kinds = nlohmann::json::array();
+    for (const core::KindStats& k : kind_list) {
+        kinds.push_back({{"kind", k.name},
+                         {"blobs", k.blobs},
+                         {"raw_bytes", k.raw_bytes},
+                         {"stored_bytes", k.stored_bytes},
+                         {"dictionary", k.dictionary},
+                         {"dictionary_bytes", k.dictionary_bytes},
+                         {"dictionaries_footprint", k.dictionaries_footprint}});
+    }
+    out["kinds"] = std::move(kinds);
     return out;
 }
 
-void print_stats(const core::Store& store, const core::Stats& stats, const core::Config& config) {
+// Stored/raw by file kind (dictionaries.hpp): what compression and the trained
+// dictionaries save where.
+void print_kinds(const std::vector<core::KindStats>& kinds) {
+    if (kinds.empty()) return;
+    fmt::print("\nstored by kind\n");
+    Table table({"  kind", "blobs", "raw", "stored", "stored/raw", "dictionary"},
+                {false, true, true, true, true, true});
+    for (const core::KindStats& k : kinds) {
+        const std::string ratio = k.raw_bytes
+                                      ? fmt::format("{:.3f}", static_cast<double>(k.stored_bytes) /
+                                                                  static_cast<double>(k.raw_bytes))
+                                      : "-";
+        std::string dictionary = k.dictionary ? core::format_size(k.dictionary_bytes) : "-";
+        if (const std::uint64_t older = k.dictionaries - (k.dictionary ? 1 : 0)) {
+            dictionary += fmt::format(" (+{} older in use)", older);
+        }
+        table.add({"  " + k.name, std::to_string(k.blobs), core::format_size(k.raw_bytes),
+                   core::format_size(k.stored_bytes), ratio, dictionary});
+    }
+    table.print();
+}
+
+void print_stats(const core::Store& store, const core::Stats& stats, const core::Config& config,
+                 const std::vector<core::KindStats>& kinds) {
     auto value_of = [&](core::Counter c) {
         const std::uint64_t v = stats.get(c);
         return core::counts_bytes(c) ? core::format_size(v) : std::to_string(v);
@@ -229,6 +265,8 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
         table.print();
     }
 
+    print_kinds(kinds);
+
     fmt::print("\nsince {}\n", stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
                                               : std::string("the db was created"));
     Table counters({"", ""}, {false, true});
@@ -249,10 +287,11 @@ int run_stats(const Cli& cli, const StatsOptions& opts) {
     if (opts.reset) check(store->update([](core::WriteTxn& txn) { return txn.reset_stats(); }));
     auto txn = check(store->read());
     const core::Stats stats = check(txn.stats());
+    const std::vector<core::KindStats> kinds = check(core::kind_stats(txn));
     if (opts.json) {
-        print_json(stats_json(*store, stats, txn.config()));
+        print_json(stats_json(*store, stats, txn.config(), kinds));
     } else {
-        print_stats(*store, stats, txn.config());
+        print_stats(*store, stats, txn.config(), kinds);
     }
     return kExitOk;
 }

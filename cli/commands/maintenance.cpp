@@ -41,6 +41,23 @@ int run_gc(const Cli& cli, const GcOptions& opts) {
     const core::GcReport report = check(core::collect_garbage(*store));
     fmt::print("cleared {} stale reader slots and {} stale write leases\n", report.stale_readers,
                report.stale_leases);
+    for (const core::TrainedDictionary& t : report.dictionaries.trained) {
+        if (t.id) {
+            fmt::print("trained dictionary {} for {}: {} from {} samples ({}), samples {} -> {}\n",
+                       t.id, t.kind, core::format_size(t.bytes), t.samples,
+                       core::format_size(t.sample_bytes), core::format_size(t.stored_without),
+                       core::format_size(t.stored_with));
+        } else {
+            fmt::print("no dictionary for {}: {} samples ({}) gave none that pays\n", t.kind,
+                       t.samples, core::format_size(t.sample_bytes));
+        }
+    }
+    const core::RecompressReport& r = report.dictionaries;
+    if (r.classified || r.rewritten) {
+        fmt::print("classified {} blobs by kind; recompressed {} with dictionaries: {} -> {}\n",
+                   r.classified, r.rewritten, core::format_size(r.stored_before),
+                   core::format_size(r.stored_after));
+    }
     fmt::print("data.mdb: {}, {} free pages for reuse\n", core::format_size(report.file_bytes),
                report.free_pages);
     if (!opts.compact) return kExitOk;

@@ -80,9 +80,10 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
             auto r = KCACHE_TRY(tx.blob_ref(node.digest));
             if (!r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
             codec = r->codec;
-            if (codec == Codec::segments) {
+            if (codec == Codec::segments || r->dictionary != 0) {
                 // Segments stay in the db: the bundle carries the content, compressed
-                // whole when that saves space.
+                // whole when that saves space. So do dictionaries: a bundle is read
+                // where they are not, so its frames name none.
                 auto raw = ops::read_blob(tx, node.digest, node.size);
                 if (!raw) return tl::unexpected(with_context(raw.error(), path));
                 std::string compressed = ops::compressed_form(raw->bytes());

@@ -46,12 +46,16 @@ ZstdContexts& zstd() {
     return contexts;
 }
 
-// The compressed form of `content` if it saves space, else empty.
-std::string compress(std::string_view content) {
+// The compressed form of `content` if it saves space, else empty; with `dictionary`
+// (whose id the frame then carries) when given.
+std::string compress(std::string_view content, const LoadedDictionary* dictionary) {
     if (content.size() < kMinCompressSize) return {};
     std::string out(ZSTD_compressBound(content.size()), '\0');
-    const std::size_t n = ZSTD_compressCCtx(zstd().compress, out.data(), out.size(), content.data(),
-                                            content.size(), kZstdLevel);
+    const std::size_t n =
+        dictionary ? ZSTD_compress_usingCDict(zstd().compress, out.data(), out.size(),
+                                              content.data(), content.size(), dictionary->compress)
+                   : ZSTD_compressCCtx(zstd().compress, out.data(), out.size(), content.data(),
+                                       content.size(), kZstdLevel);
     const std::uint64_t raw = records::footprint(content.size());
     if (ZSTD_isError(n) || records::footprint(n) > raw - raw / 8) return {};
     out.resize(n);
@@ -95,8 +99,34 @@ void prefetch(const std::vector<std::string_view>& pieces) {
 
 namespace ops {
 
-std::string compressed_form(std::string_view content) {
-    return compress(content);
+std::string compressed_form(std::string_view content, const LoadedDictionary* dictionary) {
+    return compress(content, dictionary);
+}
+
+Status decompress(const Tx& tx, const Digest& digest, const BlobRef& ref, std::string_view stored,
+                  std::string& raw) {
+    std::shared_ptr<const LoadedDictionary> dictionary;
+    if (ref.dictionary) {
+        auto loaded = KCACHE_TRY(load_dictionary(tx, ref.dictionary));
+        dictionary = std::move(loaded);
+    }
+    // The frame names the dictionary it needs (0: none): it must be the reference's.
+    if (ZSTD_getDictID_fromFrame(stored.data(), stored.size()) != ref.dictionary) {
+        return fail(EIO, fmt::format("db {}: blob {} was compressed with another dictionary than "
+                                     "its reference names ({})",
+                                     tx.db.path, digest.hex(), ref.dictionary));
+    }
+    const std::size_t n =
+        dictionary
+            ? ZSTD_decompress_usingDDict(zstd().decompress, raw.data(), raw.size(), stored.data(),
+                                         stored.size(), dictionary->decompress)
+            : ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(), stored.data(),
+                                  stored.size());
+    if (ZSTD_isError(n) || n != raw.size()) {
+        return fail(EIO,
+                    fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
+    }
+    return {};
 }
 
 ContentDigests digests_of(std::string_view content) {
@@ -136,6 +166,7 @@ Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const Blo
     if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
     if (s)
         s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
+    if (s) s = account_blob(tx, ref, +1);
     return s;
 }
 
@@ -149,21 +180,37 @@ Status drop_blob(Tx& tx, const Digest& digest, const BlobRef& ref) {
     if (s) s = tx.add(Counter::stored_bytes, -static_cast<std::int64_t>(records::footprint(ref)));
     if (s)
         s = tx.add(Counter::blob_raw_bytes, -static_cast<std::int64_t>(records::raw_counted(ref)));
+    if (s) s = account_blob(tx, ref, -1);
     return s;
 }
 
-// `n` more references to the flat blob `digest` of `content`, stored if new.
+// `n` more references to the flat blob `digest` of `content`, stored if new: as a
+// blob of `owner`'s kind, compressed with the kind's dictionary when it has one. A
+// segment (`owner` null) has no kind: a big file's segments are not alike.
 Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view content,
-                             std::uint64_t n) {
+                             std::uint64_t n, const BlobOwner* owner) {
     auto existing = KCACHE_TRY(tx.blob_ref(digest));
     if (existing) {
         KCACHE_TRY(add_refs(tx, digest, *existing, n));
         return *existing;
     }
-    const std::string compressed = compress(content);
+    std::uint32_t kind = 0;
+    std::shared_ptr<const LoadedDictionary> dictionary;
+    if (owner) kind = KCACHE_TRY(kind_for(tx, *owner, content));
+    if (kind && content.size() >= kMinCompressSize) {
+        auto current = KCACHE_TRY(current_dictionary(tx, kind));
+        dictionary = std::move(current);
+    }
+    std::string compressed = compress(content, dictionary.get());
+    std::uint32_t used = dictionary && !compressed.empty() ? dictionary->id : 0;
+    if (dictionary && compressed.empty()) {
+        // Content the dictionary does not help (or hurts) may still compress alone.
+        compressed = compress(content, nullptr);
+    }
     const std::string_view stored = compressed.empty() ? content : std::string_view(compressed);
-    const BlobRef ref{n, content.size(), stored.size(),
-                      compressed.empty() ? Codec::raw : Codec::zstd};
+    BlobRef ref{n, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
+    ref.kind = kind;
+    ref.dictionary = used;
     KCACHE_TRY(put_blob(tx, digest, stored, ref));
     return ref;
 }
@@ -205,7 +252,7 @@ Result<BlobRef> put_segmented(Tx& tx, const ContentDigests& d, std::string_view 
     for (std::size_t i = 0; i < d.segments.size(); ++i) {
         auto n = counts.find(d.segments[i]);
         if (n->second == 0) continue;  // taken at its first occurrence
-        auto ref = acquire_flat(tx, d.segments[i], segment_of(content, i), n->second);
+        auto ref = acquire_flat(tx, d.segments[i], segment_of(content, i), n->second, nullptr);
         if (!ref) return ref;
         sum += n->second * records::footprint(*ref);
         n->second = 0;
@@ -262,7 +309,7 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
         auto n = delta.find(d.segments[i]);
         if (n->second <= 0) continue;
         auto ref = KCACHE_TRY(acquire_flat(tx, d.segments[i], segment_of(content, i),
-                                           static_cast<std::uint64_t>(n->second)));
+                                           static_cast<std::uint64_t>(n->second), nullptr));
         sum += n->second * static_cast<std::int64_t>(records::footprint(ref));
         n->second = 0;
     }
@@ -280,7 +327,8 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
 
 }  // namespace
 
-Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view content) {
+Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view content,
+                             const BlobOwner& owner) {
     if (d.digest.empty()) return BlobRef{};
     auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
     if (existing) {
@@ -290,12 +338,40 @@ Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view c
         ++ref.refcount;
         return ref;
     }
-    if (d.segments.empty()) return acquire_flat(tx, d.digest, content, 1);
+    if (d.segments.empty()) return acquire_flat(tx, d.digest, content, 1, &owner);
     return put_segmented(tx, d, content);
 }
 
 Status release_blob(Tx& tx, const Digest& digest) {
     return release_refs(tx, digest, 1);
+}
+
+Result<BlobRef> rewrite_blob(Tx& tx, const Digest& digest, const BlobRef& ref,
+                             std::string_view stored, std::uint32_t dictionary) {
+    BlobRef now = ref;
+    now.stored_size = stored.size();
+    now.codec = Codec::zstd;
+    now.dictionary = dictionary;
+    const std::uint64_t old_chunks = records::chunk_count(ref.stored_size);
+    const std::uint64_t new_chunks = records::chunk_count(now.stored_size);
+    for (std::uint64_t i = 0; i < new_chunks; ++i) {
+        const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
+        auto place = KCACHE_TRY(
+            tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
+                       chunk.size()));
+        std::memcpy(place, chunk.data(), chunk.size());
+    }
+    for (std::uint64_t i = new_chunks; i < old_chunks; ++i) {
+        KCACHE_TRY(
+            tx.del(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i))));
+    }
+    KCACHE_TRY(tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(now)));
+    KCACHE_TRY(
+        tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(now)) -
+                                          static_cast<std::int64_t>(records::footprint(ref))));
+    KCACHE_TRY(account_blob(tx, ref, -1));
+    KCACHE_TRY(account_blob(tx, now, +1));
+    return now;
 }
 
 // The views of a blob's stored chunks, in order, their pages not yet touched.
@@ -357,12 +433,7 @@ Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobR
     } catch (const std::bad_alloc&) {
         return fail(ENOMEM, fmt::format("no memory to read {} bytes", r.raw_size));
     }
-    const std::size_t n = ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(),
-                                              stored.bytes().data(), stored.bytes().size());
-    if (ZSTD_isError(n) || n != r.raw_size) {
-        return fail(EIO,
-                    fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
-    }
+    KCACHE_TRY(decompress(tx, digest, r, stored.bytes(), raw));
     return raw;
 }
 
@@ -469,7 +540,12 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content,
     } else {
         // Take the new reference before dropping the old one: rewriting the same
         // content must not free the blob in between.
-        auto acquired = KCACHE_TRY(acquire_blob(tx, digests, content));
+        BlobOwner owner{node.name, producer_of(node.name)};
+        if (node.entry) {
+            auto entry = KCACHE_TRY(tx.find_entry_record(node.entry));
+            if (entry && entry->producer != Producer::unknown) owner.producer = entry->producer;
+        }
+        auto acquired = KCACHE_TRY(acquire_blob(tx, digests, content, owner));
         ref = acquired;
         if (auto s = release_blob(tx, node.digest); !s) return fail_with(s.error());
     }

@@ -212,15 +212,21 @@ std::string chunk_key(const Digest& digest, std::uint32_t index) {
     return key;
 }
 
+// Blob references gained the kind and dictionary with schema 4: format 2 appends them
+// to format 1, which older dbs hold and which decodes as kind 0, no dictionary.
+constexpr std::uint8_t kKindFormat = 2;
+
 std::string encode(const BlobRef& b) {
     std::string out;
     Writer w(out);
-    w.u8(kFormat);
+    w.u8(kKindFormat);
     w.u64(b.refcount);
     w.u64(b.raw_size);
     w.u64(b.stored_size);
     w.u8(static_cast<std::uint8_t>(b.codec));
     if (b.codec == Codec::segments) w.u64(b.segment_footprint);
+    w.u32(b.kind);
+    w.u32(b.dictionary);
     return out;
 }
 
@@ -231,11 +237,91 @@ Result<BlobRef> decode_blob_ref(std::string_view bytes) {
     std::uint8_t codec = 0;
     Status s = r.read(version, b.refcount, b.raw_size, b.stored_size, codec);
     if (s && codec == static_cast<std::uint8_t>(Codec::segments)) s = r.read(b.segment_footprint);
+    if (s && version == kKindFormat) s = r.read(b.kind, b.dictionary);
     if (s) s = r.expect_end();
     if (!s) return corrupt("blob reference", s.error());
-    if (version != kFormat || codec > 2) return corrupt("blob reference");
+    if ((version != kFormat && version != kKindFormat) || codec > 2) {
+        return corrupt("blob reference");
+    }
+    // Only a zstd frame can name a dictionary.
+    if (b.dictionary != 0 && codec != static_cast<std::uint8_t>(Codec::zstd)) {
+        return corrupt("blob reference");
+    }
     b.codec = static_cast<Codec>(codec);
     return b;
+}
+
+std::string kind_key(std::uint32_t kind) {
+    std::string key("K");
+    put_be(key, kind, 4);
+    return key;
+}
+
+std::string kind_name_key(std::string_view name) {
+    return "N" + std::string(name);
+}
+
+std::string dictionary_key(std::uint32_t id) {
+    std::string key("D");
+    put_be(key, id, 4);
+    return key;
+}
+
+std::string dictionary_chunk_key(std::uint32_t id, std::uint32_t index) {
+    std::string key = dictionary_key(id);
+    key[0] = 'B';
+    put_be(key, index, 4);
+    return key;
+}
+
+std::string encode(const Kind& k) {
+    std::string out;
+    Writer w(out);
+    w.u8(kFormat);
+    w.str16(k.name);
+    w.u64(k.blobs);
+    w.u64(k.raw_bytes);
+    w.u64(k.stored_bytes);
+    w.u32(k.dictionary);
+    w.u64(k.trained_at);
+    return out;
+}
+
+Result<Kind> decode_kind(std::string_view bytes) {
+    ByteReader r(bytes, "kind");
+    Kind k;
+    std::uint8_t version = 0;
+    Status s = r.read(version);
+    if (s) s = str16(r, k.name);
+    if (s) s = r.read(k.blobs, k.raw_bytes, k.stored_bytes, k.dictionary, k.trained_at);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt("kind", s.error());
+    if (version != kFormat) return corrupt("kind");
+    return k;
+}
+
+std::string encode(const Dictionary& d) {
+    std::string out;
+    Writer w(out);
+    w.u8(kFormat);
+    w.u32(d.kind);
+    w.u64(d.users);
+    w.u64(d.size);
+    w.u64(d.samples);
+    w.u64(d.sample_bytes);
+    w.i64(d.created_ns);
+    return out;
+}
+
+Result<Dictionary> decode_dictionary(std::string_view bytes) {
+    ByteReader r(bytes, "dictionary");
+    Dictionary d;
+    std::uint8_t version = 0;
+    Status s = r.read(version, d.kind, d.users, d.size, d.samples, d.sample_bytes, d.created_ns);
+    if (s) s = r.expect_end();
+    if (!s) return corrupt("dictionary", s.error());
+    if (version != kFormat) return corrupt("dictionary");
+    return d;
 }
 
 std::string encode(const EntryInfo& e) {

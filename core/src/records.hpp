@@ -83,6 +83,12 @@ struct BlobRef {
     std::uint64_t stored_size = 0;  // bytes in blob_data (for segments: the list's)
     Codec codec = Codec::raw;
     std::uint64_t segment_footprint = 0;  // segments: the sum of its segments' footprints
+    // Schema 4 (dictionaries.hpp): the file kind the blob was classified as (0: none:
+    // segments, lists, blobs stored before schema 4 until `kcache gc` classifies them),
+    // and the trained dictionary its zstd frame was compressed with (0: none; the
+    // frame's own dictID names the same one).
+    std::uint32_t kind = 0;
+    std::uint32_t dictionary = 0;
 };
 std::string encode(const BlobRef& ref);
 // Bytes a blob of `stored_size` occupies in data.mdb: each full chunk one page, a
@@ -104,6 +110,39 @@ inline std::uint64_t raw_counted(const BlobRef& ref) {
     return ref.codec == Codec::segments ? 0 : ref.raw_size;
 }
 Result<BlobRef> decode_blob_ref(std::string_view bytes);
+
+// ---- the dicts table (schema 4; dictionaries.hpp) ---------------------------------
+// One table, four kinds of keys, each a one-byte tag and big-endian numbers:
+//   'K' kind id (u32)             -> Kind         a file kind's accounting, its dictionary
+//   'N' name                      -> kind id (u32, little-endian)
+//   'D' dictionary id (u32)       -> Dictionary   who uses it
+//   'B' dictionary id + chunk u32 -> bytes        the dictionary, in chunks of kChunkSize
+std::string kind_key(std::uint32_t kind);
+std::string kind_name_key(std::string_view name);
+std::string dictionary_key(std::uint32_t id);
+std::string dictionary_chunk_key(std::uint32_t id, std::uint32_t index);
+
+struct Kind {
+    std::string name;                // "triton/cubin-sm_90", dictionaries.hpp
+    std::uint64_t blobs = 0;         // blobs of this kind
+    std::uint64_t raw_bytes = 0;     // their raw sizes
+    std::uint64_t stored_bytes = 0;  // their footprints
+    std::uint32_t dictionary = 0;    // the one new blobs use (0: none yet)
+    std::uint64_t trained_at = 0;    // raw_bytes when training was last tried (0: never)
+};
+std::string encode(const Kind& kind);
+Result<Kind> decode_kind(std::string_view bytes);
+
+struct Dictionary {
+    std::uint32_t kind = 0;
+    std::uint64_t users = 0;  // blobs compressed with it: it is kept while any is
+    std::uint64_t size = 0;   // bytes, in 'B' chunks
+    std::uint64_t samples = 0;
+    std::uint64_t sample_bytes = 0;
+    std::int64_t created_ns = 0;
+};
+std::string encode(const Dictionary& dictionary);
+Result<Dictionary> decode_dictionary(std::string_view bytes);
 
 std::string encode(const EntryInfo& entry);  // ino is the key, not encoded
 Result<EntryInfo> decode_entry(Ino ino, std::string_view bytes);

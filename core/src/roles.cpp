@@ -37,6 +37,15 @@ Role role_of(std::string_view name) {
     return Role::other;
 }
 
+std::string_view file_kind(std::string_view name) {
+    if (name.starts_with("__grp__")) return "group";
+    for (const auto& entry : kRoles) {
+        const std::string_view suffix = entry.suffix;
+        if (name.ends_with(suffix)) return suffix.starts_with('.') ? suffix.substr(1) : suffix;
+    }
+    return "other";
+}
+
 Producer producer_of(std::string_view name) {
     if (name.starts_with("__grp__") || name.ends_with(".ttir") || name.ends_with(".ttgir") ||
         name.ends_with(".llir") || name.ends_with(".amdgcn")) {

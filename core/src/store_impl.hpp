@@ -4,16 +4,34 @@
 
 #include <lmdb.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kcache/core/store.hpp"
 #include "lmdb.hpp"
 #include "records.hpp"
 
+struct ZSTD_CDict_s;  // zstd.h
+struct ZSTD_DDict_s;
+
 namespace kcache::core {
+
+// A trained dictionary ready for zstd: both digested forms, made once per process
+// (dictionaries.cpp).
+struct LoadedDictionary {
+    std::uint32_t id = 0;
+    ZSTD_CDict_s* compress = nullptr;
+    ZSTD_DDict_s* decompress = nullptr;
+    LoadedDictionary() = default;
+    LoadedDictionary(const LoadedDictionary&) = delete;
+    LoadedDictionary& operator=(const LoadedDictionary&) = delete;
+    ~LoadedDictionary();
+};
 
 struct DigestHash {
     std::size_t operator()(const Digest& d) const {
@@ -29,7 +47,7 @@ struct Store::Impl {
     MDB_dbi inodes = 0;      // ino -> Inode
     MDB_dbi dirents = 0;     // parent + name -> Dirent
     MDB_dbi blob_refs = 0;   // digest -> BlobRef (small, rewritten on every refcount change)
-    MDB_dbi blob_data = 0;   // digest -> stored bytes (written once, never rewritten)
+    MDB_dbi blob_data = 0;   // digest -> stored bytes (written once; only gc recompresses)
     MDB_dbi entries = 0;     // entry ino -> EntryInfo
     MDB_dbi lru = 0;         // last access + entry ino -> "" (unpinned entries only)
     MDB_dbi leases = 0;      // file ino + pid -> write count (writes in flight)
@@ -38,7 +56,16 @@ struct Store::Impl {
     MDB_dbi meta = 0;        // name -> value
     MDB_dbi stems = 0;       // parent ino + stem -> stem entry id (schema 2)
     bool has_stems = false;  // false: a schema-1 db opened read-only (no stem entries)
-    int lock_fd = -1;        // shared flock on kcache.lock: compaction takes it exclusively
+    MDB_dbi dicts = 0;       // kinds and trained dictionaries (schema 4, records.hpp)
+    bool has_dicts = false;  // false: an older db opened read-only (nothing classified)
+    // Dictionaries loaded for compression and decompression, by id. An id is never
+    // reused and a dictionary never changes, so an entry stays right for as long as
+    // the process lives. `mutex` is a leaf: held only to find or add an entry.
+    struct LoadedDictionaries {
+        std::mutex mutex;
+        std::unordered_map<std::uint32_t, std::shared_ptr<const LoadedDictionary>> by_id;
+    } dictionaries;
+    int lock_fd = -1;  // shared flock on kcache.lock: compaction takes it exclusively
     bool read_only = false;
     std::string path;
     ~Impl();
@@ -60,6 +87,7 @@ inline constexpr std::string_view kMetaNextIno = "next_ino";
 inline constexpr std::string_view kMetaNextEvent = "next_event";
 inline constexpr std::string_view kMetaResetTime = "reset_ns";
 inline constexpr std::string_view kMetaCreated = "created_ns";
+inline constexpr std::string_view kMetaNextDictionary = "next_dictionary";
 
 // The typed view of one transaction. Read methods work on both kinds; write
 // methods require `write` (a WriteTxn) and record the first storage error there.
@@ -158,6 +186,12 @@ Status dissolve_if_container(Tx& tx, records::Inode& dir, std::string_view name,
 // that joins an entry populates it on behalf of `origin` (null: this process).
 Status retag(Tx& tx, Ino moved, const Origin* origin);
 // content.cpp
+// What a new blob is stored for: the name of the file that brings it and its entry's
+// producer; kind_for (dictionaries.cpp) classifies it.
+struct BlobOwner {
+    std::string_view name;
+    Producer producer = Producer::unknown;
+};
 Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign);
 // The digests content is keyed by: its digest_of, and for segmented content (size of
 // kSegmentedSize or more) its segments' digests, in order.
@@ -169,7 +203,7 @@ ContentDigests digests_of(std::string_view content);
 // One more reference to the blob of `content` (stored if new: compressed, or by
 // segment). Counts a dedup hit when it was there.
 Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests,
-                                      std::string_view content);
+                                      std::string_view content, const BlobOwner& owner);
 // One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);
 // Replaces `file`'s content (inode record, statistics, entry accounting, population;
@@ -184,8 +218,30 @@ Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Dige
 // A blob's bytes as stored (compressed or not), zero-copy when they fit one chunk.
 // Not for Codec::segments (its stored bytes are a list, not content).
 Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::BlobRef& ref);
-// The zstd form of `content` when it saves space, else empty (content.cpp's rule).
-std::string compressed_form(std::string_view content);
+// The zstd form of `content` when it saves space, else empty (content.cpp's rule):
+// with `dictionary` when given (its id then in the frame).
+std::string compressed_form(std::string_view content, const LoadedDictionary* dictionary = nullptr);
+// dictionaries.cpp (dictionaries.hpp)
+// The kind of a new blob of `owner` with `content` (made if new); 0 on a db without the
+// dicts table (an older db opened read-only).
+Result<std::uint32_t> kind_for(Tx& tx, const BlobOwner& owner, std::string_view content);
+// The dictionary `kind`'s new blobs are compressed with; null when it has none.
+Result<std::shared_ptr<const LoadedDictionary>> current_dictionary(const Tx& tx,
+                                                                   std::uint32_t kind);
+// Dictionary `id`, loaded once per process (EIO when the db lacks it).
+Result<std::shared_ptr<const LoadedDictionary>> load_dictionary(const Tx& tx, std::uint32_t id);
+// Decompresses the zstd frame `stored` of blob `digest` into `raw` (sized to the
+// content): with its dictionary when `ref` names one, which the frame must name too.
+Status decompress(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
+                  std::string_view stored, std::string& raw);
+// A blob of `ref` was stored (+1) or dropped (-1): its kind's accounting and its
+// dictionary's users follow; a replaced dictionary goes with its last user.
+Status account_blob(Tx& tx, const records::BlobRef& ref, int sign);
+// The bytes a blob `ref` occupies, replaced by `stored` (zstd with `dictionary`), in
+// place: same digest, same content. Returns the new reference (the caller fixes the
+// stored bytes of entries whose files hold it).
+Result<records::BlobRef> rewrite_blob(Tx& tx, const Digest& digest, const records::BlobRef& ref,
+                                      std::string_view stored, std::uint32_t dictionary);
 // entries.cpp
 // Makes `node` (a directory, or a file of a schema-1 db) an entry of its own.
 Status create_entry_record(Tx& tx, const records::Inode& node,

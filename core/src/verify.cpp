@@ -150,6 +150,8 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     // 2. Blobs: content matches digest and size, refcounts match references (a
     // segment list holds one per occurrence of a segment: counted first).
     std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0, chunks_expected = 0;
+    std::map<std::uint32_t, records::Kind> kinds;  // recounted from the blobs
+    std::map<std::uint32_t, std::uint64_t> dictionary_users;
     std::unordered_map<Digest, bool, DigestHash> damaged;  // blobs whose content is bad
     std::unordered_map<Digest, std::vector<Digest>, DigestHash> lists;  // segmented blobs
     KCACHE_TRY(tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
@@ -182,6 +184,13 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         chunks_expected += records::chunk_count(ref->stored_size);
         stored_total += records::footprint(*ref);
         raw_total += records::raw_counted(*ref);
+        if (ref->kind) {
+            records::Kind& k = kinds[ref->kind];
+            ++k.blobs;
+            k.raw_bytes += ref->raw_size;
+            k.stored_bytes += records::footprint(*ref);
+        }
+        if (ref->dictionary) ++dictionary_users[ref->dictionary];
         const auto it = refs.find(digest);
         const std::uint64_t counted = it == refs.end() ? 0 : it->second;
         if (ref->refcount != counted) {
@@ -222,6 +231,54 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
     if (st.ms_entries != chunks_expected) {
         problem(fmt::format("{} blob chunks stored where the blob references need {}",
                             st.ms_entries, chunks_expected));
+    }
+
+    // 2b. Kinds and dictionaries (schema 4): each kind's accounting matches its blobs,
+    //     each dictionary's users the blobs compressed with it, and every dictionary a
+    //     blob names is there (a blob that could not be read was reported above).
+    if (tx.db.has_dicts) {
+        std::map<std::uint32_t, records::Dictionary> dictionaries;
+        KCACHE_TRY(tx.scan(tx.db.dicts, {}, {}, [&](std::string_view key, std::string_view value) {
+            const auto id = ByteReader(key, "dicts key").be_at<std::uint32_t>(1).value_or(0);
+            if (key.starts_with("K")) {
+                auto k = records::decode_kind(value);
+                if (!k) {
+                    problem(fmt::format("kind {}: {}", id, k.error().message));
+                    return true;
+                }
+                const records::Kind& counted = kinds[id];
+                if (k->blobs != counted.blobs || k->raw_bytes != counted.raw_bytes ||
+                    k->stored_bytes != counted.stored_bytes) {
+                    problem(
+                        fmt::format("kind '{}': records {} blobs/{} raw/{} stored, its blobs "
+                                    "are {}/{}/{}",
+                                    k->name, k->blobs, k->raw_bytes, k->stored_bytes, counted.blobs,
+                                    counted.raw_bytes, counted.stored_bytes));
+                }
+                kinds.erase(id);
+                if (k->dictionary) dictionary_users.try_emplace(k->dictionary, 0);
+            } else if (key.starts_with("D")) {
+                auto d = records::decode_dictionary(value);
+                if (!d) {
+                    problem(fmt::format("dictionary {}: {}", id, d.error().message));
+                    return true;
+                }
+                dictionaries.emplace(id, *d);
+            }
+            return true;
+        }));
+        for (const auto& [id, k] : kinds) {
+            problem(fmt::format("{} blobs are of kind {}, which has no record", k.blobs, id));
+        }
+        for (const auto& [id, users] : dictionary_users) {
+            auto d = dictionaries.find(id);
+            if (d == dictionaries.end()) {
+                problem(fmt::format("dictionary {} is missing ({} blobs use it)", id, users));
+            } else if (d->second.users != users) {
+                problem(fmt::format("dictionary {}: records {} users, {} blobs use it", id,
+                                    d->second.users, users));
+            }
+        }
     }
 
     // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.
@@ -298,6 +355,8 @@ Result<GcReport> collect_garbage(Store& store) {
         report.stale_leases = dead.size();
         return {};
     }));
+    auto recompressed = KCACHE_TRY(recompress_blobs(store));
+    report.dictionaries = std::move(recompressed);
     auto txn = KCACHE_TRY(store.read());
     Tx tx = TxnAccess::tx(txn);
     // The free list (dbi 0): each record lists free page numbers, count first.

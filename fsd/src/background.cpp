@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kcache/core/dictionaries.hpp"
 #include "log.hpp"
 
 namespace kcache::fsd {
@@ -12,6 +13,7 @@ namespace {
 
 constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
 constexpr int kFlushEvery = 4;                           // statistics: every 4 periods
+constexpr auto kTrainEvery = std::chrono::seconds(10);   // is a dictionary due? (reads the kinds)
 
 constexpr int find_slot(core::Counter c) {
     for (int i = 0; i < Background::kSlots; ++i) {
@@ -53,6 +55,7 @@ void Background::stop() {
     }
     m_wake.notify_all();
     if (m_thread.joinable()) m_thread.join();
+    if (m_trainer.joinable()) m_trainer.join();
     m_session = nullptr;
     std::vector<std::function<void()>>
         after;  // replies still owed (their notification no longer matters)
@@ -178,6 +181,10 @@ void Background::run() {
             }
         }
         const auto now = std::chrono::steady_clock::now();
+        if (now - m_last_train_check >= kTrainEvery) {
+            m_last_train_check = now;
+            train_if_due();
+        }
         if (m_sync_interval_s > 0 &&
             now - m_last_sync >= std::chrono::duration<double>(m_sync_interval_s)) {
             m_last_sync = now;
@@ -188,6 +195,26 @@ void Background::run() {
             }
         }
     }
+}
+
+void Background::train_if_due() {
+    if (m_training || m_store.read_only()) return;
+    auto due = core::dictionaries_due(m_store);
+    if (!due || !*due) return;
+    if (m_trainer.joinable()) m_trainer.join();  // the last one is done (m_training)
+    m_training = true;
+    m_trainer = std::thread([this] {
+        auto trained = core::train_dictionaries(m_store);
+        if (!trained) {
+            log::warning("training dictionaries: {}", trained.error().message);
+        } else {
+            for (const core::TrainedDictionary& t : *trained) {
+                if (t.id)
+                    log::info("trained dictionary {} for {} ({} bytes)", t.id, t.kind, t.bytes);
+            }
+        }
+        m_training = false;
+    });
 }
 
 void Background::follow_events() {

@@ -78,6 +78,7 @@ class Background {
     };
     void notify_sizes(const std::vector<Growth>& growths);
     static void run_all(std::vector<std::function<void()>>& after);
+    void train_if_due();
 
     core::Store& m_store;
     fuse_session* m_session = nullptr;
@@ -92,6 +93,15 @@ class Background {
     std::vector<core::Ino> m_hits;
     std::atomic<bool> m_check_limits{false};
     std::function<void()> m_on_period;  // set before start(); only the thread calls it
+    // Trained dictionaries (core/dictionaries.hpp): now and then this thread asks whether
+    // a kind is due and starts the training on a thread of its own, since a training
+    // takes a good part of a second, which notifications must not wait for. The trainer
+    // holds no lock of the daemon's (only LMDB's writer lock, for one short commit);
+    // stop() joins it. m_training: set here, cleared by the trainer when it is done.
+    std::thread m_trainer;
+    std::atomic<bool> m_training{false};
+    std::chrono::steady_clock::time_point m_last_train_check = std::chrono::steady_clock::now();
+
   public:
     // The counters handlers count in memory, flushed together: the rows of the table
     // of statistics that the daemon counts (core::by_daemon).

@@ -6,7 +6,10 @@
 #include <fmt/core.h>
 #include <zstd.h>
 
+#include "kcache/core/byte_reader.hpp"
+
 namespace kcache::remote::proto {
+using core::ByteReader;
 
 namespace {
 
@@ -43,43 +46,6 @@ class Writer {
     std::string& m_out;
 };
 
-// Reads with bounds checks: a read past the end sets failed() and yields zeros.
-class Reader {
-  public:
-    explicit Reader(std::string_view in) : m_in(in) {}
-    bool failed() const { return m_failed; }
-    bool at_end() const { return m_pos == m_in.size(); }
-    std::uint64_t le(int bytes) {
-        if (!take(static_cast<std::size_t>(bytes))) return 0;
-        std::uint64_t v = 0;
-        for (int i = 0; i < bytes; ++i)
-            v |= std::uint64_t{static_cast<unsigned char>(m_in[m_pos - bytes + i])} << (8 * i);
-        return v;
-    }
-    std::uint8_t u8() { return static_cast<std::uint8_t>(le(1)); }
-    std::uint32_t u32() { return static_cast<std::uint32_t>(le(4)); }
-    std::uint64_t u64() { return le(8); }
-    std::string_view bytes(std::size_t n) {
-        if (!take(n)) return {};
-        return m_in.substr(m_pos - n, n);
-    }
-    std::string str16() { return std::string(bytes(static_cast<std::size_t>(le(2)))); }
-    std::string str32() { return std::string(bytes(static_cast<std::size_t>(le(4)))); }
-
-  private:
-    bool take(std::size_t n) {
-        if (m_failed || n > m_in.size() - m_pos) {
-            m_failed = true;
-            return false;
-        }
-        m_pos += n;
-        return true;
-    }
-    std::string_view m_in;
-    std::size_t m_pos = 0;
-    bool m_failed = false;
-};
-
 std::string prefix(std::string_view ns, char kind) {
     return fmt::format("kc2:{}:{}:", ns, kind);
 }
@@ -107,10 +73,10 @@ std::string pack(std::string_view raw) {
 
 // The inverse of pack(), refusing a raw length over `limit`.
 core::Status unpack(std::string_view value, std::size_t limit, std::string& out) {
-    Reader r(value);
-    const std::uint8_t codec = r.u8();
-    const std::uint32_t raw = r.u32();
-    if (r.failed()) return bad("truncated header");
+    ByteReader r(value, "remote value");
+    std::uint8_t codec = 0;
+    std::uint32_t raw = 0;
+    if (!r.read(codec, raw)) return bad("truncated header");
     if (raw > limit) return bad(fmt::format("{} raw bytes is over the limit of {}", raw, limit));
     const std::string_view payload = value.substr(5);
     const std::size_t at = out.size();
@@ -187,6 +153,46 @@ std::string encode(const Manifest& m) {
     return out;
 }
 
+namespace {
+
+// One node of a manifest's body (its path, type, mode, time, then by type).
+Result<Node> decode_node(ByteReader& r) {
+    Node n;
+    auto path = r.str16();
+    std::uint8_t type = 0;
+    std::uint32_t mode = 0;
+    if (!path || !r.read(type, mode, n.mtime_ns)) return bad("manifest: truncated node");
+    n.path.assign(*path);
+    n.mode = mode & 07777;
+    if (type < 1 || type > 3) return bad("manifest: unknown node type");
+    n.type = static_cast<core::FileType>(type);
+    if (n.type == core::FileType::regular) {
+        std::uint8_t inlined = 0;
+        if (!r.read(n.size, n.digest.high, n.digest.low, inlined))
+            return bad("manifest: truncated file");
+        if (n.size > core::kMaxFileSize) return bad("manifest: file size over the limit");
+        if (inlined > 1) return bad("manifest: bad inline flag");
+        n.inlined = inlined == 1;
+        if (n.inlined) {
+            auto content = r.str32();
+            if (!content) return bad("manifest: truncated inline content");
+            n.content.assign(*content);
+            // Empty content has no digest to check (core keeps it all-zero).
+            if (n.content.size() != n.size ||
+                (n.size != 0 && !(core::digest_of(n.content) == n.digest))) {
+                return bad("manifest: inline content does not match its digest");
+            }
+        }
+    } else if (n.type == core::FileType::symlink) {
+        auto target = r.str16();
+        if (!target) return bad("manifest: truncated symlink");
+        n.target.assign(*target);
+    }
+    return n;
+}
+
+}  // namespace
+
 Result<Manifest> decode_manifest(std::string_view value) {
     if (!value.starts_with(kManifestMagic)) return bad("manifest: bad magic");
     std::string body;
@@ -194,24 +200,28 @@ Result<Manifest> decode_manifest(std::string_view value) {
         return tl::unexpected(core::with_context(s.error(), "manifest"));
     }
     if (body.size() < 16) return bad("manifest: too short");
+    const std::string_view content = std::string_view(body).substr(0, body.size() - 16);
     {
-        Reader sum(std::string_view(body).substr(body.size() - 16));
-        const core::Digest stored{sum.u64(), sum.u64()};
-        if (!(stored == core::digest_of(std::string_view(body).substr(0, body.size() - 16)))) {
+        ByteReader sum(std::string_view(body).substr(content.size()), "manifest checksum");
+        core::Digest stored;
+        if (!sum.read(stored.high, stored.low) || !(stored == core::digest_of(content))) {
             return bad("manifest: checksum mismatch");
         }
     }
-    Reader r(std::string_view(body).substr(0, body.size() - 16));
+    ByteReader r(content, "manifest");
     Manifest m;
-    m.entry = r.str16();
-    const std::uint8_t kind = r.u8();
-    m.stem = r.str16();
-    m.dir_mode = r.u32();
-    const std::uint8_t producer = r.u8();
-    m.writer = r.str16();
-    m.created_ns = static_cast<std::int64_t>(r.u64());
-    const std::uint32_t count = r.u32();
-    if (r.failed()) return bad("manifest: truncated header");
+    auto entry = r.str16();
+    std::uint8_t kind = 0;
+    if (!entry || !r.read(kind)) return bad("manifest: truncated header");
+    m.entry.assign(*entry);
+    auto stem = r.str16();
+    std::uint8_t producer = 0;
+    if (!stem || !r.read(m.dir_mode, producer)) return bad("manifest: truncated header");
+    m.stem.assign(*stem);
+    auto writer = r.str16();
+    std::uint32_t count = 0;
+    if (!writer || !r.read(m.created_ns, count)) return bad("manifest: truncated header");
+    m.writer.assign(*writer);
     if (kind > static_cast<std::uint8_t>(core::EntryKind::stem))
         return bad("manifest: unknown entry kind");
     m.kind = static_cast<core::EntryKind>(kind);
@@ -221,39 +231,11 @@ Result<Manifest> decode_manifest(std::string_view value) {
     if (count > kMaxNodes) return bad(fmt::format("manifest: {} nodes is over the limit", count));
     m.nodes.reserve(count);
     for (std::uint32_t i = 0; i < count; ++i) {
-        Node n;
-        n.path = r.str16();
-        const std::uint8_t type = r.u8();
-        n.mode = r.u32() & 07777;
-        n.mtime_ns = static_cast<std::int64_t>(r.u64());
-        if (r.failed()) return bad("manifest: truncated node");
-        if (type < 1 || type > 3) return bad("manifest: unknown node type");
-        n.type = static_cast<core::FileType>(type);
-        if (n.type == core::FileType::regular) {
-            n.size = r.u64();
-            n.digest.high = r.u64();
-            n.digest.low = r.u64();
-            const std::uint8_t inl = r.u8();
-            if (r.failed()) return bad("manifest: truncated file");
-            if (n.size > core::kMaxFileSize) return bad("manifest: file size over the limit");
-            if (inl > 1) return bad("manifest: bad inline flag");
-            n.inlined = inl == 1;
-            if (n.inlined) {
-                n.content = r.str32();
-                if (r.failed()) return bad("manifest: truncated inline content");
-                // Empty content has no digest to check (core keeps it all-zero).
-                if (n.content.size() != n.size ||
-                    (n.size != 0 && !(core::digest_of(n.content) == n.digest))) {
-                    return bad("manifest: inline content does not match its digest");
-                }
-            }
-        } else if (n.type == core::FileType::symlink) {
-            n.target = r.str16();
-            if (r.failed()) return bad("manifest: truncated symlink");
-        }
-        m.nodes.push_back(std::move(n));
+        auto node = decode_node(r);
+        if (!node) return tl::unexpected(node.error());
+        m.nodes.push_back(std::move(*node));
     }
-    if (r.failed() || !r.at_end()) return bad("manifest: trailing or missing bytes");
+    if (!r.at_end()) return bad("manifest: trailing or missing bytes");
     return m;
 }
 
@@ -267,11 +249,9 @@ std::string encode(const BlobHeader& h) {
 
 Result<BlobHeader> decode_blob_header(std::string_view value) {
     if (!value.starts_with(kBlobMagic)) return bad("blob header: bad magic");
-    Reader r(value.substr(kBlobMagic.size()));
+    ByteReader r(value.substr(kBlobMagic.size()), "blob header");
     BlobHeader h;
-    h.raw_size = r.u64();
-    h.chunks = r.u32();
-    if (r.failed() || !r.at_end()) return bad("blob header: wrong length");
+    if (!r.read(h.raw_size, h.chunks) || !r.at_end()) return bad("blob header: wrong length");
     if (h.raw_size > core::kMaxFileSize || h.chunks != chunk_count(h.raw_size)) {
         return bad("blob header: size and chunk count do not fit");
     }

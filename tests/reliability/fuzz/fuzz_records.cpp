@@ -40,7 +40,8 @@ void check_decoded(const core::Result<T>& decoded, std::string_view in, const ch
     }
     const std::string encoded = records::encode(*decoded);
     if (encoded == in) return;
-    // Inodes, entries and config of format 1 (schema 1) re-encode as format 2: then the
+    // Inodes, entries and config of format 1 (schema 1), and blob references of format 1
+    // (before schema 4), re-encode as format 2: then the
     // new encoding must decode to the same record.
     if (!in.empty() && in[0] == 1) {
         const auto again = [&] {
@@ -50,6 +51,8 @@ void check_decoded(const core::Result<T>& decoded, std::string_view in, const ch
                 return records::decode_entry(42, encoded);
             else if constexpr (std::is_same_v<T, core::Config>)
                 return records::decode_config(encoded);
+            else if constexpr (std::is_same_v<T, records::BlobRef>)
+                return records::decode_blob_ref(encoded);
             else
                 return decoded;
         }();
@@ -64,7 +67,7 @@ void check_decoded(const core::Result<T>& decoded, std::string_view in, const ch
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size < 1) return 0;
     const std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
-    switch (data[0] % 7) {
+    switch (data[0] % 9) {
         case 0:
             check_decoded(records::decode_inode(42, in), in, "inode");
             break;
@@ -88,6 +91,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             break;
         case 5:
             check_decoded(records::decode_config(in), in, "config");
+            break;
+        case 7:
+            check_decoded(records::decode_kind(in), in, "kind");
+            break;
+        case 8:
+            check_decoded(records::decode_dictionary(in), in, "dictionary");
             break;
         case 6: {
             const auto value = records::decode_u64(in, "counter");

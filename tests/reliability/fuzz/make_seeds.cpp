@@ -156,6 +156,26 @@ int main(int argc, char** argv) {
     write(corpus / "records" / "event", '\4', records::encode(event));
     write(corpus / "records" / "config", '\5', records::encode(core::Config{}));
     write(corpus / "records" / "counter", '\6', records::encode_u64(123456));
+    records::BlobRef with_dictionary{3, 9000, 2100, records::Codec::zstd};
+    with_dictionary.kind = 2;
+    with_dictionary.dictionary = 32768;
+    write(corpus / "records" / "blob_dictionary", '\2', records::encode(with_dictionary));
+    records::Kind kind;
+    kind.name = "triton/cubin-sm_90";
+    kind.blobs = 88;
+    kind.raw_bytes = 1699936;
+    kind.stored_bytes = 312320;
+    kind.dictionary = 32768;
+    kind.trained_at = 1699936;
+    write(corpus / "records" / "kind", '\7', records::encode(kind));
+    records::Dictionary dictionary;
+    dictionary.kind = 2;
+    dictionary.users = 88;
+    dictionary.size = 65536;
+    dictionary.samples = 88;
+    dictionary.sample_bytes = 1699936;
+    dictionary.created_ns = 1'700'000'000'000'000'000;
+    write(corpus / "records" / "dictionary", '\10', records::encode(dictionary));
 
     fs::remove_all(tmp);
     return 0;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kcache/core/dictionaries.hpp"
 #include "kcache/core/store.hpp"
 
 namespace kcache::core {
@@ -27,8 +28,11 @@ struct GcReport {
     std::uint64_t stale_leases = 0;   // write leases of dead processes dropped
     std::uint64_t free_pages = 0;     // LMDB pages free for reuse after gc
     std::uint64_t file_bytes = 0;     // size of data.mdb
+    RecompressReport dictionaries;    // kinds, training, blobs rewritten (dictionaries.hpp)
 };
 
+// Clears stale reader slots and write leases, then classifies, trains and recompresses
+// blobs (recompress_blobs), then counts the free pages.
 Result<GcReport> collect_garbage(Store& store);
 
 struct CompactReport {

@@ -10,6 +10,10 @@ namespace kcache::core {
 // binary: .cubin .fatbin .hsaco .vmfb .so .o .bin ...; signature: .json kernel_sig ...;
 // ir: .ptx .mlir .ll .llir .ttir .ttgir .source ...; other: anything else.
 Role role_of(std::string_view file_name);
+// The file's kind, from the same table: its suffix without the dot ("cubin", "ptx",
+// "json", "ttir", ...), "group" for Triton's group files, "other" for the rest.
+// Files of one kind from one producer are alike (dictionaries.hpp).
+std::string_view file_kind(std::string_view file_name);
 // A guess from one file name of the entry, unknown when the name says nothing.
 Producer producer_of(std::string_view file_name);
 

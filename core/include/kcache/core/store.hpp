@@ -85,7 +85,10 @@ struct Config {
 // kSegmentedSize or more stored by segment, Codec::segments). An older db is upgraded
 // when first opened for writing (nothing is rewritten: its big files keep their flat
 // digests and blobs until they change) and still read as it is when opened read-only.
-inline constexpr std::uint32_t kSchemaVersion = 3;
+// 4: file kinds and trained zstd dictionaries (the `dicts` table, blob references of
+// format 2: dictionaries.hpp); an older db's blobs stay as they are (kind 0, no
+// dictionary) until `kcache gc` classifies and recompresses them.
+inline constexpr std::uint32_t kSchemaVersion = 4;
 
 struct Stats {
     std::map<Counter, std::uint64_t> values;  // every known counter, 0 when unset

@@ -1,0 +1,91 @@
+// libFuzzer target for the shared tier's value decoders (remote/src/protocol.cpp),
+// which read bytes that come from the network (built by tests/support/run_fuzz.sh
+// with clang++-14; core's sources and protocol.cpp compiled in).
+//
+// Input: one selector byte (manifest, blob header or chunk, modulo 3), then the value.
+// A malformed value must decode to an EBADMSG error with a message, never crash, read
+// past the end or allocate without bound. A manifest or blob header that decodes must
+// encode back to a value that decodes to the same thing (what a node pulls is what
+// was pushed); a chunk decodes to at most kChunkBytes and leaves `out` as it was when
+// it fails.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "protocol.hpp"
+
+namespace {
+
+namespace proto = kcache::remote::proto;
+
+void check(bool condition, const char* what) {
+    if (!condition) {
+        std::fprintf(stderr, "fuzz_remote_values: contract broken: %s\n", what);
+        std::abort();
+    }
+}
+
+template <class T>
+bool failed_cleanly(const kcache::core::Result<T>& r) {
+    if (r) return false;
+    check(r.error().code == EBADMSG && !r.error().message.empty(), "error is not EBADMSG");
+    return true;
+}
+
+bool same(const proto::Manifest& a, const proto::Manifest& b) {
+    if (a.entry != b.entry || a.kind != b.kind || a.stem != b.stem || a.dir_mode != b.dir_mode ||
+        a.producer != b.producer || a.writer != b.writer || a.created_ns != b.created_ns ||
+        a.nodes.size() != b.nodes.size())
+        return false;
+    for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+        const proto::Node& x = a.nodes[i];
+        const proto::Node& y = b.nodes[i];
+        if (x.path != y.path || x.type != y.type || x.mode != y.mode || x.mtime_ns != y.mtime_ns ||
+            x.size != y.size || !(x.digest == y.digest) || x.inlined != y.inlined ||
+            x.content != y.content || x.target != y.target)
+            return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    if (size < 1) return 0;
+    const std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
+    switch (data[0] % 3) {
+        case 0: {
+            const auto m = proto::decode_manifest(in);
+            if (failed_cleanly(m)) break;
+            const auto again = proto::decode_manifest(proto::encode(*m));
+            check(again && same(*m, *again), "manifest does not survive encode and decode");
+            break;
+        }
+        case 1: {
+            const auto h = proto::decode_blob_header(in);
+            if (failed_cleanly(h)) break;
+            check(proto::encode(*h) == in, "blob header does not re-encode to its input");
+            break;
+        }
+        case 2: {
+            std::string out = "prefix";
+            // What the blob header would have said: the length the value declares
+            // (so that decoding can succeed), or a wrong one when the selector says.
+            std::size_t expected = 0;
+            for (std::size_t i = 0; i < 4 && 1 + i < in.size(); ++i)
+                expected |= std::size_t{static_cast<unsigned char>(in[1 + i])} << (8 * i);
+            if (data[0] & 0x80) ++expected;
+            if (auto s = proto::decode_chunk(in, expected, out); !s) {
+                check(s.error().code == EBADMSG, "chunk error is not EBADMSG");
+                check(out == "prefix", "a failed chunk changed its output");
+            } else {
+                check(out.size() == 6 + expected, "chunk decoded to another length");
+            }
+            break;
+        }
+    }
+    return 0;
+}
