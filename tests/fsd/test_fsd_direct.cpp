@@ -455,3 +455,43 @@ TEST_CASE("a truncate by path is the size told while a reader of the old version
     d.fs->getattr(after.get(), ino, nullptr);
     CHECK(after->attr.st_size == 9000);
 }
+
+TEST_CASE("a reader opening a file a rename replaced after its lookup counts its hit once",
+          "[fsd][direct]") {
+    // CuTe DSL's cache (and Helion's): processes racing on one kernel each write it in
+    // a temp dir and os.replace it into place, while others look the file up and open
+    // it. The kernel's OPEN can name the inode the lookup found after a racing rename
+    // replaced it: the reader still loads the kernel from the cache, so it counts one
+    // hit, as if it had opened the file that replaced it.
+    Direct d;
+    const char* name =
+        "cute_dsl_281faa14c93f3f220915b25117724304099157470895ebdf462120ff6f68c266.mlir";
+    const Ino first = d.store_file(name, "module v1");  // populated by this process
+    auto looked = d.req();
+    d.fs->lookup(looked.get(), kcache::core::kRootIno, name);  // the kernel holds the inode
+    REQUIRE(looked->err == 0);
+    REQUIRE(looked->entry.ino == first);
+    // A racing compile of the same kernel replaces the file (a racing store: no miss).
+    d.store_file("cute_dsl_281f.mlir.tmp", "module v1");
+    auto renamed = d.req();
+    d.fs->rename(renamed.get(), kcache::core::kRootIno, "cute_dsl_281f.mlir.tmp",
+                 kcache::core::kRootIno, name, 0);
+    REQUIRE(renamed->err == 0);
+    OtherProcess reader;
+    auto opened = open_file(d, first, O_RDONLY, reader.pid);  // the inode its lookup found
+    auto closed = d.req();
+    d.fs->release(closed.get(), first, &opened->fi);
+    // The same process opening the file that replaced it is the same hit: not counted again.
+    auto again = d.req();
+    d.fs->lookup(again.get(), kcache::core::kRootIno, name);
+    REQUIRE(again->err == 0);
+    REQUIRE(again->entry.ino != first);
+    auto reopened = open_file(d, again->entry.ino, O_RDONLY, reader.pid);
+    auto closed_again = d.req();
+    d.fs->release(closed_again.get(), again->entry.ino, &reopened->fi);
+    d.fs->stop();  // flushes the statistics
+    auto txn = d.store->read();
+    REQUIRE(txn);
+    CHECK(txn->counter(kcache::core::Counter::misses).value() == 1);
+    CHECK(txn->counter(kcache::core::Counter::hits).value() == 1);
+}

@@ -82,10 +82,11 @@ struct Config {
 };
 
 // 2: layouts (stem entries, bookkeeping nodes); 3: segmented content (files of
-// kSegmentedSize or more stored by segment, Codec::segments). An older db is upgraded
+// kSegmentedSize or more stored by segment, Codec::segments); 4: misses explained (the
+// misses, evictions and families tables of misses.hpp). An older db is upgraded
 // when first opened for writing (nothing is rewritten: its big files keep their flat
 // digests and blobs until they change) and still read as it is when opened read-only.
-inline constexpr std::uint32_t kSchemaVersion = 3;
+inline constexpr std::uint32_t kSchemaVersion = 4;
 
 struct Stats {
     std::map<Counter, std::uint64_t> values;  // every known counter, 0 when unset
