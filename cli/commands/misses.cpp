@@ -29,8 +29,8 @@ nlohmann::json miss_json(const core::Miss& m) {
         {"family", m.family},
         {"cause", std::string(core::miss_cause_name(m.cause))},
         {"stored_bytes", m.stored_bytes},
-        {"compared_with", m.compared_name.empty() ? nlohmann::json(nullptr)
-                                                  : nlohmann::json(m.compared_name)},
+        {"compared_with",
+         m.compared_name.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.compared_name)},
         {"fields", std::move(fields)},
         {"lines", std::move(lines)},
     };

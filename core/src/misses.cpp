@@ -111,7 +111,9 @@ std::optional<LineDiff> first_line_diff(std::string_view a, std::string_view b) 
         const std::string_view la = a.substr(0, ea);
         const std::string_view lb = b.substr(0, eb);
         if (la != lb || (a.empty() != b.empty())) {
-            return LineDiff{{}, line, cut(a.empty() ? "(end of file)" : la),
+            return LineDiff{{},
+                            line,
+                            cut(a.empty() ? "(end of file)" : la),
                             cut(b.empty() ? "(end of file)" : lb)};
         }
         a = ea == std::string_view::npos ? std::string_view{} : a.substr(ea + 1);
@@ -124,8 +126,8 @@ std::optional<LineDiff> first_line_diff(std::string_view a, std::string_view b) 
 // IR files in the order a compile produces them, so the first difference named is the
 // one nearest the key's inputs: source, then Triton's stages, then anything else.
 int ir_rank(std::string_view path) {
-    constexpr std::string_view kOrder[] = {".source", ".py", ".ttir", ".ttgir",
-                                           ".mlir",   ".llir", ".ll",  ".ptx"};
+    constexpr std::string_view kOrder[] = {".source", ".py",   ".ttir", ".ttgir",
+                                           ".mlir",   ".llir", ".ll",   ".ptx"};
     for (std::size_t i = 0; i < std::size(kOrder); ++i) {
         if (path.ends_with(kOrder[i])) return static_cast<int>(i);
     }
@@ -355,7 +357,8 @@ std::size_t differences(const Miss& m) {
 }
 
 // Classifies the populate event `e` of `entry` (nullopt: gone since) in `txn`.
-Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e, const std::optional<EntryInfo>& entry) {
+Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
+                      const std::optional<EntryInfo>& entry) {
     Miss m;
     m.seq = e.seq;
     m.time_ns = e.time_ns;
@@ -377,7 +380,8 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e, const std::optional
             m.gone_ns = ev.time_ns;
             m.gone_why = gone_why(ev.why);
             if (ev.why == EventKind::evict) {
-                m.stack_distance = KCACHE_TRY(stack_distance(txn, ev.entry, ev.seq, m.stored_bytes));
+                m.stack_distance =
+                    KCACHE_TRY(stack_distance(txn, ev.entry, ev.seq, m.stored_bytes));
             }
             KCACHE_TRY(tx.del(tx.db.evictions, m.name));
         }
@@ -413,7 +417,8 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e, const std::optional
         KCACHE_TRY(compare_entries(txn, *entry, *other, candidate));
         const bool better =
             !best ||
-            (candidate.cause == MissCause::unstable_key && best->cause != MissCause::unstable_key) ||
+            (candidate.cause == MissCause::unstable_key &&
+             best->cause != MissCause::unstable_key) ||
             (candidate.cause == best->cause && differences(candidate) < differences(*best));
         if (better) best = std::move(candidate);
     }
@@ -483,8 +488,8 @@ std::string_view miss_cause_name(MissCause cause) {
 }
 
 std::optional<MissCause> parse_miss_cause(std::string_view name) {
-    for (MissCause c : {MissCause::first, MissCause::capacity, MissCause::changed_key,
-                        MissCause::unstable_key}) {
+    for (MissCause c :
+         {MissCause::first, MissCause::capacity, MissCause::changed_key, MissCause::unstable_key}) {
         if (name == miss_cause_name(c)) return c;
     }
     if (name == "changed") return MissCause::changed_key;
@@ -586,15 +591,15 @@ Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo&
             while (at < n && a[at] == b[at]) ++at;
             where = fmt::format(", first difference at byte {}", at);
         }
-        lines.push_back({100 + ir_rank(path),
-                         LineDiff{path, 0, fmt::format("{} bytes", g.info.attr.size),
-                                  fmt::format("{} bytes{}", f.info.attr.size, where)}});
+        lines.push_back(
+            {100 + ir_rank(path), LineDiff{path, 0, fmt::format("{} bytes", g.info.attr.size),
+                                           fmt::format("{} bytes{}", f.info.attr.size, where)}});
     }
     for (const auto& [path, g] : theirs) {
         if (g.kind != Kind::skip && !mine.count(path)) {
-            lines.push_back({ir_rank(path), LineDiff{path, 0,
-                                                     fmt::format("{} bytes", g.info.attr.size),
-                                                     "(no such file)"}});
+            lines.push_back(
+                {ir_rank(path),
+                 LineDiff{path, 0, fmt::format("{} bytes", g.info.attr.size), "(no such file)"}});
         }
     }
     std::stable_sort(lines.begin(), lines.end(),

@@ -26,7 +26,8 @@ std::string triton_key(char c) {
 struct TritonKernel {
     std::string name = "add_kernel";
     int num_warps = 4;
-    std::string ttir = "module {\n  tt.func @add_kernel() {\n    arith.constant 128 : i32\n  }\n}\n";
+    std::string ttir =
+        "module {\n  tt.func @add_kernel() {\n    arith.constant 128 : i32\n  }\n}\n";
     std::string cubin = "ELF cubin for 4 warps";
 };
 
@@ -186,8 +187,10 @@ TEST_CASE("misses: an evicted entry compiled again is a capacity miss, with when
 
 TEST_CASE("misses: JAX's family is the jit_<function> prefix of its key", "[core][misses]") {
     TestStore s;
-    const std::string k1 = "jit_scaled-5a16466f1b070e09f576d3821eb7327a258d88e2d0ab97cb1462702f8535e6f6";
-    const std::string k2 = "jit_scaled-eb4383dd54de8369960437f16efb8a02ad20fd210cc1ffe7020c6643493a2b07";
+    const std::string k1 =
+        "jit_scaled-5a16466f1b070e09f576d3821eb7327a258d88e2d0ab97cb1462702f8535e6f6";
+    const std::string k2 =
+        "jit_scaled-eb4383dd54de8369960437f16efb8a02ad20fd210cc1ffe7020c6643493a2b07";
     s.put("jax/" + k1 + "-cache", "executable with constant 2");
     s.put("jax/" + k1 + "-atime", "1");
     CHECK(classify(s) == 1);
@@ -221,8 +224,7 @@ TEST_CASE("misses: a miss is classified once its entry settled, and once", "[cor
     CHECK(s.counter(core::Counter::misses_first) == 1);
 }
 
-TEST_CASE("misses: a read-only store classifies nothing and lists what is kept",
-          "[core][misses]") {
+TEST_CASE("misses: a read-only store classifies nothing and lists what is kept", "[core][misses]") {
     TestStore s;
     put_triton(s, 'B', TritonKernel{});
     s.clock().advance(2 * kSecond);

@@ -119,17 +119,20 @@ struct Direct {
     }
 
     // A file `name` in the root with `content`, stored as a compiler stores one
-    // (create, write, release); its inode.
-    Ino store_file(const char* name, const std::string& content) {
+    // (create, write, release) by process `pid` (0: this one); its inode.
+    Ino store_file(const char* name, const std::string& content, pid_t pid = 0) {
         auto made = req();
+        if (pid != 0) made->ctx.pid = pid;
         fuse_file_info created{};
         created.flags = O_WRONLY | O_CREAT | O_TRUNC;
         fs->create(made.get(), kcache::core::kRootIno, name, S_IFREG | 0644, &created);
         REQUIRE(made->err == 0);
         auto written = req();
+        if (pid != 0) written->ctx.pid = pid;
         fs->write(written.get(), made->entry.ino, content.data(), content.size(), 0, &made->fi);
         REQUIRE(written->err == 0);
         auto closed = req();
+        if (pid != 0) closed->ctx.pid = pid;
         fs->release(closed.get(), made->entry.ino, &made->fi);
         return made->entry.ino;
     }
@@ -466,7 +469,8 @@ TEST_CASE("a reader opening a file a rename replaced after its lookup counts its
     Direct d;
     const char* name =
         "cute_dsl_281faa14c93f3f220915b25117724304099157470895ebdf462120ff6f68c266.mlir";
-    const Ino first = d.store_file(name, "module v1");  // populated by this process
+    OtherProcess compiler, reader;  // siblings: neither one's compile is the other's
+    const Ino first = d.store_file(name, "module v1", compiler.pid);
     auto looked = d.req();
     d.fs->lookup(looked.get(), kcache::core::kRootIno, name);  // the kernel holds the inode
     REQUIRE(looked->err == 0);
@@ -477,10 +481,18 @@ TEST_CASE("a reader opening a file a rename replaced after its lookup counts its
     d.fs->rename(renamed.get(), kcache::core::kRootIno, "cute_dsl_281f.mlir.tmp",
                  kcache::core::kRootIno, name, 0);
     REQUIRE(renamed->err == 0);
-    OtherProcess reader;
     auto opened = open_file(d, first, O_RDONLY, reader.pid);  // the inode its lookup found
     auto closed = d.req();
     d.fs->release(closed.get(), first, &opened->fi);
+    auto hits = [&] {
+        auto txn = d.store->read();
+        REQUIRE(txn);
+        return txn->counter(kcache::core::Counter::hits).value();
+    };
+    // The background thread adds the hits to the db every few periods.
+    for (int i = 0; i < 500 && hits() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(hits() == 1);
     // The same process opening the file that replaced it is the same hit: not counted again.
     auto again = d.req();
     d.fs->lookup(again.get(), kcache::core::kRootIno, name);

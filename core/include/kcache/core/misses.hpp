@@ -92,8 +92,8 @@ struct Miss {
 
 inline constexpr std::size_t kMaxFields = 32;
 inline constexpr std::size_t kMaxLineFiles = 4;
-inline constexpr std::size_t kMaxLineBytes = 240;          // longer lines are cut
-inline constexpr std::int64_t kSettleNs = 1'000'000'000;   // quiet time before classifying
+inline constexpr std::size_t kMaxLineBytes = 240;           // longer lines are cut
+inline constexpr std::int64_t kSettleNs = 1'000'000'000;    // quiet time before classifying
 inline constexpr std::int64_t kMaxWaitNs = 30'000'000'000;  // classified by then whatever
 
 // The family of `entry` (see the file comment): "triton:add_kernel", "jax:jit_f", ...;
@@ -132,9 +132,9 @@ struct SizingPoint {
 struct Sizing {
     std::uint64_t misses = 0;  // classified misses in the window
     std::uint64_t capacity = 0;
-    std::uint64_t bound = 0;          // Config::max_bytes now (0: none)
-    std::uint64_t avoid_all = 0;      // the smallest bound that would have avoided them all
-    std::vector<SizingPoint> curve;   // at the bound x 1, 1.5, 2, 4 and at avoid_all
+    std::uint64_t bound = 0;         // Config::max_bytes now (0: none)
+    std::uint64_t avoid_all = 0;     // the smallest bound that would have avoided them all
+    std::vector<SizingPoint> curve;  // at the bound x 1, 1.5, 2, 4 and at avoid_all
 };
 Result<Sizing> capacity_sizing(const Txn& txn, std::int64_t since_ns);
 
