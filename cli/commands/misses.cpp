@@ -119,6 +119,8 @@ struct WhyOptions {
 // An entry name, a unique prefix of one, or a path whose tail names a node in the db
 // (a path on the mount: /mnt/kcache/triton/ABC.../add_kernel.cubin).
 std::string entry_name_of(const core::Txn& txn, const std::string& target) {
+    // An entry evicted since its miss: its record is gone, its miss is kept.
+    if (check(core::find_miss(txn, target))) return target;
     std::string_view rest = target;
     while (rest.starts_with('/')) rest.remove_prefix(1);
     while (!rest.empty() && rest.find('/') != std::string_view::npos) {

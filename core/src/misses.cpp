@@ -427,6 +427,7 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
     if (!best) return m;
     if (m.cause == MissCause::capacity) {  // the cause stands; the family member is evidence
         best->cause = MissCause::capacity;
+        best->note.clear();
     }
     return std::move(*best);
 }
@@ -743,7 +744,9 @@ Result<Sizing> capacity_sizing(const Txn& txn, std::int64_t since_ns) {
             sizes.push_back(static_cast<std::uint64_t>(static_cast<double>(out.bound) * f));
         }
     }
-    if (out.avoid_all) sizes.push_back(out.avoid_all);
+    if (out.avoid_all) {
+        for (std::uint64_t div : {4, 2, 1}) sizes.push_back(out.avoid_all / div);
+    }
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
     const std::uint64_t unknown = out.capacity - distances.size();  // removed: no distance

@@ -134,7 +134,7 @@ struct Sizing {
     std::uint64_t capacity = 0;
     std::uint64_t bound = 0;         // Config::max_bytes now (0: none)
     std::uint64_t avoid_all = 0;     // the smallest bound that would have avoided them all
-    std::vector<SizingPoint> curve;  // at the bound x 1, 1.5, 2, 4 and at avoid_all
+    std::vector<SizingPoint> curve;  // at the bound x 1, 1.5, 2, 4 and avoid_all x 1/4, 1/2, 1
 };
 Result<Sizing> capacity_sizing(const Txn& txn, std::int64_t since_ns);
 
