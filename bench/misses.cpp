@@ -7,6 +7,7 @@
 //   hit        a hit (WriteTxn::record_hit, what the daemon flushes) with and without
 //              classified misses in the db: the hit path runs no classifier code
 // Usage: kcache-bench-misses [--entries N] [--families F] [--db-dir DIR]
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -63,12 +64,12 @@ core::Status store_entry(core::Store& store, std::size_t i, std::size_t families
         };
         KCACHE_TRY(put(name + ".ttir", text(i, 60, "tt")));
         KCACHE_TRY(put(name + ".ptx", text(i, 200, "ptx")));
-        KCACHE_TRY(put(name + ".cubin", std::string(6000, static_cast<char>('a' + i % 26)) +
-                                            std::to_string(i)));
-        KCACHE_TRY(put(name + ".json",
-                       fmt::format(R"({{"hash": "{}", "num_warps": {}, "num_stages": 3, )"
-                                   R"("triton_version": "3.9.0", "name": "{}"}})",
-                                   key_of(i), 4 << (i % 3), name)));
+        KCACHE_TRY(put(name + ".cubin",
+                       std::string(6000, static_cast<char>('a' + i % 26)) + std::to_string(i)));
+        KCACHE_TRY(
+            put(name + ".json", fmt::format(R"({{"hash": "{}", "num_warps": {}, "num_stages": 3, )"
+                                            R"("triton_version": "3.9.0", "name": "{}"}})",
+                                            key_of(i), 4 << (i % 3), name)));
         KCACHE_TRY(put("__grp__" + name + ".json", "{\"child_paths\": {}}"));
         return {};
     });
@@ -99,9 +100,10 @@ int main(int argc, char** argv) {
         if (a == "--families") families = std::stoul(argv[i + 1]);
         if (a == "--db-dir") base = argv[i + 1];
     }
-    std::printf("kcache-bench-misses: %zu Triton-like entries (5 files each), %zu families, "
-                "durability none\n",
-                n, families);
+    std::printf(
+        "kcache-bench-misses: %zu Triton-like entries (5 files each), %zu families, "
+        "durability none\n",
+        n, families);
 
     // 1. Stores with no classifier.
     auto plain = open_fresh(base / "plain");
@@ -161,21 +163,27 @@ int main(int argc, char** argv) {
     };
     auto plain_again = open_fresh(base / "hits-plain");
     for (std::size_t i = 0; i < n; ++i) (void)store_entry(*plain_again, i, families);
-    const double hit_plain = hits(*plain_again);
-    const double hit_with = hits(*with);
+    // Alternating, the best of three each: the two dbs differ only in what the
+    // classifier wrote; the hit path runs none of its code.
+    double hit_plain = 1e9, hit_with = 1e9;
+    for (int round = 0; round < 3; ++round) {
+        hit_plain = std::min(hit_plain, hits(*plain_again));
+        hit_with = std::min(hit_with, hits(*with));
+    }
 
     std::printf("  store, no classifier          %8.1f us per entry\n", store_alone / n * 1e6);
     std::printf("  store, classifier every 200ms %8.1f us per entry  (with/without = %.3fx)\n",
                 store_with / n * 1e6, store_with / store_alone);
-    std::printf("  classify (background)         %8.1f us per miss (%zu misses; %.1f%% of a "
-                "store's time)\n",
-                classify_time / static_cast<double>(classified ? classified : 1) * 1e6,
-                classified,
-                100.0 * classify_time / static_cast<double>(classified ? classified : 1) /
-                    (store_alone / static_cast<double>(n)));
-    std::printf("  record_hit                    %8.2f us without misses kept, %8.2f us with "
-                "(%.3fx)\n",
-                hit_plain * 1e6, hit_with * 1e6, hit_with / hit_plain);
+    std::printf(
+        "  classify (background)         %8.1f us per miss (%zu misses; %.1f%% of a "
+        "store's time)\n",
+        classify_time / static_cast<double>(classified ? classified : 1) * 1e6, classified,
+        100.0 * classify_time / static_cast<double>(classified ? classified : 1) /
+            (store_alone / static_cast<double>(n)));
+    std::printf(
+        "  record_hit                    %8.2f us without misses kept, %8.2f us with "
+        "(%.3fx)\n",
+        hit_plain * 1e6, hit_with * 1e6, hit_with / hit_plain);
     fs::remove_all(base);
     return 0;
 }

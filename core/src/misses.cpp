@@ -23,7 +23,7 @@ constexpr std::uint8_t kMissFormat = 1;
 constexpr std::uint8_t kEvictionFormat = 1;
 // Metadata and IR files larger than this are compared by digest only.
 constexpr std::uint64_t kMaxTextBytes = 4 << 20;
-constexpr std::size_t kMaxCompared = 16;  // the newest entries of a family compared with
+constexpr std::size_t kMaxCompared = 4;  // the newest entries of a family compared with
 
 std::string cut(std::string_view s) {
     if (s.size() <= kMaxLineBytes) return std::string(s);
@@ -185,13 +185,13 @@ std::string encode_miss(const Miss& m) {
     w.u8(kMissFormat);
     w.i64(m.time_ns);
     w.u64(m.entry);
-    w.str16(cut(m.name).size() == m.name.size() ? m.name : m.name.substr(0, 4000));
+    w.str16(m.name.substr(0, kMaxPathLength));
     w.u8(static_cast<std::uint8_t>(m.producer));
     w.str16(m.family.substr(0, 1000));
     w.u8(static_cast<std::uint8_t>(m.cause));
     w.u64(m.stored_bytes);
     w.u64(m.compared);
-    w.str16(m.compared_name.substr(0, 4000));
+    w.str16(m.compared_name.substr(0, kMaxPathLength));
     w.u16(static_cast<std::uint16_t>(m.fields.size()));
     for (const FieldDiff& f : m.fields) {
         w.str16(cut(f.file));
@@ -352,8 +352,23 @@ Result<bool> settled(const Txn& txn, const Event& e, std::int64_t now) {
     return !KCACHE_TRY(txn.in_flight(entry->ino));
 }
 
-std::size_t differences(const Miss& m) {
-    return m.fields.size() + m.lines.size();
+// How close two entries' files are, by digests alone: (0, n) when a binary of `mine`
+// is one of `theirs` (unstable), else (1, n); n the files that differ or are missing.
+std::pair<int, std::size_t> closeness(const std::map<std::string, File>& mine,
+                                      const std::map<std::string, File>& theirs) {
+    bool shared = false;
+    std::size_t differ = 0;
+    for (const auto& [path, f] : mine) {
+        if (f.kind == Kind::skip) continue;
+        auto it = theirs.find(path);
+        if (it == theirs.end() || it->second.info.attr.digest != f.info.attr.digest) ++differ;
+        if (f.kind != Kind::binary || f.info.attr.digest.empty()) continue;
+        for (const auto& [their_path, g] : theirs) {
+            shared = shared || (g.kind == Kind::binary && g.info.attr.digest == f.info.attr.digest);
+        }
+    }
+    for (const auto& [path, g] : theirs) differ += g.kind != Kind::skip && !mine.count(path);
+    return {shared ? 0 : 1, differ};
 }
 
 // Classifies the populate event `e` of `entry` (nullopt: gone since) in `txn`.
@@ -402,7 +417,12 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
         return true;
     }));
     std::reverse(members.begin(), members.end());
-    std::optional<Miss> best;
+    // The closest member by digests alone (no content read): one that holds this
+    // entry's binary (unstable) first, else the fewest differing files, the newest on a
+    // tie; only that one is compared in full.
+    const auto mine = KCACHE_TRY(files_of(txn, *entry));
+    std::optional<EntryInfo> closest;
+    std::pair<int, std::size_t> closest_score{2, 0};
     std::size_t compared = 0;
     for (Ino ino : members) {
         if (ino == entry->ino) continue;
@@ -413,14 +433,17 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
         }
         if (!other) return tl::unexpected(other.error());
         if (!other->populated || ++compared > kMaxCompared) continue;
-        Miss candidate = m;
-        KCACHE_TRY(compare_entries(txn, *entry, *other, candidate));
-        const bool better =
-            !best ||
-            (candidate.cause == MissCause::unstable_key &&
-             best->cause != MissCause::unstable_key) ||
-            (candidate.cause == best->cause && differences(candidate) < differences(*best));
-        if (better) best = std::move(candidate);
+        const auto theirs = KCACHE_TRY(files_of(txn, *other));
+        const std::pair<int, std::size_t> score = closeness(mine, theirs);
+        if (!closest || score < closest_score) {
+            closest = std::move(*other);
+            closest_score = score;
+        }
+    }
+    std::optional<Miss> best;
+    if (closest) {
+        best = m;
+        KCACHE_TRY(compare_entries(txn, *entry, *closest, *best));
     }
     for (Ino ino : gone) KCACHE_TRY(tx.del(tx.db.families, family_key(m.family, ino)));
     KCACHE_TRY(tx.put(tx.db.families, family_key(m.family, entry->ino), {}));
@@ -446,6 +469,28 @@ Status trim_misses(Tx& tx) {
         return old.size() < extra;
     }));
     for (const auto& k : old) KCACHE_TRY(tx.del(tx.db.misses, k));
+    return {};
+}
+
+// Rows of the families table whose entry is gone are dropped when a miss of their
+// family is classified; a family that never misses again keeps them, so once the table
+// holds far more rows than there are entries, one pass drops every gone one.
+Status trim_families(Tx& tx) {
+    MDB_stat st{};
+    if (const int rc = mdb_stat(tx.txn, tx.db.families, &st); rc != 0) {
+        return tl::unexpected(lmdb::error(rc, "families: stat"));
+    }
+    const auto entries = KCACHE_TRY(tx.counter(Counter::entries));
+    if (st.ms_entries <= 2 * entries + 1024) return {};
+    std::vector<std::string> gone;
+    KCACHE_TRY(tx.scan_checked(
+        tx.db.families, {}, {}, [&](std::string_view key, std::string_view) -> Result<bool> {
+            if (key.size() < 8) return true;
+            const Ino ino = records::u64_from_key(key.substr(key.size() - 8));
+            if (!KCACHE_TRY(tx.find_entry_record(ino))) gone.emplace_back(key);
+            return true;
+        }));
+    for (const auto& k : gone) KCACHE_TRY(tx.del(tx.db.families, k));
     return {};
 }
 
@@ -677,6 +722,7 @@ Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
         }
         KCACHE_TRY(tx.put(tx.db.meta, kMetaMissesSeq, records::encode_u64(pos)));
         KCACHE_TRY(trim_misses(tx));
+        KCACHE_TRY(trim_families(tx));
         return trim_evictions(tx);
     }));
     return classified;

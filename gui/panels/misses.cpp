@@ -37,11 +37,18 @@ void refresh_report(Model& model, UiState& ui) {
             ui.misses_error.clear();
             if (ui.miss_selected && *ui.miss_selected >= ui.misses->recent.size())
                 ui.miss_selected.reset();
-            for (std::size_t i = 0; ui.pick_compared_miss && i < ui.misses->recent.size(); ++i) {
-                const core::Miss& m = ui.misses->recent[i];
-                if (!m.compared_name.empty() && (!m.fields.empty() || !m.lines.empty())) {
-                    ui.miss_selected = i;
-                    ui.pick_compared_miss = false;
+            // --misses: the newest changed key with fields to show, else any comparison.
+            const auto& recent = ui.misses->recent;
+            for (int pass = 0; pass < 2 && ui.pick_compared_miss; ++pass) {
+                for (std::size_t i = 0; i < recent.size() && ui.pick_compared_miss; ++i) {
+                    const core::Miss& m = recent[i];
+                    const bool fits =
+                        pass == 0 ? m.cause == core::MissCause::changed_key && !m.fields.empty()
+                                  : !m.compared_name.empty();
+                    if (fits) {
+                        ui.miss_selected = i;
+                        ui.pick_compared_miss = false;
+                    }
                 }
             }
         } else {
@@ -73,8 +80,8 @@ void draw_chart(const MissesReport& r) {
         const float x0 = origin.x + slot * static_cast<float>(i) + 1;
         const float x1 = x0 + std::max(slot - 2, 1.0f);
         for (std::size_t c = 0; c < kCauseCount; ++c) {
-            const float h = height * static_cast<float>(r.buckets[i].by_cause[c]) /
-                            static_cast<float>(top);
+            const float h =
+                height * static_cast<float>(r.buckets[i].by_cause[c]) / static_cast<float>(top);
             if (h <= 0) continue;
             draw->AddRectFilled(ImVec2(x0, y - h), ImVec2(x1, y),
                                 ImGui::GetColorU32(kCauseColors[c]));
@@ -165,14 +172,16 @@ void draw_recent(Model& model, UiState& ui, const MissesReport& r) {
 // Two columns: what the entry compared with holds, and what the missed entry holds.
 void draw_side_by_side(Model& model, const core::Miss& m) {
     const std::int64_t now = model.now_ns();
-    ImGui::TextColored(kCauseColors[cause_index(m.cause)], "%s", kCauseLabels[cause_index(m.cause)]);
+    ImGui::TextColored(kCauseColors[cause_index(m.cause)], "%s",
+                       kCauseLabels[cause_index(m.cause)]);
     ImGui::SameLine();
     text(m.name);
     ImGui::TextColored(kDim, "%s, family %s, missed %s", core::producer_name(m.producer).data(),
                        m.family.empty() ? "- (its files name no kernel)" : m.family.c_str(),
                        format_ago(now, m.time_ns).c_str());
     if (m.cause == core::MissCause::capacity) {
-        ImGui::Text("This entry was %s %s.", m.gone_why.c_str(), format_ago(now, m.gone_ns).c_str());
+        ImGui::Text("This entry was %s %s.", m.gone_why.c_str(),
+                    format_ago(now, m.gone_ns).c_str());
         if (m.stack_distance) {
             ImGui::Text("A bound of at least %s would have kept it (LRU stack distance).",
                         format_bytes(m.stack_distance).c_str());
@@ -185,7 +194,7 @@ void draw_side_by_side(Model& model, const core::Miss& m) {
         ImGuiTableFlags_BordersInner | ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY;
     if (!ImGui::BeginTable("side by side", 3, flags)) return;
     ImGui::TableSetupScrollFreeze(0, 1);
-    ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthFixed, 160);
+    ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthFixed, 230);
     ImGui::TableSetupColumn(("compared with: " + m.compared_name).c_str());
     ImGui::TableSetupColumn(("this entry: " + m.name).c_str());
     ImGui::TableHeadersRow();
@@ -219,6 +228,7 @@ void draw_side_by_side(Model& model, const core::Miss& m) {
 void draw_misses(Model& model, UiState& ui) {
     refresh_report(model, ui);
     place_window(0.08f, 0.06f, 0.84f, 0.86f);
+    ImGui::SetNextWindowBgAlpha(1.0f);  // it floats over the other windows: opaque
     if (ui.focus_misses) {
         ImGui::SetNextWindowFocus();
         ui.focus_misses = false;

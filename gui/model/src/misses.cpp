@@ -21,8 +21,8 @@ core::Result<MissesReport> MissesReport::load(const core::Store& store, std::int
     std::int64_t from = span_ns ? now_ns - span_ns : now_ns;
     for (const auto& [t, c] : all) from = std::min(from, t);
     const std::int64_t span = std::max<std::int64_t>(now_ns - from, 1);
-    out.bucket_ns = (span + static_cast<std::int64_t>(buckets) - 1) /
-                    static_cast<std::int64_t>(buckets);
+    out.bucket_ns =
+        (span + static_cast<std::int64_t>(buckets) - 1) / static_cast<std::int64_t>(buckets);
     const std::int64_t start = now_ns - out.bucket_ns * static_cast<std::int64_t>(buckets);
     out.buckets.resize(buckets);
     for (std::size_t i = 0; i < buckets; ++i) {

@@ -56,7 +56,7 @@ struct UiState {
     bool show_detail = true;
     bool show_statistics = true;
     bool show_duplicates = true;
-    bool show_misses = false;  // View > Misses, or kcache-inspector --misses
+    bool show_misses = false;   // View > Misses, or kcache-inspector --misses
     bool focus_misses = false;  // bring the Misses window to the front at the next frame
 
     // Entries: the filter as typed, Ctrl+F's request for focus, shift-click's anchor.
@@ -95,7 +95,7 @@ struct UiState {
     std::uint64_t misses_txn = 0;
     std::optional<std::size_t> miss_selected;
     bool pick_compared_miss = false;  // select the newest miss with a comparison once loaded
-    std::vector<Rect> miss_rects;  // rows of the recent misses drawn last frame
+    std::vector<Rect> miss_rects;     // rows of the recent misses drawn last frame
 
     // Where test-clickable widgets and table parts were drawn in the last frame.
     std::array<Rect, static_cast<std::size_t>(Widget::count)> rects{};
