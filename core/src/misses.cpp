@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -23,7 +24,8 @@ constexpr std::uint8_t kMissFormat = 1;
 constexpr std::uint8_t kEvictionFormat = 1;
 // Metadata and IR files larger than this are compared by digest only.
 constexpr std::uint64_t kMaxTextBytes = 4 << 20;
-constexpr std::size_t kMaxCompared = 4;  // the newest entries of a family compared with
+constexpr std::size_t kMaxCompared = 8;  // the newest entries of a family looked at
+constexpr std::size_t kCandidates = 2;   // of them, the closest compared in full
 
 std::string cut(std::string_view s) {
     if (s.size() <= kMaxLineBytes) return std::string(s);
@@ -122,6 +124,23 @@ std::optional<LineDiff> first_line_diff(std::string_view a, std::string_view b) 
     }
     return std::nullopt;
 }
+
+// How many lines differ, position by position (and the lines one has beyond the other):
+// a measure of how far apart two versions of a file are, to pick the closest entry.
+std::size_t differing_lines(std::string_view a, std::string_view b) {
+    std::size_t n = 0;
+    while (!a.empty() || !b.empty()) {
+        const auto ea = a.find('\n');
+        const auto eb = b.find('\n');
+        n += a.substr(0, ea) != b.substr(0, eb) || a.empty() != b.empty();
+        a = ea == std::string_view::npos ? std::string_view{} : a.substr(ea + 1);
+        b = eb == std::string_view::npos ? std::string_view{} : b.substr(eb + 1);
+    }
+    return n;
+}
+
+Status compare_impl(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out,
+                    std::size_t* distance);
 
 // IR files in the order a compile produces them, so the first difference named is the
 // one nearest the key's inputs: source, then Triton's stages, then anything else.
@@ -352,6 +371,38 @@ Result<bool> settled(const Txn& txn, const Event& e, std::int64_t now) {
     return !KCACHE_TRY(txn.in_flight(entry->ino));
 }
 
+// The fields of an entry's JSON metadata files, by file; the key's own "hash" left out.
+using Metadata = std::map<std::string, std::map<std::string, std::string>>;
+Result<Metadata> metadata_of(const Txn& txn, const std::map<std::string, File>& files) {
+    Metadata out;
+    for (const auto& [path, f] : files) {
+        if (f.kind != Kind::metadata || f.info.attr.size > kMaxTextBytes) continue;
+        auto bytes = KCACHE_TRY(content_of(txn, f));
+        if (auto fields = json_fields(bytes)) {
+            fields->erase("hash");
+            out[path] = std::move(*fields);
+        }
+    }
+    return out;
+}
+
+std::size_t differing_fields(const Metadata& a, const Metadata& b) {
+    std::size_t n = 0;
+    for (const auto& [file, fa] : a) {
+        auto it = b.find(file);
+        if (it == b.end()) {
+            n += fa.size();
+            continue;
+        }
+        for (const auto& [k, v] : fa) {
+            auto jt = it->second.find(k);
+            n += jt == it->second.end() || jt->second != v;
+        }
+        for (const auto& [k, v] : it->second) n += !fa.count(k);
+    }
+    return n;
+}
+
 // How close two entries' files are, by digests alone: (0, n) when a binary of `mine`
 // is one of `theirs` (unstable), else (1, n); n the files that differ or are missing.
 std::pair<int, std::size_t> closeness(const std::map<std::string, File>& mine,
@@ -417,13 +468,18 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
         return true;
     }));
     std::reverse(members.begin(), members.end());
-    // The closest member by digests alone (no content read): one that holds this
-    // entry's binary (unstable) first, else the fewest differing files, the newest on a
-    // tie; only that one is compared in full.
+    // The closest members by digests and metadata fields: one that holds this entry's
+    // binary (unstable) first, else the fewest differing fields, then files, the newest
+    // on a tie; the best kCandidates of them are compared in full and the one with the
+    // fewest differing fields and lines is kept.
     const auto mine = KCACHE_TRY(files_of(txn, *entry));
-    std::optional<EntryInfo> closest;
-    std::pair<int, std::size_t> closest_score{2, 0};
-    std::size_t compared = 0;
+    const auto my_metadata = KCACHE_TRY(metadata_of(txn, mine));
+    struct Candidate {
+        std::tuple<int, std::size_t, std::size_t> score;  // unstable, fields, files
+        std::size_t order;                                // 0: the newest
+        EntryInfo info;
+    };
+    std::vector<Candidate> candidates;
     for (Ino ino : members) {
         if (ino == entry->ino) continue;
         auto other = txn.entry(ino);
@@ -432,18 +488,28 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
             continue;
         }
         if (!other) return tl::unexpected(other.error());
-        if (!other->populated || ++compared > kMaxCompared) continue;
+        if (!other->populated || candidates.size() >= kMaxCompared) continue;
         const auto theirs = KCACHE_TRY(files_of(txn, *other));
-        const std::pair<int, std::size_t> score = closeness(mine, theirs);
-        if (!closest || score < closest_score) {
-            closest = std::move(*other);
-            closest_score = score;
-        }
+        const auto [shared, files] = closeness(mine, theirs);
+        const auto fields = differing_fields(my_metadata, KCACHE_TRY(metadata_of(txn, theirs)));
+        candidates.push_back(
+            {std::make_tuple(shared, fields, files), candidates.size(), std::move(*other)});
     }
+    std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+        return std::tie(a.score, a.order) < std::tie(b.score, b.order);
+    });
     std::optional<Miss> best;
-    if (closest) {
-        best = m;
-        KCACHE_TRY(compare_entries(txn, *entry, *closest, *best));
+    std::size_t best_distance = 0;
+    for (std::size_t i = 0; i < candidates.size() && i < kCandidates; ++i) {
+        if (std::get<0>(candidates[i].score) != std::get<0>(candidates[0].score))
+            break;  // unstable wins
+        Miss candidate = m;
+        std::size_t distance = 0;
+        KCACHE_TRY(compare_impl(txn, *entry, candidates[i].info, candidate, &distance));
+        if (!best || distance < best_distance) {
+            best = std::move(candidate);
+            best_distance = distance;
+        }
     }
     for (Ino ino : gone) KCACHE_TRY(tx.del(tx.db.families, family_key(m.family, ino)));
     KCACHE_TRY(tx.put(tx.db.families, family_key(m.family, entry->ino), {}));
@@ -570,6 +636,14 @@ Result<std::string> family_of(const Txn& txn, const EntryInfo& entry) {
 }
 
 Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out) {
+    return compare_impl(txn, missed, other, out, nullptr);
+}
+
+namespace {
+
+Status compare_impl(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out,
+                    std::size_t* distance) {
+    std::size_t differing = 0;
     out.compared = other.ino;
     out.compared_name = other.name;
     out.fields.clear();
@@ -621,6 +695,7 @@ Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo&
         if ((f.kind == Kind::metadata || f.kind == Kind::text) && small) {
             auto a = KCACHE_TRY(content_of(txn, g));
             auto b = KCACHE_TRY(content_of(txn, f));
+            differing += differing_lines(a, b);
             if (auto d = first_line_diff(a, b)) {
                 d->file = path;
                 lines.push_back({ir_rank(path), std::move(*d)});
@@ -654,6 +729,7 @@ Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo&
         if (out.lines.size() >= kMaxLineFiles) break;
         out.lines.push_back(std::move(l));
     }
+    if (distance) *distance = differing + out.fields.size();
     out.cause = out.same_binary.empty() ? MissCause::changed_key : MissCause::unstable_key;
     if (out.cause == MissCause::unstable_key && out.fields.empty() && out.lines.empty()) {
         out.note =
@@ -662,6 +738,8 @@ Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo&
     }
     return {};
 }
+
+}  // namespace
 
 Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
     if (store.read_only() || !TxnAccess::impl(store).has_misses) return 0;

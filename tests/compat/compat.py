@@ -1251,7 +1251,8 @@ def scenario_misses(cfg):
             "after", "") and "128" in first_line.get("before", ""),
             "triton BLOCK 256: the first differing source line holds the constexpr", str(m))
         _, m = triton("edited", 4)
-        C.equal(m["cause"], "changed_key", "triton edited body: cause")
+        C.equal((m["cause"], m["compared_with"]), ("changed_key", base),
+                "triton edited body: cause, compared with the base (same warps and BLOCK)")
         C.check(any(l["file"] == "add_kernel.source" and l["line"] > 0 for l in m["lines"]),
                 "triton edited body: a differing source line", str(m))
         _, m = triton("comment", 5)
