@@ -62,7 +62,7 @@ std::string triton_name(char key) {
 
 }  // namespace
 
-TEST_CASE("misses: Triton's family is its metadata name; each cause with its evidence",
+TEST_CASE("misses: Triton's family is its metadata name, and each cause has its evidence",
           "[core][misses]") {
     TestStore s;
     TritonKernel base;
