@@ -849,6 +849,22 @@ Result<std::uint64_t> pending_misses(const Txn& txn) {
     return n;
 }
 
+Result<MissTables> miss_tables(const Txn& txn) {
+    const Tx tx = TxnAccess::tx(txn);
+    MissTables out;
+    if (!tx.db.has_misses) return out;
+    for (auto [dbi, field] : {std::pair{tx.db.misses, &MissTables::misses},
+                              std::pair{tx.db.evictions, &MissTables::evictions},
+                              std::pair{tx.db.families, &MissTables::families}}) {
+        MDB_stat st{};
+        if (const int rc = mdb_stat(tx.txn, dbi, &st); rc != 0) {
+            return tl::unexpected(lmdb::error(rc, "misses: stat"));
+        }
+        out.*field = st.ms_entries;
+    }
+    return out;
+}
+
 Result<Sizing> capacity_sizing(const Txn& txn, std::int64_t since_ns) {
     Sizing out;
     out.bound = txn.config().max_bytes;

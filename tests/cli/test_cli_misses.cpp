@@ -6,8 +6,8 @@
 #include "cli_harness.hpp"
 
 using kcache::test::CliDb;
-using kcache::test::ManualClock;
 using kcache::test::kSecondNs;
+using kcache::test::ManualClock;
 
 namespace {
 
@@ -63,7 +63,8 @@ TEST_CASE("misses and why: pending until classified and then the cause and the f
     CHECK(db.json({"misses", "--json", "--since", "1s"})["misses"].empty());
 
     // A path of a file of the entry, as on a mount.
-    const auto by_path = db.json({"why", "--json", "/mnt/kcache/second8kernelkey002/add_kernel.cubin"});
+    const auto by_path =
+        db.json({"why", "--json", "/mnt/kcache/second8kernelkey002/add_kernel.cubin"});
     CHECK(by_path["entry"] == "second8kernelkey002");
     CHECK(by_path["compared_with"] == "first4kernelkey0001");
 

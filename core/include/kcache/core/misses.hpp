@@ -122,6 +122,14 @@ Result<std::optional<Miss>> find_miss(const Txn& txn, std::string_view name);
 // Populate events not classified yet (waiting to settle, or no classifier ran).
 Result<std::uint64_t> pending_misses(const Txn& txn);
 
+// Records in the classifier's tables (all 0 before schema 4).
+struct MissTables {
+    std::uint64_t misses = 0;
+    std::uint64_t evictions = 0;  // evicted entry names not compiled again (yet)
+    std::uint64_t families = 0;   // (family, entry) rows
+};
+Result<MissTables> miss_tables(const Txn& txn);
+
 // Sizing from capacity misses: how many misses re-compiled evicted entries, and the
 // miss-ratio curve of the LRU stack distances: at each size, how many of them a bound
 // that large would still have missed.
