@@ -292,3 +292,36 @@ TEST_CASE("misses: the families of evicted entries do not pile up", "[core][miss
     CHECK(sizes.misses == 1101);
     CHECK(sizes.evictions == 1100);
 }
+
+TEST_CASE("misses: Wave's family is its kernel_info func_name, files compared by role",
+          "[core][misses]") {
+    // Wave names every file of an entry after the entry's hash: compared as "{key}...".
+    TestStore s;
+    auto put_wave = [&](const std::string& key, const std::string& blocks) {
+        const std::string dir = "wave/" + key + "/" + key;
+        s.put(dir + ".kernel_info.json",
+              R"({"blocks": )" + blocks +
+                  R"(, "cluster_dims": [0, 0, 0], "shared_memory_bytes": 9216, )"
+                  R"j("func_name": "gemm", "grid_str": "lambda _0: (lambda : ([8, 4, 1]))()"})j");
+        s.put(dir + ".json", R"(["INPUT", "INPUT", "OUTPUT"])");
+        s.put(dir + ".mlir", "module {\n  func.func @gemm() {\n  }\n}\n");
+        s.put(dir + ".vmfb", "vmfb for blocks " + blocks);
+    };
+    const std::string a = "1c3e6cc647c31401d6c096f0c31f7a78961d291cd6eca53ee0d278c8d4e955ef";
+    const std::string b = "45eab410166fafe53539ef0dfb9e6a5eabe3ac9d4baa8bb8fafbc430fb730818";
+    put_wave(a, "[128, 2, 1]");
+    CHECK(classify(s) == 1);
+    put_wave(b, "[256, 1, 1]");
+    CHECK(classify(s) == 1);
+    auto m = miss_of(s, "wave/" + b);
+    CHECK(m.family == "wave:gemm");
+    CHECK(m.cause == core::MissCause::changed_key);
+    CHECK(m.compared_name == "wave/" + a);
+    REQUIRE(m.fields.size() == 1);
+    CHECK(m.fields[0].file == "{key}.kernel_info.json");
+    CHECK(m.fields[0].field == "blocks");
+    CHECK(m.fields[0].before == "[128,2,1]");
+    CHECK(m.fields[0].after == "[256,1,1]");
+    REQUIRE(m.lines.size() == 1);
+    CHECK(m.lines[0].file == "{key}.vmfb");  // the same .json and .mlir: no lines
+}
