@@ -189,11 +189,25 @@ Result<std::string> family_from_files(const Txn& txn, const std::map<std::string
     return std::string();
 }
 
-std::string family_key(std::string_view family, Ino entry) {
-    std::string key(family);
+// LMDB keys hold at most 511 bytes; names and families up to kMaxKeyText bytes are
+// their own key, longer ones are keyed by their digest ("#" + 32 hex digits).
+constexpr std::size_t kMaxKeyText = 400;
+std::string text_key(std::string_view text) {
+    if (text.size() <= kMaxKeyText && !text.starts_with('#') &&
+        text.find('\0') == std::string_view::npos) {
+        return std::string(text);
+    }
+    return "#" + digest_of(text).hex();
+}
+
+std::string family_prefix(std::string_view family) {
+    std::string key = text_key(family);
     key.push_back('\0');
-    key += records::u64_key(entry);
     return key;
+}
+
+std::string family_key(std::string_view family, Ino entry) {
+    return family_prefix(family) + records::u64_key(entry);
 }
 
 // ---- records --------------------------------------------------------------------------
@@ -439,7 +453,7 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
         m.note = "the entry was gone before it was classified";
     }
     // Capacity: this very entry went before.
-    if (auto gone = KCACHE_TRY(tx.get(tx.db.evictions, m.name)); gone) {
+    if (auto gone = KCACHE_TRY(tx.get(tx.db.evictions, text_key(m.name))); gone) {
         auto ev = KCACHE_TRY(decode_eviction(*gone));
         if (ev.seq < e.seq) {
             m.cause = MissCause::capacity;
@@ -449,7 +463,7 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
                 m.stack_distance =
                     KCACHE_TRY(stack_distance(txn, ev.entry, ev.seq, m.stored_bytes));
             }
-            KCACHE_TRY(tx.del(tx.db.evictions, m.name));
+            KCACHE_TRY(tx.del(tx.db.evictions, text_key(m.name)));
         }
     }
     if (!entry) return m;
@@ -462,7 +476,7 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
     }
     // The family's other entries in the cache, newest first.
     std::vector<Ino> members, gone;
-    const std::string prefix = family_key(m.family, 0).substr(0, m.family.size() + 1);
+    const std::string prefix = family_prefix(m.family);
     KCACHE_TRY(tx.scan(tx.db.families, prefix, prefix, [&](std::string_view key, std::string_view) {
         members.push_back(records::u64_from_key(key.substr(prefix.size())));
         return true;
@@ -780,7 +794,7 @@ Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
                 auto dir = tx.path_of(e.parent);
                 if (dir && !e.name.empty()) {
                     const std::string name = dir->empty() ? e.name : *dir + "/" + e.name;
-                    KCACHE_TRY(tx.put(tx.db.evictions, name,
+                    KCACHE_TRY(tx.put(tx.db.evictions, text_key(name),
                                       encode_eviction({e.seq, e.time_ns, e.entry, e.kind})));
                 }
             } else if (e.kind == EventKind::populate) {

@@ -55,8 +55,13 @@ void refresh_report(Model& model, UiState& ui) {
             ui.misses_error = report.error().message;
         }
     }
-    if (!ui.misses_loading.valid() && ui.misses_txn != model.txn_id()) {
+    // A busy daemon changes the db every few hundred milliseconds (statistics); the
+    // report reads every kept miss, so it is asked for at most once a second.
+    const std::int64_t now = core::steady_ns();
+    if (!ui.misses_loading.valid() && ui.misses_txn != model.txn_id() &&
+        (ui.misses_asked_ns == 0 || now - ui.misses_asked_ns >= 1'000'000'000)) {
         ui.misses_txn = model.txn_id();
+        ui.misses_asked_ns = now;
         ui.misses_loading = model.load_misses();
     }
 }

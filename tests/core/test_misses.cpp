@@ -325,3 +325,21 @@ TEST_CASE("misses: Wave's family is its kernel_info func_name, files compared by
     REQUIRE(m.lines.size() == 1);
     CHECK(m.lines[0].file == "{key}.vmfb");  // the same .json and .mlir: no lines
 }
+
+TEST_CASE("misses: entry names and families longer than an LMDB key are classified too",
+          "[core][misses]") {
+    TestStore s;
+    std::string dir;
+    for (int i = 0; i < 70; ++i) dir += "triton/";  // containers: a 490-byte entry name
+    const std::string name = dir + triton_key('B');
+    const std::string family(600, 'k');  // a kernel name past LMDB's 511-byte keys
+    auto put = [&] { s.put(name + "/k.json", R"({"num_warps": 4, "name": ")" + family + R"("})"); };
+    put();
+    CHECK(classify(s) == 1);
+    CHECK(miss_of(s, name).family == "triton:" + family);
+    const auto victim = s.entry(name).ino;
+    must(s->update([&](core::WriteTxn& txn) { return txn.evict_entry(victim); }), "evict");
+    put();
+    CHECK(classify(s) == 1);
+    CHECK(miss_of(s, name).cause == core::MissCause::capacity);
+}

@@ -93,6 +93,7 @@ struct UiState {
     std::optional<MissesReport> misses;
     std::string misses_error;
     std::uint64_t misses_txn = 0;
+    std::int64_t misses_asked_ns = 0;  // steady clock: when the last report was asked for
     std::optional<std::size_t> miss_selected;
     bool pick_compared_miss = false;  // select the newest miss with a comparison once loaded
     std::vector<Rect> miss_rects;     // rows of the recent misses drawn last frame
