@@ -24,8 +24,11 @@ constexpr std::uint8_t kMissFormat = 1;
 constexpr std::uint8_t kEvictionFormat = 1;
 // Metadata and IR files larger than this are compared by digest only.
 constexpr std::uint64_t kMaxTextBytes = 4 << 20;
-constexpr std::size_t kMaxCompared = 8;  // the newest entries of a family looked at
-constexpr std::size_t kCandidates = 2;   // of them, the closest compared in full
+constexpr std::size_t kMaxCompared = 8;            // the newest entries of a family looked at
+constexpr std::size_t kCandidates = 2;             // of them, the closest compared in full
+constexpr std::size_t kMaxDistanceEvents = 20000;  // events read for one stack distance
+// A batch stops once it has held LMDB's writer lock this long (after one event at least).
+constexpr std::int64_t kBatchBudgetNs = 20'000'000;
 
 std::string cut(std::string_view s) {
     if (s.size() <= kMaxLineBytes) return std::string(s);
@@ -341,20 +344,32 @@ std::string_view gone_why(EventKind k) {
 // distance. Entries gone since count as the average entry.
 Result<std::uint64_t> stack_distance(const Txn& txn, Ino old, std::uint64_t evicted_seq,
                                      std::uint64_t own) {
+    // Backwards from the eviction to the entry's last use, at most kMaxDistanceEvents
+    // events (the write transaction this runs in holds LMDB's writer lock): beyond
+    // them the distance counts what was seen, a lower bound.
+    const Tx tx = TxnAccess::tx(txn);
     std::unordered_set<Ino> used;
-    KCACHE_TRY(txn.for_each_event(0, [&](const Event& e) {
-        if (e.seq >= evicted_seq) return false;
-        if (e.kind != EventKind::populate && e.kind != EventKind::hit &&
-            e.kind != EventKind::update) {
-            return true;
+    lmdb::Cursor cursor;
+    if (const int rc = cursor.open(tx.txn, tx.db.events); rc != 0) {
+        return tl::unexpected(lmdb::error(rc, "events: cursor"));
+    }
+    const std::string from = records::u64_key(evicted_seq);
+    MDB_val k = lmdb::val(from), v{};
+    int rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_SET_RANGE);
+    rc = rc == MDB_NOTFOUND ? mdb_cursor_get(cursor.get(), &k, &v, MDB_LAST) : rc;
+    for (std::size_t n = 0; rc == 0 && n < kMaxDistanceEvents; ++n) {
+        const std::uint64_t seq = records::u64_from_key(lmdb::view(k));
+        if (seq < evicted_seq) {
+            auto e = KCACHE_TRY(records::decode_event(seq, lmdb::view(v)));
+            if (e.kind == EventKind::populate || e.kind == EventKind::hit ||
+                e.kind == EventKind::update) {
+                if (e.entry == old) break;  // its last use
+                if (e.entry != 0) used.insert(e.entry);
+            }
         }
-        if (e.entry == old) {
-            used.clear();
-        } else if (e.entry != 0) {
-            used.insert(e.entry);
-        }
-        return true;
-    }));
+        rc = mdb_cursor_get(cursor.get(), &k, &v, MDB_PREV);
+    }
+    if (rc != 0 && rc != MDB_NOTFOUND) return tl::unexpected(lmdb::error(rc, "events: scan"));
     const auto entries = KCACHE_TRY(txn.counter(Counter::entries));
     const auto stored = KCACHE_TRY(txn.counter(Counter::stored_bytes));
     const std::uint64_t average = entries ? stored / entries : own;
@@ -789,6 +804,7 @@ Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
             return events.size() < max_events;
         }));
         const std::int64_t now = store.now_ns();
+        const std::int64_t started = steady_ns();
         for (const Event& e : events) {
             if (e.kind == EventKind::evict || e.kind == EventKind::remove) {
                 auto dir = tx.path_of(e.parent);
@@ -811,6 +827,7 @@ Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
                 ++classified;
             }
             pos = e.seq;
+            if (steady_ns() - started >= kBatchBudgetNs) break;  // the next call goes on
         }
         KCACHE_TRY(tx.put(tx.db.meta, kMetaMissesSeq, records::encode_u64(pos)));
         KCACHE_TRY(trim_misses(tx));
