@@ -23,7 +23,8 @@
 // newest Config::max_events kept), the evictions it saw (`evictions`, by entry name)
 // and each entry's family (`families`). A miss is classified once its entry settled
 // (no publish for kSettleNs and no write in flight, or kMaxWaitNs after the miss), so
-// the files a compiler publishes one after another are all there.
+// the files a compiler publishes one after another are all there. A batch gives LMDB's
+// writer lock back after about 20 ms; the next call goes on where it stopped.
 //
 // Thread-safety: free functions over a Store or a Txn; classify_pending may run in
 // several processes at once (each batch reads and moves the position inside its write
