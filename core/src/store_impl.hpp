@@ -26,25 +26,28 @@ struct DigestHash {
 // on the same db shares one Impl (see the registry in store.cpp).
 struct Store::Impl {
     MDB_env* env = nullptr;
-    MDB_dbi inodes = 0;       // ino -> Inode
-    MDB_dbi dirents = 0;      // parent + name -> Dirent
-    MDB_dbi blob_refs = 0;    // digest -> BlobRef (small, rewritten on every refcount change)
-    MDB_dbi blob_data = 0;    // digest -> stored bytes (written once, never rewritten)
-    MDB_dbi entries = 0;      // entry ino -> EntryInfo
-    MDB_dbi lru = 0;          // last access + entry ino -> "" (unpinned entries only)
-    MDB_dbi leases = 0;       // file ino + pid -> write count (writes in flight)
-    MDB_dbi stats = 0;        // counter id -> u64
-    MDB_dbi events = 0;       // seq -> Event
-    MDB_dbi meta = 0;         // name -> value
-    MDB_dbi stems = 0;        // parent ino + stem -> stem entry id (schema 2)
-    bool has_stems = false;   // false: a schema-1 db opened read-only (no stem entries)
-    MDB_dbi misses = 0;       // populate seq -> classified miss (schema 4, misses.cpp)
-    MDB_dbi evictions = 0;    // entry name -> when and why it went (schema 4)
-    MDB_dbi families = 0;     // family + entry ino -> "" (schema 4)
-    bool has_misses = false;  // false: a db before schema 4 opened read-only
-    int lock_fd = -1;         // shared flock on kcache.lock: compaction takes it exclusively
+    MDB_dbi inodes = 0;      // ino -> Inode
+    MDB_dbi dirents = 0;     // parent + name -> Dirent
+    MDB_dbi blob_refs = 0;   // digest -> BlobRef (small, rewritten on every refcount change)
+    MDB_dbi blob_data = 0;   // digest -> stored bytes (written once, never rewritten)
+    MDB_dbi entries = 0;     // entry ino -> EntryInfo
+    MDB_dbi lru = 0;         // last access + entry ino -> "" (unpinned entries only)
+    MDB_dbi leases = 0;      // file ino + pid -> write count (writes in flight)
+    MDB_dbi stats = 0;       // counter id -> u64
+    MDB_dbi events = 0;      // seq -> Event
+    MDB_dbi meta = 0;        // name -> value
+    MDB_dbi stems = 0;       // parent ino + stem -> stem entry id (schema 2)
+    bool has_stems = false;  // false: a schema-1 db opened read-only (no stem entries)
+    int lock_fd = -1;        // shared flock on kcache.lock: compaction takes it exclusively
     bool read_only = false;
     std::string path;
+
+    // Schema 4 (misses.cpp): classified misses, evictions seen, family members.
+    MDB_dbi misses = 0;       // populate seq -> Miss
+    MDB_dbi evictions = 0;    // entry name (or its digest) -> when and why it went
+    MDB_dbi families = 0;     // family + entry ino -> ""
+    bool has_misses = false;  // false: a db before schema 4 opened read-only
+
     ~Impl();
 };
 
