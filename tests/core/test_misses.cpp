@@ -273,7 +273,7 @@ TEST_CASE("misses: a schema-2 db gets the tables when opened for writing", "[cor
 }
 
 TEST_CASE("misses: the families of evicted entries do not pile up", "[core][misses]") {
-    TestStore s;
+    TestStore s([](core::OpenOptions& o) { o.durability = core::Durability::none; });
     // 1100 kernels of their own families, classified, then all evicted: their rows in
     // the families table outnumber the entries left, and the next batch drops them.
     for (int i = 0; i < 1100; ++i) {
