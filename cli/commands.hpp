@@ -139,5 +139,10 @@ void add_maintenance_commands(CLI::App& app, Cli& cli);  // verify, gc
 void add_bundle_commands(CLI::App& app, Cli& cli);       // export, import
 void add_inspect_commands(CLI::App& app, Cli& cli);      // inspect-binary
 void add_remote_commands(CLI::App& app, Cli& cli);       // remote push, pull, stats
+void add_misses_commands(CLI::App& app, Cli& cli);       // why, misses
+
+// Sizing from capacity misses (core/misses.hpp), for `kcache stats`.
+nlohmann::json sizing_json(const core::Store& store, const core::Txn& txn);
+void print_sizing(const core::Store& store, const core::Txn& txn);
 
 }  // namespace kcache::cli

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     add_bundle_commands(app, cli);
     add_inspect_commands(app, cli);
     add_remote_commands(app, cli);
+    add_misses_commands(app, cli);
 
     if (argc <= 1) {
         std::fputs(app.help().c_str(), stderr);

@@ -281,7 +281,8 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
     counters.print();
 }
 
-// Reads only the statistics records and the meta record: O(1) in the entries.
+// Reads the statistics records, the meta record and the classified misses (bounded by
+// Config::max_events): O(1) in the entries.
 int run_stats(const Cli& cli, const StatsOptions& opts) {
     auto store = open_store(cli, opts.reset ? Access::write : Access::read);
     if (opts.reset) check(store->update([](core::WriteTxn& txn) { return txn.reset_stats(); }));
@@ -289,9 +290,12 @@ int run_stats(const Cli& cli, const StatsOptions& opts) {
     const core::Stats stats = check(txn.stats());
     const std::vector<core::KindStats> kinds = check(core::kind_stats(txn));
     if (opts.json) {
-        print_json(stats_json(*store, stats, txn.config(), kinds));
+        auto out = stats_json(*store, stats, txn.config(), kinds);
+        out["sizing"] = sizing_json(*store, txn);
+        print_json(out);
     } else {
         print_stats(*store, stats, txn.config(), kinds);
+        print_sizing(*store, txn);
     }
     return kExitOk;
 }

@@ -155,6 +155,30 @@ constexpr DbiSpec kDbis[] = {
     {"events", &Store::Impl::events},       {"meta", &Store::Impl::meta},
 };
 
+// The tables of misses.hpp (schema 4): created when `create`, else opened where they
+// exist (a db before schema 4 opened read-only has none: has_misses stays false).
+Status open_misses_tables(Store::Impl& impl, MDB_txn* txn, bool create) {
+    const std::pair<const char*, MDB_dbi Store::Impl::*> tables[] = {
+        {"misses", &Store::Impl::misses},
+        {"evictions", &Store::Impl::evictions},
+        {"families", &Store::Impl::families},
+    };
+    bool all = true;
+    for (const auto& [name, member] : tables) {
+        const int rc = mdb_dbi_open(txn, name, create ? MDB_CREATE : 0, &(impl.*member));
+        if (rc == MDB_NOTFOUND) {
+            all = false;
+            continue;
+        }
+        if (rc != 0) {
+            return tl::unexpected(
+                lmdb::error(rc, fmt::format("db {}: open table {}", impl.path, name)));
+        }
+    }
+    impl.has_misses = all;
+    return {};
+}
+
 // Opens the named databases and, for a new db, writes the meta records and root.
 Status init_schema(Store& store, const OpenOptions& options) {
     Store::Impl& impl = TxnAccess::impl(store);
@@ -212,6 +236,10 @@ Status init_schema(Store& store, const OpenOptions& options) {
             return abort(lmdb::error(dicts_rc, fmt::format("db {}: open table dicts", impl.path)));
         }
         impl.has_dicts = dicts_rc == 0;
+        // Schema 4 added the tables of misses.hpp, the same way.
+        if (auto s = open_misses_tables(impl, txn, *version < 4 && writable); !s) {
+            return abort(s.error());
+        }
         if (*version < kSchemaVersion && writable) {
             if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
                 return abort(s.error());
@@ -234,6 +262,7 @@ Status init_schema(Store& store, const OpenOptions& options) {
         return abort(lmdb::error(rc, fmt::format("db {}: create table dicts", impl.path)));
     }
     impl.has_dicts = true;
+    if (auto s = open_misses_tables(impl, txn, true); !s) return abort(s.error());
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;

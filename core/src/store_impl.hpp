@@ -68,6 +68,13 @@ struct Store::Impl {
     int lock_fd = -1;  // shared flock on kcache.lock: compaction takes it exclusively
     bool read_only = false;
     std::string path;
+
+    // Schema 4 (misses.cpp): classified misses, evictions seen, family members.
+    MDB_dbi misses = 0;       // populate seq -> Miss
+    MDB_dbi evictions = 0;    // entry name (or its digest) -> when and why it went
+    MDB_dbi families = 0;     // family + entry ino -> ""
+    bool has_misses = false;  // false: a db before schema 4 opened read-only
+
     ~Impl();
 };
 
@@ -88,6 +95,7 @@ inline constexpr std::string_view kMetaNextEvent = "next_event";
 inline constexpr std::string_view kMetaResetTime = "reset_ns";
 inline constexpr std::string_view kMetaCreated = "created_ns";
 inline constexpr std::string_view kMetaNextDictionary = "next_dictionary";
+inline constexpr std::string_view kMetaMissesSeq = "misses_seq";  // the classifier's position
 
 // The typed view of one transaction. Read methods work on both kinds; write
 // methods require `write` (a WriteTxn) and record the first storage error there.

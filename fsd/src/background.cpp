@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "kcache/core/dictionaries.hpp"
+#include "kcache/core/misses.hpp"
 #include "log.hpp"
 
 namespace kcache::fsd {
@@ -178,6 +179,10 @@ void Background::run() {
         if (tick % kFlushEvery == 0) {
             if (auto s = flush_stats(); !s) {
                 log::warning("statistics not saved yet: {}", s.error().message);
+            }
+            // Misses explained (core/misses.hpp), off every request path.
+            if (auto c = core::classify_pending(m_store); !c) {
+                log::warning("misses not classified yet: {}", c.error().message);
             }
         }
         const auto now = std::chrono::steady_clock::now();

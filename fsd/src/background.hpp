@@ -7,6 +7,7 @@
 //   the kernel may hold a directory lock while it waits for that handler's reply.
 // - Flushes statistics that handlers count in memory (opens, hits, bytes read, ...)
 //   in one transaction, at least every `flush period` and at stop().
+// - Classifies misses (core/misses.hpp: classify_pending) every few periods.
 // - Enforces the size bounds when a publish asked for it.
 // - Syncs the db periodically under batched durability.
 #pragma once

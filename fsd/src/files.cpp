@@ -106,6 +106,11 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             if (!truncate) handle->snapshot = orphan->content;
             handle->snapshot_digest = orphan->attr.digest;
             fi->direct_io = 1;
+            // A reader that opens a file a rename replaced after its lookup (racing
+            // stores of one kernel) still loads the kernel from the cache: one hit, as
+            // for the file that replaced it (docs/stats.md).
+            if (!handle->writable || (handle->readable && !truncate))
+                m_hits.count_open(fuse_req_ctx(req)->pid, *txn, orphan->attr);
         } else if (attr->is_dir()) {
             return reply_error(req, {EISDIR, "is a directory"});
         } else if (!handle->writable) {

@@ -15,6 +15,7 @@ void draw_entries(Model& model, UiState& ui);
 void draw_entry_detail(Model& model, UiState& ui);
 void draw_statistics(Model& model, UiState& ui);
 void draw_duplicates(Model& model, UiState& ui);
+void draw_misses(Model& model, UiState& ui);
 // The Statistics window's "Shared tier" section (shared_tier.cpp): drawn only while
 // shared_tier_in_use(), i.e. any of the remote tier's statistics is not zero.
 void draw_shared_tier(const Model& model, UiState& ui);

@@ -131,6 +131,7 @@ void draw_menu(Model& model, UiState& ui) {
         ImGui::MenuItem("Entry", nullptr, &ui.show_detail);
         ImGui::MenuItem("Statistics", nullptr, &ui.show_statistics);
         ImGui::MenuItem("Duplicates", nullptr, &ui.show_duplicates);
+        ImGui::MenuItem("Misses", nullptr, &ui.show_misses);
         ImGui::EndMenu();
     }
     if (ImGui::BeginMenu("Actions")) {
@@ -236,6 +237,7 @@ void draw_inspector(Model& model, UiState& ui) {
     ui.rects[static_cast<std::size_t>(Widget::shared_tier)].valid = false;
     if (ui.show_statistics) draw_statistics(model, ui);
     if (ui.show_duplicates) draw_duplicates(model, ui);
+    if (ui.show_misses) draw_misses(model, ui);
     draw_confirm(model, ui);
 }
 

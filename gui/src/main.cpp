@@ -51,6 +51,7 @@ struct Options {
     std::string select;
     std::string file;
     bool scan_duplicates = false;
+    bool misses = false;
 };
 
 // The layout file, or "" when there is no config directory to keep it in.
@@ -156,6 +157,9 @@ int run(const Options& opts) {
             std::fprintf(stderr, "kcache-inspector: %s\n", started.error().message.c_str());
         }
     }
+    if (opts.misses) {
+        ui.show_misses = ui.focus_misses = ui.pick_compared_miss = true;
+    }
     if (!opts.select.empty() && !gui::show_entry(**model, ui, opts.select, opts.file)) {
         std::fprintf(stderr, "kcache-inspector: note: no entry %s%s%s\n", opts.select.c_str(),
                      opts.file.empty() ? "" : " with file ", opts.file.c_str());
@@ -248,6 +252,8 @@ int main(int argc, char** argv) {
     app.add_option("--file", opts.file, "with --select: open this file of the entry")
         ->type_name("PATH");
     app.add_flag("--scan-duplicates", opts.scan_duplicates, "start the duplicates scan at once");
+    app.add_flag("--misses", opts.misses,
+                 "show the Misses window in front, the newest compared miss selected");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -6,7 +6,7 @@ in the same run, so a failure says whether kcache or the client is at fault.
     compat.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache \
               [--loader build/loader/libkcache_loader.so] [--python .venv/bin/python] SCENARIO
 
-SCENARIO: triton, inductor, jax, ccache, loader, wave, cutedsl, shared, remote (see the
+SCENARIO: triton, inductor, jax, ccache, loader, wave, cutedsl, shared, remote, misses (see the
 functions scenario_*).
 Exit 0: every check passed; 1: a check failed (each failure is printed with where it
 happened: "plain" or "mount"); 77: skipped (no /dev/fuse, no fusermount3, no venv or
@@ -1199,6 +1199,134 @@ def _scenario_remote(cfg, redis):
             (n, 0, 0), "node B after unmount: (remote_hits, remote_uploads, remote_corrupt)")
 
 
+# ---- misses explained ------------------------------------------------------------------
+
+def wait_classified(daemon, n, timeout=30.0):
+    """Waits until the daemon has classified `n` misses (it waits for an entry to settle:
+    a second without a publish) and none is pending; returns them, newest first."""
+    deadline = time.time() + timeout
+    while True:
+        got = json.loads(daemon.kcache("misses", "--json").stdout)
+        if (len(got["misses"]) >= n and got["pending"] == 0) or time.time() > deadline:
+            return got["misses"]
+        time.sleep(0.2)
+
+
+def why(daemon, target):
+    return json.loads(daemon.kcache("why", "--json", target).stdout)
+
+
+def scenario_misses(cfg):
+    """Every miss explained (kcache why, kcache misses): real Triton kernels compiled
+    through the mount as a first compile, with another num_warps, another constexpr, an
+    edited body, only a comment changed (the same cubin: an unstable key) and after
+    eviction by the size bound (capacity); JAX with another static argument and after an
+    eviction; ccache with another flag. Mount only: a plain directory explains nothing."""
+    C.where = "mount"
+    w = Where(cfg, Path(cfg.tmp) / "misses", "mount")
+    try:
+        d = w.daemon
+        env = {"TRITON_CACHE_DIR": str(Path(w.base) / "triton"), "PYTHONDONTWRITEBYTECODE": "1"}
+        src = Path(cfg.tmp) / "src"
+        src.mkdir()
+
+        def triton(variant, n):
+            r = worker(cfg, "misses_worker.py", ["triton", variant, "--src", src], env)
+            got = wait_classified(d, n)
+            name = f"triton/{r['dir']}"
+            C.equal(got[0]["entry"], name, f"triton {variant}: the newest miss is its entry")
+            return name, why(d, name)
+
+        base, m = triton("base", 1)
+        C.equal((m["cause"], m["family"]), ("first", "triton:add_kernel"), "triton base")
+        _, m = triton("warps8", 2)
+        C.equal(m["cause"], "changed_key", "triton num_warps 8: cause")
+        C.equal(m["compared_with"], base, "triton num_warps 8: compared with the base")
+        C.equal([(f["field"], f["before"], f["after"]) for f in m["fields"]],
+                [("num_warps", "4", "8")], "triton num_warps 8: the field that differs")
+        _, m = triton("block256", 3)
+        C.equal((m["cause"], m["fields"]), ("changed_key", []), "triton BLOCK 256: cause, fields")
+        first_line = m["lines"][0] if m["lines"] else {}
+        C.check(first_line.get("file") == "add_kernel.source" and "256" in first_line.get(
+            "after", "") and "128" in first_line.get("before", ""),
+            "triton BLOCK 256: the first differing source line holds the constexpr", str(m))
+        _, m = triton("edited", 4)
+        C.equal((m["cause"], m["compared_with"]), ("changed_key", base),
+                "triton edited body: cause, compared with the base (same warps and BLOCK)")
+        C.check(any(l["file"] == "add_kernel.source" and l["line"] > 0 for l in m["lines"]),
+                "triton edited body: a differing source line", str(m))
+        _, m = triton("comment", 5)
+        C.equal((m["cause"], m.get("same_binary"), m["compared_with"]),
+                ("unstable_key", "add_kernel.cubin", base), "triton comment only")
+        C.equal((m["fields"], m["lines"]), ([], []),
+                "triton comment only: no stored field or line differs")
+        out = d.kcache("why", str(Path(w.base) / base / "add_kernel.cubin")).stdout
+        C.check("first" in out and "triton:add_kernel" in out,
+                "kcache why PATH: a file on the mount names its entry", out)
+        log(f"[mount] kcache why {base}: {out.strip()}")
+
+        # Capacity: a bound just under what is stored; the next store evicts the least
+        # recently used entries (the base kernel among them); compiled again it is a
+        # capacity miss.
+        stored = d.stats()["stored_bytes"]
+        d.kcache("config", "--max-size", str(stored))
+        triton("scale", 6)
+        ls = {e["name"] for e in d.ls()}
+        C.check(base not in ls, "the size bound evicted the base kernel", str(sorted(ls)))
+        _, m = triton("base", 7)
+        C.equal(m["cause"], "capacity", "triton base compiled again after its eviction")
+        C.check(m.get("gone_why", "").startswith("evicted") and m.get("stack_distance", 0) > 0,
+                "triton capacity: when, why and the stack distance", str(m))
+        d.kcache("config", "--max-size", "10G")
+        s = d.stats()
+        C.equal(sum(s[f"misses_{c}"] for c in ("first", "capacity", "changed_key",
+                                              "unstable_key")), s["misses"],
+                "misses by cause add up to the misses")
+        C.check(s["sizing"]["all"]["capacity_misses"] >= 1 and
+                s["sizing"]["all"]["avoid_all_bytes"] > 0, "kcache stats: sizing", str(s["sizing"]))
+
+        # JAX: the same function with another static argument, then a capacity miss.
+        jenv = {"JAX_COMPILATION_CACHE_DIR": str(Path(w.base) / "jax")}
+        before = len(wait_classified(d, 7))
+        worker(cfg, "misses_worker.py", ["jax", "2"], jenv)
+        got = wait_classified(d, before + 1)
+        scaled = [m for m in got if m["family"] == "jax:jit_scaled"]
+        C.equal([m["cause"] for m in scaled], ["first"], "jax static 2: first")
+        n = len(got)
+        worker(cfg, "misses_worker.py", ["jax", "3"], jenv)
+        got = wait_classified(d, n + 1)
+        scaled = [m for m in got if m["family"] == "jax:jit_scaled"]
+        C.equal([m["cause"] for m in scaled], ["changed_key", "first"],
+                "jax static 3: a changed key of jit_scaled")
+        if len(scaled) == 2:
+            C.equal(scaled[0]["compared_with"], scaled[1]["entry"], "jax: compared with static 2")
+            C.check(any(l["file"] == "{key}-cache" for l in scaled[0]["lines"]),
+                    "jax: the executable differs", str(scaled[0]))
+            victim = scaled[1]["entry"]
+            d.kcache("evict", victim)
+            n = len(got)
+            worker(cfg, "misses_worker.py", ["jax", "2"], jenv)
+            got = wait_classified(d, n + 1)
+            C.equal((got[0]["entry"], got[0]["cause"]), (victim, "capacity"),
+                    "jax static 2 after kcache evict: capacity")
+
+        # ccache: one source with another flag. ccache's results and manifests are named
+        # by hashes and hold no flags: no family, so first (docs/misses.md).
+        if shutil.which("ccache") and shutil.which("gcc"):
+            project, cenv = ccache_project(Path(cfg.tmp) / "project", Path(w.base) / "ccache")
+            n = len(got)
+            run(["ccache", "gcc", "-O2", "-c", "a.c", "-o", "a.o"], env=cenv, cwd=project)
+            got = wait_classified(d, n + 2)
+            run(["ccache", "gcc", "-O0", "-c", "a.c", "-o", "a.o"], env=cenv, cwd=project)
+            got = wait_classified(d, n + 4)
+            cc = [m for m in got if m["entry"].startswith("ccache/")]
+            C.equal([m["cause"] for m in cc], ["first"] * 4,
+                    "ccache -O0 after -O2: a new result and manifest, no family: first")
+        log("[mount] " + d.kcache("misses").stdout.replace("\n", "\n    "))
+    finally:
+        w.close()
+
+
 # ---- main -------------------------------------------------------------------------------
 
 SCENARIOS = {
@@ -1211,6 +1339,7 @@ SCENARIOS = {
     "cutedsl": (scenario_cutedsl, ["cutlass"]),
     "shared": (scenario_shared, ["triton", "jax", "jaxlib"]),
     "remote": (scenario_remote, ["triton"]),
+    "misses": (scenario_misses, ["triton", "jax", "jaxlib"]),
 }
 
 

@@ -119,17 +119,20 @@ struct Direct {
     }
 
     // A file `name` in the root with `content`, stored as a compiler stores one
-    // (create, write, release); its inode.
-    Ino store_file(const char* name, const std::string& content) {
+    // (create, write, release) by process `pid` (0: this one); its inode.
+    Ino store_file(const char* name, const std::string& content, pid_t pid = 0) {
         auto made = req();
+        if (pid != 0) made->ctx.pid = pid;
         fuse_file_info created{};
         created.flags = O_WRONLY | O_CREAT | O_TRUNC;
         fs->create(made.get(), kcache::core::kRootIno, name, S_IFREG | 0644, &created);
         REQUIRE(made->err == 0);
         auto written = req();
+        if (pid != 0) written->ctx.pid = pid;
         fs->write(written.get(), made->entry.ino, content.data(), content.size(), 0, &made->fi);
         REQUIRE(written->err == 0);
         auto closed = req();
+        if (pid != 0) closed->ctx.pid = pid;
         fs->release(closed.get(), made->entry.ino, &made->fi);
         return made->entry.ino;
     }
@@ -454,4 +457,53 @@ TEST_CASE("a truncate by path is the size told while a reader of the old version
     auto after = d.req();
     d.fs->getattr(after.get(), ino, nullptr);
     CHECK(after->attr.st_size == 9000);
+}
+
+TEST_CASE("a reader opening a file a rename replaced after its lookup counts its hit once",
+          "[fsd][direct]") {
+    // CuTe DSL's cache (and Helion's): processes racing on one kernel each write it in
+    // a temp dir and os.replace it into place, while others look the file up and open
+    // it. The kernel's OPEN can name the inode the lookup found after a racing rename
+    // replaced it: the reader still loads the kernel from the cache, so it counts one
+    // hit, as if it had opened the file that replaced it.
+    Direct d;
+    const char* name =
+        "cute_dsl_281faa14c93f3f220915b25117724304099157470895ebdf462120ff6f68c266.mlir";
+    OtherProcess compiler, reader;  // siblings: neither one's compile is the other's
+    const Ino first = d.store_file(name, "module v1", compiler.pid);
+    auto looked = d.req();
+    d.fs->lookup(looked.get(), kcache::core::kRootIno, name);  // the kernel holds the inode
+    REQUIRE(looked->err == 0);
+    REQUIRE(looked->entry.ino == first);
+    // A racing compile of the same kernel replaces the file (a racing store: no miss).
+    d.store_file("cute_dsl_281f.mlir.tmp", "module v1");
+    auto renamed = d.req();
+    d.fs->rename(renamed.get(), kcache::core::kRootIno, "cute_dsl_281f.mlir.tmp",
+                 kcache::core::kRootIno, name, 0);
+    REQUIRE(renamed->err == 0);
+    auto opened = open_file(d, first, O_RDONLY, reader.pid);  // the inode its lookup found
+    auto closed = d.req();
+    d.fs->release(closed.get(), first, &opened->fi);
+    auto hits = [&] {
+        auto txn = d.store->read();
+        REQUIRE(txn);
+        return txn->counter(kcache::core::Counter::hits).value();
+    };
+    // The background thread adds the hits to the db every few periods.
+    for (int i = 0; i < 500 && hits() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(hits() == 1);
+    // The same process opening the file that replaced it is the same hit: not counted again.
+    auto again = d.req();
+    d.fs->lookup(again.get(), kcache::core::kRootIno, name);
+    REQUIRE(again->err == 0);
+    REQUIRE(again->entry.ino != first);
+    auto reopened = open_file(d, again->entry.ino, O_RDONLY, reader.pid);
+    auto closed_again = d.req();
+    d.fs->release(closed_again.get(), again->entry.ino, &reopened->fi);
+    d.fs->stop();  // flushes the statistics
+    auto txn = d.store->read();
+    REQUIRE(txn);
+    CHECK(txn->counter(kcache::core::Counter::misses).value() == 1);
+    CHECK(txn->counter(kcache::core::Counter::hits).value() == 1);
 }

@@ -107,3 +107,27 @@ TEST_CASE("rewriting or removing files of an entry follows the miss rules", "[fs
     CHECK(stat_value(stats, "misses") == 3);
     CHECK(stat_value(stats, "hits") == 0);  // only the populating process read anything
 }
+
+TEST_CASE("CuTe DSL's cache raced by 6 processes counts every load from the cache as a hit",
+          "[fsd][flow][stats]") {
+    // Six processes go through 40 kernels together: each stores a kernel it did not
+    // find (a temp dir, os.replace up into the cache dir) or loads the one there. A load
+    // whose open names a file another process's rename replaced after the lookup still
+    // loaded the kernel: it counts (once). Several rounds: the race is a matter of timing.
+    MountedCache cache;
+    std::uint64_t loads = 0;
+    constexpr int kRounds = 5;
+    for (int round = 0; round < kRounds; ++round) {
+        const auto root = cache.mnt() / ("cutedsl" + std::to_string(round));
+        const ProcResult r = run_flow("cutedsl_race.py", {"--root", root.string()}, 300);
+        INFO(r.describe() << "\ndaemon stderr:\n" << cache.daemon_stderr());
+        REQUIRE(r.exit_code == 0);
+        const auto report = nlohmann::json::parse(r.out);
+        loads += report["loads"].get<std::uint64_t>();
+    }
+    cache.unmount();
+    const auto stats = cache_stats(cache.db());
+    INFO("stats: " << stats.dump());
+    CHECK(stat_value(stats, "misses") == 40 * kRounds);
+    CHECK(stat_value(stats, "hits") == loads);
+}

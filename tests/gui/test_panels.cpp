@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gui_test_util.hpp"
+#include "kcache/core/misses.hpp"
 #include "kcache/core/statistics.hpp"
 #include "kcache/gui/model.hpp"
 #include "kcache/gui/panels.hpp"
@@ -340,4 +341,45 @@ TEST_CASE("panels: the Shared tier section shows the remote statistics once a re
         CHECK(ui.model().stats().get(core::Counter::remote_hits) == 0);
         CHECK(ui.ui().rect(Widget::shared_tier).valid);
     }
+}
+
+TEST_CASE("panels: the Misses window shows misses by cause and a miss beside its compared entry",
+          "[gui][panels]") {
+    GuiDb db;
+    // Two Triton entries of one kernel (num_warps 4, then 8), classified as kcache-fsd's
+    // background thread does.
+    const std::string a(52, 'A'), b = std::string(51, 'A') + 'B';
+    auto triton = [&](const std::string& key, int warps) {
+        db.add_entry(key, {{"add_kernel.json",
+                            "{\"name\": \"add_kernel\", \"triton_version\": \"3.9.0\", "
+                            "\"num_warps\": " +
+                                std::to_string(warps) + "}"},
+                           {"add_kernel.cubin", fake_cubin(warps)}});
+        db.clock().advance(2 * kSecondNs);
+        REQUIRE(core::classify_pending(db.store()));
+    };
+    triton(a, 4);
+    triton(b, 8);
+    NullUi ui(db);
+    ui.ui().show_misses = true;
+    ui.frames(3);  // the report is loaded by the worker, then drawn
+    REQUIRE(ui.ui().misses);
+    const gui::MissesReport& r = *ui.ui().misses;
+    REQUIRE(r.recent.size() == 2);
+    CHECK(r.recent[0].name == b);  // newest first
+    CHECK(r.totals[gui::cause_index(core::MissCause::first)] == 1);
+    CHECK(r.totals[gui::cause_index(core::MissCause::changed_key)] == 1);
+    std::uint32_t charted = 0;
+    for (const auto& bucket : r.buckets)
+        for (auto n : bucket.by_cause) charted += n;
+    CHECK(charted == 2);
+    REQUIRE(ui.ui().miss_rects.size() == 2);
+    CHECK_FALSE(ui.ui().miss_selected);
+    ui.click(ui.ui().miss_rects[0]);
+    REQUIRE(ui.ui().miss_selected == 0u);
+    const core::Miss& m = r.recent[*ui.ui().miss_selected];
+    CHECK(m.compared_name == a);
+    REQUIRE(m.fields.size() == 1);
+    CHECK(m.fields[0].before == "4");
+    CHECK(m.fields[0].after == "8");
 }

@@ -312,6 +312,16 @@ std::future<core::Result<FileView>> Worker::load_file(EntryFile file) {
     return future;
 }
 
+std::future<core::Result<MissesReport>> Worker::load_misses(std::int64_t span_ns) {
+    auto promise = std::make_shared<std::promise<core::Result<MissesReport>>>();
+    auto future = promise->get_future();
+    post([this, promise, span_ns] {
+        core::Store& store = m_store.get();
+        promise->set_value(MissesReport::load(store, store.now_ns(), span_ns));
+    });
+    return future;
+}
+
 void Worker::scan_duplicates() {
     post([this] {
         const Catalog& c = *m_view->catalog;

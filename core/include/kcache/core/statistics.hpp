@@ -37,6 +37,11 @@ enum class Counter : std::uint32_t {
     // single flight on one node (kcache-fsd)
     single_flight_waits = 15,
     single_flight_timeouts = 16,
+    // misses by cause (core/misses.hpp), counted when the background classifies them
+    misses_first = 20,
+    misses_capacity = 21,
+    misses_changed_key = 22,
+    misses_unstable_key = 23,
     // the shared tier (remote/)
     remote_hits = 40,
     remote_misses = 41,
@@ -67,7 +72,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 41;
+inline constexpr std::size_t kStatisticCount = 45;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -144,6 +149,14 @@ inline constexpr StatisticField kStatistics[] = {
      "path walks through an entry directory that waited for another compile filling it"},
     {Counter::single_flight_timeouts, "single_flight_timeouts", Unit::count, StatisticKind::counter, by_daemon,
      "single-flight waits that ended at their bound with the entry still being filled"},
+    {Counter::misses_first, "misses_first", Unit::count, StatisticKind::counter, by_store,
+     "classified misses of a kernel with no entry of its family in the cache, never evicted"},
+    {Counter::misses_capacity, "misses_capacity", Unit::count, StatisticKind::counter, by_store,
+     "classified misses of an entry that was evicted or removed before: the bound was too small"},
+    {Counter::misses_changed_key, "misses_changed_key", Unit::count, StatisticKind::counter, by_store,
+     "classified misses of a kernel with an entry of its family in the cache and a different key"},
+    {Counter::misses_unstable_key, "misses_unstable_key", Unit::count, StatisticKind::counter, by_store,
+     "classified misses whose binary an entry of the same family already held (a wasted compile)"},
     {Counter::remote_hits, "remote_hits", Unit::count, StatisticKind::counter, by_remote,
      "entries pulled from the remote tier into this db", "reads"},
     {Counter::remote_misses, "remote_misses", Unit::count, StatisticKind::counter, by_remote,

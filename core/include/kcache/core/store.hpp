@@ -82,12 +82,13 @@ struct Config {
 };
 
 // 2: layouts (stem entries, bookkeeping nodes); 3: segmented content (files of
-// kSegmentedSize or more stored by segment, Codec::segments). An older db is upgraded
+// kSegmentedSize or more stored by segment, Codec::segments); 4: misses explained (the
+// misses, evictions and families tables of misses.hpp), file kinds and trained zstd
+// dictionaries (the `dicts` table, blob references of format 2: dictionaries.hpp; an
+// older db's blobs stay as they are, kind 0 and no dictionary, until `kcache gc`
+// classifies and recompresses them). An older db is upgraded
 // when first opened for writing (nothing is rewritten: its big files keep their flat
 // digests and blobs until they change) and still read as it is when opened read-only.
-// 4: file kinds and trained zstd dictionaries (the `dicts` table, blob references of
-// format 2: dictionaries.hpp); an older db's blobs stay as they are (kind 0, no
-// dictionary) until `kcache gc` classifies and recompresses them.
 inline constexpr std::uint32_t kSchemaVersion = 4;
 
 struct Stats {

@@ -116,6 +116,10 @@ class Model {
     std::future<Result<FileView>> load_file(EntryFile file) {
         return m_worker->load_file(std::move(file));
     }
+    // Misses explained (misses.hpp), over the last `span_ns` (0: all kept).
+    std::future<Result<MissesReport>> load_misses(std::int64_t span_ns = 0) {
+        return m_worker->load_misses(span_ns);
+    }
 
     // --- duplicates: scanned by the worker, on request ----------------------------
     Status start_duplicate_scan();

@@ -31,6 +31,7 @@
 #include "kcache/gui/catalog.hpp"
 #include "kcache/gui/detail.hpp"
 #include "kcache/gui/duplicates.hpp"
+#include "kcache/gui/misses.hpp"
 
 namespace kcache::gui {
 
@@ -118,6 +119,7 @@ class Worker {
     std::future<core::Result<ActionReport>> act(ActionRequest request);
     std::future<core::Result<EntryDetail>> load_detail(core::Ino entry);
     std::future<core::Result<FileView>> load_file(EntryFile file);
+    std::future<core::Result<MissesReport>> load_misses(std::int64_t span_ns = 0);
     void scan_duplicates();  // every live entry of the current catalog
 
     // Waits until no request is queued or running and no scan is running (tests,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kcache/gui/detail.hpp"
+#include "kcache/gui/misses.hpp"
 #include "kcache/gui/model.hpp"
 
 namespace kcache::gui {
@@ -55,6 +56,8 @@ struct UiState {
     bool show_detail = true;
     bool show_statistics = true;
     bool show_duplicates = true;
+    bool show_misses = false;   // View > Misses, or kcache-inspector --misses
+    bool focus_misses = false;  // bring the Misses window to the front at the next frame
 
     // Entries: the filter as typed, Ctrl+F's request for focus, shift-click's anchor.
     std::array<char, 256> filter{};
@@ -83,6 +86,17 @@ struct UiState {
     std::array<char, 128> search{};
     std::optional<std::size_t> search_line;  // the line found last
     bool scroll_to_search = false;
+
+    // Misses: the report the worker loaded at the db's transaction misses_txn, the one
+    // loading, and the miss selected in it (an index into recent).
+    std::future<Result<MissesReport>> misses_loading;
+    std::optional<MissesReport> misses;
+    std::string misses_error;
+    std::uint64_t misses_txn = 0;
+    std::int64_t misses_asked_ns = 0;  // steady clock: when the last report was asked for
+    std::optional<std::size_t> miss_selected;
+    bool pick_compared_miss = false;  // select the newest miss with a comparison once loaded
+    std::vector<Rect> miss_rects;     // rows of the recent misses drawn last frame
 
     // Where test-clickable widgets and table parts were drawn in the last frame.
     std::array<Rect, static_cast<std::size_t>(Widget::count)> rects{};
