@@ -19,6 +19,7 @@ packages=(
   libimgui-dev libglfw3-dev libstb-dev xvfb xauth libgl1-mesa-dri
   # the shared tier (remote/): the hiredis client, and redis-server for its tests
   libhiredis-dev redis-server
+  perl  # prove, which runs pjdfstest on the mount (tests/posix)
 )
 
 sudo_cmd=()

@@ -205,6 +205,13 @@ Status init_schema(Store& store, const OpenOptions& options) {
             return abort(lmdb::error(stems_rc, fmt::format("db {}: open table stems", impl.path)));
         }
         impl.has_stems = stems_rc == 0;
+        // Schema 4 added the links table, the same way.
+        const int links_rc =
+            mdb_dbi_open(txn, "links", *version < 4 && writable ? MDB_CREATE : 0, &impl.links);
+        if (links_rc != 0 && links_rc != MDB_NOTFOUND) {
+            return abort(lmdb::error(links_rc, fmt::format("db {}: open table links", impl.path)));
+        }
+        impl.has_links = links_rc == 0;
         if (*version < kSchemaVersion && writable) {
             if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
                 return abort(s.error());
@@ -223,6 +230,10 @@ Status init_schema(Store& store, const OpenOptions& options) {
         return abort(lmdb::error(rc, fmt::format("db {}: create table stems", impl.path)));
     }
     impl.has_stems = true;
+    if (int rc = mdb_dbi_open(txn, "links", MDB_CREATE, &impl.links); rc != 0) {
+        return abort(lmdb::error(rc, fmt::format("db {}: create table links", impl.path)));
+    }
+    impl.has_links = true;
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;
