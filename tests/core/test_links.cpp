@@ -5,6 +5,8 @@
 #include <sys/sysmacros.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -292,4 +294,45 @@ TEST_CASE("links: two names in one stem entry are evicted together", "[links]") 
     CHECK(ts.children("jax").empty());
     CHECK(ts.counter(Counter::files) == 0);
     must_verify(ts.store());
+}
+
+TEST_CASE("links: an older db gets the links table when first opened for writing",
+          "[links][open]") {
+    // The schema-2 fixture (also read by test_segments): read-only as it is, then upgraded.
+    const std::string path = "0123456789abcdef0123456789abcdef/big.so";
+    TempDir dir;
+    const std::string db = dir.str() + "/db";
+    std::filesystem::create_directories(db);
+    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb",
+                               db + "/data.mdb");
+    std::ofstream(db + "/kcache.lock").flush();
+    core::OpenOptions options;
+    options.path = db;
+    {
+        options.read_only = true;
+        auto store = KC_MUST(core::Store::open(options));
+        CHECK(KC_MUST(core::verify(*store)).ok());
+        auto txn = KC_MUST(store->read());
+        CHECK(KC_MUST(txn.getattr(KC_MUST(txn.resolve(path)))).nlink == 1);
+    }
+    options.read_only = false;
+    {
+        auto store = KC_MUST(core::Store::open(options));
+        auto txn = KC_MUST(store->write());
+        const Ino file = KC_MUST(txn.resolve(path));
+        const Ino dir_ino = KC_MUST(txn.resolve("0123456789abcdef0123456789abcdef"));
+        CHECK(KC_MUST(txn.link(file, dir_ino, "big-link.so")).nlink == 2);
+        KC_MUST(txn.mknod(dir_ino, "fifo", S_IFIFO | 0644, 0));
+        KC_MUST(txn.commit());
+        auto report = KC_MUST(core::verify(*store));
+        for (const auto& p : report.problems) INFO(p);
+        CHECK(report.ok());
+    }
+    options.read_only = true;  // and read back as schema 4
+    auto store = KC_MUST(core::Store::open(options));
+    auto txn = KC_MUST(store->read());
+    CHECK(KC_MUST(txn.getattr(KC_MUST(txn.resolve(path)))).nlink == 2);
+    CHECK(KC_MUST(txn.getattr(KC_MUST(txn.resolve("0123456789abcdef0123456789abcdef/fifo"))))
+              .is_special());
+    CHECK(KC_MUST(core::verify(*store)).ok());
 }

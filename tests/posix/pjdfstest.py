@@ -242,7 +242,7 @@ def run():
         print(f"{transport}: {describe(failed)} failing ({describe(set(expected))} listed), "
               f"{time.monotonic() - started:.0f} s")
         for line in by_file(unexpected):
-            print(f"UNEXPECTED failure (0: the file broke off): {line}")
+            print(f"UNEXPECTED failure: {line}")
         for line in by_file(now_pass):
             print(f"NOW PASSES (take it off {os.path.basename(args.expected)}): {line}")
         if unexpected or now_pass:
