@@ -188,8 +188,11 @@ Result<Inode> decode_inode(Ino ino, std::string_view bytes) {
     const bool known_type = type == S_IFREG || type == S_IFDIR || type == S_IFLNK ||
                             type == S_IFIFO || type == S_IFSOCK || type == S_IFCHR ||
                             type == S_IFBLK;
+    // Format 3 holds a device's rdev, never 0: one encoding per inode (it re-encodes as read).
+    const bool device = type == S_IFCHR || type == S_IFBLK;
+    const bool rdev_ok = version != kDeviceFormat || (device && n.rdev != 0);
     if ((!known_layout(version) && version != kDeviceFormat) || (flags & ~1u) != 0 || !known_type ||
-        n.name.size() > kMaxNameLength) {
+        !rdev_ok || n.name.size() > kMaxNameLength) {
         return corrupt(fmt::format("inode {}", ino));
     }
     return n;
