@@ -20,6 +20,7 @@ packages=(
   # the shared tier (remote/): the hiredis client, and redis-server for its tests
   # (redis-cli: the Redis Cluster test joins its nodes with `redis-cli --cluster create`)
   libhiredis-dev redis-server redis-tools
+  perl  # prove, which runs pjdfstest on the mount (tests/posix)
 )
 
 sudo_cmd=()

@@ -90,6 +90,8 @@ Result<ImportReport> import_bundle(Store& store, const std::string& path, bool r
                 ++report.files;
                 report.bytes += node.content.size();
                 break;
+            case FileType::special:  // never exported; the parser refuses the type
+                break;
         }
         if (!attr) return tl::unexpected(with_context(attr.error(), node.path));
         SetAttr times;

@@ -148,16 +148,20 @@ Status for_each_member(const Tx& tx, const EntryInfo& entry,
     }
     // The stem's files are the parent's children whose entry is this one. Their names
     // start with the stem, so one range of the dirents holds them all.
-    std::vector<Ino> members;
+    // A file with several names there (links.cpp) is visited once per name, as that name.
+    std::vector<std::pair<std::string, Ino>> members;
     const std::string prefix = records::stem_key(entry.parent, entry.stem);
-    auto s = tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view, std::string_view value) {
-        auto d = records::decode_dirent(value);
-        if (d) members.push_back(d->child);
-        return true;
-    });
+    auto s =
+        tx.scan(tx.db.dirents, prefix, prefix, [&](std::string_view key, std::string_view value) {
+            auto d = records::decode_dirent(value);
+            if (d) members.emplace_back(key.substr(8), d->child);
+            return true;
+        });
     if (!s) return s;
-    for (Ino ino : members) {
+    for (auto& [name, ino] : members) {
         auto node = KCACHE_TRY(tx.inode(ino));
+        node.parent = entry.parent;
+        node.name = std::move(name);
         if (node.entry == entry.ino && !fn(node)) break;
     }
     return {};

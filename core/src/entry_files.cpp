@@ -45,6 +45,9 @@ Status walk(const Tx& tx, std::vector<Item> roots,
             }
             continue;
         }
+        // Fifos, sockets and devices are no files of an entry: nothing to export, push,
+        // load or show (they go with the entry's directory all the same).
+        if (file_type_of(item.node.mode) == FileType::special) continue;
         if (item.path.empty()) item.path = item.node.name;
         const Role role = role_of(item.node.name);
         if (fn(EntryFile{std::move(item.path), item.node.attr(), item.node.target, role}) ==

@@ -41,6 +41,11 @@ namespace ops {
 
 Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType type) {
     Place p;
+    if (type == FileType::special) {  // no content: never forms, joins or populates an entry
+        p.entry = parent.entry;       // but goes with the entry it is made in
+        p.bookkeeping = true;
+        return p;
+    }
     if (parent.entry) {
         p.entry = parent.entry;
         p.bookkeeping = parent.bookkeeping || is_bookkeeping_name(name);
@@ -71,15 +76,37 @@ Result<Place> place(Tx& tx, const Inode& parent, std::string_view name, FileType
     return p;
 }
 
+Result<bool> would_be_in(const Tx& tx, const Inode& parent, std::string_view name, FileType type,
+                         Ino entry) {
+    if (parent.entry || parent.bookkeeping || type == FileType::special)
+        return parent.entry == entry;
+    auto c = KCACHE_TRY(classify_in(tx, parent, name, type));
+    switch (c.placement) {
+        case Placement::container:
+        case Placement::bookkeeping:
+            return entry == 0;
+        case Placement::entry_dir:
+            return false;  // an entry of its own
+        case Placement::entry_stem: {
+            auto id = KCACHE_TRY(find_stem_entry(tx, parent.ino, c.stem));
+            return id && *id == entry;
+        }
+    }
+    return false;
+}
+
 // A directory the depth fallback made an entry turns out to hold a compiler's cache
 // (a kernel directory, an entry file or a known container is made in it): it becomes
 // a container and what it holds is placed again. `dir` is updated in place.
 Status dissolve_if_container(Tx& tx, Inode& dir, std::string_view name, FileType type) {
-    if (dir.entry == 0 || dir.entry != dir.ino) return {};
+    if (dir.entry == 0 || dir.entry != dir.ino || type == FileType::special) return {};
     auto entry = KCACHE_TRY(tx.find_entry_record(dir.ino));
     if (!entry || entry->by_rule || entry->kind != EntryKind::node) return {};
     auto c = KCACHE_TRY(classify_in(tx, dir, name, type));
     if (!c.by_rule || c.placement == Placement::bookkeeping) return {};
+    // A node with several names inside would have them placed apart: the entry stays whole
+    // (what the compiler makes inside joins it, as in any entry).
+    if (KCACHE_TRY(ops::holds_linked_node(tx, dir.ino))) return {};
     if (auto s = drop_entry_record(tx, dir.ino, EventKind::remove, dir.parent, dir.name); !s)
         return s;
     dir.entry = 0;

@@ -35,6 +35,9 @@ constexpr std::uint8_t kLayoutFormat = 2;
 bool known_layout(std::uint8_t version) {
     return version == kFormat || version == kLayoutFormat;
 }
+// Schema 4: an inode of a device appends its rdev to format 2 (every other inode is still
+// written in format 2, so a db without devices keeps its records as they were).
+constexpr std::uint8_t kDeviceFormat = 3;
 
 // A length-prefixed string into `out`.
 Status str16(ByteReader& r, std::string& out) {
@@ -52,6 +55,18 @@ Status str32(ByteReader& r, std::string& out) {
 
 std::string stem_key(Ino parent, std::string_view stem) {
     return dirent_key(parent, stem);
+}
+
+std::string link_key(Ino node, Ino parent, std::string_view name) {
+    std::string key = u64_key(node);
+    key += u64_key(parent);
+    key.append(name);
+    return key;
+}
+
+LinkName decode_link_key(std::string_view key) {
+    if (key.size() < 16) return {};
+    return {u64_from_key(key.substr(8)), std::string(key.substr(16))};
 }
 
 std::string u64_key(std::uint64_t value) {
@@ -125,6 +140,7 @@ Attr Inode::attr() const {
     a.depth = depth;
     a.digest = digest;
     a.bookkeeping = bookkeeping;
+    a.rdev = rdev;
     return a;
 }
 
@@ -132,7 +148,7 @@ std::string encode(const Inode& n) {
     std::string out;
     out.reserve(96 + n.name.size() + n.target.size());
     Writer w(out);
-    w.u8(kLayoutFormat);
+    w.u8(n.rdev ? kDeviceFormat : kLayoutFormat);
     w.u32(n.mode);
     w.u32(n.uid);
     w.u32(n.gid);
@@ -149,6 +165,7 @@ std::string encode(const Inode& n) {
     w.str16(n.name);
     w.str16(n.target);
     w.u8(n.bookkeeping ? 1 : 0);
+    if (n.rdev) w.u64(n.rdev);
     return out;
 }
 
@@ -162,13 +179,20 @@ Result<Inode> decode_inode(Ino ino, std::string_view bytes) {
                       n.ctime_ns, n.parent, n.entry, n.depth, n.digest.high, n.digest.low);
     if (s) s = str16(r, n.name);
     if (s) s = str16(r, n.target);
-    if (s && version == kLayoutFormat) s = r.read(flags);
+    if (s && (version == kLayoutFormat || version == kDeviceFormat)) s = r.read(flags);
+    if (s && version == kDeviceFormat) s = r.read(n.rdev);
     if (s) s = r.expect_end();
     if (!s) return corrupt(fmt::format("inode {}", ino), s.error());
     n.bookkeeping = flags & 1;
     const std::uint32_t type = n.mode & S_IFMT;
-    if (!known_layout(version) || (flags & ~1u) != 0 ||
-        (type != S_IFREG && type != S_IFDIR && type != S_IFLNK) || n.name.size() > kMaxNameLength) {
+    const bool known_type = type == S_IFREG || type == S_IFDIR || type == S_IFLNK ||
+                            type == S_IFIFO || type == S_IFSOCK || type == S_IFCHR ||
+                            type == S_IFBLK;
+    // Format 3 holds a device's rdev, never 0: one encoding per inode (it re-encodes as read).
+    const bool device = type == S_IFCHR || type == S_IFBLK;
+    const bool rdev_ok = version != kDeviceFormat || (device && n.rdev != 0);
+    if ((!known_layout(version) && version != kDeviceFormat) || (flags & ~1u) != 0 || !known_type ||
+        !rdev_ok || n.name.size() > kMaxNameLength) {
         return corrupt(fmt::format("inode {}", ino));
     }
     return n;
@@ -189,7 +213,7 @@ Result<Dirent> decode_dirent(std::string_view bytes) {
     Status s = r.read(d.child, type);
     if (s) s = r.expect_end();
     if (!s) return corrupt("directory entry", s.error());
-    if (d.child == 0 || type < 1 || type > 3) {
+    if (d.child == 0 || type < 1 || type > 4) {
         return corrupt("directory entry");
     }
     d.type = static_cast<FileType>(type);

@@ -38,10 +38,22 @@ inline std::uint64_t chunk_count(std::uint64_t stored_size) {
 }
 std::string counter_key(Counter counter);                 // 4 bytes, big-endian
 std::string stem_key(Ino parent, std::string_view stem);  // parent + stem
+// A further name of a node (schema 4): node + parent + name; links_prefix(node) is the
+// prefix of all of them.
+std::string link_key(Ino node, Ino parent, std::string_view name);
+inline std::string links_prefix(Ino node) {
+    return u64_key(node);
+}
+struct LinkName {
+    Ino parent = 0;
+    std::string name;
+};
+LinkName decode_link_key(std::string_view key);  // a key too short decodes as parent 0
 
 // ---- values -----------------------------------------------------------------
-// An inode. Each node has exactly one parent and name (no hard links), kept here so
-// that a node's path can be found from its number.
+// An inode. A node's first parent and name are kept here, so that its path can be found
+// from its number; a file, symlink or special node linked under more names (nlink > 1,
+// schema 4) has each further name in the `links` table (link_key), inside its entry.
 struct Inode {
     Ino ino = 0;  // the key, not encoded in the value
     std::uint32_t mode = 0;
@@ -59,6 +71,7 @@ struct Inode {
     std::string name;
     std::string target;        // symlinks
     bool bookkeeping = false;  // layout.hpp: never forms or populates an entry
+    std::uint64_t rdev = 0;    // devices; recorded only when not 0 (format 3)
 
     Attr attr() const;
 };

@@ -37,6 +37,31 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         }
     }
     auto dst_d = KCACHE_TRY(tx.child(new_parent, new_name));
+    if (dst_d && dst_d->child == src.ino) {  // two names of one node: rename(2) does nothing
+        if (flags & kRenameNoReplace) return fail(EEXIST, fmt::format("'{}' exists", new_name));
+        return {};
+    }
+    // Every name of a node stays in its entry (links.cpp): a node with several names moves
+    // only where it stays in it, and a directory holding one only inside its entry.
+    const bool linked = !src_is_dir && src.nlink > 1;
+    {
+        auto target_dir = KCACHE_TRY(tx.inode(new_parent));
+        bool stays = true;
+        if (linked) {
+            stays = KCACHE_TRY(
+                ops::would_be_in(tx, target_dir, new_name, file_type_of(src.mode), src.entry));
+        } else if (src_is_dir) {
+            auto source_dir = KCACHE_TRY(tx.inode(parent));
+            const bool inside_entry =
+                source_dir.entry && source_dir.entry == target_dir.entry && src.entry != src.ino;
+            if (!inside_entry) stays = !KCACHE_TRY(ops::holds_linked_node(tx, src.ino));
+        }
+        if (!stays) {
+            return fail(EXDEV, fmt::format("'{}' holds a node with several names, which would "
+                                           "leave its entry",
+                                           name));
+        }
+    }
     Ino replaced_entry = 0;
     if (dst_d) {
         if (flags & kRenameNoReplace) return fail(EEXIST, fmt::format("'{}' exists", new_name));
@@ -55,11 +80,23 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         // A file replaced in a stem entry keeps the entry for the one that takes its
         // name (a racing duplicate store is not a new entry, nor a miss).
         const bool replaced_in_stem = dst.entry && dst.entry != dst.ino && !dst_is_dir;
-        if (auto s = ops::remove_node(tx, container, dst, EventKind::remove, replaced_in_stem); !s)
+        if (auto s =
+                ops::remove_node(tx, container, dst, new_name, EventKind::remove, replaced_in_stem);
+            !s) {
             return s;
-        replaced_entry = replaced_in_stem ? dst.entry : 0;
+        }
+        // A node that keeps other names keeps its entry too.
+        replaced_entry = replaced_in_stem && dst.nlink == 1 ? dst.entry : 0;
     }
 
+    if (linked) {  // one of its names moves, inside its entry: no placement changes
+        if (auto s = ops::move_name(tx, src, parent, name, new_parent, new_name); !s) return s;
+        auto old_parent = KCACHE_TRY(tx.inode(parent));
+        if (auto s = ops::touch_dir(tx, old_parent, 0); !s) return s;
+        if (parent == new_parent) return {};
+        auto target_dir = KCACHE_TRY(tx.inode(new_parent));
+        return ops::touch_dir(tx, target_dir, 0);
+    }
     const std::string old_name = src.name;
     const bool was_entry = src.entry == src.ino;
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent, name)); !s) return s;

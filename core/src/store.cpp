@@ -74,7 +74,7 @@ bool denied(int code) {
 // (a read-only filesystem or directory) is it opened MDB_RDONLY.
 int open_lmdb(MDB_env** env, const OpenOptions& options, std::uint64_t map_size, bool read_only) {
     if (const int rc = mdb_env_create(env); rc != 0) return rc;
-    mdb_env_set_maxdbs(*env, 16);
+    mdb_env_set_maxdbs(*env, 32);
     mdb_env_set_maxreaders(*env, options.max_readers);
     // MDB_NORDAHEAD even for read-only opens: with kernel readahead each cold page
     // fault reads up to 128 KiB around it, which on a 20,000-entry db (1.4 GB) loading
@@ -240,6 +240,13 @@ Status init_schema(Store& store, const OpenOptions& options) {
         if (auto s = open_misses_tables(impl, txn, *version < 4 && writable); !s) {
             return abort(s.error());
         }
+        // Schema 4 added the links table, the same way.
+        const int links_rc =
+            mdb_dbi_open(txn, "links", *version < 4 && writable ? MDB_CREATE : 0, &impl.links);
+        if (links_rc != 0 && links_rc != MDB_NOTFOUND) {
+            return abort(lmdb::error(links_rc, fmt::format("db {}: open table links", impl.path)));
+        }
+        impl.has_links = links_rc == 0;
         if (*version < kSchemaVersion && writable) {
             if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
                 return abort(s.error());
@@ -263,6 +270,10 @@ Status init_schema(Store& store, const OpenOptions& options) {
     }
     impl.has_dicts = true;
     if (auto s = open_misses_tables(impl, txn, true); !s) return abort(s.error());
+    if (int rc = mdb_dbi_open(txn, "links", MDB_CREATE, &impl.links); rc != 0) {
+        return abort(lmdb::error(rc, fmt::format("db {}: create table links", impl.path)));
+    }
+    impl.has_links = true;
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;

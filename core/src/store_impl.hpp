@@ -65,7 +65,9 @@ struct Store::Impl {
         std::mutex mutex;
         std::unordered_map<std::uint32_t, std::shared_ptr<const LoadedDictionary>> by_id;
     } dictionaries;
-    int lock_fd = -1;  // shared flock on kcache.lock: compaction takes it exclusively
+    MDB_dbi links = 0;       // node ino + parent ino + name -> "" (further names; schema 4)
+    bool has_links = false;  // false: an older db opened read-only (no node has two names)
+    int lock_fd = -1;        // shared flock on kcache.lock: compaction takes it exclusively
     bool read_only = false;
     std::string path;
 
@@ -163,16 +165,29 @@ namespace ops {
 Result<records::Inode> directory(const Tx& tx, Ino ino);
 // A directory changed: its mtime and ctime are now, its link count moves by `nlink_delta`.
 Status touch_dir(Tx& tx, records::Inode& dir, int nlink_delta);
-// Removes one node that has no children: its dirent, inode, content and accounting.
+// Removes the name `name` in `parent` of a node that has no children: with its last
+// name the node, its content and accounting; a node with other names keeps them.
 // `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
-Status remove_node(Tx& tx, records::Inode& parent, const records::Inode& node, EventKind why,
-                   bool keep_entry = false);
+Status remove_node(Tx& tx, records::Inode& parent, const records::Inode& node,
+                   std::string_view name, EventKind why, bool keep_entry = false);
 // After `node` left stem entry `entry` (removed, or moved elsewhere): the entry goes
 // when no file of it is left, unless `keep` (a rename replaces its file).
 Status left_stem_entry(Tx& tx, Ino entry, const records::Inode& node, EventKind why, bool keep);
 // Removes `ino` (named `name` in `parent`) and everything below it: inodes, dirents,
 // blob references and accounting. Entry records inside it are dropped with `why`.
 Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);
+// links.cpp (schema 4: a node's further names, records::link_key)
+// Removes `name` in `parent`, one of the several names of `node` (nlink > 1): the node
+// keeps the others (its own parent and name pass to a further one when it was those).
+// `why` evict: a stem entry's name is logged for the daemon to forget.
+Status forget_name(Tx& tx, records::Inode& parent, const records::Inode& node,
+                   std::string_view name, EventKind why);
+// Moves `node`'s name `name` in `parent` to `new_name` in `new_parent` (free: the caller
+// checked), for a node with several names.
+Status move_name(Tx& tx, records::Inode& node, Ino parent, std::string_view name, Ino new_parent,
+                 std::string_view new_name);
+// Whether `ino` (a directory: anything below it) has a node with several names.
+Result<bool> holds_linked_node(const Tx& tx, Ino ino);
 // placement.cpp
 // Where a node named `name` in `parent` belongs (layout.hpp): inside an entry it joins
 // it; in a container the layout rules say whether it forms an entry of its own (a
@@ -186,6 +201,11 @@ struct Place {
     bool by_rule = false;
 };
 Result<Place> place(Tx& tx, const records::Inode& parent, std::string_view name, FileType type);
+// Whether a node of `type` named `name` in `parent` would be in the entry `entry` (0:
+// outside every entry) as place() would put it, without changing anything (no stem
+// entry made, no fallback entry dissolved).
+Result<bool> would_be_in(const Tx& tx, const records::Inode& parent, std::string_view name,
+                         FileType type, Ino entry);
 // A directory the depth fallback made an entry turns out to hold a compiler's cache
 // (`name` of `type` is being made in it): it becomes a container and what it holds is
 // placed again. `dir` is updated in place.

@@ -54,10 +54,15 @@ Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, 
     return ops::drop_entry_record(tx, entry_ino, why, entry->parent, entry->stem);
 }
 
-// Removes one node that has no children: its dirent, inode, content and accounting.
+// Removes the name `name` (in `parent`) of a node that has no children: with it the last
+// name, its dirent, inode, content and accounting; a node with other names keeps them.
 // `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
-Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool keep_entry) {
-    if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, node.name)); !s) return s;
+Status remove_node(Tx& tx, Inode& parent, const Inode& node, std::string_view name, EventKind why,
+                   bool keep_entry) {
+    if ((node.mode & S_IFMT) != S_IFDIR && node.nlink > 1)
+        return forget_name(tx, parent, node, name, why);
+    // The only name is the inode's own (forget_name keeps it so).
+    if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, name)); !s) return s;
     if (auto s = tx.del(tx.db.inodes, records::u64_key(node.ino)); !s) return s;
     const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
     if ((node.mode & S_IFMT) == S_IFREG) {
@@ -85,39 +90,37 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, EventKind why, bool
 }
 
 Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind why) {
-    auto parent = KCACHE_TRY(tx.inode(parent_ino));
     auto top = KCACHE_TRY(tx.child(parent_ino, name));
     if (!top) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent_ino));
-    // Depth-first, children before their directory, with an explicit stack so a
-    // deep tree cannot overflow the call stack.
+    // Depth-first, children before their directory, with an explicit stack so a deep
+    // tree cannot overflow the call stack. A node is read when its name is removed, not
+    // when it is listed: one with several names (all inside this subtree's entry) is
+    // reached once per name, and each visit removes that name, the last one the node.
     struct Frame {
-        Inode node;
+        Ino parent = 0;
+        std::string name;
         bool expanded = false;
     };
-    auto node = KCACHE_TRY(tx.inode(top->child));
     std::vector<Frame> stack;
-    stack.push_back({std::move(node)});
+    stack.push_back({parent_ino, std::string(name)});
     while (!stack.empty()) {
-        Frame& frame = stack.back();
-        if ((frame.node.mode & S_IFMT) == S_IFDIR && !frame.expanded) {
-            frame.expanded = true;
-            auto children = KCACHE_TRY(tx.children(frame.node.ino));
-            for (const auto& [child_name, child] : children) {
-                auto c = KCACHE_TRY(tx.inode(child.child));
-                stack.push_back({std::move(c)});
-            }
+        const auto d = KCACHE_TRY(tx.child(stack.back().parent, stack.back().name));
+        if (!d) {
+            return fail(EIO, fmt::format("'{}' in inode {} went during its removal",
+                                         stack.back().name, stack.back().parent));
+        }
+        if (d->type == FileType::directory && !stack.back().expanded) {
+            stack.back().expanded = true;
+            auto children = KCACHE_TRY(tx.children(d->child));
+            for (auto& [child_name, child] : children)
+                stack.push_back({d->child, std::move(child_name)});
             continue;
         }
-        Inode done = std::move(frame.node);
+        const Frame done = std::move(stack.back());
         stack.pop_back();
-        Inode container;
-        if (stack.empty()) {
-            container = parent;
-        } else {
-            container =
-                KCACHE_TRY(tx.inode(done.parent));  // re-read: its nlink changes as children go
-        }
-        if (auto s = remove_node(tx, container, done, why); !s) return s;
+        auto node = KCACHE_TRY(tx.inode(d->child));
+        auto container = KCACHE_TRY(tx.inode(done.parent));  // its nlink changes as children go
+        if (auto s = remove_node(tx, container, node, done.name, why); !s) return s;
     }
     return {};
 }
@@ -129,7 +132,8 @@ namespace {
 // Creates a node named `name` in `parent` (which the caller checked is a directory
 // without that name).
 Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32_t mode,
-                       std::uint32_t uid, std::uint32_t gid, std::string_view target) {
+                       std::uint32_t uid, std::uint32_t gid, std::string_view target,
+                       std::uint64_t rdev = 0) {
     if (parent.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
     const FileType type = file_type_of(mode);
     KCACHE_TRY(ops::dissolve_if_container(tx, parent, name, type));
@@ -149,6 +153,7 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
     node.bookkeeping = where.bookkeeping;
     node.name = name;
     node.target = target;
+    node.rdev = rdev;
     KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
                       records::encode(Dirent{node.ino, type})));
     KCACHE_TRY(tx.put_inode(node));
@@ -293,6 +298,19 @@ Result<Attr> WriteTxn::symlink(Ino parent, std::string_view name, std::string_vi
     return make_node(tx, prep.first, name, S_IFLNK | 0777, uid, gid, target);
 }
 
+Result<Attr> WriteTxn::mknod(Ino parent, std::string_view name, std::uint32_t mode,
+                             std::uint64_t rdev, std::uint32_t uid, std::uint32_t gid) {
+    Tx tx = TxnAccess::tx(*this);
+    const std::uint32_t type = mode & S_IFMT;
+    if (type == S_IFREG || type == 0) return create(parent, name, mode, uid, gid, true);
+    if (type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR && type != S_IFBLK)
+        return fail(EINVAL, fmt::format("mknod of '{}': mode {:o} is no node type", name, mode));
+    auto prep = KCACHE_TRY(prepare_create(tx, parent, name));
+    if (prep.second) return fail(EEXIST, fmt::format("'{}' exists", name));
+    const bool device = type == S_IFCHR || type == S_IFBLK;
+    return make_node(tx, prep.first, name, type | (mode & 07777), uid, gid, {}, device ? rdev : 0);
+}
+
 namespace {
 
 // The directory `parent` and its child `name`, which must exist (ENOENT).
@@ -312,7 +330,7 @@ Status WriteTxn::unlink(Ino parent, std::string_view name) {
     auto& [dir, node] = found;
     if ((node.mode & S_IFMT) == S_IFDIR)
         return fail(EISDIR, fmt::format("'{}' is a directory", name));
-    return ops::remove_node(tx, dir, node, EventKind::remove);
+    return ops::remove_node(tx, dir, node, name, EventKind::remove);
 }
 
 Status WriteTxn::rmdir(Ino parent, std::string_view name) {
@@ -323,7 +341,7 @@ Status WriteTxn::rmdir(Ino parent, std::string_view name) {
         return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
     auto full = KCACHE_TRY(tx.has_children(node.ino));
     if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
-    return ops::remove_node(tx, dir, node, EventKind::remove);
+    return ops::remove_node(tx, dir, node, name, EventKind::remove);
 }
 
 Result<Attr> WriteTxn::setattr(Ino ino, const SetAttr& changes) {

@@ -73,6 +73,11 @@ FileType file_type_of(std::uint32_t mode) {
             return FileType::directory;
         case S_IFLNK:
             return FileType::symlink;
+        case S_IFIFO:
+        case S_IFSOCK:
+        case S_IFCHR:
+        case S_IFBLK:
+            return FileType::special;
         default:
             return FileType::regular;
     }

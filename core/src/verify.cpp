@@ -81,9 +81,12 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         nodes.push_back(std::move(*node));
         return true;
     }));
+    std::unordered_map<Ino, std::uint32_t> names;  // nodes with several: their nlink
     for (const Inode& node : nodes) {
         if (node.ino == kRootIno) continue;
-        ++dirents_expected;
+        const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
+        dirents_expected += is_dir ? 1 : node.nlink;
+        if (!is_dir && node.nlink != 1) names.emplace(node.ino, node.nlink);
         auto parent = dirs.find(node.parent);
         if (parent == dirs.end()) {
             problem(fmt::format("inode {} ('{}'): parent {} is not a directory", node.ino,
@@ -136,6 +139,42 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             t.bytes += node.size;
             t.stored += stored;
         }
+    }
+    // Further names (schema 4): each one a dirent of the node, in its entry; nlink counts
+    // them and the node's own name.
+    if (tx.db.has_links) {
+        std::unordered_map<Ino, std::uint32_t> further;
+        KCACHE_TRY(tx.scan(tx.db.links, {}, {}, [&](std::string_view key, std::string_view) {
+            const Ino ino = records::u64_from_key(key);
+            const records::LinkName name = records::decode_link_key(key);
+            ++further[ino];
+            const auto node = names.find(ino);
+            auto link = tx.child(name.parent, name.name);
+            if (node == names.end()) {
+                problem(fmt::format("name '{}' in inode {}: of inode {}, which has one name",
+                                    name.name, name.parent, ino));
+            } else if (!link || !*link || (*link)->child != ino) {
+                problem(fmt::format("name '{}' in inode {}: not a directory entry of inode {}",
+                                    name.name, name.parent, ino));
+            }
+            const auto dir = dirs.find(name.parent);
+            auto self = tx.inode(ino);
+            if (dir != dirs.end() && self && dir->second.entry &&
+                dir->second.entry != self->entry) {
+                problem(fmt::format("name '{}' in inode {}: in entry {}, its inode {} in entry {}",
+                                    name.name, name.parent, dir->second.entry, ino, self->entry));
+            }
+            return true;
+        }));
+        for (const auto& [ino, nlink] : names) {
+            if (further[ino] + 1 != nlink) {
+                problem(
+                    fmt::format("inode {}: nlink {} but {} names", ino, nlink, further[ino] + 1));
+            }
+        }
+    } else if (!names.empty()) {
+        problem(
+            fmt::format("{} nodes with several names in a db without a links table", names.size()));
     }
     std::uint64_t dirents = 0;
     KCACHE_TRY(tx.scan(tx.db.dirents, {}, {}, [&](std::string_view, std::string_view) {
@@ -397,7 +436,7 @@ Result<CompactReport> compact(const std::string& db_path) {
     if (ec) return fail(ec.value(), fmt::format("{}: {}", tmp_dir, ec.message()));
     MDB_env* env = nullptr;
     mdb_env_create(&env);
-    mdb_env_set_maxdbs(env, 16);
+    mdb_env_set_maxdbs(env, 32);
     mdb_env_set_mapsize(env, kDefaultMapSize);
     int rc = mdb_env_open(env, db_path.c_str(), MDB_NOTLS | MDB_RDONLY, 0644);
     if (rc == 0) rc = mdb_env_copy2(env, tmp_dir.c_str(), MDB_CP_COMPACT);

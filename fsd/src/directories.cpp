@@ -75,8 +75,10 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         } else {
             struct stat st {};
             st.st_ino = child.ino;
+            // A special node's kind is in its mode only: DT_UNKNOWN, readers stat it.
             st.st_mode = child.type == core::FileType::directory ? S_IFDIR
                          : child.type == core::FileType::symlink ? S_IFLNK
+                         : child.type == core::FileType::special ? 0
                                                                  : S_IFREG;
             n = fuse_add_direntry(req, buf.data() + used, size - used, child.name.c_str(), &st,
                                   next);

@@ -90,7 +90,8 @@ void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
 std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent,
                                                             const char* name) {
     auto attr = txn.lookup(parent, name);
-    if (!attr || !attr->is_regular()) return std::nullopt;
+    // A file that keeps other names is no orphan (nodes.cpp: links).
+    if (!attr || !attr->is_regular() || attr->nlink > 1) return std::nullopt;
     if (!m_lookups.known(attr->ino)) return std::nullopt;  // the kernel does not know it
     auto content = txn.read(attr->ino);
     if (!content) return std::nullopt;
@@ -398,13 +399,6 @@ void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode
     });
 }
 
-void Filesystem::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t) {
-    if (!S_ISREG(mode)) return reply_error(req, {EPERM, "only regular files can be made"});
-    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        return txn.create(parent, name, mode, ctx.uid, ctx.gid, true);
-    });
-}
-
 void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
     make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
         return txn.symlink(parent, name, target, ctx.uid, ctx.gid);
@@ -445,10 +439,6 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     if (!s) return reply_error(req, s.error());
     if (moved_into) m_flights.created(moved_into, origin.pid);
     fuse_reply_err(req, 0);
-}
-
-void Filesystem::link(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) {
-    fuse_reply_err(req, EPERM);  // no hard links: each node has one parent and name
 }
 
 // ---- the operation table -----------------------------------------------------------

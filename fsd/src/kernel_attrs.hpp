@@ -27,6 +27,7 @@ inline struct stat to_stat(const core::Attr& a) {
     st.st_ino = a.ino;
     st.st_mode = a.mode;
     st.st_nlink = a.nlink;
+    st.st_rdev = static_cast<dev_t>(a.rdev);
     st.st_uid = a.uid;
     st.st_gid = a.gid;
     st.st_size = static_cast<off_t>(a.size);

@@ -14,7 +14,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string>
 
 #include <fmt/format.h>
@@ -141,9 +140,7 @@ int main(int argc, char** argv) {
         std::fputs(options->help.c_str(), stdout);
         return 0;
     }
-    std::error_code ec;
-    const auto mountpoint =
-        std::filesystem::absolute(options->mountpoint, ec).lexically_normal().string();
+    const std::string& mountpoint = options->mountpoint;  // absolute (parse_options)
     StartupPipe startup;
     if (auto s = check_mountpoint(mountpoint); !s) startup.fail_startup(s.error().message);
     if (!options->foreground) startup.fork_daemon();

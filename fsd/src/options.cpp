@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -238,6 +239,18 @@ core::Result<Options> parse_options(int argc, char** argv) {
     }
     if (o.debug) o.foreground = true;
     if (o.db.empty()) o.db = core::default_db_path();
+    // The daemon changes its working directory to / when it detaches, and serves statfs
+    // (df, stat -f) from the db's path ever after: a relative path would then name another
+    // place. Made absolute here, against the directory the command was started in.
+    for (std::string* path : {&o.db, &o.mountpoint}) {
+        std::error_code ec;
+        auto absolute = std::filesystem::absolute(*path, ec);
+        if (ec) return core::fail(ec.value(), fmt::format("{}: {}", *path, ec.message()));
+        auto normal = absolute.lexically_normal();
+        if (!normal.has_filename() && normal.has_relative_path())  // "a/" -> "a"
+            normal = normal.parent_path();
+        *path = normal.string();
+    }
     return o;
 }
 

@@ -16,11 +16,11 @@ namespace kcache::fsd {
 inline constexpr double kBatchedSyncIntervalS = 1.0;
 
 struct Options {
-    std::string db;  // --db or the first positional; default_db_path()
-    std::string mountpoint;
-    std::uint64_t max_bytes = 0;              // --max-size: 0 keeps the db's setting
-    std::uint64_t max_entries = 0;            // --max-entries: 0 keeps the db's setting
-    std::uint32_t entry_depth = 0;            // --entry-depth: 0 keeps the db's (1 for a new db)
+    std::string db;                 // --db or the first positional; default_db_path(); absolute
+    std::string mountpoint;         // absolute
+    std::uint64_t max_bytes = 0;    // --max-size: 0 keeps the db's setting
+    std::uint64_t max_entries = 0;  // --max-entries: 0 keeps the db's setting
+    std::uint32_t entry_depth = 0;  // --entry-depth: 0 keeps the db's (1 for a new db)
     std::optional<std::string> layout_rules;  // --layout-rules FILE: its text becomes the db's
     std::uint64_t max_file_size = std::uint64_t{2} << 30;  // --max-file-size: EFBIG past it
     // --durability: full (synced commits, no timer), batched (the default: unsynced
@@ -55,7 +55,8 @@ struct Options {
 // max_file_size=, durability=, single_flight_ms=, job_tag=, prefetch_job_tag=, io_uring) are taken
 // out of the FUSE option list.
 // Each means what its long option means (one code path; -o comes last and wins); sizes and counts
-// parse with core::parse_size ("1K" is 1024, "1T" a tebibyte).
+// parse with core::parse_size ("1K" is 1024, "1T" a tebibyte). Paths come back absolute (made so
+// against the working directory at the call): the daemon leaves it when it detaches.
 core::Result<Options> parse_options(int argc, char** argv);
 
 }  // namespace kcache::fsd

@@ -152,6 +152,8 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
                 if (attr && !content.empty()) attr = txn.write(attr->ino, content, origin);
                 break;
             }
+            case core::FileType::special:  // never pushed; the manifest parser refuses it
+                break;
         }
         if (!attr) return tl::unexpected(core::with_context(attr.error(), n.path));
         core::SetAttr times;

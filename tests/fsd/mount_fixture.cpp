@@ -502,7 +502,7 @@ std::string MountedCache::daemon_stderr() const {
 std::vector<std::string> MountedCache::argv() const {
     std::vector<std::string> argv{KCACHE_FSD_PATH};
     if (m_options.foreground) argv.emplace_back("-f");
-    argv.insert(argv.end(), {"--db", m_db.string()});
+    argv.insert(argv.end(), {"--db", m_options.relative_db ? "db" : m_db.string()});
     argv.insert(argv.end(), m_options.args.begin(), m_options.args.end());
     if (io_uring_run() && std::find(argv.begin(), argv.end(), "--io-uring") == argv.end())
         argv.emplace_back("--io-uring");
@@ -517,6 +517,7 @@ void MountedCache::mount() {
     std::vector<std::string> env_strings = child_environment({}, {});
     std::vector<char*> envp = c_strings(env_strings);
     const std::string log = m_log.string();
+    const std::string cwd = m_options.relative_db ? m_root.string() : std::string();
     const std::size_t uring_before = count_occurrences(daemon_stderr(), "serving over io_uring");
     const std::size_t fallback_before =
         count_occurrences(daemon_stderr(), "serving over /dev/fuse");
@@ -529,6 +530,7 @@ void MountedCache::mount() {
         const int in = open("/dev/null", O_RDONLY);
         const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
         if (in < 0 || err < 0) _exit(127);
+        if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(127);
         if (dup2(in, STDIN_FILENO) < 0 || dup2(err, STDOUT_FILENO) < 0 ||
             dup2(err, STDERR_FILENO) < 0) {
             _exit(127);

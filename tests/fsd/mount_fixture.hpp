@@ -200,6 +200,8 @@ struct DaemonOptions {
     bool foreground = true;         // -f; false: the daemon daemonizes itself
     double watchdog_s = 120;        // the whole test's bound while this cache exists
     fs::path db;                    // where the db lives; empty: <tmp>/db
+    // Started in <tmp> with `--db db`, a relative path (db must be empty).
+    bool relative_db = false;
 };
 
 // A kcache-fsd serving <tmp>/db on <tmp>/mnt. The constructor mounts (REQUIRE: it comes

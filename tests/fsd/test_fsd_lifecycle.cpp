@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -178,6 +179,32 @@ TEST_CASE("without -f the daemon detaches once the mount is up", "[fsd][lifecycl
     const auto stats = cache_stats(db);
     CHECK(stat_value(stats, "misses") == 4);
     CHECK(stat_value(stats, "hits") == 4);
+}
+
+TEST_CASE("a relative --db is the db named from where the daemon was started", "[fsd][lifecycle]") {
+    // The daemon detaches into / after mounting; a path taken relative to where it
+    // was started made statfs (df, stat -f: pjdfstest's start) fail with ENOENT.
+    DaemonOptions options;
+    options.foreground = false;
+    options.relative_db = true;  // `--db db`, started in the temporary directory
+    MountedCache cache(options);
+    REQUIRE(write_all(cache.p("k"), "v") == 0);
+    struct statfs st {};
+    REQUIRE_SYS(statfs(cache.mnt().c_str(), &st));
+    CHECK(st.f_type == kFuseSuperMagic);
+    const ProcResult df = run_process({"df", "-PT", cache.mnt().string()});
+    INFO(df.describe() << "\ndaemon stderr:\n" << cache.daemon_stderr());
+    CHECK(df.exit_code == 0);
+    // The file system's name names the db absolutely, so df tells where it lives.
+    CHECK(df.out.find("kcache:" + cache.db().string()) != std::string::npos);
+    const ProcResult stat_f = run_process({"stat", "-f", cache.mnt().string()});
+    INFO(stat_f.describe());
+    CHECK(stat_f.exit_code == 0);
+    CHECK(fs::exists(cache.db() / "fsd.log"));  // its log went to the db, not to /db
+    cache.unmount();
+    const ProcResult ls = run_kcache(cache.db(), {"ls", "--json"});
+    INFO(ls.describe());
+    CHECK(ls.out.find("\"k\"") != std::string::npos);
 }
 
 TEST_CASE("the daemon refuses bad setups before mounting", "[fsd][lifecycle][refuse]") {

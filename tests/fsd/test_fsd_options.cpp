@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cerrno>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -218,4 +219,29 @@ TEST_CASE("options: --help returns the text for main to print, without exiting",
     CHECK(o.help.find("MOUNTPOINT") != std::string::npos);
     CHECK(o.help.find("--io-uring") != std::string::npos);
     CHECK(must_parse({"--foreground"}).help.empty());
+}
+
+TEST_CASE("options: relative paths come back absolute, against the working directory",
+          "[options]") {
+    // The daemon leaves its working directory when it detaches, and serves statfs from the
+    // db's path: a relative --db made df and stat -f on the mount fail with ENOENT.
+    const std::string cwd = std::filesystem::current_path().string();
+    auto parse_argv = [](Args args) {
+        args.insert(args.begin(), "kcache-fsd");
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        return kcache::fsd::parse_options(static_cast<int>(argv.size()), argv.data());
+    };
+    for (const auto& args : {Args{"--db", "pj/db", "mnt"}, Args{"-o", "db=pj/db", "mnt"},
+                             Args{"pj/db", "mnt"}, Args{"--db", "./pj/x/../db", "a/../mnt/"}}) {
+        INFO(args[0] << " " << args[1]);
+        auto o = parse_argv(args);
+        REQUIRE(o);
+        CHECK(o->db == cwd + "/pj/db");
+        CHECK(o->mountpoint == cwd + "/mnt");
+    }
+    auto absolute = parse_argv({"--db", "/var/cache/kcache", "/mnt/kcache"});
+    REQUIRE(absolute);
+    CHECK(absolute->db == "/var/cache/kcache");
+    CHECK(absolute->mountpoint == "/mnt/kcache");
 }

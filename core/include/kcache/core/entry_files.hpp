@@ -25,7 +25,8 @@ enum class Walk {
 
 // Visits every node below directory `dir`, depth first in name order, a directory
 // before what it holds; paths are relative to `dir` ("a", "a/b"). ENOTDIR when `dir`
-// is not a directory.
+// is not a directory. Special nodes (fifos, sockets, devices) are not visited, here nor by
+// Txn::for_each_entry_file; a file with several names is visited under each.
 Status walk_below(const Txn& txn, Ino dir, const std::function<Walk(const EntryFile&)>& fn);
 
 // The regular files and symlinks of `entry` (Txn::for_each_entry_file without its

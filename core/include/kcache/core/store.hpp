@@ -86,7 +86,9 @@ struct Config {
 // misses, evictions and families tables of misses.hpp), file kinds and trained zstd
 // dictionaries (the `dicts` table, blob references of format 2: dictionaries.hpp; an
 // older db's blobs stay as they are, kind 0 and no dictionary, until `kcache gc`
-// classifies and recompresses them). An older db is upgraded
+// classifies and recompresses them), special nodes (fifos, sockets, devices:
+// WriteTxn::mknod) and hard links (WriteTxn::link, the `links` table), which a
+// schema-3 binary would take for damage. An older db is upgraded
 // when first opened for writing (nothing is rewritten: its big files keep their flat
 // digests and blobs until they change) and still read as it is when opened read-only.
 inline constexpr std::uint32_t kSchemaVersion = 4;
@@ -129,6 +131,9 @@ struct SetAttr {
     std::optional<std::int64_t> atime_ns;
     std::optional<std::int64_t> mtime_ns;
 };
+
+// The most names one node may have (ext4's limit): link() fails with EMLINK past it.
+inline constexpr std::uint32_t kMaxLinks = 65000;
 
 // rename(2) flags, same meaning as RENAME_NOREPLACE / RENAME_EXCHANGE.
 inline constexpr unsigned kRenameNoReplace = 1u << 0;
@@ -224,13 +229,29 @@ class WriteTxn : public Txn {
                         std::uint32_t uid = 0, std::uint32_t gid = 0, bool exclusive = false);
     Result<Attr> symlink(Ino parent, std::string_view name, std::string_view target,
                          std::uint32_t uid = 0, std::uint32_t gid = 0);
+    // mknod(2): a fifo, socket, character or block device (`rdev`) node: a plain node
+    // with no content that never forms, joins the accounting of or populates an entry
+    // (it belongs to the entry it is made in, and goes with it). A regular `mode` is
+    // create(..., exclusive); another type is EINVAL.
+    Result<Attr> mknod(Ino parent, std::string_view name, std::uint32_t mode, std::uint64_t rdev,
+                       std::uint32_t uid = 0, std::uint32_t gid = 0);
+    // link(2): `new_name` in `new_parent` becomes another name of `ino` (a file, symlink or
+    // special node; a directory is EPERM). Every name of a node stays inside its entry, so
+    // that an eviction removes an entry whole and exactly: a name that would belong to
+    // another entry (or form one) is EXDEV, as across file systems (ccache, cp and mv then
+    // copy). Outside every entry (bookkeeping, containers) names may be anywhere outside.
+    // EEXIST, EMLINK past kMaxLinks. The node's content and accounting are shared.
+    Result<Attr> link(Ino ino, Ino new_parent, std::string_view new_name);
+    // Removes one name; a node with other names keeps them (nlink drops).
     Status unlink(Ino parent, std::string_view name);
     Status rmdir(Ino parent, std::string_view name);
     // rename(2): replaces a target of the same kind (a directory only if empty:
     // ENOTEMPTY), EEXIST with kRenameNoReplace, EINVAL when moving a directory into
-    // itself. Moving a subtree across entries moves its accounting with it; a file
-    // renamed into place populates its entry (a miss) on behalf of `origin` (null:
-    // this process), replacing a file of an entry keeps the entry (no miss).
+    // itself; two names of one node: nothing happens. A node with several names moves
+    // only inside its entry, and so does a directory holding one (else EXDEV, see link). Moving a
+    // subtree across entries moves its accounting with it; a file renamed into place populates its
+    // entry (a miss) on behalf of `origin` (null: this process), replacing a file of an entry keeps
+    // the entry (no miss).
     Status rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
                   unsigned flags = 0, const Origin* origin = nullptr);
     Result<Attr> setattr(Ino ino, const SetAttr& changes);

@@ -43,9 +43,12 @@ Digest flat_digest_of(
     std::string_view bytes);  // XXH3-128 of all bytes: schema <= 2 keyed every file so
 Digest digest_of_segments(const std::vector<Digest>& segments);
 
-enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3 };
-// The type of a node with `mode` (its S_IFMT bits); anything but a directory or a
-// symlink is a regular file.
+// `special`: a fifo, socket, character or block device (schema 4). A cache never uses
+// them, but a file system holds them (mknod(2)): a plain node, its mode says which,
+// with no content, never an entry's file, never counted.
+enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3, special = 4 };
+// The type of a node with `mode` (its S_IFMT bits); anything but a directory, a
+// symlink or a special node is a regular file.
 FileType file_type_of(std::uint32_t mode);
 
 // Attributes of one node, as stat(2) would report them.
@@ -54,12 +57,14 @@ struct Attr {
     std::uint32_t mode = 0;  // full st_mode: S_IFREG/S_IFDIR/S_IFLNK | permission bits
     std::uint32_t uid = 0;
     std::uint32_t gid = 0;
-    std::uint32_t nlink = 1;
-    std::uint64_t size = 0;  // logical bytes (symlink: target length)
+    std::uint32_t nlink = 1;  // names: a file, symlink or special node may have several
+    std::uint64_t size = 0;   // logical bytes (symlink: target length)
     std::int64_t atime_ns = 0;
     std::int64_t mtime_ns = 0;
     std::int64_t ctime_ns = 0;
-    Ino parent = 0;            // directory holding it (root: itself)
+    std::uint64_t rdev = 0;    // character and block devices: the device (st_rdev)
+    Ino parent = 0;            // directory holding it (root: itself); with several
+                               // names (nlink > 1), the directory of its first
     Ino entry = 0;             // the entry it belongs to; 0 outside every entry
     std::uint16_t depth = 0;   // root is 0, its children 1, ...
     Digest digest;             // regular files: digest of the content
@@ -69,6 +74,7 @@ struct Attr {
     bool is_dir() const { return type() == FileType::directory; }
     bool is_regular() const { return type() == FileType::regular; }
     bool is_symlink() const { return type() == FileType::symlink; }
+    bool is_special() const { return type() == FileType::special; }
 };
 
 struct DirEntry {
