@@ -35,7 +35,7 @@ std::string image_dir(const EntryImage& image) {
 }
 
 std::string image_path(const EntryImage& image, const ImageFile& file) {
-    if (image.kind == EntryKind::node) return image.name + "/" + file.path;
+    if (image.kind == EntryKind::node && !image.single) return image.name + "/" + file.path;
     const std::string dir = image_dir(image);
     return dir.empty() ? file.path : dir + "/" + file.path;
 }
@@ -52,6 +52,15 @@ Status check_image(const EntryImage& image) {
         }
     } else if (image.kind != EntryKind::node) {
         return fail(EINVAL, fmt::format("entry '{}': unknown entry kind", image.name));
+    }
+    if (image.single) {
+        const std::string base = image.name.substr(dir.empty() ? 0 : dir.size() + 1);
+        if (image.kind != EntryKind::node || image.files.size() != 1 ||
+            image.files[0].path != base || image.files[0].type == FileType::directory) {
+            return fail(EINVAL, fmt::format("entry '{}': a single-file entry must be one file "
+                                            "named by the entry",
+                                            image.name));
+        }
     }
     std::map<std::string, FileType, std::less<>> seen;
     for (const ImageFile& f : image.files) {
@@ -106,8 +115,11 @@ Result<EntryImage> read_image(const Txn& txn, const EntryInfo& entry, bool conte
     image.created_ns = entry.created_ns;
     if (entry.kind == EntryKind::node) {
         const Attr dir = KCACHE_TRY(txn.getattr(entry.ino));
-        image.dir_mode = dir.mode & 07777;
-        image.dir_mtime_ns = dir.mtime_ns;
+        image.single = !dir.is_dir();
+        if (!image.single) {
+            image.dir_mode = dir.mode & 07777;
+            image.dir_mtime_ns = dir.mtime_ns;
+        }
     }
     std::vector<EntryFile> files;
     KCACHE_TRY(txn.for_each_entry_file(entry, [&](const EntryFile& f) {
@@ -147,7 +159,7 @@ Status write_image(WriteTxn& txn, const EntryImage& image, const ImageWrite& how
         return tx.log(EventKind::import, attr.entry ? attr.entry : attr.ino, parent_of_entry, name);
     };
     Ino top = parent_of_entry;
-    if (image.kind == EntryKind::node) {
+    if (image.kind == EntryKind::node && !image.single) {
         const std::string base = image.name.substr(image.name.rfind('/') + 1);
         auto existing = txn.lookup(parent_of_entry, base);  // an empty entry directory is filled
         auto dir = existing && existing->is_dir()
@@ -164,7 +176,7 @@ Status write_image(WriteTxn& txn, const EntryImage& image, const ImageWrite& how
     }
     for (const ImageFile& f : image.files) {
         const std::string parent_path =
-            image.kind == EntryKind::node ? dir_of(f.path) : std::string();
+            image.kind == EntryKind::node && !image.single ? dir_of(f.path) : std::string();
         const Ino parent = parent_path.empty() ? top : made.at(parent_path);
         const std::string name = f.path.substr(f.path.rfind('/') + 1);
         Result<Attr> attr = fail(EINVAL, "unknown node type");
@@ -195,9 +207,13 @@ Status write_image(WriteTxn& txn, const EntryImage& image, const ImageWrite& how
         SetAttr times;
         times.mtime_ns = f.mtime_ns;
         KCACHE_TRY(txn.setattr(attr->ino, times));
-        if (image.kind == EntryKind::stem) KCACHE_TRY(logged(*attr, name));
+        if (top == parent_of_entry) {  // a stem entry's file, or a single entry's node
+            KCACHE_TRY(logged(*attr, name));
+            if (image.single) top = attr->ino;
+        }
         made[f.path] = attr->ino;
     }
+    if (!how.same_entry) return {};
     auto formed = txn.find_entry(image.name);
     if (!formed || formed->kind != image.kind ||
         (image.kind == EntryKind::node && formed->ino != top)) {

@@ -4,7 +4,8 @@
 // validator (check_image) and one writer into the db (write_image).
 //
 // Paths in an image are relative, as in EntryFile: below the entry's directory (node
-// entries) or the file's name in the entry's directory (stem entries). A file's content
+// entries) or the file's name in the entry's directory (stem entries, and a node entry
+// that is one file, `single`). A file's content
 // is either carried (`has_content`) or referenced by its digest and size, resolved by
 // the writer's caller (blobs fetched apart, or already in the db).
 //
@@ -45,7 +46,10 @@ struct ImageFile {
 struct EntryImage {
     std::string name;  // EntryInfo::name
     EntryKind kind = EntryKind::node;
-    std::string stem;                          // stem entries
+    std::string stem;  // stem entries
+    // A node entry that is one file or symlink, not a directory (a schema-1 db's): its
+    // only file is the entry's node itself, named by the entry's last component.
+    bool single = false;
     std::uint32_t dir_mode = 0755;             // node entries: the entry directory's bits
     std::optional<std::int64_t> dir_mtime_ns;  // node entries: set when known
     Producer producer = Producer::unknown;
@@ -60,7 +64,8 @@ std::string image_path(const EntryImage& image, const ImageFile& file);
 
 // Everything an image could get wrong, whoever decoded it: the entry's name and every
 // path (check_path, at most kMaxImagePath), a stem entry's name being its directory and
-// its stem and its files being files named with the stem, a node entry's files coming
+// its stem and its files being files named with the stem, a single node entry being one
+// file named by the entry, a node entry's files coming
 // after their directory, no path twice, symlink targets inside the cache
 // (check_link_target), carried contents of the size declared. EINVAL, the message
 // naming the file.
@@ -76,11 +81,15 @@ struct ImageWrite {
     // Log an `import` event for the entry's top node(s), so that a daemon learns the
     // names from the log (bundle import does; a pull's writes are logged by the store).
     bool log_import = false;
+    // Check that the entry written forms the same entry here (EINVAL if not). Bundle
+    // import does not: a bundle may carry entries between dbs of other layouts, where
+    // what its files form is what the layout there says.
+    bool same_entry = true;
 };
 
 // Writes a checked image (check_image) into `txn`, making the directories above it
-// (like mkdir -p) and filling an empty entry directory already there, then checks that
-// the layout here forms the same entry (else EINVAL: the layout rules differ). The
+// (like mkdir -p) and filling an empty entry directory already there, then (same_entry)
+// checks that the layout here forms the same entry (else EINVAL: the rules differ). The
 // caller commits or drops the transaction; on any error it must drop it.
 Status write_image(WriteTxn& txn, const EntryImage& image, const ImageWrite& how = {});
 
