@@ -16,7 +16,7 @@
 #include <fmt/core.h>
 
 #include "client.hpp"
-#include "kcache/core/names.hpp"
+#include "kcache/core/entry_image.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "server.hpp"
@@ -46,7 +46,6 @@ struct Remote::Wanted {
 
 namespace {
 
-constexpr std::size_t kMaxPath = 0xffff;                              // the manifest's str16
 constexpr std::uint64_t kBytesPerRoundTrip = std::uint64_t{8} << 20;  // one pipeline's chunks
 // Blob bytes that one group of a batch holds in memory before it is written (at least one
 // entry's, whatever its size).
@@ -58,115 +57,33 @@ constexpr std::uint64_t kBytesPerTransaction = std::uint64_t{8} << 20;
 // Blob contents by digest: local copies, or the fetched ones.
 using BlobContents = std::map<core::Digest, const std::string*, proto::DigestLess>;
 
-// A relative path of valid names (core::check_path), as long as the manifest's str16 allows.
-Status check_path(std::string_view path, std::string_view what) {
-    if (auto s = core::check_path(path, kMaxPath); !s) {
-        return tl::unexpected(core::with_context(s.error(), std::string(what)));
-    }
-    return {};
-}
-
-std::string dir_of(std::string_view path) {
-    const std::size_t slash = path.rfind('/');
-    return slash == std::string_view::npos ? std::string() : std::string(path.substr(0, slash));
-}
-
-// Everything a hostile manifest could get wrong about names, checked before any
-// blob is fetched.
+// Everything a hostile manifest could get wrong about names, checked before any blob is
+// fetched: the image's rules (core::check_image, those of a bundle too), and the
+// protocol's own: the entry asked for, with files.
 Status check_manifest(const proto::Manifest& m, std::string_view asked) {
-    if (m.entry != asked)
-        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.entry));
-    if (auto s = check_path(m.entry, "entry"); !s) return s;
-    const std::string dir = dir_of(m.entry);
-    if (m.kind == core::EntryKind::stem) {
-        if (m.stem.empty() || m.entry != (dir.empty() ? m.stem : dir + "/" + m.stem)) {
-            return core::fail(EINVAL, "a stem entry's name must be its directory and its stem");
-        }
-    }
-    if (m.nodes.empty()) return core::fail(EINVAL, "the manifest has no files");
-    std::map<std::string, core::FileType, std::less<>> seen;
-    for (const proto::Node& n : m.nodes) {
-        if (auto s = check_path(n.path, "file"); !s) return s;
-        if (seen.count(n.path))
-            return core::fail(EINVAL, fmt::format("'{}' appears twice", n.path));
-        if (m.kind == core::EntryKind::stem) {
-            if (n.path.find('/') != std::string::npos || !n.path.starts_with(m.stem) ||
-                n.type == core::FileType::directory) {
-                return core::fail(EINVAL,
-                                  fmt::format("'{}' is not a file of stem '{}'", n.path, m.stem));
-            }
-        } else if (const std::string parent = dir_of(n.path); !parent.empty()) {
-            auto it = seen.find(parent);
-            if (it == seen.end() || it->second != core::FileType::directory) {
-                return core::fail(EINVAL, fmt::format("'{}' comes before its directory", n.path));
-            }
-        }
-        if (n.type == core::FileType::symlink) {
-            const std::string full = m.kind == core::EntryKind::stem
-                                         ? (dir.empty() ? n.path : dir + "/" + n.path)
-                                         : m.entry + "/" + n.path;
-            if (auto s = core::check_link_target(full, n.target); !s) return s;
-        }
-        seen.emplace(n.path, n.type);
-    }
-    return {};
+    if (m.name != asked)
+        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.name));
+    if (m.files.empty()) return core::fail(EINVAL, "the manifest has no files");
+    return core::check_image(m);
 }
 
-// Writes the checked manifest's nodes with their verified contents, then checks that
-// the layout here forms the same entry. The caller commits or drops the transaction.
+// A checked manifest's modes as a pull writes them: set-uid, set-gid and sticky bits
+// dropped (a pulled file runs as whoever runs it).
+void drop_special_bits(proto::Manifest& m) {
+    m.dir_mode &= 0777;
+    for (core::ImageFile& f : m.files) f.mode &= 0777;
+}
+
+// Writes the checked manifest's files with their verified contents (core::write_image).
+// The caller commits or drops the transaction.
 Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobContents& blobs) {
-    const core::Origin origin = core::Origin::current();
-    std::unordered_map<std::string, core::Ino> made;  // relative path -> ino
-    core::Ino top = 0;
-    if (m.kind == core::EntryKind::node) {
-        const core::Ino parent = KCACHE_TRY(txn.mkdirs(dir_of(m.entry)));
-        const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
-        auto existing = txn.lookup(parent, base);  // an empty entry directory is filled
-        auto dir = existing && existing->is_dir()
-                       ? existing
-                       : txn.mkdir(parent, base, m.dir_mode & 0777, getuid(), getgid());
-        if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
-        top = dir->ino;
-    } else {
-        auto parent = KCACHE_TRY(txn.mkdirs(dir_of(m.entry)));
-        top = parent;
-    }
-    for (const proto::Node& n : m.nodes) {
-        const std::string parent_path =
-            m.kind == core::EntryKind::node ? dir_of(n.path) : std::string();
-        const core::Ino parent = parent_path.empty() ? top : made.at(parent_path);
-        const std::string name = n.path.substr(n.path.rfind('/') + 1);
-        core::Result<core::Attr> attr = core::fail(EINVAL, "unknown node type");
-        switch (n.type) {
-            case core::FileType::directory:
-                attr = txn.mkdir(parent, name, n.mode & 0777, getuid(), getgid());
-                break;
-            case core::FileType::symlink:
-                attr = txn.symlink(parent, name, n.target, getuid(), getgid());
-                break;
-            case core::FileType::regular: {
-                attr = txn.create(parent, name, n.mode & 0777, getuid(), getgid(), true);
-                const std::string_view content = n.inlined || n.size == 0
-                                                     ? std::string_view(n.content)
-                                                     : std::string_view(*blobs.at(n.digest));
-                if (attr && !content.empty()) attr = txn.write(attr->ino, content, origin);
-                break;
-            }
-        }
-        if (!attr) return tl::unexpected(core::with_context(attr.error(), n.path));
-        core::SetAttr times;
-        times.mtime_ns = n.mtime_ns;
-        KCACHE_TRY(txn.setattr(attr->ino, times));
-        made[n.path] = attr->ino;
-    }
-    auto formed = txn.find_entry(m.entry);
-    if (!formed || formed->kind != m.kind ||
-        (m.kind == core::EntryKind::node && formed->ino != top)) {
-        return core::fail(
-            EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)",
-                                m.entry));
-    }
-    return {};
+    core::ImageWrite how;
+    how.content = [&](const core::ImageFile& f) -> std::optional<std::string_view> {
+        auto it = blobs.find(f.digest);
+        if (it == blobs.end()) return std::nullopt;
+        return std::string_view(*it->second);
+    };
+    return core::write_image(txn, m, how);
 }
 
 // One entry of a batch on its way.
@@ -371,12 +288,13 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
                     item.done = item.result;
                     continue;
                 }
-                for (const proto::Node& n : manifest->nodes) {
+                for (const proto::Node& n : manifest->files) {
                     if (n.type != core::FileType::regular) continue;
                     ++item.result.files;
                     item.result.bytes += n.size;
-                    if (!n.inlined) item.blob_bytes += n.size;
+                    if (!n.has_content) item.blob_bytes += n.size;
                 }
+                drop_special_bits(*manifest);
                 item.manifest = std::move(*manifest);
             }
             if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
@@ -402,8 +320,8 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
                 auto txn = store.read();
                 for (std::size_t i = first; i < last; ++i) {
                     if (items[i].done) continue;
-                    for (const proto::Node& n : items[i].manifest->nodes) {
-                        if (n.type != core::FileType::regular || n.inlined || n.size == 0 ||
+                    for (const proto::Node& n : items[i].manifest->files) {
+                        if (n.type != core::FileType::regular || n.has_content || n.size == 0 ||
                             local.count(n.digest) || wanted.count(n.digest))
                             continue;
                         if (txn) {
@@ -434,8 +352,8 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
                 Item& item = items[i];
                 if (item.done) continue;
                 const Wanted* bad = nullptr;
-                for (const proto::Node& n : item.manifest->nodes) {
-                    if (n.type != core::FileType::regular || n.inlined || n.size == 0) continue;
+                for (const proto::Node& n : item.manifest->files) {
+                    if (n.type != core::FileType::regular || n.has_content || n.size == 0) continue;
                     if (auto l = local.find(n.digest); l != local.end()) {
                         contents[i - first][n.digest] = &l->second;
                         continue;
