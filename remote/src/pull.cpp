@@ -23,6 +23,15 @@
 
 namespace kcache::remote {
 
+// One entry of a batch on its way.
+struct Remote::PullItem {
+    std::string name;
+    std::optional<Result<EntryResult>> done;  // set once the entry's outcome is known
+    EntryResult result;
+    std::optional<proto::Manifest> manifest;
+    std::uint64_t blob_bytes = 0;  // of its files that are not inlined
+};
+
 // A blob that a batch's entries need and the local db lacks.
 struct Remote::Wanted {
     core::Digest digest;
@@ -85,15 +94,6 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
     };
     return core::write_image(txn, m, how);
 }
-
-// One entry of a batch on its way.
-struct Item {
-    std::string name;
-    std::optional<Result<EntryResult>> done;  // set once the entry's outcome is known
-    EntryResult result;
-    std::optional<proto::Manifest> manifest;
-    std::uint64_t blob_bytes = 0;  // of its files that are not inlined
-};
 
 }  // namespace
 
@@ -220,86 +220,220 @@ void Remote::fetch_blobs(std::vector<Wanted*>& blobs) {
     }
 }
 
+// Marks the batch's entries the db has already: they are not asked for.
+void Remote::mark_local(core::Store& store, std::vector<PullItem>& items) {
+    auto txn = store.read();
+    for (PullItem& item : items) {
+        if (!txn) {
+            item.done = tl::unexpected(txn.error());
+            continue;
+        }
+        auto local = txn->find_entry(item.name);
+        if (local && local->files > 0) {
+            item.result.outcome = Outcome::already_local;
+            item.result.files = local->files;
+            item.result.bytes = local->bytes;
+            item.done = item.result;
+        } else if (!local && local.error().code != ENOENT) {
+            item.done = tl::unexpected(local.error());
+        }
+    }
+}
+
+// Fetches the manifests of the entries not done yet, one pipeline per server, each
+// decoded and checked (check_manifest) before any blob is fetched; a manifest that fails
+// is dropped from Redis and its entry is done (corrupt), a missing one a miss.
+void Remote::fetch_manifests(std::vector<PullItem>& items) {
+    std::map<Server*, std::vector<PullItem*>> by_server;
+    for (PullItem& item : items) {
+        if (!item.done)
+            by_server[&shard(proto::manifest_key(m_options.ns, item.name))].push_back(&item);
+    }
+    for (auto& [server, asked] : by_server) {
+        std::vector<Command> gets;
+        for (const PullItem* item : asked)
+            gets.push_back({"GET", proto::manifest_key(m_options.ns, item->name)});
+        auto replies = exec(*server, gets);
+        if (!replies) {
+            for (PullItem* item : asked) item->done = tl::unexpected(replies.error());
+            continue;
+        }
+        std::vector<Command> dels;  // manifests that failed their checks
+        for (std::size_t k = 0; k < asked.size(); ++k) {
+            PullItem& item = *asked[k];
+            const Reply& mr = (*replies)[k];
+            if (mr.type == Reply::Type::nil) {
+                m_counts.misses.fetch_add(1);
+                item.result.outcome = Outcome::miss;
+                item.done = item.result;
+                continue;
+            }
+            if (mr.type != Reply::Type::string) {
+                item.done = tl::unexpected(reply_error(*server, mr, "GET"));
+                continue;
+            }
+            auto manifest = proto::decode_manifest(mr.str);
+            Status checked = manifest ? check_manifest(*manifest, item.name)
+                                      : Status(tl::unexpected(manifest.error()));
+            if (!checked) {
+                // A manifest that fails its checksum or names anything it must not is
+                // dropped like a corrupt blob; SET NX would otherwise keep it for good.
+                m_counts.corrupt.fetch_add(1);
+                dels.push_back({"DEL", proto::manifest_key(m_options.ns, item.name)});
+                item.result.outcome = Outcome::corrupt;
+                item.result.detail = "manifest: " + checked.error().message;
+                item.done = item.result;
+                continue;
+            }
+            for (const proto::Node& n : manifest->files) {
+                if (n.type != core::FileType::regular) continue;
+                ++item.result.files;
+                item.result.bytes += n.size;
+                if (!n.has_content) item.blob_bytes += n.size;
+            }
+            drop_special_bits(*manifest);
+            item.manifest = std::move(*manifest);
+        }
+        if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
+    }
+}
+
+// Fetches the blobs of items [first, last) that the db lacks (a blob it holds is copied
+// from it), then writes the verified entries, a few to a transaction; each entry is
+// reported through `report_through` once written or failed. False: stopped.
+bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::size_t first,
+                        std::size_t last, const std::function<bool(std::size_t)>& report_through) {
+    std::map<core::Digest, Wanted, proto::DigestLess> wanted;
+    std::map<core::Digest, std::string, proto::DigestLess> local;
+    {
+        // A blob the db already holds (another entry's file, an earlier version)
+        // is copied from it, not fetched (if it cannot be read, it is fetched).
+        auto txn = store.read();
+        for (std::size_t i = first; i < last; ++i) {
+            if (items[i].done) continue;
+            for (const proto::Node& n : items[i].manifest->files) {
+                if (n.type != core::FileType::regular || n.has_content || n.size == 0 ||
+                    local.count(n.digest) || wanted.count(n.digest))
+                    continue;
+                if (txn) {
+                    auto present = txn->has_blob(n.digest);
+                    if (present && *present) {
+                        if (auto content = txn->read_blob(n.digest, n.size)) {
+                            local.emplace(n.digest, std::string(content->bytes()));
+                            continue;
+                        }
+                    }
+                }
+                Wanted& w = wanted[n.digest];
+                w.digest = n.digest;
+                w.size = n.size;
+                w.chunks = proto::chunk_count(n.size);
+                w.server = &shard(proto::blob_key(m_options.ns, n.digest));
+            }
+        }
+    }
+    std::vector<Wanted*> fetch;
+    for (auto& [digest, w] : wanted) fetch.push_back(&w);
+    fetch_blobs(fetch);
+
+    std::map<Server*, std::vector<Command>> dels;  // dangling manifests
+    std::vector<std::size_t> ready;                // verified, to be written
+    std::vector<BlobContents> contents(last - first);
+    for (std::size_t i = first; i < last; ++i) {
+        PullItem& item = items[i];
+        if (item.done) continue;
+        const Wanted* bad = nullptr;
+        for (const proto::Node& n : item.manifest->files) {
+            if (n.type != core::FileType::regular || n.has_content || n.size == 0) continue;
+            if (auto l = local.find(n.digest); l != local.end()) {
+                contents[i - first][n.digest] = &l->second;
+                continue;
+            }
+            const Wanted& w = wanted.at(n.digest);
+            if (w.state != Wanted::State::ok) {
+                bad = &w;
+                break;
+            }
+            contents[i - first][n.digest] = &w.content;
+        }
+        if (!bad) {
+            ready.push_back(i);
+        } else if (bad->state == Wanted::State::failed) {
+            item.done = tl::unexpected(*bad->error);
+        } else {
+            item.result.detail = bad->detail;
+            if (bad->state == Wanted::State::dangling) {
+                m_counts.dangling.fetch_add(1);
+                m_counts.misses.fetch_add(1);
+                item.result.outcome = Outcome::dangling;
+                // Useless without its blob, and SET NX would keep a fresh copy out:
+                // dropped, so the next push of the entry uploads it whole.
+                const std::string mkey = proto::manifest_key(m_options.ns, item.name);
+                dels[&shard(mkey)].push_back({"DEL", mkey});
+            } else {
+                m_counts.corrupt.fetch_add(1);
+                item.result.outcome = Outcome::corrupt;
+            }
+            item.done = item.result;
+        }
+    }
+    if (!m_options.read_only) {
+        for (const auto& [server, commands] : dels) (void)exec(*server, commands);
+    }
+
+    // Everything is here and verified: whole entries, a few to a transaction (one
+    // commit, one sync, one hold of the write lock of at most kBytesPerTransaction),
+    // nothing of an entry on any failure. An entry whose write fails undoes its
+    // transaction: those entries are then written one per transaction.
+    auto write = [&](std::size_t i, core::WriteTxn& txn) -> Status {
+        PullItem& item = items[i];
+        if (auto had = txn.find_entry(item.name); had && had->files > 0) {
+            item.result.outcome = Outcome::already_local;  // pulled meanwhile
+            return {};
+        }
+        if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
+            return tl::unexpected(core::with_context(s.error(), item.name));
+        item.result.outcome = Outcome::pulled;
+        return {};
+    };
+    auto write_together = [&](std::size_t from, std::size_t to) -> Status {
+        auto txn = KCACHE_TRY(store.write());
+        for (std::size_t k = from; k < to; ++k) {
+            if (auto s = write(ready[k], txn); !s) return s;
+        }
+        return txn.commit();
+    };
+    for (std::size_t from = 0; from < ready.size();) {
+        std::size_t to = from;
+        std::uint64_t bytes = 0;
+        while (to < ready.size() && (to == from || bytes < kBytesPerTransaction))
+            bytes += items[ready[to++]].result.bytes;
+        Status together = write_together(from, to);
+        for (std::size_t k = from; k < to; ++k) {
+            PullItem& item = items[ready[k]];
+            Status alone = together;
+            if (!together && to - from > 1) alone = write_together(k, k + 1);
+            if (!alone) {
+                item.done = tl::unexpected(alone.error());
+                continue;
+            }
+            if (item.result.outcome == Outcome::pulled) m_counts.hits.fetch_add(1);
+            item.done = item.result;
+        }
+        if (!report_through(to == ready.size() ? last - 1 : ready[to - 1])) return false;
+        from = to;
+    }
+    return report_through(last - 1);
+}
+
 bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& names,
                           const std::function<bool(std::size_t, Result<EntryResult>)>& each) {
     for (std::size_t base = 0; base < names.size(); base += kPullBatch) {
         const std::size_t end = std::min(names.size(), base + kPullBatch);
-        std::vector<Item> items(end - base);
+        std::vector<PullItem> items(end - base);
         for (std::size_t i = 0; i < items.size(); ++i) items[i].name = names[base + i];
-
-        {  // Entries the db has already: not asked for.
-            auto txn = store.read();
-            for (Item& item : items) {
-                if (!txn) {
-                    item.done = tl::unexpected(txn.error());
-                    continue;
-                }
-                auto local = txn->find_entry(item.name);
-                if (local && local->files > 0) {
-                    item.result.outcome = Outcome::already_local;
-                    item.result.files = local->files;
-                    item.result.bytes = local->bytes;
-                    item.done = item.result;
-                } else if (!local && local.error().code != ENOENT) {
-                    item.done = tl::unexpected(local.error());
-                }
-            }
-        }
-
-        // The manifests: one pipeline per server.
-        std::map<Server*, std::vector<Item*>> by_server;
-        for (Item& item : items) {
-            if (!item.done)
-                by_server[&shard(proto::manifest_key(m_options.ns, item.name))].push_back(&item);
-        }
-        for (auto& [server, asked] : by_server) {
-            std::vector<Command> gets;
-            for (const Item* item : asked)
-                gets.push_back({"GET", proto::manifest_key(m_options.ns, item->name)});
-            auto replies = exec(*server, gets);
-            if (!replies) {
-                for (Item* item : asked) item->done = tl::unexpected(replies.error());
-                continue;
-            }
-            std::vector<Command> dels;  // manifests that failed their checks
-            for (std::size_t k = 0; k < asked.size(); ++k) {
-                Item& item = *asked[k];
-                const Reply& mr = (*replies)[k];
-                if (mr.type == Reply::Type::nil) {
-                    m_counts.misses.fetch_add(1);
-                    item.result.outcome = Outcome::miss;
-                    item.done = item.result;
-                    continue;
-                }
-                if (mr.type != Reply::Type::string) {
-                    item.done = tl::unexpected(reply_error(*server, mr, "GET"));
-                    continue;
-                }
-                auto manifest = proto::decode_manifest(mr.str);
-                Status checked = manifest ? check_manifest(*manifest, item.name)
-                                          : Status(tl::unexpected(manifest.error()));
-                if (!checked) {
-                    // A manifest that fails its checksum or names anything it must not is
-                    // dropped like a corrupt blob; SET NX would otherwise keep it for good.
-                    m_counts.corrupt.fetch_add(1);
-                    dels.push_back({"DEL", proto::manifest_key(m_options.ns, item.name)});
-                    item.result.outcome = Outcome::corrupt;
-                    item.result.detail = "manifest: " + checked.error().message;
-                    item.done = item.result;
-                    continue;
-                }
-                for (const proto::Node& n : manifest->files) {
-                    if (n.type != core::FileType::regular) continue;
-                    ++item.result.files;
-                    item.result.bytes += n.size;
-                    if (!n.has_content) item.blob_bytes += n.size;
-                }
-                drop_special_bits(*manifest);
-                item.manifest = std::move(*manifest);
-            }
-            if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
-        }
-
+        mark_local(store, items);
+        fetch_manifests(items);
         // The blobs, a group of entries at a time (bounded memory), then their writes; each
         // entry is reported once it is written (or failed), in order. False: stopped, after
         // the entries written so far were all reported.
@@ -311,129 +445,6 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
             }
             return going;
         };
-        auto pull_group = [&](std::size_t first, std::size_t last) -> bool {
-            std::map<core::Digest, Wanted, proto::DigestLess> wanted;
-            std::map<core::Digest, std::string, proto::DigestLess> local;
-            {
-                // A blob the db already holds (another entry's file, an earlier version)
-                // is copied from it, not fetched (if it cannot be read, it is fetched).
-                auto txn = store.read();
-                for (std::size_t i = first; i < last; ++i) {
-                    if (items[i].done) continue;
-                    for (const proto::Node& n : items[i].manifest->files) {
-                        if (n.type != core::FileType::regular || n.has_content || n.size == 0 ||
-                            local.count(n.digest) || wanted.count(n.digest))
-                            continue;
-                        if (txn) {
-                            auto present = txn->has_blob(n.digest);
-                            if (present && *present) {
-                                if (auto content = txn->read_blob(n.digest, n.size)) {
-                                    local.emplace(n.digest, std::string(content->bytes()));
-                                    continue;
-                                }
-                            }
-                        }
-                        Wanted& w = wanted[n.digest];
-                        w.digest = n.digest;
-                        w.size = n.size;
-                        w.chunks = proto::chunk_count(n.size);
-                        w.server = &shard(proto::blob_key(m_options.ns, n.digest));
-                    }
-                }
-            }
-            std::vector<Wanted*> fetch;
-            for (auto& [digest, w] : wanted) fetch.push_back(&w);
-            fetch_blobs(fetch);
-
-            std::map<Server*, std::vector<Command>> dels;  // dangling manifests
-            std::vector<std::size_t> ready;                // verified, to be written
-            std::vector<BlobContents> contents(last - first);
-            for (std::size_t i = first; i < last; ++i) {
-                Item& item = items[i];
-                if (item.done) continue;
-                const Wanted* bad = nullptr;
-                for (const proto::Node& n : item.manifest->files) {
-                    if (n.type != core::FileType::regular || n.has_content || n.size == 0) continue;
-                    if (auto l = local.find(n.digest); l != local.end()) {
-                        contents[i - first][n.digest] = &l->second;
-                        continue;
-                    }
-                    const Wanted& w = wanted.at(n.digest);
-                    if (w.state != Wanted::State::ok) {
-                        bad = &w;
-                        break;
-                    }
-                    contents[i - first][n.digest] = &w.content;
-                }
-                if (!bad) {
-                    ready.push_back(i);
-                } else if (bad->state == Wanted::State::failed) {
-                    item.done = tl::unexpected(*bad->error);
-                } else {
-                    item.result.detail = bad->detail;
-                    if (bad->state == Wanted::State::dangling) {
-                        m_counts.dangling.fetch_add(1);
-                        m_counts.misses.fetch_add(1);
-                        item.result.outcome = Outcome::dangling;
-                        // Useless without its blob, and SET NX would keep a fresh copy out:
-                        // dropped, so the next push of the entry uploads it whole.
-                        const std::string mkey = proto::manifest_key(m_options.ns, item.name);
-                        dels[&shard(mkey)].push_back({"DEL", mkey});
-                    } else {
-                        m_counts.corrupt.fetch_add(1);
-                        item.result.outcome = Outcome::corrupt;
-                    }
-                    item.done = item.result;
-                }
-            }
-            if (!m_options.read_only) {
-                for (const auto& [server, commands] : dels) (void)exec(*server, commands);
-            }
-
-            // Everything is here and verified: whole entries, a few to a transaction (one
-            // commit, one sync, one hold of the write lock of at most kBytesPerTransaction),
-            // nothing of an entry on any failure. An entry whose write fails undoes its
-            // transaction: those entries are then written one per transaction.
-            auto write = [&](std::size_t i, core::WriteTxn& txn) -> Status {
-                Item& item = items[i];
-                if (auto had = txn.find_entry(item.name); had && had->files > 0) {
-                    item.result.outcome = Outcome::already_local;  // pulled meanwhile
-                    return {};
-                }
-                if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
-                    return tl::unexpected(core::with_context(s.error(), item.name));
-                item.result.outcome = Outcome::pulled;
-                return {};
-            };
-            auto write_together = [&](std::size_t from, std::size_t to) -> Status {
-                auto txn = KCACHE_TRY(store.write());
-                for (std::size_t k = from; k < to; ++k) {
-                    if (auto s = write(ready[k], txn); !s) return s;
-                }
-                return txn.commit();
-            };
-            for (std::size_t from = 0; from < ready.size();) {
-                std::size_t to = from;
-                std::uint64_t bytes = 0;
-                while (to < ready.size() && (to == from || bytes < kBytesPerTransaction))
-                    bytes += items[ready[to++]].result.bytes;
-                Status together = write_together(from, to);
-                for (std::size_t k = from; k < to; ++k) {
-                    Item& item = items[ready[k]];
-                    Status alone = together;
-                    if (!together && to - from > 1) alone = write_together(k, k + 1);
-                    if (!alone) {
-                        item.done = tl::unexpected(alone.error());
-                        continue;
-                    }
-                    if (item.result.outcome == Outcome::pulled) m_counts.hits.fetch_add(1);
-                    item.done = item.result;
-                }
-                if (!report_through(to == ready.size() ? last - 1 : ready[to - 1])) return false;
-                from = to;
-            }
-            return report_through(last - 1);
-        };
         for (std::size_t first = 0; first < items.size();) {
             std::size_t last = first;  // the group is [first, last)
             std::uint64_t group_bytes = 0;
@@ -441,7 +452,7 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
                 if (!items[last].done) group_bytes += items[last].blob_bytes;
                 ++last;
             }
-            if (!pull_group(first, last)) return false;
+            if (!pull_group(store, items, first, last, report_through)) return false;
             first = last;
         }
     }
