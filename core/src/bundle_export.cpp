@@ -57,10 +57,29 @@ class BundleWriter {
     std::uint64_t m_written = 0;
 };
 
-// Writes one node record and, for a directory, pushes its children.
-Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& path,
+// The stored form of a file's content, as a bundle carries it: compressed as stored, or,
+// for segmented contents and frames that name a dictionary, read whole and compressed
+// (segments and dictionaries stay in the db; a bundle is read where they are not).
+Result<std::pair<Content, Codec>> bundle_form(const Tx& tx, const ImageFile& f,
+                                              const std::string& path) {
+    if (f.digest.empty()) return std::pair{Content{}, Codec::raw};
+    auto r = KCACHE_TRY(tx.blob_ref(f.digest));
+    if (!r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
+    if (r->codec == Codec::segments || r->dictionary != 0) {
+        auto raw = ops::read_blob(tx, f.digest, f.size);
+        if (!raw) return tl::unexpected(with_context(raw.error(), path));
+        std::string compressed = ops::compressed_form(raw->bytes());
+        if (compressed.empty()) return std::pair{std::move(*raw), Codec::raw};
+        return std::pair{Content::owned(std::move(compressed)), Codec::zstd};
+    }
+    auto data = ops::stored_form(tx, f.digest, *r);
+    if (!data) return tl::unexpected(with_context(data.error(), path));
+    return std::pair{std::move(*data), r->codec};
+}
+
+// Writes one node record: `path` from the root, then what its type carries.
+Status export_node(const Tx& tx, BundleWriter& out, const ImageFile& f, const std::string& path,
                    ExportReport& report) {
-    auto node = KCACHE_TRY(tx.inode(ino));
     if (path.size() > kMaxBundlePath) {  // str16 would truncate its length
         return fail(ENAMETOOLONG,
                     fmt::format("'{}...': path too long for a bundle", path.substr(0, 64)));
@@ -69,77 +88,49 @@ Status export_node(const Tx& tx, BundleWriter& out, Ino ino, const std::string& 
     records::Writer w(rec);
     w.u8('N');
     w.str16(path);
-    const Attr attr = node.attr();
-    w.u8(static_cast<std::uint8_t>(attr.type()));
-    w.u32(node.mode);
-    w.i64(node.mtime_ns);
-    if (attr.is_regular()) {
-        Content stored_content;
-        Codec codec = Codec::raw;
-        if (!node.digest.empty()) {
-            auto r = KCACHE_TRY(tx.blob_ref(node.digest));
-            if (!r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
-            codec = r->codec;
-            if (codec == Codec::segments || r->dictionary != 0) {
-                // Segments stay in the db: the bundle carries the content, compressed
-                // whole when that saves space. So do dictionaries: a bundle is read
-                // where they are not, so its frames name none.
-                auto raw = ops::read_blob(tx, node.digest, node.size);
-                if (!raw) return tl::unexpected(with_context(raw.error(), path));
-                std::string compressed = ops::compressed_form(raw->bytes());
-                codec = compressed.empty() ? Codec::raw : Codec::zstd;
-                stored_content =
-                    compressed.empty() ? std::move(*raw) : Content::owned(std::move(compressed));
-            } else {
-                auto data = ops::stored_form(tx, node.digest, *r);
-                if (!data) return tl::unexpected(with_context(data.error(), path));
-                stored_content = std::move(*data);
-            }
-        }
-        const std::string_view stored = stored_content.bytes();
-        w.u64(node.size);
-        w.u64(node.digest.high);
-        w.u64(node.digest.low);
+    w.u8(static_cast<std::uint8_t>(f.type));
+    w.u32(f.mode);
+    w.i64(f.mtime_ns);
+    if (f.type == FileType::regular) {
+        auto [content, codec] = KCACHE_TRY(bundle_form(tx, f, path));
+        const std::string_view stored = content.bytes();
+        w.u64(f.size);
+        w.u64(f.digest.high);
+        w.u64(f.digest.low);
         w.u8(static_cast<std::uint8_t>(codec));
         w.u32(static_cast<std::uint32_t>(stored.size()));
         if (auto s = out.put(rec); !s) return s;
         if (auto s = out.put(stored); !s) return s;  // no copy of the content
         ++report.files;
-        report.bytes += node.size;
+        report.bytes += f.size;
         return {};
     }
-    if (attr.is_symlink()) w.str16(node.target);
+    if (f.type == FileType::symlink) w.str16(f.target);
     return out.put(rec);
 }
 
-Status export_entry(const Tx& tx, BundleWriter& out, const EntryInfo& entry, ExportReport& report,
+// An entry's record, its own node (a node entry's directory), then its image's files.
+Status export_entry(const Txn& txn, BundleWriter& out, const EntryInfo& entry, ExportReport& report,
                     std::uint64_t& nodes) {
+    const EntryImage image = KCACHE_TRY(read_image(txn, entry, false));
     std::string rec;
     records::Writer w(rec);
     w.u8('E');
     w.str16(entry.name);
     w.u8(static_cast<std::uint8_t>(entry.kind));
     if (auto s = out.put(rec); !s) return s;
-    const auto slash = entry.name.rfind('/');
-    const std::string dir =
-        slash == std::string::npos ? std::string() : entry.name.substr(0, slash + 1);
-    std::vector<std::pair<Ino, std::string>> work;
-    auto listed = ops::for_each_member(tx, entry, [&](const records::Inode& member) {
-        work.emplace_back(member.ino,
-                          entry.kind == EntryKind::node ? entry.name : dir + member.name);
-        return true;
-    });
-    if (!listed) return listed;
-    std::reverse(work.begin(), work.end());  // name order on pop
-    while (!work.empty()) {
-        auto [ino, path] = std::move(work.back());
-        work.pop_back();
-        if (auto s = export_node(tx, out, ino, path, report); !s) return s;
+    const Tx tx = TxnAccess::tx(txn);
+    if (entry.kind == EntryKind::node && !image.single) {
+        ImageFile own;
+        own.type = FileType::directory;
+        own.mode = image.dir_mode;
+        own.mtime_ns = image.dir_mtime_ns.value_or(0);
+        if (auto s = export_node(tx, out, own, entry.name, report); !s) return s;
         ++nodes;
-        auto children = KCACHE_TRY(tx.children(ino));
-        for (auto it = children.rbegin(); it != children.rend(); ++it) {  // name order on pop
-            work.emplace_back(it->second.child, path + "/" + it->first);
-        }
+    }
+    for (const ImageFile& f : image.files) {
+        if (auto s = export_node(tx, out, f, image_path(image, f), report); !s) return s;
+        ++nodes;
     }
     return {};
 }
@@ -176,9 +167,8 @@ Result<ExportReport> export_bundle(const Store& store, const std::vector<std::st
     if (auto s = writer.put(header); !s) return cleanup(s.error());
     ExportReport report;
     std::uint64_t nodes = 0;
-    Tx tx = TxnAccess::tx(txn);
     for (const auto& entry : selected) {
-        if (auto s = export_entry(tx, writer, entry, report, nodes); !s) return cleanup(s.error());
+        if (auto s = export_entry(txn, writer, entry, report, nodes); !s) return cleanup(s.error());
         ++report.entries;
         if (progress) progress(report.entries, selected.size());
     }

@@ -10,10 +10,11 @@
 //                file:    u64 raw-size u64 digest-high u64 digest-low u8 codec str32 bytes
 //                symlink: str16 target
 //   trailer  'Z' u64 entries u64 nodes, then 16 bytes: XXH3-128 of everything before them
-// Paths are relative to the cache root, at any depth. A node entry's nodes are its
-// node first, then the nodes below it in depth-first order, each path under the
-// entry's path. A stem entry (path: its directory and stem) has its files, each a
-// sibling named with the stem, and nothing below them.
+// Paths are relative to the cache root, at any depth. A mode is the node's permission
+// bits (older bundles: its whole st_mode, read as its permission bits). A node entry's nodes are
+// its node first, then the nodes below it in depth-first order, each path under the entry's path. A
+// stem entry (path: its directory and stem) has its files, each a sibling named with the stem, and
+// nothing below them.
 #pragma once
 
 #include <cstdio>
@@ -24,6 +25,7 @@
 
 #include <xxhash.h>
 
+#include "kcache/core/entry_image.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core::bundle {
@@ -52,20 +54,11 @@ struct FileCloser {
 };
 using File = std::unique_ptr<std::FILE, FileCloser>;
 
-struct BundleNode {
-    std::string path;
-    FileType type = FileType::regular;
-    std::uint32_t mode = 0;
-    std::int64_t mtime_ns = 0;
-    std::string content;  // raw (decompressed and digest-checked) for files
-    std::string target;   // symlinks
-};
-
-// Parses the whole bundle, calling on_entry / on_node for each record; fails on the
-// first malformed record, wrong digest or a bad checksum.
-Status parse_bundle(const std::string& path,
-                    const std::function<Status(const std::string&, EntryKind)>& on_entry,
-                    const std::function<Status(const BundleNode&)>& on_node,
+// Parses the whole bundle, calling on_image for each entry, decoded into its image
+// (entry_image.hpp: paths made relative, contents decompressed and digest-checked) and
+// checked by check_image; fails on the first malformed record, wrong digest, image that
+// fails its checks, or a bad checksum. One entry's contents are in memory at a time.
+Status parse_bundle(const std::string& path, const std::function<Status(EntryImage&&)>& on_image,
                     const ProgressFn& progress);
 
 }  // namespace kcache::core::bundle

@@ -4,7 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include <unordered_map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <zstd.h>
@@ -94,11 +94,7 @@ class BundleReader {
 
 }  // namespace
 
-// Parses the whole bundle, calling on_entry / on_node for each record; fails on the
-// first malformed record, wrong digest or a bad checksum.
-Status parse_bundle(const std::string& path,
-                    const std::function<Status(const std::string&, EntryKind)>& on_entry,
-                    const std::function<Status(const BundleNode&)>& on_node,
+Status parse_bundle(const std::string& path, const std::function<Status(EntryImage&&)>& on_image,
                     const ProgressFn& progress) {
     auto opened = KCACHE_TRY(BundleReader::open(path));
     BundleReader& in = opened;
@@ -111,20 +107,28 @@ Status parse_bundle(const std::string& path,
         return in.bad(fmt::format("unsupported format {}", format));
     }
 
-    std::string entry;  // current entry path
-    EntryKind kind = EntryKind::node;
-    std::string stem_dir, stem;  // stem entries: "dir/" and the stem
+    std::optional<EntryImage> image;  // the current entry's
+    bool own_node = false;            // a node entry's own node has been read
+    std::string prefix;               // what its paths start with: "entry/" or "dir/"
     std::uint64_t entries = 0, nodes = 0;
-    std::unordered_map<std::string, FileType> seen;  // paths of this entry
+    // The entry read so far, checked whole and handed on.
+    auto finish = [&]() -> Status {
+        if (!image) return {};
+        if (auto s = check_image(*image); !s) return in.bad(s.error().message);
+        Status s = on_image(std::move(*image));
+        image.reset();
+        return s;
+    };
     for (;;) {
         std::uint8_t tag = 0;
         if (auto s = in.read(tag); !s) return s;
         if (tag == 'Z') break;
         if (tag == 'E') {
+            if (auto s = finish(); !s) return s;
             auto name = KCACHE_TRY(in.str16());
             if (auto s = check_path(name, kMaxBundlePath); !s)
-                return in.bad("refused " + s.error().message);
-            kind = EntryKind::node;
+                return in.bad("refused entry: " + s.error().message);
+            EntryKind kind = EntryKind::node;
             if (format >= kFormatFlatDigests) {
                 std::uint8_t k = 0;
                 if (auto s = in.read(k); !s) return s;
@@ -132,65 +136,69 @@ Status parse_bundle(const std::string& path,
                     return in.bad("unknown entry kind");
                 kind = static_cast<EntryKind>(k);
             }
-            entry = std::move(name);
-            const auto slash = entry.rfind('/');
-            stem_dir = slash == std::string::npos ? std::string() : entry.substr(0, slash + 1);
-            stem = entry.substr(stem_dir.size());
-            seen.clear();
+            image.emplace();
+            image->name = std::move(name);
+            image->kind = kind;
+            const auto slash = image->name.rfind('/');
+            const std::string dir =
+                slash == std::string::npos ? std::string() : image->name.substr(0, slash + 1);
+            if (kind == EntryKind::stem) image->stem = image->name.substr(dir.size());
+            prefix = kind == EntryKind::stem ? dir : image->name + "/";
+            own_node = false;
             ++entries;
-            if (auto s = on_entry(entry, kind); !s) return s;
             continue;
         }
-        if (tag != 'N' || entry.empty()) return in.bad("unexpected record");
-        BundleNode node;
+        if (tag != 'N' || !image) return in.bad("unexpected record");
+        ImageFile node;
         auto p = KCACHE_TRY(in.str16());
-        node.path = std::move(p);
         std::uint8_t type = 0;
         if (auto s = in.read(type, node.mode, node.mtime_ns); !s) return s;
         if (type < 1 || type > 3) return in.bad("unknown node type");
         node.type = static_cast<FileType>(type);
-        if (auto s = check_path(node.path, kMaxBundlePath); !s)
-            return in.bad("refused " + s.error().message);
-        // A node entry's node first, then nodes whose parent came before in this entry;
-        // a stem entry's files, siblings named with its stem.
-        const bool stem_file = kind == EntryKind::stem && node.type != FileType::directory &&
-                               node.path.size() > stem_dir.size() &&
-                               node.path.compare(0, stem_dir.size(), stem_dir) == 0 &&
-                               node.path.find('/', stem_dir.size()) == std::string::npos &&
-                               node.path.compare(stem_dir.size(), stem.size(), stem) == 0;
-        if (kind == EntryKind::stem) {
-            if (!stem_file || seen.count(node.path)) {
-                return in.bad(
-                    fmt::format("node '{}' is not a file of stem entry '{}'", node.path, entry));
+        node.mode &= 07777;
+        // A node entry's own node first, then nodes below it; a stem entry's files,
+        // siblings of the entry's name (the image's checks do the rest).
+        if (image->kind == EntryKind::node && !own_node) {
+            if (p != image->name) return in.bad("entry must start with its own node");
+            own_node = true;
+            if (node.type == FileType::directory) {
+                image->dir_mode = node.mode;
+                image->dir_mtime_ns = node.mtime_ns;
+                ++nodes;
+                if (progress) progress(in.pos(), in.size());
+                continue;
             }
-        } else if (seen.empty() ? node.path != entry : false) {
-            return in.bad("entry must start with its own node");
-        } else if (!seen.empty()) {
-            const std::string parent = node.path.substr(0, node.path.rfind('/'));
-            auto it = seen.find(parent);
-            if (node.path.substr(0, entry.size() + 1) != entry + "/" || it == seen.end() ||
-                it->second != FileType::directory || seen.count(node.path)) {
-                return in.bad(fmt::format("node '{}' is not under a directory of entry '{}'",
-                                          node.path, entry));
-            }
+            image->single = true;  // a schema-1 entry that is one file
+            node.path = image->name.substr(image->name.rfind('/') + 1);
+        } else if (p.size() <= prefix.size() || p.compare(0, prefix.size(), prefix) != 0 ||
+                   (image->kind == EntryKind::stem &&
+                    p.find('/', prefix.size()) != std::string::npos)) {
+            return in.bad(
+                image->kind == EntryKind::stem
+                    ? fmt::format("node '{}' is not a file of stem entry '{}'", p, image->name)
+                    : fmt::format("node '{}' is not under a directory of entry '{}'", p,
+                                  image->name));
+        } else if (image->single) {
+            return in.bad(
+                fmt::format("node '{}' is not under a directory of entry '{}'", p, image->name));
+        } else {
+            node.path = p.substr(prefix.size());
         }
-        seen.emplace(node.path, node.type);
         if (node.type == FileType::regular) {
-            std::uint64_t raw_size = 0;
-            Digest declared;
             std::uint8_t codec = 0;
             std::uint32_t stored_len = 0;
-            if (auto s = in.read(raw_size, declared.high, declared.low, codec, stored_len); !s)
+            if (auto s = in.read(node.size, node.digest.high, node.digest.low, codec, stored_len);
+                !s)
                 return s;
             auto stored = KCACHE_TRY(in.bytes(stored_len));
             if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
-                if (raw_size > in.size() * 1024 + (1u << 20))
+                if (node.size > in.size() * 1024 + (1u << 20))
                     return in.bad("implausible file size");
-                node.content.assign(raw_size, '\0');
+                node.content.assign(node.size, '\0');
                 const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
                                                       stored.data(), stored.size());
-                if (ZSTD_isError(n) || n != raw_size)
-                    return in.bad(fmt::format("'{}' does not decompress", node.path));
+                if (ZSTD_isError(n) || n != node.size)
+                    return in.bad(fmt::format("'{}' does not decompress", p));
             } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
                 node.content = std::move(stored);
             } else {
@@ -198,21 +206,21 @@ Status parse_bundle(const std::string& path,
             }
             const Digest digest =
                 format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
-            if (node.content.size() != raw_size || !(digest == declared)) {
-                return in.bad(fmt::format("content of '{}' does not match its digest", node.path));
+            if (node.content.size() != node.size || !(digest == node.digest)) {
+                return in.bad(fmt::format("content of '{}' does not match its digest", p));
             }
+            if (format < kFormat) node.digest = digest_of(node.content);  // the db's digest
+            node.has_content = true;
         } else if (node.type == FileType::symlink) {
             auto target = KCACHE_TRY(in.str16());
             if (target.empty()) return in.bad("empty symlink target");
-            if (auto s = check_link_target(node.path, target); !s) {
-                return in.bad("refused " + s.error().message);
-            }
             node.target = std::move(target);
         }
+        image->files.push_back(std::move(node));
         ++nodes;
-        if (auto s = on_node(node); !s) return s;
         if (progress) progress(in.pos(), in.size());
     }
+    if (auto s = finish(); !s) return s;
     std::uint64_t count_entries = 0, count_nodes = 0;
     if (auto s = in.read(count_entries, count_nodes); !s) return s;
     const Digest computed = in.digest();

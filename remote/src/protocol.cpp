@@ -122,15 +122,15 @@ std::uint32_t chunk_count(std::uint64_t raw_size) {
 std::string encode(const Manifest& m) {
     std::string body;
     Writer w(body);
-    w.str16(m.entry);
+    w.str16(m.name);
     w.u8(static_cast<std::uint8_t>(m.kind));
     w.str16(m.stem);
     w.u32(m.dir_mode);
     w.u8(static_cast<std::uint8_t>(m.producer));
     w.str16(m.writer);
     w.u64(static_cast<std::uint64_t>(m.created_ns));
-    w.u32(static_cast<std::uint32_t>(m.nodes.size()));
-    for (const Node& n : m.nodes) {
+    w.u32(static_cast<std::uint32_t>(m.files.size()));
+    for (const Node& n : m.files) {
         w.str16(n.path);
         w.u8(static_cast<std::uint8_t>(n.type));
         w.u32(n.mode);
@@ -139,8 +139,8 @@ std::string encode(const Manifest& m) {
             w.u64(n.size);
             w.u64(n.digest.high);
             w.u64(n.digest.low);
-            w.u8(n.inlined ? 1 : 0);
-            if (n.inlined) w.str32(n.content);
+            w.u8(n.has_content ? 1 : 0);
+            if (n.has_content) w.str32(n.content);
         } else if (n.type == core::FileType::symlink) {
             w.str16(n.target);
         }
@@ -172,8 +172,8 @@ Result<Node> decode_node(ByteReader& r) {
             return bad("manifest: truncated file");
         if (n.size > core::kMaxFileSize) return bad("manifest: file size over the limit");
         if (inlined > 1) return bad("manifest: bad inline flag");
-        n.inlined = inlined == 1;
-        if (n.inlined) {
+        n.has_content = inlined == 1;
+        if (n.has_content) {
             auto content = r.str32();
             if (!content) return bad("manifest: truncated inline content");
             n.content.assign(*content);
@@ -213,7 +213,7 @@ Result<Manifest> decode_manifest(std::string_view value) {
     auto entry = r.str16();
     std::uint8_t kind = 0;
     if (!entry || !r.read(kind)) return bad("manifest: truncated header");
-    m.entry.assign(*entry);
+    m.name.assign(*entry);
     auto stem = r.str16();
     std::uint8_t producer = 0;
     if (!stem || !r.read(m.dir_mode, producer)) return bad("manifest: truncated header");
@@ -229,11 +229,11 @@ Result<Manifest> decode_manifest(std::string_view value) {
                      ? static_cast<core::Producer>(producer)
                      : core::Producer::unknown;
     if (count > kMaxNodes) return bad(fmt::format("manifest: {} nodes is over the limit", count));
-    m.nodes.reserve(count);
+    m.files.reserve(count);
     for (std::uint32_t i = 0; i < count; ++i) {
         auto node = decode_node(r);
         if (!node) return tl::unexpected(node.error());
-        m.nodes.push_back(std::move(*node));
+        m.files.push_back(std::move(*node));
     }
     if (!r.at_end()) return bad("manifest: trailing or missing bytes");
     return m;

@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kcache/core/entry_image.hpp"
 #include "kcache/core/error.hpp"
 #include "kcache/core/types.hpp"
 
@@ -64,34 +65,19 @@ std::string lease_key(std::string_view ns, std::string_view entry);
 // Chunks a blob of `raw_size` bytes takes (0 for empty content).
 std::uint32_t chunk_count(std::uint64_t raw_size);
 
-struct Node {
-    std::string path;  // node entry: below the entry's directory; stem entry: the file's name
-    core::FileType type = core::FileType::regular;
-    std::uint32_t mode = 0;  // permission bits
-    std::int64_t mtime_ns = 0;
-    std::uint64_t size = 0;  // regular files
-    core::Digest digest;     // regular files
-    bool inlined = false;    // the content is `content`, else the blob `digest`
-    std::string content;     // inlined files
-    std::string target;      // symlinks
-};
-
-struct Manifest {
-    std::string entry;  // the entry's name in the cache (EntryInfo::name)
-    core::EntryKind kind = core::EntryKind::node;
-    std::string stem;               // stem entries
-    std::uint32_t dir_mode = 0755;  // node entries: the entry directory's permission bits
-    core::Producer producer = core::Producer::unknown;
+// A manifest is one encoding of an entry image (kcache/core/entry_image.hpp; a bundle is
+// the other): its files carry their content (`has_content`, files up to kInlineMax)
+// or name the blob `digest`. The entry directory's time is not carried.
+using Node = core::ImageFile;
+struct Manifest : core::EntryImage {
     std::string writer;  // host (and mount point, from the daemon) that wrote it
-    std::int64_t created_ns = 0;
-    std::vector<Node> nodes;  // directories before what they hold
 };
 
 // The manifest's value: body zstd-compressed, with an XXH3-128 checksum of the body.
 std::string encode(const Manifest& manifest);
 // EBADMSG naming the fault for anything malformed: bad magic, lengths past the end,
 // counts over the limits, an inlined file whose bytes do not match its digest, or a
-// checksum mismatch. Paths and targets are checked by the writer of the entry.
+// checksum mismatch. Names, paths and targets are core::check_image's (the puller's).
 Result<Manifest> decode_manifest(std::string_view value);
 
 struct BlobHeader {

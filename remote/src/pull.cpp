@@ -16,12 +16,21 @@
 #include <fmt/core.h>
 
 #include "client.hpp"
-#include "kcache/core/names.hpp"
+#include "kcache/core/entry_image.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "server.hpp"
 
 namespace kcache::remote {
+
+// One entry of a batch on its way.
+struct Remote::PullItem {
+    std::string name;
+    std::optional<Result<EntryResult>> done;  // set once the entry's outcome is known
+    EntryResult result;
+    std::optional<proto::Manifest> manifest;
+    std::uint64_t blob_bytes = 0;  // of its files that are not inlined
+};
 
 // A blob that a batch's entries need and the local db lacks.
 struct Remote::Wanted {
@@ -46,7 +55,6 @@ struct Remote::Wanted {
 
 namespace {
 
-constexpr std::size_t kMaxPath = 0xffff;                              // the manifest's str16
 constexpr std::uint64_t kBytesPerRoundTrip = std::uint64_t{8} << 20;  // one pipeline's chunks
 // Blob bytes that one group of a batch holds in memory before it is written (at least one
 // entry's, whatever its size).
@@ -58,127 +66,34 @@ constexpr std::uint64_t kBytesPerTransaction = std::uint64_t{8} << 20;
 // Blob contents by digest: local copies, or the fetched ones.
 using BlobContents = std::map<core::Digest, const std::string*, proto::DigestLess>;
 
-// A relative path of valid names (core::check_path), as long as the manifest's str16 allows.
-Status check_path(std::string_view path, std::string_view what) {
-    if (auto s = core::check_path(path, kMaxPath); !s) {
-        return tl::unexpected(core::with_context(s.error(), std::string(what)));
-    }
-    return {};
-}
-
-std::string dir_of(std::string_view path) {
-    const std::size_t slash = path.rfind('/');
-    return slash == std::string_view::npos ? std::string() : std::string(path.substr(0, slash));
-}
-
-// Everything a hostile manifest could get wrong about names, checked before any
-// blob is fetched.
+// Everything a hostile manifest could get wrong about names, checked before any blob is
+// fetched: the image's rules (core::check_image, those of a bundle too), and the
+// protocol's own: the entry asked for, with files.
 Status check_manifest(const proto::Manifest& m, std::string_view asked) {
-    if (m.entry != asked)
-        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.entry));
-    if (auto s = check_path(m.entry, "entry"); !s) return s;
-    const std::string dir = dir_of(m.entry);
-    if (m.kind == core::EntryKind::stem) {
-        if (m.stem.empty() || m.entry != (dir.empty() ? m.stem : dir + "/" + m.stem)) {
-            return core::fail(EINVAL, "a stem entry's name must be its directory and its stem");
-        }
-    }
-    if (m.nodes.empty()) return core::fail(EINVAL, "the manifest has no files");
-    std::map<std::string, core::FileType, std::less<>> seen;
-    for (const proto::Node& n : m.nodes) {
-        if (auto s = check_path(n.path, "file"); !s) return s;
-        if (seen.count(n.path))
-            return core::fail(EINVAL, fmt::format("'{}' appears twice", n.path));
-        if (m.kind == core::EntryKind::stem) {
-            if (n.path.find('/') != std::string::npos || !n.path.starts_with(m.stem) ||
-                n.type == core::FileType::directory) {
-                return core::fail(EINVAL,
-                                  fmt::format("'{}' is not a file of stem '{}'", n.path, m.stem));
-            }
-        } else if (const std::string parent = dir_of(n.path); !parent.empty()) {
-            auto it = seen.find(parent);
-            if (it == seen.end() || it->second != core::FileType::directory) {
-                return core::fail(EINVAL, fmt::format("'{}' comes before its directory", n.path));
-            }
-        }
-        if (n.type == core::FileType::symlink) {
-            const std::string full = m.kind == core::EntryKind::stem
-                                         ? (dir.empty() ? n.path : dir + "/" + n.path)
-                                         : m.entry + "/" + n.path;
-            if (auto s = core::check_link_target(full, n.target); !s) return s;
-        }
-        seen.emplace(n.path, n.type);
-    }
-    return {};
+    if (m.name != asked)
+        return core::fail(EINVAL, fmt::format("the manifest names another entry, '{}'", m.name));
+    if (m.files.empty()) return core::fail(EINVAL, "the manifest has no files");
+    return core::check_image(m);
 }
 
-// Writes the checked manifest's nodes with their verified contents, then checks that
-// the layout here forms the same entry. The caller commits or drops the transaction.
+// A checked manifest's modes as a pull writes them: set-uid, set-gid and sticky bits
+// dropped (a pulled file runs as whoever runs it).
+void drop_special_bits(proto::Manifest& m) {
+    m.dir_mode &= 0777;
+    for (core::ImageFile& f : m.files) f.mode &= 0777;
+}
+
+// Writes the checked manifest's files with their verified contents (core::write_image).
+// The caller commits or drops the transaction.
 Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobContents& blobs) {
-    const core::Origin origin = core::Origin::current();
-    std::unordered_map<std::string, core::Ino> made;  // relative path -> ino
-    core::Ino top = 0;
-    if (m.kind == core::EntryKind::node) {
-        const core::Ino parent = KCACHE_TRY(txn.mkdirs(dir_of(m.entry)));
-        const std::string base = m.entry.substr(m.entry.rfind('/') + 1);
-        auto existing = txn.lookup(parent, base);  // an empty entry directory is filled
-        auto dir = existing && existing->is_dir()
-                       ? existing
-                       : txn.mkdir(parent, base, m.dir_mode & 0777, getuid(), getgid());
-        if (!dir) return tl::unexpected(core::with_context(dir.error(), m.entry));
-        top = dir->ino;
-    } else {
-        auto parent = KCACHE_TRY(txn.mkdirs(dir_of(m.entry)));
-        top = parent;
-    }
-    for (const proto::Node& n : m.nodes) {
-        const std::string parent_path =
-            m.kind == core::EntryKind::node ? dir_of(n.path) : std::string();
-        const core::Ino parent = parent_path.empty() ? top : made.at(parent_path);
-        const std::string name = n.path.substr(n.path.rfind('/') + 1);
-        core::Result<core::Attr> attr = core::fail(EINVAL, "unknown node type");
-        switch (n.type) {
-            case core::FileType::directory:
-                attr = txn.mkdir(parent, name, n.mode & 0777, getuid(), getgid());
-                break;
-            case core::FileType::symlink:
-                attr = txn.symlink(parent, name, n.target, getuid(), getgid());
-                break;
-            case core::FileType::regular: {
-                attr = txn.create(parent, name, n.mode & 0777, getuid(), getgid(), true);
-                const std::string_view content = n.inlined || n.size == 0
-                                                     ? std::string_view(n.content)
-                                                     : std::string_view(*blobs.at(n.digest));
-                if (attr && !content.empty()) attr = txn.write(attr->ino, content, origin);
-                break;
-            }
-            case core::FileType::special:  // never pushed; the manifest parser refuses it
-                break;
-        }
-        if (!attr) return tl::unexpected(core::with_context(attr.error(), n.path));
-        core::SetAttr times;
-        times.mtime_ns = n.mtime_ns;
-        KCACHE_TRY(txn.setattr(attr->ino, times));
-        made[n.path] = attr->ino;
-    }
-    auto formed = txn.find_entry(m.entry);
-    if (!formed || formed->kind != m.kind ||
-        (m.kind == core::EntryKind::node && formed->ino != top)) {
-        return core::fail(
-            EINVAL, fmt::format("'{}' would not form the same entry here (the layout rules differ)",
-                                m.entry));
-    }
-    return {};
+    core::ImageWrite how;
+    how.content = [&](const core::ImageFile& f) -> std::optional<std::string_view> {
+        auto it = blobs.find(f.digest);
+        if (it == blobs.end()) return std::nullopt;
+        return std::string_view(*it->second);
+    };
+    return core::write_image(txn, m, how);
 }
-
-// One entry of a batch on its way.
-struct Item {
-    std::string name;
-    std::optional<Result<EntryResult>> done;  // set once the entry's outcome is known
-    EntryResult result;
-    std::optional<proto::Manifest> manifest;
-    std::uint64_t blob_bytes = 0;  // of its files that are not inlined
-};
 
 }  // namespace
 
@@ -305,85 +220,220 @@ void Remote::fetch_blobs(std::vector<Wanted*>& blobs) {
     }
 }
 
+// Marks the batch's entries the db has already: they are not asked for.
+void Remote::mark_local(core::Store& store, std::vector<PullItem>& items) {
+    auto txn = store.read();
+    for (PullItem& item : items) {
+        if (!txn) {
+            item.done = tl::unexpected(txn.error());
+            continue;
+        }
+        auto local = txn->find_entry(item.name);
+        if (local && local->files > 0) {
+            item.result.outcome = Outcome::already_local;
+            item.result.files = local->files;
+            item.result.bytes = local->bytes;
+            item.done = item.result;
+        } else if (!local && local.error().code != ENOENT) {
+            item.done = tl::unexpected(local.error());
+        }
+    }
+}
+
+// Fetches the manifests of the entries not done yet, one pipeline per server, each
+// decoded and checked (check_manifest) before any blob is fetched; a manifest that fails
+// is dropped from Redis and its entry is done (corrupt), a missing one a miss.
+void Remote::fetch_manifests(std::vector<PullItem>& items) {
+    std::map<Server*, std::vector<PullItem*>> by_server;
+    for (PullItem& item : items) {
+        if (!item.done)
+            by_server[&shard(proto::manifest_key(m_options.ns, item.name))].push_back(&item);
+    }
+    for (auto& [server, asked] : by_server) {
+        std::vector<Command> gets;
+        for (const PullItem* item : asked)
+            gets.push_back({"GET", proto::manifest_key(m_options.ns, item->name)});
+        auto replies = exec(*server, gets);
+        if (!replies) {
+            for (PullItem* item : asked) item->done = tl::unexpected(replies.error());
+            continue;
+        }
+        std::vector<Command> dels;  // manifests that failed their checks
+        for (std::size_t k = 0; k < asked.size(); ++k) {
+            PullItem& item = *asked[k];
+            const Reply& mr = (*replies)[k];
+            if (mr.type == Reply::Type::nil) {
+                m_counts.misses.fetch_add(1);
+                item.result.outcome = Outcome::miss;
+                item.done = item.result;
+                continue;
+            }
+            if (mr.type != Reply::Type::string) {
+                item.done = tl::unexpected(reply_error(*server, mr, "GET"));
+                continue;
+            }
+            auto manifest = proto::decode_manifest(mr.str);
+            Status checked = manifest ? check_manifest(*manifest, item.name)
+                                      : Status(tl::unexpected(manifest.error()));
+            if (!checked) {
+                // A manifest that fails its checksum or names anything it must not is
+                // dropped like a corrupt blob; SET NX would otherwise keep it for good.
+                m_counts.corrupt.fetch_add(1);
+                dels.push_back({"DEL", proto::manifest_key(m_options.ns, item.name)});
+                item.result.outcome = Outcome::corrupt;
+                item.result.detail = "manifest: " + checked.error().message;
+                item.done = item.result;
+                continue;
+            }
+            for (const proto::Node& n : manifest->files) {
+                if (n.type != core::FileType::regular) continue;
+                ++item.result.files;
+                item.result.bytes += n.size;
+                if (!n.has_content) item.blob_bytes += n.size;
+            }
+            drop_special_bits(*manifest);
+            item.manifest = std::move(*manifest);
+        }
+        if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
+    }
+}
+
+// Fetches the blobs of items [first, last) that the db lacks (a blob it holds is copied
+// from it), then writes the verified entries, a few to a transaction; each entry is
+// reported through `report_through` once written or failed. False: stopped.
+bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::size_t first,
+                        std::size_t last, const std::function<bool(std::size_t)>& report_through) {
+    std::map<core::Digest, Wanted, proto::DigestLess> wanted;
+    std::map<core::Digest, std::string, proto::DigestLess> local;
+    {
+        // A blob the db already holds (another entry's file, an earlier version)
+        // is copied from it, not fetched (if it cannot be read, it is fetched).
+        auto txn = store.read();
+        for (std::size_t i = first; i < last; ++i) {
+            if (items[i].done) continue;
+            for (const proto::Node& n : items[i].manifest->files) {
+                if (n.type != core::FileType::regular || n.has_content || n.size == 0 ||
+                    local.count(n.digest) || wanted.count(n.digest))
+                    continue;
+                if (txn) {
+                    auto present = txn->has_blob(n.digest);
+                    if (present && *present) {
+                        if (auto content = txn->read_blob(n.digest, n.size)) {
+                            local.emplace(n.digest, std::string(content->bytes()));
+                            continue;
+                        }
+                    }
+                }
+                Wanted& w = wanted[n.digest];
+                w.digest = n.digest;
+                w.size = n.size;
+                w.chunks = proto::chunk_count(n.size);
+                w.server = &shard(proto::blob_key(m_options.ns, n.digest));
+            }
+        }
+    }
+    std::vector<Wanted*> fetch;
+    for (auto& [digest, w] : wanted) fetch.push_back(&w);
+    fetch_blobs(fetch);
+
+    std::map<Server*, std::vector<Command>> dels;  // dangling manifests
+    std::vector<std::size_t> ready;                // verified, to be written
+    std::vector<BlobContents> contents(last - first);
+    for (std::size_t i = first; i < last; ++i) {
+        PullItem& item = items[i];
+        if (item.done) continue;
+        const Wanted* bad = nullptr;
+        for (const proto::Node& n : item.manifest->files) {
+            if (n.type != core::FileType::regular || n.has_content || n.size == 0) continue;
+            if (auto l = local.find(n.digest); l != local.end()) {
+                contents[i - first][n.digest] = &l->second;
+                continue;
+            }
+            const Wanted& w = wanted.at(n.digest);
+            if (w.state != Wanted::State::ok) {
+                bad = &w;
+                break;
+            }
+            contents[i - first][n.digest] = &w.content;
+        }
+        if (!bad) {
+            ready.push_back(i);
+        } else if (bad->state == Wanted::State::failed) {
+            item.done = tl::unexpected(*bad->error);
+        } else {
+            item.result.detail = bad->detail;
+            if (bad->state == Wanted::State::dangling) {
+                m_counts.dangling.fetch_add(1);
+                m_counts.misses.fetch_add(1);
+                item.result.outcome = Outcome::dangling;
+                // Useless without its blob, and SET NX would keep a fresh copy out:
+                // dropped, so the next push of the entry uploads it whole.
+                const std::string mkey = proto::manifest_key(m_options.ns, item.name);
+                dels[&shard(mkey)].push_back({"DEL", mkey});
+            } else {
+                m_counts.corrupt.fetch_add(1);
+                item.result.outcome = Outcome::corrupt;
+            }
+            item.done = item.result;
+        }
+    }
+    if (!m_options.read_only) {
+        for (const auto& [server, commands] : dels) (void)exec(*server, commands);
+    }
+
+    // Everything is here and verified: whole entries, a few to a transaction (one
+    // commit, one sync, one hold of the write lock of at most kBytesPerTransaction),
+    // nothing of an entry on any failure. An entry whose write fails undoes its
+    // transaction: those entries are then written one per transaction.
+    auto write = [&](std::size_t i, core::WriteTxn& txn) -> Status {
+        PullItem& item = items[i];
+        if (auto had = txn.find_entry(item.name); had && had->files > 0) {
+            item.result.outcome = Outcome::already_local;  // pulled meanwhile
+            return {};
+        }
+        if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
+            return tl::unexpected(core::with_context(s.error(), item.name));
+        item.result.outcome = Outcome::pulled;
+        return {};
+    };
+    auto write_together = [&](std::size_t from, std::size_t to) -> Status {
+        auto txn = KCACHE_TRY(store.write());
+        for (std::size_t k = from; k < to; ++k) {
+            if (auto s = write(ready[k], txn); !s) return s;
+        }
+        return txn.commit();
+    };
+    for (std::size_t from = 0; from < ready.size();) {
+        std::size_t to = from;
+        std::uint64_t bytes = 0;
+        while (to < ready.size() && (to == from || bytes < kBytesPerTransaction))
+            bytes += items[ready[to++]].result.bytes;
+        Status together = write_together(from, to);
+        for (std::size_t k = from; k < to; ++k) {
+            PullItem& item = items[ready[k]];
+            Status alone = together;
+            if (!together && to - from > 1) alone = write_together(k, k + 1);
+            if (!alone) {
+                item.done = tl::unexpected(alone.error());
+                continue;
+            }
+            if (item.result.outcome == Outcome::pulled) m_counts.hits.fetch_add(1);
+            item.done = item.result;
+        }
+        if (!report_through(to == ready.size() ? last - 1 : ready[to - 1])) return false;
+        from = to;
+    }
+    return report_through(last - 1);
+}
+
 bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& names,
                           const std::function<bool(std::size_t, Result<EntryResult>)>& each) {
     for (std::size_t base = 0; base < names.size(); base += kPullBatch) {
         const std::size_t end = std::min(names.size(), base + kPullBatch);
-        std::vector<Item> items(end - base);
+        std::vector<PullItem> items(end - base);
         for (std::size_t i = 0; i < items.size(); ++i) items[i].name = names[base + i];
-
-        {  // Entries the db has already: not asked for.
-            auto txn = store.read();
-            for (Item& item : items) {
-                if (!txn) {
-                    item.done = tl::unexpected(txn.error());
-                    continue;
-                }
-                auto local = txn->find_entry(item.name);
-                if (local && local->files > 0) {
-                    item.result.outcome = Outcome::already_local;
-                    item.result.files = local->files;
-                    item.result.bytes = local->bytes;
-                    item.done = item.result;
-                } else if (!local && local.error().code != ENOENT) {
-                    item.done = tl::unexpected(local.error());
-                }
-            }
-        }
-
-        // The manifests: one pipeline per server.
-        std::map<Server*, std::vector<Item*>> by_server;
-        for (Item& item : items) {
-            if (!item.done)
-                by_server[&shard(proto::manifest_key(m_options.ns, item.name))].push_back(&item);
-        }
-        for (auto& [server, asked] : by_server) {
-            std::vector<Command> gets;
-            for (const Item* item : asked)
-                gets.push_back({"GET", proto::manifest_key(m_options.ns, item->name)});
-            auto replies = exec(*server, gets);
-            if (!replies) {
-                for (Item* item : asked) item->done = tl::unexpected(replies.error());
-                continue;
-            }
-            std::vector<Command> dels;  // manifests that failed their checks
-            for (std::size_t k = 0; k < asked.size(); ++k) {
-                Item& item = *asked[k];
-                const Reply& mr = (*replies)[k];
-                if (mr.type == Reply::Type::nil) {
-                    m_counts.misses.fetch_add(1);
-                    item.result.outcome = Outcome::miss;
-                    item.done = item.result;
-                    continue;
-                }
-                if (mr.type != Reply::Type::string) {
-                    item.done = tl::unexpected(reply_error(*server, mr, "GET"));
-                    continue;
-                }
-                auto manifest = proto::decode_manifest(mr.str);
-                Status checked = manifest ? check_manifest(*manifest, item.name)
-                                          : Status(tl::unexpected(manifest.error()));
-                if (!checked) {
-                    // A manifest that fails its checksum or names anything it must not is
-                    // dropped like a corrupt blob; SET NX would otherwise keep it for good.
-                    m_counts.corrupt.fetch_add(1);
-                    dels.push_back({"DEL", proto::manifest_key(m_options.ns, item.name)});
-                    item.result.outcome = Outcome::corrupt;
-                    item.result.detail = "manifest: " + checked.error().message;
-                    item.done = item.result;
-                    continue;
-                }
-                for (const proto::Node& n : manifest->nodes) {
-                    if (n.type != core::FileType::regular) continue;
-                    ++item.result.files;
-                    item.result.bytes += n.size;
-                    if (!n.inlined) item.blob_bytes += n.size;
-                }
-                item.manifest = std::move(*manifest);
-            }
-            if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
-        }
-
+        mark_local(store, items);
+        fetch_manifests(items);
         // The blobs, a group of entries at a time (bounded memory), then their writes; each
         // entry is reported once it is written (or failed), in order. False: stopped, after
         // the entries written so far were all reported.
@@ -395,129 +445,6 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
             }
             return going;
         };
-        auto pull_group = [&](std::size_t first, std::size_t last) -> bool {
-            std::map<core::Digest, Wanted, proto::DigestLess> wanted;
-            std::map<core::Digest, std::string, proto::DigestLess> local;
-            {
-                // A blob the db already holds (another entry's file, an earlier version)
-                // is copied from it, not fetched (if it cannot be read, it is fetched).
-                auto txn = store.read();
-                for (std::size_t i = first; i < last; ++i) {
-                    if (items[i].done) continue;
-                    for (const proto::Node& n : items[i].manifest->nodes) {
-                        if (n.type != core::FileType::regular || n.inlined || n.size == 0 ||
-                            local.count(n.digest) || wanted.count(n.digest))
-                            continue;
-                        if (txn) {
-                            auto present = txn->has_blob(n.digest);
-                            if (present && *present) {
-                                if (auto content = txn->read_blob(n.digest, n.size)) {
-                                    local.emplace(n.digest, std::string(content->bytes()));
-                                    continue;
-                                }
-                            }
-                        }
-                        Wanted& w = wanted[n.digest];
-                        w.digest = n.digest;
-                        w.size = n.size;
-                        w.chunks = proto::chunk_count(n.size);
-                        w.server = &shard(proto::blob_key(m_options.ns, n.digest));
-                    }
-                }
-            }
-            std::vector<Wanted*> fetch;
-            for (auto& [digest, w] : wanted) fetch.push_back(&w);
-            fetch_blobs(fetch);
-
-            std::map<Server*, std::vector<Command>> dels;  // dangling manifests
-            std::vector<std::size_t> ready;                // verified, to be written
-            std::vector<BlobContents> contents(last - first);
-            for (std::size_t i = first; i < last; ++i) {
-                Item& item = items[i];
-                if (item.done) continue;
-                const Wanted* bad = nullptr;
-                for (const proto::Node& n : item.manifest->nodes) {
-                    if (n.type != core::FileType::regular || n.inlined || n.size == 0) continue;
-                    if (auto l = local.find(n.digest); l != local.end()) {
-                        contents[i - first][n.digest] = &l->second;
-                        continue;
-                    }
-                    const Wanted& w = wanted.at(n.digest);
-                    if (w.state != Wanted::State::ok) {
-                        bad = &w;
-                        break;
-                    }
-                    contents[i - first][n.digest] = &w.content;
-                }
-                if (!bad) {
-                    ready.push_back(i);
-                } else if (bad->state == Wanted::State::failed) {
-                    item.done = tl::unexpected(*bad->error);
-                } else {
-                    item.result.detail = bad->detail;
-                    if (bad->state == Wanted::State::dangling) {
-                        m_counts.dangling.fetch_add(1);
-                        m_counts.misses.fetch_add(1);
-                        item.result.outcome = Outcome::dangling;
-                        // Useless without its blob, and SET NX would keep a fresh copy out:
-                        // dropped, so the next push of the entry uploads it whole.
-                        const std::string mkey = proto::manifest_key(m_options.ns, item.name);
-                        dels[&shard(mkey)].push_back({"DEL", mkey});
-                    } else {
-                        m_counts.corrupt.fetch_add(1);
-                        item.result.outcome = Outcome::corrupt;
-                    }
-                    item.done = item.result;
-                }
-            }
-            if (!m_options.read_only) {
-                for (const auto& [server, commands] : dels) (void)exec(*server, commands);
-            }
-
-            // Everything is here and verified: whole entries, a few to a transaction (one
-            // commit, one sync, one hold of the write lock of at most kBytesPerTransaction),
-            // nothing of an entry on any failure. An entry whose write fails undoes its
-            // transaction: those entries are then written one per transaction.
-            auto write = [&](std::size_t i, core::WriteTxn& txn) -> Status {
-                Item& item = items[i];
-                if (auto had = txn.find_entry(item.name); had && had->files > 0) {
-                    item.result.outcome = Outcome::already_local;  // pulled meanwhile
-                    return {};
-                }
-                if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
-                    return tl::unexpected(core::with_context(s.error(), item.name));
-                item.result.outcome = Outcome::pulled;
-                return {};
-            };
-            auto write_together = [&](std::size_t from, std::size_t to) -> Status {
-                auto txn = KCACHE_TRY(store.write());
-                for (std::size_t k = from; k < to; ++k) {
-                    if (auto s = write(ready[k], txn); !s) return s;
-                }
-                return txn.commit();
-            };
-            for (std::size_t from = 0; from < ready.size();) {
-                std::size_t to = from;
-                std::uint64_t bytes = 0;
-                while (to < ready.size() && (to == from || bytes < kBytesPerTransaction))
-                    bytes += items[ready[to++]].result.bytes;
-                Status together = write_together(from, to);
-                for (std::size_t k = from; k < to; ++k) {
-                    Item& item = items[ready[k]];
-                    Status alone = together;
-                    if (!together && to - from > 1) alone = write_together(k, k + 1);
-                    if (!alone) {
-                        item.done = tl::unexpected(alone.error());
-                        continue;
-                    }
-                    if (item.result.outcome == Outcome::pulled) m_counts.hits.fetch_add(1);
-                    item.done = item.result;
-                }
-                if (!report_through(to == ready.size() ? last - 1 : ready[to - 1])) return false;
-                from = to;
-            }
-            return report_through(last - 1);
-        };
         for (std::size_t first = 0; first < items.size();) {
             std::size_t last = first;  // the group is [first, last)
             std::uint64_t group_bytes = 0;
@@ -525,7 +452,7 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
                 if (!items[last].done) group_bytes += items[last].blob_bytes;
                 ++last;
             }
-            if (!pull_group(first, last)) return false;
+            if (!pull_group(store, items, first, last, report_through)) return false;
             first = last;
         }
     }

@@ -66,54 +66,26 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     {  // the manifest and the contents, from one snapshot that ends here
         auto txn = KCACHE_TRY(store.read());
         const auto entry = KCACHE_TRY(txn.find_entry(name));
-
-        m.entry = entry.name;
-        m.kind = entry.kind;
-        m.stem = entry.stem;
-        m.producer = entry.producer;
-        m.created_ns = entry.created_ns;
-        char host[256] = {};
-        if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
-        if (entry.kind == core::EntryKind::node) {
-            auto dir = KCACHE_TRY(txn.getattr(entry.ino));
-            m.dir_mode = dir.mode & 07777;
-        }
-        std::vector<core::EntryFile> files;
-        KCACHE_TRY(txn.for_each_entry_file(entry, [&](const core::EntryFile& f) {
-            files.push_back(f);
-            return true;
-        }));
-        for (const core::EntryFile& f : files) {
-            proto::Node n;
-            n.path = f.path;
-            n.type = f.attr.type();
-            n.mode = f.attr.mode & 07777;
-            n.mtime_ns = f.attr.mtime_ns;
-            if (f.attr.is_symlink()) n.target = f.link_target;
-            if (f.attr.is_regular()) {
-                auto content = txn.read(f.attr.ino);
-                if (!content) return tl::unexpected(core::with_context(content.error(), f.path));
-                const std::string_view bytes = content->bytes();
-                n.size = bytes.size();
-                n.digest = f.attr.digest;
-                n.inlined = bytes.size() <= proto::kInlineMax;
-                if (n.inlined) {
-                    n.content = std::string(bytes);
-                } else if (!blobs.count(n.digest)) {
-                    blobs.emplace(n.digest, std::string(bytes));
-                }
-                ++result.files;
-                result.bytes += n.size;
-            }
-            m.nodes.push_back(std::move(n));
-        }
+        static_cast<core::EntryImage&>(m) = KCACHE_TRY(core::read_image(txn, entry, true));
+    }
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
+    // Small files ride in the manifest; the others go as blobs, each once.
+    for (proto::Node& n : m.files) {
+        if (n.type != core::FileType::regular) continue;
+        ++result.files;
+        result.bytes += n.size;
+        if (n.content.size() <= proto::kInlineMax) continue;
+        n.has_content = false;
+        if (!blobs.count(n.digest)) blobs.emplace(n.digest, std::move(n.content));
+        n.content.clear();
     }
 
-    const std::string mkey = proto::manifest_key(m_options.ns, m.entry);
+    const std::string mkey = proto::manifest_key(m_options.ns, m.name);
     Server& mserver = shard(mkey);
     auto add_to_job = [&]() -> Status {
         if (job_tag.empty()) return {};
-        return this->add_to_job(job_tag, {m.entry});
+        return this->add_to_job(job_tag, {m.name});
     };
     if (uploads_paused(mserver)) {
         return core::fail(

@@ -6,12 +6,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <thread>
 
 #include <fmt/core.h>
 #include <catch2/catch.hpp>
 
+#include "kcache/core/bundle.hpp"
+#include "kcache/core/entry_image.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "redis_fixture.hpp"
@@ -315,37 +319,37 @@ TEST_CASE("hostile manifests are refused before anything is fetched or stored", 
     TestDb b;
     auto plant = [&](const std::string& name, const std::function<void(proto::Manifest&)>& edit) {
         proto::Manifest m;
-        m.entry = name;
+        m.name = name;
         proto::Node f;
         f.path = "kernel.json";
         f.mode = 04755;
         f.content = "{}";
         f.size = 2;
         f.digest = core::digest_of("{}");
-        f.inlined = true;
-        m.nodes.push_back(f);
+        f.has_content = true;
+        m.files.push_back(f);
         edit(m);
         REQUIRE(redis.command({"SET", proto::manifest_key("t", name), proto::encode(m)}).is_ok());
     };
     const std::string good = "CDEF0123456789ABCDEF0123";
-    plant("escape1", [](proto::Manifest& m) { m.nodes[0].path = "../../etc/x"; });
+    plant("escape1", [](proto::Manifest& m) { m.files[0].path = "../../etc/x"; });
     plant("escape2", [](proto::Manifest& m) {
         proto::Node l;
         l.path = "link";
         l.type = core::FileType::symlink;
         l.target = "../../../etc/passwd";
-        m.nodes.push_back(l);
+        m.files.push_back(l);
     });
     plant("escape3", [](proto::Manifest& m) {
         proto::Node l;
         l.path = "abs";
         l.type = core::FileType::symlink;
         l.target = "/etc/passwd";
-        m.nodes.push_back(l);
+        m.files.push_back(l);
     });
-    plant("orphan", [](proto::Manifest& m) { m.nodes[0].path = "nodir/kernel.json"; });
-    plant("twice", [](proto::Manifest& m) { m.nodes.push_back(m.nodes[0]); });
-    plant("other-name", [](proto::Manifest& m) { m.entry = "something-else"; });
+    plant("orphan", [](proto::Manifest& m) { m.files[0].path = "nodir/kernel.json"; });
+    plant("twice", [](proto::Manifest& m) { m.files.push_back(m.files[0]); });
+    plant("other-name", [](proto::Manifest& m) { m.name = "something-else"; });
     plant("../up", [](proto::Manifest&) {});
     plant(good, [](proto::Manifest&) {});
     for (const char* name :
@@ -362,4 +366,62 @@ TEST_CASE("hostile manifests are refused before anything is fetched or stored", 
     INFO(ok.out << ok.err);
     REQUIRE(ok.exit_code == 0);
     CHECK(b.snapshot(good).at("kernel.json") == "1 " + std::to_string(0100755) + " {}");
+}
+
+TEST_CASE("a bundle and a manifest with the same bad name are refused with the same error",
+          "[remote]") {
+    // Both decode into an entry image and go through core::check_image, so one fault is
+    // one message, whichever way the entry came.
+    RedisServer redis;
+    TestDb a, b;
+    a.put(kEntryA + "/ab/kernel.cubin", "cubin");
+    a.put(kEntryA + "/kernel.json", "{}");
+    const std::string bundle = a.path() + "-bad.kcb";
+    REQUIRE(core::export_bundle(a.store(), {}, bundle));
+    std::string bytes;
+    {
+        std::ifstream in(bundle, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::string from = kEntryA + "/ab/kernel.cubin";
+    const auto at = bytes.find(from);
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, from.size(), kEntryA + "/../kernel.cubin");  // same length
+    std::ofstream(bundle, std::ios::binary | std::ios::trunc) << bytes;
+
+    proto::Manifest m;
+    m.name = kEntryA;
+    proto::Node dir;
+    dir.path = "ab";
+    dir.type = core::FileType::directory;
+    dir.mode = 0755;
+    proto::Node f;
+    f.path = "../kernel.cubin";
+    f.mode = 0644;
+    f.content = "cubin";
+    f.size = 5;
+    f.digest = core::digest_of("cubin");
+    f.has_content = true;
+    m.files = {dir, f};
+    REQUIRE(redis.command({"SET", proto::manifest_key("t", kEntryA), proto::encode(m)}).is_ok());
+
+    const auto rule = core::check_image(m);
+    REQUIRE(!rule);
+    const std::string why = rule.error().message;
+    CHECK(why.find("refused file") != std::string::npos);
+    CHECK(why.find("..") != std::string::npos);
+
+    auto imported = core::import_bundle(b.store(), bundle);
+    REQUIRE(!imported);
+    CHECK(imported.error().code == EINVAL);
+    INFO(imported.error().message);
+    CHECK(imported.error().message.ends_with(": " + why));
+
+    auto r = remote::Remote::create(options(redis));
+    REQUIRE(r);
+    auto pulled = (*r)->pull(b.store(), kEntryA);
+    REQUIRE(pulled);
+    CHECK(pulled->outcome == remote::Outcome::corrupt);
+    CHECK(pulled->detail == "manifest: " + why);
+    CHECK(b.entries() == 0);
 }

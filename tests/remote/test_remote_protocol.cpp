@@ -99,7 +99,7 @@ namespace {
 
 proto::Manifest sample_manifest() {
     proto::Manifest m;
-    m.entry = "triton/4FD1E3QZ7KXAB2M";
+    m.name = "triton/4FD1E3QZ7KXAB2M";
     m.kind = core::EntryKind::node;
     m.dir_mode = 0755;
     m.producer = core::Producer::triton;
@@ -109,27 +109,27 @@ proto::Manifest sample_manifest() {
     sub.path = "sub";
     sub.type = core::FileType::directory;
     sub.mode = 0700;
-    m.nodes.push_back(sub);
+    m.files.push_back(sub);
     proto::Node small;
     small.path = "sub/kernel.json";
     small.mode = 0644;
     small.content = "{\"name\": \"k\"}";
     small.size = small.content.size();
     small.digest = core::digest_of(small.content);
-    small.inlined = true;
-    m.nodes.push_back(small);
+    small.has_content = true;
+    m.files.push_back(small);
     proto::Node big;
     big.path = "kernel.cubin";
     big.mode = 0644;
     big.size = 100000;
     big.digest = core::digest_of("whatever");
-    m.nodes.push_back(big);
+    m.files.push_back(big);
     proto::Node link;
     link.path = "latest";
     link.type = core::FileType::symlink;
     link.mode = 0777;
     link.target = "kernel.cubin";
-    m.nodes.push_back(link);
+    m.files.push_back(link);
     return m;
 }
 
@@ -140,15 +140,15 @@ TEST_CASE("manifests round-trip and every damaged form is refused", "[remote]") 
     const std::string value = proto::encode(m);
     auto back = proto::decode_manifest(value);
     REQUIRE(back);
-    CHECK(back->entry == m.entry);
+    CHECK(back->name == m.name);
     CHECK(back->producer == core::Producer::triton);
     CHECK(back->writer == "node-a");
-    REQUIRE(back->nodes.size() == 4);
-    CHECK(back->nodes[1].content == m.nodes[1].content);
-    CHECK(back->nodes[1].inlined);
-    CHECK(!back->nodes[2].inlined);
-    CHECK(back->nodes[2].digest == m.nodes[2].digest);
-    CHECK(back->nodes[3].target == "kernel.cubin");
+    REQUIRE(back->files.size() == 4);
+    CHECK(back->files[1].content == m.files[1].content);
+    CHECK(back->files[1].has_content);
+    CHECK(!back->files[2].has_content);
+    CHECK(back->files[2].digest == m.files[2].digest);
+    CHECK(back->files[3].target == "kernel.cubin");
 
     // Every truncation and every flipped byte is EBADMSG, never a crash.
     for (std::size_t n = 0; n < value.size(); ++n) {
@@ -163,7 +163,7 @@ TEST_CASE("manifests round-trip and every damaged form is refused", "[remote]") 
 
     // An inlined file whose bytes do not match its digest is refused even with a valid checksum.
     proto::Manifest lying = m;
-    lying.nodes[1].content[0] = 'X';
+    lying.files[1].content[0] = 'X';
     CHECK(!proto::decode_manifest(proto::encode(lying)));
 }
 

@@ -214,8 +214,8 @@ TEST_CASE("a full Redis (OOM) pauses uploads with a clear error and loses nothin
     for (const auto& k : keys.elements) {
         auto m = proto::decode_manifest(redis.command({"GET", k.str}).str);
         REQUIRE(m);
-        for (const auto& n : m->nodes) {
-            if (n.type == core::FileType::regular && !n.inlined && n.size > 0) {
+        for (const auto& n : m->files) {
+            if (n.type == core::FileType::regular && !n.has_content && n.size > 0) {
                 CHECK(redis.command({"EXISTS", proto::blob_key("test", n.digest)}).integer == 1);
             }
         }

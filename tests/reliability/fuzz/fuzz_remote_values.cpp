@@ -6,8 +6,9 @@
 // A malformed value must decode to an EBADMSG error with a message, never crash, read
 // past the end or allocate without bound. A manifest or blob header that decodes must
 // encode back to a value that decodes to the same thing (what a node pulls is what
-// was pushed); a chunk decodes to at most kChunkBytes and leaves `out` as it was when
-// it fails.
+// was pushed), and core::check_image (the rules a bundle's entries meet too) refuses
+// it with EINVAL or takes it; a chunk decodes to at most kChunkBytes and leaves `out`
+// as it was when it fails.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "kcache/core/entry_image.hpp"
 #include "protocol.hpp"
 
 namespace {
@@ -36,15 +38,15 @@ bool failed_cleanly(const kcache::core::Result<T>& r) {
 }
 
 bool same(const proto::Manifest& a, const proto::Manifest& b) {
-    if (a.entry != b.entry || a.kind != b.kind || a.stem != b.stem || a.dir_mode != b.dir_mode ||
+    if (a.name != b.name || a.kind != b.kind || a.stem != b.stem || a.dir_mode != b.dir_mode ||
         a.producer != b.producer || a.writer != b.writer || a.created_ns != b.created_ns ||
-        a.nodes.size() != b.nodes.size())
+        a.files.size() != b.files.size())
         return false;
-    for (std::size_t i = 0; i < a.nodes.size(); ++i) {
-        const proto::Node& x = a.nodes[i];
-        const proto::Node& y = b.nodes[i];
+    for (std::size_t i = 0; i < a.files.size(); ++i) {
+        const proto::Node& x = a.files[i];
+        const proto::Node& y = b.files[i];
         if (x.path != y.path || x.type != y.type || x.mode != y.mode || x.mtime_ns != y.mtime_ns ||
-            x.size != y.size || !(x.digest == y.digest) || x.inlined != y.inlined ||
+            x.size != y.size || !(x.digest == y.digest) || x.has_content != y.has_content ||
             x.content != y.content || x.target != y.target)
             return false;
     }
@@ -62,6 +64,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             if (failed_cleanly(m)) break;
             const auto again = proto::decode_manifest(proto::encode(*m));
             check(again && same(*m, *again), "manifest does not survive encode and decode");
+            // The image's checks (a puller's, and a bundle's) take any decoded manifest.
+            if (const auto checked = kcache::core::check_image(*m); !checked) {
+                check(checked.error().code == EINVAL && !checked.error().message.empty(),
+                      "a refused image is not EINVAL with a message");
+            }
             break;
         }
         case 1: {

@@ -239,9 +239,16 @@ class Remote {
     Status upload_blob(Server& server, const core::Digest& digest, std::string_view content);
     // pull() and pull_entries() (pull.cpp): pulls `names` in batches, calling `each` with
     // every entry's result in order; false when `each` stopped it.
-    struct Wanted;  // a blob a batch needs (pull.cpp)
+    struct Wanted;    // a blob a batch needs (pull.cpp)
+    struct PullItem;  // an entry of a batch (pull.cpp)
     bool pull_batches(core::Store& store, const std::vector<std::string>& names,
                       const std::function<bool(std::size_t, Result<EntryResult>)>& each);
+    // A batch's steps: the entries here already, the manifests (decoded and checked as
+    // entry images), then a group's blobs and writes (false: `report_through` stopped).
+    void mark_local(core::Store& store, std::vector<PullItem>& items);
+    void fetch_manifests(std::vector<PullItem>& items);
+    bool pull_group(core::Store& store, std::vector<PullItem>& items, std::size_t first,
+                    std::size_t last, const std::function<bool(std::size_t)>& report_through);
     // Fetches the blobs from their servers, pipelined, each checked against its digest.
     void fetch_blobs(std::vector<Wanted*>& blobs);
     struct AtomicCounts {
