@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "log.hpp"
+#include "takeover.hpp"
 #include "uring_ring.hpp"
 
 // What this relies on in the kernel (fs/fuse/dev_uring.c, Linux 6.14 to 6.18):
@@ -94,7 +95,8 @@ std::string not_offered_reason() {
 
 struct UringHooks {
     static ssize_t read(int fd, void* buf, size_t len, void*) {
-        const ssize_t n = ::read(fd, buf, len);
+        // A takeover's replayed INIT comes first (takeover.hpp).
+        const ssize_t n = takeover::read(fd, buf, len);
         request_from_kernel();  // /dev/fuse and the rings: one order (uring_ring.hpp)
         if (n >= static_cast<ssize_t>(sizeof(fuse_in_header)) &&
             !g_init_seen.load(std::memory_order_relaxed)) {
@@ -116,6 +118,12 @@ struct UringHooks {
     }
 
     static ssize_t writev(int fd, iovec* iov, int count, void*) {
+        if (auto swallowed = takeover::swallow_reply(iov, count)) return *swallowed;
+        takeover::record_init(iov, count);
+        return write_reply(fd, iov, count);
+    }
+
+    static ssize_t write_reply(int fd, iovec* iov, int count) {
         replied_to_kernel();
         UringTransport* t = g_transport.load(std::memory_order_acquire);
         if (t && count > 0 && iov[0].iov_len >= sizeof(fuse_out_header)) {
