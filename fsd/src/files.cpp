@@ -155,6 +155,11 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     handle->writable = (fi->flags & O_ACCMODE) != O_RDONLY;
     handle->readable = (fi->flags & O_ACCMODE) != O_WRONLY;
     const bool truncate = handle->writable && (fi->flags & O_TRUNC);
+    std::optional<Dirtying> dirtying;  // until its slot says unpublished (enter_handle)
+    if (truncate) {
+        dirtying.emplace(*this);
+        if (dirtying->refused()) return;  // handing over: the successor answers it
+    }
     bool joined_existing = false;
     bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
     // A refilling reader must not read before the kernel's size is at least its
@@ -270,6 +275,11 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     const fuse_ctx* ctx = fuse_req_ctx(req);
     auto handle = std::make_unique<FileHandle>();
     const bool truncate = (fi->flags & O_TRUNC) != 0;
+    std::optional<Dirtying> dirtying;  // until its slot says unpublished (enter_handle)
+    if (truncate) {
+        dirtying.emplace(*this);
+        if (dirtying->refused()) return;  // handing over: the successor answers it
+    }
     // Resent (resend.hpp) after the dead daemon made the file: it is this creator's, so
     // an O_EXCL create opens it (a lock file's creator does not get EEXIST).
     bool exclusive = (fi->flags & O_EXCL) != 0;
@@ -407,6 +417,8 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
     FileHandle* handle = m_handles.file(fi->fh);
     if (!handle) return reply_error(req, {EBADF, "no such handle"});
     if (handle->lost) return reply_error(req, {EIO, "this open file was lost with a daemon"});
+    const Dirtying dirtying(*this);
+    if (dirtying.refused()) return;  // handing over: the successor answers it
     std::shared_ptr<Version> version;
     bool orphan = false;
     {

@@ -54,6 +54,26 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
                          [](const HandleRecord&) { return new DirHandle; });
 }
 
+Filesystem::Dirtying::Dirtying(Filesystem& fs) : m_fs(fs) {
+    std::lock_guard lock(fs.m_handover_mutex);
+    if (fs.m_handing_over) return;
+    ++fs.m_dirtying;
+    m_entered = true;
+}
+
+Filesystem::Dirtying::~Dirtying() {
+    if (!m_entered) return;
+    std::lock_guard lock(m_fs.m_handover_mutex);
+    --m_fs.m_dirtying;
+}
+
+bool Filesystem::try_hand_over() {
+    std::lock_guard lock(m_handover_mutex);
+    if (m_dirtying > 0 || m_handles.unpublished() > 0) return false;
+    m_handing_over = true;
+    return true;
+}
+
 std::size_t Filesystem::adopt_handles() {
     // The retries of walks a dead daemon answered ESTALE (single flight, step 1) come in
     // at once; a few seconds covers them.
@@ -319,6 +339,11 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                          fuse_file_info* fi) {
     FileHandle* handle = fi && fi->fh ? m_handles.file(fi->fh) : nullptr;
+    std::optional<Dirtying> dirtying;
+    if ((to_set & FUSE_SET_ATTR_SIZE) && handle && handle->writable) {
+        dirtying.emplace(*this);
+        if (dirtying->refused()) return;  // handing over: the successor answers it
+    }
     std::optional<std::uint64_t> version_size;  // the size a truncated version now has
     if ((to_set & FUSE_SET_ATTR_SIZE) && handle && handle->lost)
         return reply_error(req, {EIO, "this open file was lost with a daemon"});

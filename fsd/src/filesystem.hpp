@@ -98,6 +98,11 @@ class Filesystem {
     // daemon left open (their versions may leave the db before their next READ).
     // Returns how many handles it left (readers, writers, directories).
     std::size_t adopt_handles();
+    // An upgrade (keeper.hpp): true once no handle has unpublished bytes and no request
+    // that could leave some is running; from then on such requests (WRITE, an O_TRUNC
+    // open or create, a truncating SETATTR of a handle) are left unanswered: the kernel
+    // resends them to the successor. False: not yet (writers are at work).
+    bool try_hand_over();
     // The shared tier (kcache-fsd --remote), before start(); it must outlive every
     // request and be stopped before stop(): its callbacks answer lookups.
     void attach_remote(RemoteTier* remote) { m_remote = remote; }
@@ -138,6 +143,20 @@ class Filesystem {
     void forget(fuse_ino_t ino, std::uint64_t count);
 
   private:
+    // Held by a request that may leave bytes unpublished; refused() once handing over
+    // (then the request returns unanswered). Lock: m_handover_mutex, level 9, a leaf.
+    class Dirtying {
+      public:
+        explicit Dirtying(Filesystem& fs);
+        ~Dirtying();
+        Dirtying(const Dirtying&) = delete;
+        Dirtying& operator=(const Dirtying&) = delete;
+        bool refused() const { return !m_entered; }
+
+      private:
+        Filesystem& m_fs;
+        bool m_entered = false;
+    };
     void reply_error(fuse_req_t req, const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
     // first when `read_through` (then answered from a tier thread, asynchronously). When
@@ -200,6 +219,9 @@ class Filesystem {
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
+    std::mutex m_handover_mutex;  // level 9, a leaf; guards the two below
+    int m_dirtying = 0;           // requests holding a Dirtying
+    bool m_handing_over = false;
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
     // The units (each guards its own state; lock_order.hpp). Declared in dependency

@@ -1,6 +1,7 @@
 #include "keeper.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -88,6 +89,8 @@ class Keeper {
   private:
     // Starts a daemon and waits until it is ready or dead; its message when it failed.
     std::optional<std::string> start_daemon();
+    // Whether the daemon reported that it handed the mount over (m_report_fd).
+    bool handed_over();
     // Starts the successor of a daemon that died or is dying; false: gave up.
     bool replace(pid_t old, const std::string& why);
     void unmount();
@@ -104,9 +107,27 @@ class Keeper {
     int m_state_fd = -1;
     int m_lock_fd = -1;  // the db's daemon.lock, from the first daemon
     pid_t m_daemon = -1;
+    // The serving daemon's report socket after "ready": "handed over" once it stopped
+    // reading requests (an upgrade), before its own clean-up, which may wait on a
+    // notification only its successor can unblock.
+    int m_report_fd = -1;
     std::vector<pid_t> m_dying;  // taken for dead, not yet reaped
     sigset_t m_old_mask{};
 };
+
+bool Keeper::handed_over() {
+    if (m_report_fd < 0) return false;
+    pollfd p{m_report_fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return false;
+    char buf[64];
+    const ssize_t n = ::recv(m_report_fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) {  // the daemon is gone: SIGCHLD says how
+        close(m_report_fd);
+        m_report_fd = -1;
+        return false;
+    }
+    return std::string(buf, static_cast<std::size_t>(n)).find("handed over") != std::string::npos;
+}
 
 bool Keeper::replace(pid_t old, const std::string& why) {
     if (why == "handed the mount over")
@@ -184,9 +205,14 @@ std::optional<std::string> Keeper::start_daemon() {
             }
         }
         message.append(buf, static_cast<std::size_t>(n));
+        if (message == "ready") break;
+    }
+    if (message == "ready") {
+        if (m_report_fd >= 0) close(m_report_fd);
+        m_report_fd = ready[0];
+        return std::nullopt;
     }
     close(ready[0]);
-    if (message == "ready") return std::nullopt;
     if (message.empty()) message = "the daemon died during start-up";
     while (!message.empty() && message.back() == '\n') message.pop_back();
     const std::string prefix = "kcache-fsd: ";
@@ -246,7 +272,12 @@ int Keeper::run(const std::vector<std::string>& arguments) {
         siginfo_t info{};
         const int sig = sigtimedwait(&mask, &info, &poll);
         if (sig < 0) {
-            if (errno == EAGAIN && !stopping && dying(m_daemon)) {
+            if (errno == EAGAIN && !stopping && handed_over()) {
+                const pid_t old = m_daemon;
+                m_dying.push_back(old);
+                m_daemon = -1;
+                if (!replace(old, "handed the mount over")) code = 1;
+            } else if (errno == EAGAIN && !stopping && dying(m_daemon)) {
                 const pid_t old = m_daemon;
                 m_dying.push_back(old);
                 m_daemon = -1;

@@ -18,13 +18,18 @@
 #include <unistd.h>
 
 #include <dirent.h>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -161,7 +166,8 @@ Status unmount_dead(const std::string& path) {
 
 Status check_mountpoint(const std::string& path) {
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0 && errno == ENOTCONN) {
+    // ENOTCONN, or ECONNABORTED where the connection was aborted (fusectl).
+    if (::stat(path.c_str(), &st) != 0 && (errno == ENOTCONN || errno == ECONNABORTED)) {
         // A mount whose daemon and keeper died: recovered without a person (issue 20).
         KCACHE_TRY(unmount_dead(path));
         fsd::log::warning(
@@ -262,10 +268,19 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
         if (!configured) startup.fail_startup(configured.error().message);
     }
 
+    // SIGUSR2 (from the keeper: an upgrade) is taken by the hand-over thread below; every
+    // thread made from here on inherits the mask.
+    sigset_t handover_signals;
+    sigemptyset(&handover_signals);
+    sigaddset(&handover_signals, SIGUSR2);
+    if (inherited) pthread_sigmask(SIG_BLOCK, &handover_signals, nullptr);
+
     // The handle table and the saved INIT: the keeper's memfd, or private memory.
     auto state = fsd::StateFile::map(inherited ? inherited->state_fd : -1);
     if (!state) startup.fail_startup(state.error().message);
     fsd::Filesystem filesystem(**store, options, state->get());
+    // Kept after "ready": an upgrade reports "handed over" on it (keeper.hpp).
+    const int report_fd = inherited ? fcntl(inherited->ready_fd, F_DUPFD_CLOEXEC, 0) : -1;
     // The shared tier, made after the fork (its threads must not cross it). It connects
     // lazily: an unreachable Redis does not stop start-up, it only costs misses.
     std::unique_ptr<fsd::RemoteTier> remote;
@@ -320,11 +335,49 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
                        options.remote->read_only ? ", read-only" : "");
     }
 
+    // An upgrade (keeper.hpp): on SIGUSR2 the daemon stops at a request boundary once no
+    // writer has unpublished bytes (Filesystem::try_hand_over), and exits kHandedOver;
+    // what it had read and not answered is resent to its successor.
+    std::atomic<bool> loop_done{false};
+    std::atomic<bool> handed_over{false};
+    std::thread handover;
+    if (inherited) {
+        handover = std::thread([&] {
+            const timespec tick{0, 100 * 1000 * 1000};
+            while (!loop_done) {
+                siginfo_t info{};
+                if (sigtimedwait(&handover_signals, &info, &tick) != SIGUSR2) continue;
+                fsd::log::info("upgrade: handing the mount over at a request boundary");
+                const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+                bool ready = false;
+                while (!loop_done && !(ready = filesystem.try_hand_over()) &&
+                       std::chrono::steady_clock::now() < deadline) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                }
+                if (!ready) {
+                    fsd::log::warning(
+                        "upgrade postponed: writers kept bytes unpublished for 30 s (SIGHUP to "
+                        "the keeper tries again)");
+                    continue;
+                }
+                handed_over = true;
+                fuse_session_exit(session);
+                kill(getpid(), SIGTERM);  // wakes the loop: libfuse's handler ends it
+                return;
+            }
+        });
+    }
+
     fuse_loop_config* loop = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(loop, 0);
     fuse_loop_cfg_set_max_threads(loop, 16);
     const int rc = fuse_session_loop_mt(session, loop);
     fuse_loop_cfg_destroy(loop);
+    loop_done = true;
+    if (handover.joinable()) handover.join();
+    // Handed over: the successor may start now. Its resend brings back what this daemon
+    // read and left unanswered; what the clean-up below waits on may need it.
+    if (handed_over) (void)!::send(report_fd, "handed over", 11, MSG_NOSIGNAL);
 
     if (uring) uring->stop();       // no handler runs after this; later replies are refused
     if (remote) remote->stop();     // waiting lookups answered, counts recorded
@@ -336,6 +389,10 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     fuse_opt_free_args(&args);
     // A loop ended by SIGTERM/SIGINT/SIGHUP returns the signal: a clean stop too.
     const bool clean = rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
+    if (handed_over) {
+        fsd::log::info("daemon {} handed the mount over", getpid());
+        return fsd::keeper::kHandedOver;
+    }
     if (clean && !inherited)
         fsd::log::info("unmounted {}", mountpoint);
     else if (clean)
@@ -348,7 +405,68 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
 
 }  // namespace
 
+// kcache-fsd --upgrade MOUNTPOINT: SIGHUP to the mount's keeper, which replaces its
+// daemon with the binary on disk; returns once another daemon serves (exit 0).
+int upgrade(const std::string& path) {
+    std::error_code ec;
+    const std::string mountpoint = std::filesystem::absolute(path, ec).lexically_normal().string();
+    std::ifstream mounts("/proc/self/mountinfo");
+    std::string line, db;
+    while (std::getline(mounts, line)) {
+        std::istringstream fields(line);
+        std::string id, parent, dev, root, point;
+        fields >> id >> parent >> dev >> root >> point;
+        const auto dash = line.find(" - ");
+        if (point != mountpoint || dash == std::string::npos) continue;
+        std::istringstream rest(line.substr(dash + 3));
+        std::string type, source;
+        rest >> type >> source;
+        if (source.rfind("kcache:", 0) == 0) db = source.substr(7);
+    }
+    if (db.empty()) {
+        std::fprintf(stderr, "kcache-fsd: %s is not a kcache-fsd mount\n", mountpoint.c_str());
+        return 1;
+    }
+    auto daemon_pid = [&]() -> pid_t {
+        std::ifstream lock(db + "/daemon.lock");
+        std::string word;
+        pid_t pid = -1;
+        if (lock >> word >> pid && word == "pid") return pid;
+        return -1;
+    };
+    const pid_t daemon = daemon_pid();
+    pid_t keeper = -1;
+    if (daemon > 0) {
+        std::ifstream stat("/proc/" + std::to_string(daemon) + "/stat");
+        std::string text;
+        std::getline(stat, text);
+        const auto close = text.rfind(')');
+        std::istringstream rest(close == std::string::npos ? "" : text.substr(close + 1));
+        std::string state;
+        rest >> state >> keeper;
+    }
+    if (keeper <= 1 || kill(keeper, SIGHUP) != 0) {
+        std::fprintf(stderr, "kcache-fsd: no keeper serves %s (is it run with --no-keeper?)\n",
+                     mountpoint.c_str());
+        return 1;
+    }
+    for (int i = 0; i < 600; ++i) {
+        usleep(100 * 1000);
+        const pid_t now = daemon_pid();
+        if (now > 0 && now != daemon) {
+            std::printf("kcache-fsd: %s: daemon %d replaced by %d\n", mountpoint.c_str(),
+                        static_cast<int>(daemon), static_cast<int>(now));
+            return 0;
+        }
+    }
+    std::fprintf(stderr,
+                 "kcache-fsd: %s: daemon %d was not replaced within 60 s (see %s/fsd.log)\n",
+                 mountpoint.c_str(), static_cast<int>(daemon), db.c_str());
+    return 1;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 3 && std::string(argv[1]) == "--upgrade") return upgrade(argv[2]);
     auto options = fsd::parse_options(argc, argv);
     if (!options) {
         std::fprintf(stderr, "kcache-fsd: %s\n", options.error().message.c_str());

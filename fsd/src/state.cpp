@@ -92,6 +92,7 @@ std::uint64_t HandleTable::add_file(FileHandle* handle, const HandleRecord& fiel
     r.readable = fields.readable;
     r.writable = fields.writable;
     r.unpublished.store(fields.unpublished.load(), std::memory_order_relaxed);
+    if (fields.unpublished.load()) ++m_unpublished;
     r.opener = fields.opener;
     r.ino = fields.ino;
     r.size = fields.size;
@@ -164,8 +165,9 @@ DirHandle* HandleTable::dir(std::uint64_t fh) {
     return static_cast<DirHandle*>(live_or_rebuild(fh, HandleKind::dir));
 }
 
-void HandleTable::release(std::uint64_t fh) {
+void HandleTable::release(std::uint64_t fh, bool counted) {
     const std::uint32_t slot = slot_of(fh);
+    if (m_state.records()[slot].unpublished.exchange(0) && counted) --m_unpublished;
     m_live[slot].store(nullptr, std::memory_order_relaxed);
     m_state.records()[slot].kind.store(HandleKind::free, std::memory_order_release);
     std::lock_guard lock(m_mutex);
@@ -175,20 +177,22 @@ void HandleTable::release(std::uint64_t fh) {
 std::unique_ptr<FileHandle> HandleTable::take_file(std::uint64_t fh) {
     if (!record_of(fh, HandleKind::file)) return nullptr;
     std::unique_ptr<FileHandle> handle(file(fh));
-    release(fh);
+    release(fh, handle && !handle->lost);  // a lost writer's flag was never counted here
     return handle;
 }
 
 std::unique_ptr<DirHandle> HandleTable::take_dir(std::uint64_t fh) {
     if (!record_of(fh, HandleKind::dir)) return nullptr;
     std::unique_ptr<DirHandle> handle(static_cast<DirHandle*>(m_live[slot_of(fh)].load()));
-    release(fh);
+    release(fh, false);
     return handle;
 }
 
 void HandleTable::set_unpublished(std::uint64_t fh, bool unpublished) {
-    if (HandleRecord* r = record_of(fh, HandleKind::file))
-        r->unpublished.store(unpublished ? 1 : 0, std::memory_order_relaxed);
+    HandleRecord* r = record_of(fh, HandleKind::file);
+    if (!r) return;
+    const std::uint8_t was = r->unpublished.exchange(unpublished ? 1 : 0);
+    if (was != (unpublished ? 1 : 0)) m_unpublished += unpublished ? 1 : -1;
 }
 
 void HandleTable::rebuild_readers() {

@@ -141,6 +141,8 @@ class HandleTable {
     // A writer's state for a successor (HandleRecord::unpublished).
     void set_unpublished(std::uint64_t fh, bool unpublished);
 
+    // Handles of this daemon with unpublished bytes (an upgrade waits for none).
+    std::int64_t unpublished() const { return m_unpublished.load(); }
     // Slots a predecessor left in use (counted at construction).
     std::size_t inherited() const { return m_inherited; }
     // Rebuilds every inherited file handle that reads (the takeover's start: a reader's
@@ -150,7 +152,7 @@ class HandleTable {
   private:
     HandleRecord* record_of(std::uint64_t fh, HandleKind kind);
     void* live_or_rebuild(std::uint64_t fh, HandleKind kind);
-    void release(std::uint64_t fh);
+    void release(std::uint64_t fh, bool counted);
 
     StateFile& m_state;
     std::unique_ptr<std::atomic<void*>[]> m_live;  // by slot; FileHandle* or DirHandle*
@@ -160,6 +162,7 @@ class HandleTable {
     RebuildFile m_rebuild_file;
     RebuildDir m_rebuild_dir;
     std::size_t m_inherited = 0;
+    std::atomic<std::int64_t> m_unpublished{0};
 };
 
 }  // namespace kcache::fsd
