@@ -9,8 +9,9 @@ and end (monotonic). Then:
            another, which takes the mount over);
   upgrade  UPGRADES times: kcache-fsd --upgrade MOUNTPOINT.
 For each event: the stall the clients saw (the duration of every call in flight at
-the event or started before the first call answered after it: median, p99, max over
-all events), and the time from the event to the first call answered after it.
+the event or started before service was back: median, p99, max over all events),
+and the time from the event until service was back (the first call started after
+the event is answered).
 Then, on fresh mounts with and without the keeper (--no-keeper), alternated over
 ROUNDS rounds, the median time of a hit (open+read+close of a stored file), a store
 (write a temp file, rename into a new entry) and a miss (stat of an absent name),
@@ -119,10 +120,11 @@ def events_figures(m, fsd, n_events, threads, kind):
         w.join()
     stalls, first = [], []
     for t in event_times:
-        after = [e for (s, e) in calls if e >= t]
-        first_end = min(after)
+        # Service is back when a call that started after the event is answered (calls in
+        # flight may still be answered by the old daemon as the signal lands).
+        first_end = min(e for (s, e) in calls if s >= t)
         first.append(first_end - t)
-        # Calls in flight at the event, or started before the first answer after it.
+        # The calls in flight at the event, or started before service was back.
         stalls += [e - s for (s, e) in calls if s <= first_end and e >= t]
     return len(calls), stalls, first
 

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -63,6 +65,26 @@ bool dying(pid_t pid) {
     buf[n] = '\0';
     const char* close = std::strrchr(buf, ')');
     return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+// Tells systemd (Type=notify: $NOTIFY_SOCKET) `text`; nothing without it.
+void notify_systemd(const std::string& text) {
+    const char* socket_path = std::getenv("NOTIFY_SOCKET");
+    if (!socket_path || !*socket_path) return;
+    std::string path(socket_path);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path) return;
+    if (path[0] == '@') path[0] = '\0';  // an abstract socket
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+    if (::sendto(fd, text.data(), text.size(), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr),
+                 len) < 0) {
+        log::warning("keeper: cannot notify systemd ({}): {}", socket_path, std::strerror(errno));
+    }
+    ::close(fd);
 }
 
 // The binary to start: the path this one was started from, as it is on disk now.
@@ -171,6 +193,7 @@ std::optional<std::string> Keeper::start_daemon() {
         for (int fd : {m_fuse_fd, m_state_fd, ready[1], m_lock_fd})
             if (fd >= 0) fcntl(fd, F_SETFD, 0);
         setenv(kServeEnv, fds.c_str(), 1);
+        unsetenv("NOTIFY_SOCKET");  // the keeper is the service's main process
         sigprocmask(SIG_SETMASK, &m_old_mask, nullptr);
         if (chdir(m_cwd.c_str()) != 0) _exit(127);
         execv(m_exe.c_str(), m_argv);
@@ -263,6 +286,7 @@ int Keeper::run(const std::vector<std::string>& arguments) {
         m_startup.fail(*failed);
     }
     m_startup.ready();
+    notify_systemd(fmt::format("READY=1\nMAINPID={}", getpid()));
     log::info("keeper {}: serving {} through daemon {}", getpid(), m_mountpoint, m_daemon);
 
     bool stopping = false;
@@ -319,6 +343,7 @@ int Keeper::run(const std::vector<std::string>& arguments) {
             }
         }
     }
+    notify_systemd("STOPPING=1");
     unmount();
     log::info("keeper: {} unmounted", m_mountpoint);
     return code;
