@@ -186,7 +186,7 @@ def main():
                 m.stop()
             print(f'{kind} x{n} ({a.threads} reader threads, {total} reads, 0 failed): '
                   f'stall median {ms(statistics.median(stalls))}, p99 {ms(percentile(stalls, 99))}, '
-                  f'max {ms(max(stalls))}; event to first answered read: median '
+                  f'max {ms(max(stalls))}; service back after: median '
                   f'{ms(statistics.median(first))}, max {ms(max(first))}')
         results = {True: [], False: []}
         for r in range(a.rounds):
