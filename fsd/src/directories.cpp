@@ -20,13 +20,19 @@ void Filesystem::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     auto attr = txn->getattr(ino);
     if (!attr) return reply_error(req, attr.error());
     if (!attr->is_dir()) return reply_error(req, {ENOTDIR, "not a directory"});
-    fi->fh = reinterpret_cast<std::uint64_t>(new DirHandle);
-    if (fuse_reply_open(req, fi) != 0) delete reinterpret_cast<DirHandle*>(fi->fh);
+    auto* dir = new DirHandle;
+    fi->fh = m_handles.add_dir(dir, ino);
+    if (!fi->fh) {
+        delete dir;
+        return reply_error(req, {ENFILE, "too many open directories on the mount"});
+    }
+    if (fuse_reply_open(req, fi) != 0) (void)m_handles.take_dir(fi->fh);
 }
 
 void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi,
                          bool plus) {
-    auto* dir = reinterpret_cast<DirHandle*>(fi->fh);
+    DirHandle* dir = m_handles.dir(fi->fh);
+    if (!dir) return reply_error(req, {EBADF, "no such directory handle"});
     std::unique_lock lock(dir->mutex);
     auto txn = m_store.read();
     if (!txn) {
@@ -91,7 +97,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 }
 
 void Filesystem::releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-    delete reinterpret_cast<DirHandle*>(fi->fh);
+    (void)m_handles.take_dir(fi->fh);  // deletes it; one freed already is answered 0 too
     fuse_reply_err(req, 0);
 }
 

@@ -3,6 +3,7 @@
 // their own files). Every handler replies only after it let go of the handle's lock:
 // the reply may let the kernel release the handle on another thread at once.
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include "kernel_attrs.hpp"
 #include "log.hpp"
 #include "process.hpp"
+#include "resend.hpp"
 
 namespace kcache::fsd {
 using core::Attr;
@@ -69,7 +71,78 @@ void Filesystem::discard_open(FileHandle* handle) {
     }
     if (handle->page_cached) m_pages.leave(handle);
     if (handle->page_writer) m_pages.leave_as_writer(handle);
-    delete handle;
+    if (!m_handles.take_file(handle->fh)) delete handle;  // never entered the table
+}
+
+std::uint64_t Filesystem::enter_handle(FileHandle* handle, bool unpublished) {
+    HandleRecord record;
+    record.readable = handle->readable;
+    record.writable = handle->writable;
+    record.unpublished.store(unpublished ? 1 : 0);
+    record.opener = handle->opener;
+    record.ino = handle->ino;
+    record.size = handle->attr.size;
+    record.digest = handle->writable ? handle->attr.digest : handle->snapshot_digest;
+    return m_handles.add_file(handle, record);
+}
+
+FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
+    auto handle = std::make_unique<FileHandle>();
+    handle->ino = r.ino;
+    handle->readable = r.readable;
+    handle->writable = r.writable;
+    handle->opener = r.opener;
+    handle->snapshot_digest = r.digest;
+    std::optional<core::ReadTxn> txn;
+    if (auto t = m_store.read()) txn.emplace(std::move(*t));
+    std::optional<Attr> attr;
+    if (txn) {
+        if (auto a = txn->getattr(r.ino); a && a->is_regular()) attr = *a;
+    }
+    if (attr) {
+        handle->attr = *attr;
+    } else {  // removed since: answered as an unlinked file
+        handle->attr.ino = r.ino;
+        handle->attr.mode = S_IFREG | 0644;
+        handle->attr.size = r.size;
+        handle->attr.digest = r.digest;
+        handle->attr.nlink = 0;
+    }
+    // The kernel knows the inode while the handle is open: a removal keeps its orphan.
+    m_lookups.remember(r.ino);
+    if (!r.writable) {
+        auto content = m_contents.load(r.ino, r.digest);
+        if (!content && txn) {
+            if (auto blob = txn->read_blob(r.digest, r.size))
+                content = m_contents.snapshot(r.digest, blob->bytes());
+        }
+        handle->snapshot = content;
+        handle->lost = !content;
+        if (handle->lost)
+            log::warning(
+                "inode {}: the version a reader had open is gone from the db: its "
+                "reads fail with EIO",
+                r.ino);
+        return handle.release();
+    }
+    if (r.unpublished.load()) {
+        handle->lost = true;
+        log::warning(
+            "inode {}: a writer's unpublished bytes died with the previous daemon: "
+            "its next write, fsync or close fails with EIO",
+            r.ino);
+        return handle.release();
+    }
+    txn.reset();  // Versions::join is called with nothing held
+    auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &handle->version)
+                  : core::fail(ENOENT, "removed");
+    if (!s && s.error().code == ENOENT) {
+        handle->orphan = true;  // as for a file removed while open: writes go nowhere
+    } else if (!s) {
+        handle->lost = true;
+        log::warning("inode {}: cannot take a writer over: {}", r.ino, s.error().message);
+    }
+    return handle.release();
 }
 
 void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -82,6 +155,11 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     handle->writable = (fi->flags & O_ACCMODE) != O_RDONLY;
     handle->readable = (fi->flags & O_ACCMODE) != O_WRONLY;
     const bool truncate = handle->writable && (fi->flags & O_TRUNC);
+    std::optional<Dirtying> dirtying;  // until its slot says unpublished (enter_handle)
+    if (truncate) {
+        dirtying.emplace(*this);
+        if (dirtying->refused()) return;  // handing over: the successor answers it
+    }
     bool joined_existing = false;
     bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
     // A refilling reader must not read before the kernel's size is at least its
@@ -176,7 +254,11 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         }
     }
     FileHandle* raw = handle.release();
-    fi->fh = reinterpret_cast<std::uint64_t>(raw);
+    fi->fh = enter_handle(raw, truncate && !raw->orphan);
+    if (!fi->fh) {
+        discard_open(raw);
+        return reply_error(req, {ENFILE, "too many open files on the mount"});
+    }
     auto reply = [this, req, opened = *fi, raw]() mutable {
         if (fuse_reply_open(req, &opened) != 0)
             discard_open(raw);  // the opener is gone (interrupted)
@@ -198,14 +280,35 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     const fuse_ctx* ctx = fuse_req_ctx(req);
     auto handle = std::make_unique<FileHandle>();
     const bool truncate = (fi->flags & O_TRUNC) != 0;
+    std::optional<Dirtying> dirtying;  // until its slot says unpublished (enter_handle)
+    if (truncate) {
+        dirtying.emplace(*this);
+        if (dirtying->refused()) return;  // handing over: the successor answers it
+    }
+    // Resent (resend.hpp) after the dead daemon made the file: it is this creator's, so
+    // an O_EXCL create opens it (a lock file's creator does not get EEXIST).
+    bool exclusive = (fi->flags & O_EXCL) != 0;
+    if (exclusive) {
+        if (auto made = resend::recorded(resend::Op::create)) {
+            auto txn = m_store.read();
+            auto at = txn ? txn->lookup(parent, name) : core::Result<Attr>(core::fail(ENOENT, ""));
+            if (at && at->ino == *made) {
+                exclusive = false;
+                log::info(
+                    "a resent O_EXCL create of {} was done by the previous daemon: "
+                    "opened for its creator",
+                    name);
+            }
+        }
+    }
     Attr attr;
     std::optional<core::StagedFile> made;
     {
         auto txn = m_store.write();
         if (!txn) return reply_error(req, txn.error());
-        auto created =
-            txn->create(parent, name, mode, ctx->uid, ctx->gid, (fi->flags & O_EXCL) != 0);
+        auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, exclusive);
         if (!created) return reply_error(req, created.error());
+        if (exclusive) resend::record(resend::Op::create, created->ino);
         auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
         if (!staged) return reply_error(req, staged.error());
         if (auto s = txn->commit(); !s) {
@@ -216,6 +319,7 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
         made = std::move(*staged);
         attr = *created;
     }
+    resend::after_commit();
     handle->ino = attr.ino;
     handle->attr = attr;
     handle->writable = true;
@@ -232,7 +336,12 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     m_flights.created(attr.entry, handle->opener);  // single flight: a filler at work
     if (handle->version) m_flights.writer_opened(attr.entry, handle->opener);
     FileHandle* raw = handle.release();
-    fi->fh = reinterpret_cast<std::uint64_t>(raw);
+    // A truncation of a file that had content is unpublished until the writer's close.
+    fi->fh = enter_handle(raw, truncate && attr.size > 0);
+    if (!fi->fh) {
+        discard_open(raw);
+        return reply_error(req, {ENFILE, "too many open files on the mount"});
+    }
     m_lookups.remember(attr.ino);
     // O_CREAT of a file that existed: the kernel may hold its settled attributes.
     m_background.invalidate_attr(attr.ino);
@@ -258,8 +367,10 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
 }
 
 void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    if (!handle) return read_unopened(req, ino, size, off);
+    if (!fi->fh) return read_unopened(req, ino, size, off);
+    FileHandle* handle = m_handles.file(fi->fh);
+    if (!handle) return reply_error(req, {EBADF, "no such handle"});
+    if (handle->lost) return reply_error(req, {EIO, "this open file was lost with a daemon"});
     std::shared_ptr<Version> version;
     std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
     bool lost = false;
@@ -308,7 +419,11 @@ void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) 
 
 void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                        fuse_file_info* fi) {
-    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    FileHandle* handle = m_handles.file(fi->fh);
+    if (!handle) return reply_error(req, {EBADF, "no such handle"});
+    if (handle->lost) return reply_error(req, {EIO, "this open file was lost with a daemon"});
+    const Dirtying dirtying(*this);
+    if (dirtying.refused()) return;  // handing over: the successor answers it
     std::shared_ptr<Version> version;
     bool orphan = false;
     {
@@ -327,6 +442,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
         s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
     }
     if (!s) return reply_error(req, s.error());
+    if (version) m_handles.set_unpublished(handle->fh, true);  // for a successor (state.hpp)
     fuse_reply_write(req, size);
 }
 
@@ -372,9 +488,11 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     // opener's close publishes here; release (the last descriptor gone) always does.
     // A process killed by a signal closes its files too: a rewriter killed mid-file
     // must not publish what it had written so far.
-    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
-    if (!handle)
+    if (!fi->fh)
         return (void)fuse_reply_err(req, m_no_open ? ENOSYS : 0);  // read-only: never again
+    FileHandle* handle = m_handles.file(fi->fh);
+    if (!handle) return reply_error(req, {EBADF, "no such handle"});
+    if (handle->lost) return reply_error(req, {EIO, "this open file was lost with a daemon"});
     const pid_t tid = fuse_req_ctx(req)->pid;
     std::shared_ptr<Version> version;
     {
@@ -409,6 +527,7 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
             published = version->staged.stored_digest();
         }
         if (clean) m_pages.close_writer(handle, true, published);
+        if (clean) m_handles.set_unpublished(handle->fh, false);
     }
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
@@ -417,7 +536,10 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
     // fsync and fdatasync alike publish the version the handle writes (every handle's
     // writes, for the shared version); with durability=full the commit is synced.
-    auto* handle = reinterpret_cast<FileHandle*>(fi->fh);
+    FileHandle* handle = fi->fh ? m_handles.file(fi->fh) : nullptr;
+    if (fi->fh && !handle) return reply_error(req, {EBADF, "no such handle"});
+    if (handle && handle->lost)
+        return reply_error(req, {EIO, "this open file was lost with a daemon"});
     std::shared_ptr<Version> version;
     if (handle) {
         std::lock_guard lock(handle->mutex);
@@ -428,20 +550,27 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
         std::lock_guard lock(version->mutex);
         s = publish(req, *version);
     }
+    if (s && version) {
+        std::lock_guard lock(version->mutex);
+        if (!version->staged.dirty()) m_handles.set_unpublished(handle->fh, false);
+    }
     if (s) s = m_store.sync();
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
 
 void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-    std::unique_ptr<FileHandle> handle(reinterpret_cast<FileHandle*>(fi->fh));
+    // The slot is freed last: a daemon that dies before the reply leaves it for the next
+    // one, whose RELEASE (resent) ends it; one freed already is answered 0.
+    FileHandle* handle = fi->fh ? m_handles.file(fi->fh) : nullptr;
     if (!handle) return (void)fuse_reply_err(req, 0);
     // flush() published already unless a write came after it (or it failed, in which
     // case the writer was told), or its writer was killed. The last handle of a
     // version publishes it and ends its lease, before readers may use the page cache.
-    if (handle->writable) leave_version(req, handle.get());
-    if (handle->page_cached) m_pages.leave(handle.get());
-    if (handle->page_writer) m_pages.leave_as_writer(handle.get());
+    if (handle->writable) leave_version(req, handle);
+    if (handle->page_cached) m_pages.leave(handle);
+    if (handle->page_writer) m_pages.leave_as_writer(handle);
+    (void)m_handles.take_file(fi->fh);  // deletes it
     fuse_reply_err(req, 0);
 }
 

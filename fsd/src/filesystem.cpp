@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "kernel_attrs.hpp"
 #include "log.hpp"
 #include "process.hpp"
+#include "resend.hpp"
 
 namespace kcache::fsd {
 using core::Attr;
@@ -25,7 +27,18 @@ Filesystem* self(fuse_req_t req) {
 
 }  // namespace
 
-Filesystem::Filesystem(core::Store& store, const Options& options)
+namespace {
+
+std::unique_ptr<StateFile> private_state(StateFile* given) {
+    if (given) return nullptr;
+    auto state = StateFile::map(-1);
+    if (!state) throw std::runtime_error(state.error().message);
+    return std::move(*state);
+}
+
+}  // namespace
+
+Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* state)
     : m_store(store),
       m_options(options),
       m_background(store, options.sync_interval_s),
@@ -33,7 +46,42 @@ Filesystem::Filesystem(core::Store& store, const Options& options)
       m_lookups(m_pages),
       m_contents(store, m_pages, m_lookups),
       m_hits(m_background),
-      m_flights(store, std::chrono::milliseconds(options.single_flight_ms)) {}
+      m_flights(store, std::chrono::milliseconds(options.single_flight_ms)),
+      m_own_state(private_state(state)),
+      m_state(state ? *state : *m_own_state),
+      m_handles(m_state) {
+    m_handles.on_rebuild([this](const HandleRecord& r) { return rebuild_file(r); },
+                         [](const HandleRecord&) { return new DirHandle; });
+}
+
+Filesystem::Dirtying::Dirtying(Filesystem& fs) : m_fs(fs) {
+    std::lock_guard lock(fs.m_handover_mutex);
+    if (fs.m_handing_over) return;
+    ++fs.m_dirtying;
+    m_entered = true;
+}
+
+Filesystem::Dirtying::~Dirtying() {
+    if (!m_entered) return;
+    std::lock_guard lock(m_fs.m_handover_mutex);
+    --m_fs.m_dirtying;
+}
+
+bool Filesystem::try_hand_over() {
+    std::lock_guard lock(m_handover_mutex);
+    if (m_dirtying > 0 || m_handles.unpublished() > 0) return false;
+    m_handing_over = true;
+    return true;
+}
+
+std::size_t Filesystem::adopt_handles() {
+    // The retries of walks a dead daemon answered ESTALE (single flight, step 1) come in
+    // at once; a few seconds covers them.
+    m_no_flights_until_ns = core::steady_ns() + std::int64_t{5'000'000'000} +
+                            2 * static_cast<std::int64_t>(m_options.single_flight_ms) * 1'000'000;
+    m_handles.rebuild_readers();
+    return m_handles.inherited();
+}
 
 Filesystem::~Filesystem() {
     m_flights.stop();  // its answers look up the db and reply
@@ -175,6 +223,9 @@ bool Filesystem::first_miss(fuse_req_t req, const core::ReadTxn& txn, Ino parent
         return false;
     }
     *negative_timeout = 0;
+    // Just after a takeover a walk may be the retry of an ESTALE the dead daemon gave
+    // (step 1), which this one does not know of: a second ESTALE would reach the caller.
+    if (core::steady_ns() < m_no_flights_until_ns.load(std::memory_order_relaxed)) return false;
     const pid_t tid = fuse_req_ctx(req)->pid;
     if (m_flights.retried(tid, parent, name)) return false;  // step 3: as it stands
     SingleFlight::Awaited awaited{parent, name, dir->entry, process_of(tid)};
@@ -240,7 +291,7 @@ void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, boo
 }
 
 void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-    auto* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
+    FileHandle* handle = fi && fi->fh ? m_handles.file(fi->fh) : nullptr;
     auto txn = m_store.read();
     if (!txn) return reply_error(req, txn.error());
     auto attr = txn->getattr(ino);
@@ -288,8 +339,15 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                          fuse_file_info* fi) {
-    FileHandle* handle = fi && fi->fh ? reinterpret_cast<FileHandle*>(fi->fh) : nullptr;
+    FileHandle* handle = fi && fi->fh ? m_handles.file(fi->fh) : nullptr;
+    std::optional<Dirtying> dirtying;
+    if ((to_set & FUSE_SET_ATTR_SIZE) && handle && handle->writable) {
+        dirtying.emplace(*this);
+        if (dirtying->refused()) return;  // handing over: the successor answers it
+    }
     std::optional<std::uint64_t> version_size;  // the size a truncated version now has
+    if ((to_set & FUSE_SET_ATTR_SIZE) && handle && handle->lost)
+        return reply_error(req, {EIO, "this open file was lost with a daemon"});
     if ((to_set & FUSE_SET_ATTR_SIZE) &&
         static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
         return reply_error(req, {EFBIG, "file size over --max-file-size"});
@@ -307,6 +365,7 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
             }
             version_size = version->staged.content().size();
             to_set &= ~FUSE_SET_ATTR_SIZE;
+            m_handles.set_unpublished(handle->fh, true);
         }
     }
     if ((to_set & FUSE_SET_ATTR_SIZE) && !handle) {
@@ -385,6 +444,7 @@ void Filesystem::make_node(
         return {};
     });
     if (!s) return reply_error(req, s.error());
+    resend::after_commit();
     // A filler at work (single flight): one that made a file, not a directory. mkdir -p
     // by several processes at once is no compile to wait for, and the lookup a sibling's
     // mkdir makes of its new name cannot take the ESTALE a wait starts with.
@@ -393,28 +453,88 @@ void Filesystem::make_node(
     reply_entry(req, attr);
 }
 
+bool Filesystem::answer_resent(fuse_req_t req, int op, Ino parent, const char* name, Ino new_parent,
+                               const char* new_name) {
+    const auto which = static_cast<resend::Op>(op);
+    const auto ino = resend::recorded(which);
+    if (!ino) return false;
+    auto txn = m_store.read();
+    if (!txn) return false;
+    auto at = txn->lookup(parent, name);
+    const bool holds = at && at->ino == *ino;
+    switch (which) {
+        case resend::Op::mkdir:
+        case resend::Op::symlink:
+            if (!holds) return false;
+            log::info("a resent {} of {} was done by the previous daemon: answered as it was",
+                      which == resend::Op::mkdir ? "mkdir" : "symlink", name);
+            reply_entry(req, *at);
+            return true;
+        case resend::Op::unlink:
+        case resend::Op::rmdir:
+            if (holds) return false;
+            log::info("a resent removal of {} was done by the previous daemon: answered 0", name);
+            fuse_reply_err(req, 0);
+            return true;
+        case resend::Op::rename: {
+            auto moved = txn->lookup(new_parent, new_name);
+            if (holds || !moved || moved->ino != *ino) return false;
+            log::info("a resent rename of {} was done by the previous daemon: answered 0", name);
+            fuse_reply_err(req, 0);
+            return true;
+        }
+        default:
+            return false;
+    }
+}
+
 void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+    if (answer_resent(req, static_cast<int>(resend::Op::mkdir), parent, name)) return;
     make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        return txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
+        auto made = txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
+        if (made) resend::record(resend::Op::mkdir, made->ino);
+        return made;
     });
 }
 
 void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+    if (answer_resent(req, static_cast<int>(resend::Op::symlink), parent, name)) return;
     make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        return txn.symlink(parent, name, target, ctx.uid, ctx.gid);
+        auto made = txn.symlink(parent, name, target, ctx.uid, ctx.gid);
+        if (made) resend::record(resend::Op::symlink, made->ino);
+        return made;
     });
 }
 
+// The inode `name` in `parent` names, for a removal's record (resend.hpp); 0 if none.
+static Ino named(const core::WriteTxn& txn, Ino parent, const char* name) {
+    auto attr = txn.lookup(parent, name);
+    return attr ? attr->ino : 0;
+}
+
 void Filesystem::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    auto s = remove_keeping_orphan(parent, name,
-                                   [&](core::WriteTxn& txn) { return txn.unlink(parent, name); });
+    if (answer_resent(req, static_cast<int>(resend::Op::unlink), parent, name)) return;
+    auto s = remove_keeping_orphan(parent, name, [&](core::WriteTxn& txn) {
+        const Ino ino = named(txn, parent, name);
+        auto removed = txn.unlink(parent, name);
+        if (removed) resend::record(resend::Op::unlink, ino);
+        return removed;
+    });
     if (!s) return reply_error(req, s.error());
+    resend::after_commit();
     fuse_reply_err(req, 0);
 }
 
 void Filesystem::rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    auto s = m_store.update([&](core::WriteTxn& txn) { return txn.rmdir(parent, name); });
+    if (answer_resent(req, static_cast<int>(resend::Op::rmdir), parent, name)) return;
+    auto s = m_store.update([&](core::WriteTxn& txn) {
+        const Ino ino = named(txn, parent, name);
+        auto removed = txn.rmdir(parent, name);
+        if (removed) resend::record(resend::Op::rmdir, ino);
+        return removed;
+    });
     if (!s) return reply_error(req, s.error());
+    resend::after_commit();
     fuse_reply_err(req, 0);
 }
 
@@ -429,14 +549,22 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     // renamed into place populates its entry on behalf of the renaming process.
     const core::Origin origin = kernel::origin_of(req);
     Ino moved_into = 0;  // the entry the renamed node is in now (single flight)
+    const bool exchange = (ours & core::kRenameExchange) != 0;  // redone when resent
+    if (!exchange && answer_resent(req, static_cast<int>(resend::Op::rename), parent, name,
+                                   new_parent, new_name)) {
+        return;
+    }
     auto s = remove_keeping_orphan(new_parent, new_name, [&](core::WriteTxn& txn) {
+        const Ino ino = exchange ? 0 : named(txn, parent, name);
         auto r = txn.rename(parent, name, new_parent, new_name, ours, &origin);
+        if (r && ino) resend::record(resend::Op::rename, ino);
         if (r && m_flights.enabled()) {
             if (auto moved = txn.lookup(new_parent, new_name)) moved_into = moved->entry;
         }
         return r;
     });
     if (!s) return reply_error(req, s.error());
+    resend::after_commit();
     if (moved_into) m_flights.created(moved_into, origin.pid);
     fuse_reply_err(req, 0);
 }

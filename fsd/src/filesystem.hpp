@@ -78,19 +78,31 @@
 #include "page_cache.hpp"
 #include "remote_tier.hpp"
 #include "single_flight.hpp"
+#include "state.hpp"
 #include "versions.hpp"
 
 namespace kcache::fsd {
 
 class Filesystem {
   public:
-    Filesystem(core::Store& store, const Options& options);
+    // `state`: the handle table's memory (state.hpp), the keeper's memfd; null: private.
+    // A state a dead daemon left is taken over: its open handles stay valid.
+    Filesystem(core::Store& store, const Options& options, StateFile* state = nullptr);
     ~Filesystem();
 
     // The operation table; every callback's userdata is a Filesystem*.
     static const fuse_lowlevel_ops& operations();
 
     void start(fuse_session* session);
+    // After a takeover, before the first request: rebuilds the readers the previous
+    // daemon left open (their versions may leave the db before their next READ).
+    // Returns how many handles it left (readers, writers, directories).
+    std::size_t adopt_handles();
+    // An upgrade (keeper.hpp): true once no handle has unpublished bytes and no request
+    // that could leave some is running; from then on such requests (WRITE, an O_TRUNC
+    // open or create, a truncating SETATTR of a handle) are left unanswered: the kernel
+    // resends them to the successor. False: not yet (writers are at work).
+    bool try_hand_over();
     // The shared tier (kcache-fsd --remote), before start(); it must outlive every
     // request and be stopped before stop(): its callbacks answer lookups.
     void attach_remote(RemoteTier* remote) { m_remote = remote; }
@@ -131,6 +143,20 @@ class Filesystem {
     void forget(fuse_ino_t ino, std::uint64_t count);
 
   private:
+    // Held by a request that may leave bytes unpublished; refused() once handing over
+    // (then the request returns unanswered). Lock: m_handover_mutex, level 9, a leaf.
+    class Dirtying {
+      public:
+        explicit Dirtying(Filesystem& fs);
+        ~Dirtying();
+        Dirtying(const Dirtying&) = delete;
+        Dirtying& operator=(const Dirtying&) = delete;
+        bool refused() const { return !m_entered; }
+
+      private:
+        Filesystem& m_fs;
+        bool m_entered = false;
+    };
     void reply_error(fuse_req_t req, const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
     // first when `read_through` (then answered from a tier thread, asynchronously). When
@@ -143,6 +169,11 @@ class Filesystem {
     // unpopulated or being filled: 0, so that a later probe reaches the daemon.
     bool first_miss(fuse_req_t req, const core::ReadTxn& txn, core::Ino parent, const char* name,
                     double* negative_timeout);
+    // A resent non-idempotent request (resend.hpp) whose change the dead daemon had
+    // committed: answered as it would have been (true); false: do it. `op` is a
+    // resend::Op; rename names its target in new_parent/new_name.
+    bool answer_resent(fuse_req_t req, int op, core::Ino parent, const char* name,
+                       core::Ino new_parent = 0, const char* new_name = nullptr);
     // Makes a node in one transaction and replies with its entry.
     void make_node(
         fuse_req_t req,
@@ -176,11 +207,21 @@ class Filesystem {
     void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
     void discard_open(FileHandle* handle);
+    // Puts an opened handle into the handle table; its fh, or 0 when the table is full.
+    // `unpublished`: the open itself changed the file (O_TRUNC) and nothing published it.
+    std::uint64_t enter_handle(FileHandle* handle, bool unpublished);
+    // A handle a dead daemon left (state.hpp): rebuilt by inode and digest.
+    FileHandle* rebuild_file(const HandleRecord& record);
 
     core::Store& m_store;
     const Options m_options;
     Background m_background;
-    bool m_no_open = false;          // --read-only with the kernel's no-open support; set by init()
+    bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
+    // Single flight makes no walk wait before this (steady_ns), after a takeover.
+    std::atomic<std::int64_t> m_no_flights_until_ns{0};
+    std::mutex m_handover_mutex;  // level 9, a leaf; guards the two below
+    int m_dirtying = 0;           // requests holding a Dirtying
+    bool m_handing_over = false;
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
     // The units (each guards its own state; lock_order.hpp). Declared in dependency
@@ -191,6 +232,11 @@ class Filesystem {
     Contents m_contents;
     HitCounter m_hits;
     SingleFlight m_flights;
+
+    // Open handles: fi->fh is a slot of this table (state.hpp), in `m_state`.
+    std::unique_ptr<StateFile> m_own_state;  // when no state was given
+    StateFile& m_state;
+    HandleTable m_handles;
 };
 
 }  // namespace kcache::fsd

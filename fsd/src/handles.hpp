@@ -23,6 +23,7 @@ namespace kcache::fsd {
 
 struct FileHandle {
     // ---- fixed at open ----
+    std::uint64_t fh = 0;  // its slot in the handle table (state.hpp), set by HandleTable
     core::Ino ino = 0;
     core::Attr attr;        // as opened: answers getattr once the file is gone from the db
     bool orphan = false;    // opened after its removal: writes are accepted and dropped
@@ -52,6 +53,9 @@ struct FileHandle {
     // (follow_shared), else null.
     std::shared_ptr<Version> version;
     bool killed = false;  // its writer died by a signal: its close publishes nothing
+    // A writer inherited from a daemon that died with bytes of it unpublished (state.hpp):
+    // WRITE, FLUSH and FSYNC are answered EIO; its entry keeps what was published.
+    bool lost = false;
 
     // ---- guarded by PageCache's mutex (level 7) ----
     // A page-cache reader whose open made the kernel drop its pages: its first READ

@@ -28,7 +28,13 @@
 //     SingleFlight::m_mutex (its answers run with none of these held); with
 //     --io-uring, UringTransport's hand-off mutex of each ring (a reply sent from
 //     another thread than the ring's is queued under it; uring_transport.hpp) and its
-//     start-up handshake mutex (only while INIT is answered).
+//     start-up handshake mutex (only while INIT is answered); HandleTable's free-slot
+//     mutex (state.hpp); Filesystem::m_handover_mutex (an upgrade's gate); takeover's
+//     replay and pending-INIT mutexes (takeover.cpp).
+//
+// HandleTable::m_rebuild_mutex (state.hpp) is taken with none of these held (a
+// handler's first step, looking its handle up); under it a handle left by a dead
+// daemon is rebuilt: read transactions, Contents, Lookups, Versions::join.
 //
 // LMDB read transactions (Store::read) take no lock that conflicts with these (a
 // reader slot); they are opened under any level.

@@ -1,27 +1,47 @@
 // kcache-fsd: mounts a kcache db as a directory.
 //
-// Start-up order matters: an LMDB environment must not cross a fork(), so the
-// daemon forks first (unless -f); the child opens the db, mounts, and only then
-// tells the waiting parent "ready" (exit 0) or the error (exit 1). Everything that
-// can be wrong with the db or the mountpoint is reported before anything is mounted.
+// Processes: kcache-fsd forks first (unless -f) and the parent waits for "ready" (exit
+// 0) or the error (exit 1). The process that stays is the keeper (keeper.hpp): it
+// mounts and runs the serving daemon, this binary again with $KCACHE_FSD_SERVE set,
+// which opens the db and serves the mount the keeper holds; a daemon that starts on a
+// state a dead one left takes the mount over (takeover.hpp). An LMDB environment must
+// not cross a fork(): only the serving daemon opens the db. What can be wrong with the
+// mountpoint is reported before anything is mounted; what is wrong with the db, by
+// the first daemon, after which the keeper unmounts. --no-keeper: one process opens
+// the db, mounts and serves (a crash then ends the mount).
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <dirent.h>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "filesystem.hpp"
 #include "kcache/core/store.hpp"
+#include "keeper.hpp"
 #include "log.hpp"
 #include "options.hpp"
+#include "resend.hpp"
+#include "state.hpp"
+#include "takeover.hpp"
 #include "uring_transport.hpp"
 
 namespace {
@@ -37,7 +57,8 @@ class StartupPipe {
     // Forks; returns only in the child. The parent exits with the child's verdict.
     void fork_daemon() {
         int fds[2];
-        if (pipe(fds) != 0) return;  // then stay in the foreground
+        // Close-on-exec: the daemons the keeper starts must not hold the parent's pipe.
+        if (pipe2(fds, O_CLOEXEC) != 0) return;  // then stay in the foreground
         const pid_t pid = fork();
         if (pid < 0) return;
         if (pid > 0) {
@@ -56,6 +77,14 @@ class StartupPipe {
         m_fd = fds[1];
         setsid();
     }
+    // A daemon started by a keeper reports to it through `fd`; it detaches (its stderr
+    // to the log) only when the keeper did (not -f).
+    void report_to(int fd, bool detach) {
+        m_fd = fd;
+        m_detach = detach;
+    }
+    // A file the keeper keeps, sent with "ready" (the report is a unix socket then).
+    void pass_fd(int fd) { m_pass_fd = fd; }
     void fail_startup(const std::string& message) {
         const std::string line = "kcache-fsd: " + message + "\n";
         if (m_fd >= 0)
@@ -67,6 +96,13 @@ class StartupPipe {
     // Detaches from the terminal; the daemon's messages go to `log_path`.
     void ready(const std::string& log_path) {
         if (m_fd < 0) return;
+        if (m_pass_fd >= 0) send_ready();
+        if (!m_detach) {
+            if (m_pass_fd < 0) (void)!::write(m_fd, "ready", 5);
+            close(m_fd);
+            m_fd = -1;
+            return;
+        }
         const int null = ::open("/dev/null", O_RDWR);
         const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (null >= 0) {
@@ -74,26 +110,73 @@ class StartupPipe {
             dup2(null, STDOUT_FILENO);
         }
         if (log >= 0) dup2(log, STDERR_FILENO);
-        (void)!::write(m_fd, "ready", 5);
+        if (m_pass_fd < 0) (void)!::write(m_fd, "ready", 5);
         close(m_fd);
         m_fd = -1;
         (void)!chdir("/");
     }
 
   private:
+    void send_ready() {
+        char data[] = "ready";
+        iovec iov{data, 5};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &m_pass_fd, sizeof(int));
+        (void)!::sendmsg(m_fd, &msg, MSG_NOSIGNAL);
+    }
+
     int m_fd = -1;
+    bool m_detach = true;
+    int m_pass_fd = -1;
 };
+
+// Unmounts a dead FUSE mount (its daemon, and its keeper, died) lazily: processes that
+// still hold files or directories there keep the dead mount, everyone else gets the
+// new one. As root by umount2, else by fusermount3 -uz.
+Status unmount_dead(const std::string& path) {
+    if (::umount2(path.c_str(), MNT_DETACH) == 0) return {};
+    const int err = errno;
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const int null = ::open("/dev/null", O_RDWR);
+        if (null >= 0) dup2(null, STDOUT_FILENO);
+        execlp("fusermount3", "fusermount3", "-uz", path.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    int status = 0;
+    if (pid > 0) {
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    if (pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
+    return fail(ENOTCONN, fmt::format("mountpoint {} is a dead mount and cannot be unmounted "
+                                      "(umount2: {}; fusermount3 -uz failed): run `fusermount3 "
+                                      "-uz {}`",
+                                      path, std::strerror(err), path));
+}
 
 Status check_mountpoint(const std::string& path) {
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        if (errno == ENOTCONN) {
-            return fail(
-                ENOTCONN,
-                fmt::format("mountpoint {} is a dead mount: run `fusermount3 -u {}`", path, path));
-        }
-        return fail(errno, fmt::format("mountpoint {}: {}", path, std::strerror(errno)));
+    // ENOTCONN, or ECONNABORTED where the connection was aborted (fusectl).
+    if (::stat(path.c_str(), &st) != 0 && (errno == ENOTCONN || errno == ECONNABORTED)) {
+        // A mount whose daemon and keeper died: recovered without a person (issue 20).
+        KCACHE_TRY(unmount_dead(path));
+        fsd::log::warning(
+            "mountpoint {} was a dead mount (its daemon and keeper had died): unmounted it "
+            "lazily; processes that held files or directories there must reopen them",
+            path);
     }
+    if (::stat(path.c_str(), &st) != 0)
+        return fail(errno, fmt::format("mountpoint {}: {}", path, std::strerror(errno)));
     if (!S_ISDIR(st.st_mode))
         return fail(ENOTDIR, fmt::format("mountpoint {} is not a directory", path));
     DIR* dir = opendir(path.c_str());
@@ -111,11 +194,22 @@ Status check_mountpoint(const std::string& path) {
 }
 
 // One daemon per db: a second one would double-count statistics and race evictions.
-Status lock_db_for_daemon(const std::string& db, const std::string& mountpoint) {
+// Under a keeper the lock is the keeper's too: the first daemon hands its file to the
+// keeper (StartupPipe::pass_fd), which passes it to every successor (`inherited`, the same
+// open file, so locked already): a daemon that is still dying does not keep the next one
+// out. Returns the locked file.
+kcache::core::Result<int> lock_db_for_daemon(const std::string& db, const std::string& mountpoint,
+                                             int inherited) {
     const std::string path = db + "/daemon.lock";
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd =
+        inherited >= 0 ? inherited : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return fail(errno, fmt::format("db {}: {}: {}", db, path, std::strerror(errno)));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    // A daemon killed with its keeper a moment ago may not have exited yet: its lock
+    // goes with it (PR_SET_PDEATHSIG, keeper.hpp), so a held lock is tried for a while.
+    bool locked = false;
+    for (int tries = 0; tries < 30 && !(locked = flock(fd, LOCK_EX | LOCK_NB) == 0); ++tries)
+        usleep(100 * 1000);
+    if (!locked) {
         char owner[512] = {};
         (void)!::pread(fd, owner, sizeof owner - 1, 0);
         close(fd);
@@ -125,12 +219,254 @@ Status lock_db_for_daemon(const std::string& db, const std::string& mountpoint) 
     const std::string owner = fmt::format("pid {} at {}", getpid(), mountpoint);
     (void)!ftruncate(fd, 0);
     (void)!::pwrite(fd, owner.data(), owner.size(), 0);
-    return {};  // fd stays open (and locked) for the life of the daemon
+    return fd;  // stays open (and locked) for the life of the daemon
+}
+
+// libfuse's arguments for the session (and the keeper's mount).
+std::vector<std::string> fuse_arguments(const fsd::Options& options) {
+    std::vector<std::string> args{"kcache-fsd", "-o",
+                                  "fsname=kcache:" + options.db + ",subtype=kcache"};
+    for (const auto& o : options.fuse_options) {
+        args.push_back("-o");
+        args.push_back(o);
+    }
+    if (options.debug) args.push_back("-d");
+    return args;
+}
+
+// Opens the db and serves the mount: mounted here (--no-keeper), or the keeper's
+// (`inherited`), which this daemon may take over from one that died.
+int serve(const fsd::Options& options, const std::string& mountpoint, StartupPipe& startup,
+          const std::optional<fsd::keeper::Inherited>& inherited) {
+    kcache::core::OpenOptions open;
+    open.path = options.db;
+    open.create = !options.read_only;
+    open.read_only = options.read_only;
+    open.durability = options.durability;
+    if (options.entry_depth) open.entry_depth = options.entry_depth;
+    auto store = kcache::core::Store::open(open);
+    if (!store && store.error().code == EROFS) {
+        startup.fail_startup(store.error().message +
+                             " (serve it read-only with --read-only or -o ro)");
+    }
+    if (!store) startup.fail_startup(store.error().message);
+    // A read-only daemon changes nothing (no statistics, no eviction): several may
+    // serve one db, beside a read-write one, and its filesystem may be read-only.
+    if (!options.read_only) {
+        auto lock = lock_db_for_daemon(options.db, mountpoint, inherited ? inherited->lock_fd : -1);
+        if (!lock) startup.fail_startup(lock.error().message);
+        if (inherited && inherited->lock_fd < 0) startup.pass_fd(*lock);
+        // Limits given on the command line become the db's (the CLI sees the same ones).
+        auto configured = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
+            kcache::core::Config config = txn.config();
+            if (options.max_bytes) config.max_bytes = options.max_bytes;
+            if (options.max_entries) config.max_entries = options.max_entries;
+            if (options.entry_depth) config.entry_depth = options.entry_depth;
+            if (options.layout_rules) config.layout_rules = *options.layout_rules;
+            return txn.set_config(config);
+        });
+        if (!configured) startup.fail_startup(configured.error().message);
+    }
+
+    // SIGUSR2 (from the keeper: an upgrade) is taken by the hand-over thread below; every
+    // thread made from here on inherits the mask.
+    sigset_t handover_signals;
+    sigemptyset(&handover_signals);
+    sigaddset(&handover_signals, SIGUSR2);
+    if (inherited) pthread_sigmask(SIG_BLOCK, &handover_signals, nullptr);
+
+    // The handle table and the saved INIT: the keeper's memfd, or private memory.
+    auto state = fsd::StateFile::map(inherited ? inherited->state_fd : -1);
+    if (!state) startup.fail_startup(state.error().message);
+    fsd::Filesystem filesystem(**store, options, state->get());
+    // Kept after "ready": an upgrade reports "handed over" on it (keeper.hpp).
+    const int report_fd = inherited ? fcntl(inherited->ready_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    // The shared tier, made after the fork (its threads must not cross it). It connects
+    // lazily: an unreachable Redis does not stop start-up, it only costs misses.
+    std::unique_ptr<fsd::RemoteTier> remote;
+    if (options.remote) {
+        auto made = fsd::RemoteTier::create(**store, *options.remote, options.prefetch_job_tag,
+                                            options.job_tag);
+        if (!made) startup.fail_startup(made.error().message);
+        remote = std::move(*made);
+        filesystem.attach_remote(remote.get());
+    }
+    std::vector<std::string> arg_storage = fuse_arguments(options);
+    std::vector<char*> fuse_argv;
+    for (auto& a : arg_storage) fuse_argv.push_back(a.data());
+    fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
+    fuse_session* session = fuse_session_new(&args, &fsd::Filesystem::operations(),
+                                             sizeof(fuse_lowlevel_ops), &filesystem);
+    if (!session) startup.fail_startup("invalid FUSE options (see above)");
+    if (fuse_set_signal_handlers(session) != 0)
+        startup.fail_startup("cannot install signal handlers");
+    // The keeper's mount: libfuse takes "/dev/fd/N" as an open connection (and leaves the
+    // unmount to the keeper).
+    const std::string device =
+        inherited ? fmt::format("/dev/fd/{}", inherited->fuse_fd) : mountpoint;
+    if (fuse_session_mount(session, device.c_str()) != 0) {
+        startup.fail_startup(fmt::format(
+            "cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", mountpoint));
+    }
+    const bool resuming = (*state)->inherited();
+    const std::size_t adopted = resuming ? filesystem.adopt_handles() : 0;
+    fsd::takeover::begin(**state, fuse_session_fd(session));
+    fsd::resend::attach(**state);
+    // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);
+    // /dev/fuse serves until then, and alone where the kernel does not offer them.
+    std::unique_ptr<fsd::UringTransport> uring;
+    if (options.io_uring) uring = fsd::UringTransport::install(session);
+    if (!uring) fsd::takeover::install_plain(session);
+    if (remote) remote->start();
+    filesystem.start(session);
+    startup.ready(options.db + "/fsd.log");
+    if (resuming) {
+        fsd::log::info("took over {} at {} (daemon {}; {} open handles left by the previous one)",
+                       options.db, mountpoint, getpid(), adopted);
+    } else {
+        fsd::log::info("serving {} at {}{}", options.db, mountpoint,
+                       options.read_only ? " read-only" : "");
+    }
+    if (options.remote && !resuming) {
+        std::string servers;
+        for (const auto& e : options.remote->servers)
+            servers += (servers.empty() ? "" : ", ") + e.id();
+        fsd::log::info("shared tier: {} (namespace {}{})", servers, options.remote->ns,
+                       options.remote->read_only ? ", read-only" : "");
+    }
+
+    // An upgrade (keeper.hpp): on SIGUSR2 the daemon stops at a request boundary once no
+    // writer has unpublished bytes (Filesystem::try_hand_over), and exits kHandedOver;
+    // what it had read and not answered is resent to its successor.
+    std::atomic<bool> loop_done{false};
+    std::atomic<bool> handed_over{false};
+    std::thread handover;
+    if (inherited) {
+        handover = std::thread([&] {
+            const timespec tick{0, 100 * 1000 * 1000};
+            while (!loop_done) {
+                siginfo_t info{};
+                if (sigtimedwait(&handover_signals, &info, &tick) != SIGUSR2) continue;
+                fsd::log::info("upgrade: handing the mount over at a request boundary");
+                const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+                bool ready = false;
+                while (!loop_done && !(ready = filesystem.try_hand_over()) &&
+                       std::chrono::steady_clock::now() < deadline) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                }
+                if (!ready) {
+                    fsd::log::warning(
+                        "upgrade postponed: writers kept bytes unpublished for 30 s (SIGHUP to "
+                        "the keeper tries again)");
+                    continue;
+                }
+                handed_over = true;
+                fuse_session_exit(session);
+                kill(getpid(), SIGTERM);  // wakes the loop: libfuse's handler ends it
+                return;
+            }
+        });
+    }
+
+    fuse_loop_config* loop = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_clone_fd(loop, 0);
+    fuse_loop_cfg_set_max_threads(loop, 16);
+    const int rc = fuse_session_loop_mt(session, loop);
+    fuse_loop_cfg_destroy(loop);
+    loop_done = true;
+    if (handover.joinable()) handover.join();
+    // Handed over: the successor may start now. Its resend brings back what this daemon
+    // read and left unanswered; what the clean-up below waits on may need it.
+    if (handed_over) (void)!::send(report_fd, "handed over", 11, MSG_NOSIGNAL);
+
+    if (uring) uring->stop();       // no handler runs after this; later replies are refused
+    if (remote) remote->stop();     // waiting lookups answered, counts recorded
+    filesystem.stop();              // statistics flushed, db synced; no notification after this
+    uring.reset();                  // no reply can come any more
+    fuse_session_unmount(session);  // the keeper's mount: left to the keeper
+    fuse_remove_signal_handlers(session);
+    fuse_session_destroy(session);
+    fuse_opt_free_args(&args);
+    // A loop ended by SIGTERM/SIGINT/SIGHUP returns the signal: a clean stop too.
+    const bool clean = rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
+    if (handed_over) {
+        fsd::log::info("daemon {} handed the mount over", getpid());
+        return fsd::keeper::kHandedOver;
+    }
+    if (clean && !inherited)
+        fsd::log::info("unmounted {}", mountpoint);
+    else if (clean)
+        fsd::log::info("daemon {} stopped", getpid());
+    else
+        fsd::log::error("the FUSE loop failed ({}){}", rc,
+                        inherited ? "" : fmt::format("; unmounted {}", mountpoint));
+    return clean ? 0 : 1;
 }
 
 }  // namespace
 
+// kcache-fsd --upgrade MOUNTPOINT: SIGHUP to the mount's keeper, which replaces its
+// daemon with the binary on disk; returns once another daemon serves (exit 0).
+int upgrade(const std::string& path) {
+    std::error_code ec;
+    const std::string mountpoint = std::filesystem::absolute(path, ec).lexically_normal().string();
+    std::ifstream mounts("/proc/self/mountinfo");
+    std::string line, db;
+    while (std::getline(mounts, line)) {
+        std::istringstream fields(line);
+        std::string id, parent, dev, root, point;
+        fields >> id >> parent >> dev >> root >> point;
+        const auto dash = line.find(" - ");
+        if (point != mountpoint || dash == std::string::npos) continue;
+        std::istringstream rest(line.substr(dash + 3));
+        std::string type, source;
+        rest >> type >> source;
+        if (source.rfind("kcache:", 0) == 0) db = source.substr(7);
+    }
+    if (db.empty()) {
+        std::fprintf(stderr, "kcache-fsd: %s is not a kcache-fsd mount\n", mountpoint.c_str());
+        return 1;
+    }
+    auto daemon_pid = [&]() -> pid_t {
+        std::ifstream lock(db + "/daemon.lock");
+        std::string word;
+        pid_t pid = -1;
+        if (lock >> word >> pid && word == "pid") return pid;
+        return -1;
+    };
+    const pid_t daemon = daemon_pid();
+    pid_t keeper = -1;
+    if (daemon > 0) {
+        std::ifstream stat("/proc/" + std::to_string(daemon) + "/stat");
+        std::string text;
+        std::getline(stat, text);
+        const auto close = text.rfind(')');
+        std::istringstream rest(close == std::string::npos ? "" : text.substr(close + 1));
+        std::string state;
+        rest >> state >> keeper;
+    }
+    if (keeper <= 1 || kill(keeper, SIGHUP) != 0) {
+        std::fprintf(stderr, "kcache-fsd: no keeper serves %s (is it run with --no-keeper?)\n",
+                     mountpoint.c_str());
+        return 1;
+    }
+    for (int i = 0; i < 600; ++i) {
+        usleep(100 * 1000);
+        const pid_t now = daemon_pid();
+        if (now > 0 && now != daemon) {
+            std::printf("kcache-fsd: %s: daemon %d replaced by %d\n", mountpoint.c_str(),
+                        static_cast<int>(daemon), static_cast<int>(now));
+            return 0;
+        }
+    }
+    std::fprintf(stderr,
+                 "kcache-fsd: %s: daemon %d was not replaced within 60 s (see %s/fsd.log)\n",
+                 mountpoint.c_str(), static_cast<int>(daemon), db.c_str());
+    return 1;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 3 && std::string(argv[1]) == "--upgrade") return upgrade(argv[2]);
     auto options = fsd::parse_options(argc, argv);
     if (!options) {
         std::fprintf(stderr, "kcache-fsd: %s\n", options.error().message.c_str());
@@ -142,104 +478,16 @@ int main(int argc, char** argv) {
     }
     const std::string& mountpoint = options->mountpoint;  // absolute (parse_options)
     StartupPipe startup;
+    // A daemon the keeper started: it serves the keeper's mount.
+    if (const auto inherited = fsd::keeper::inherited()) {
+        startup.report_to(inherited->ready_fd, !options->foreground);
+        return serve(*options, mountpoint, startup, inherited);
+    }
     if (auto s = check_mountpoint(mountpoint); !s) startup.fail_startup(s.error().message);
     if (!options->foreground) startup.fork_daemon();
-
-    kcache::core::OpenOptions open;
-    open.path = options->db;
-    open.create = !options->read_only;
-    open.read_only = options->read_only;
-    open.durability = options->durability;
-    if (options->entry_depth) open.entry_depth = options->entry_depth;
-    auto store = kcache::core::Store::open(open);
-    if (!store && store.error().code == EROFS) {
-        startup.fail_startup(store.error().message +
-                             " (serve it read-only with --read-only or -o ro)");
-    }
-    if (!store) startup.fail_startup(store.error().message);
-    // A read-only daemon changes nothing (no statistics, no eviction): several may
-    // serve one db, beside a read-write one, and its filesystem may be read-only.
-    if (!options->read_only) {
-        if (auto s = lock_db_for_daemon(options->db, mountpoint); !s)
-            startup.fail_startup(s.error().message);
-        // Limits given on the command line become the db's (the CLI sees the same ones).
-        auto configured = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
-            kcache::core::Config config = txn.config();
-            if (options->max_bytes) config.max_bytes = options->max_bytes;
-            if (options->max_entries) config.max_entries = options->max_entries;
-            if (options->entry_depth) config.entry_depth = options->entry_depth;
-            if (options->layout_rules) config.layout_rules = *options->layout_rules;
-            return txn.set_config(config);
-        });
-        if (!configured) startup.fail_startup(configured.error().message);
-    }
-
-    fsd::Filesystem filesystem(**store, *options);
-    // The shared tier, made after the fork (its threads must not cross it). It connects
-    // lazily: an unreachable Redis does not stop start-up, it only costs misses.
-    std::unique_ptr<fsd::RemoteTier> remote;
-    if (options->remote) {
-        auto made = fsd::RemoteTier::create(**store, *options->remote, options->prefetch_job_tag,
-                                            options->job_tag);
-        if (!made) startup.fail_startup(made.error().message);
-        remote = std::move(*made);
-        filesystem.attach_remote(remote.get());
-    }
-    std::vector<std::string> arg_storage{"kcache-fsd", "-o",
-                                         "fsname=kcache:" + options->db + ",subtype=kcache"};
-    for (const auto& o : options->fuse_options) {
-        arg_storage.push_back("-o");
-        arg_storage.push_back(o);
-    }
-    if (options->debug) arg_storage.push_back("-d");
-    std::vector<char*> fuse_argv;
-    for (auto& a : arg_storage) fuse_argv.push_back(a.data());
-    fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
-    fuse_session* session = fuse_session_new(&args, &fsd::Filesystem::operations(),
-                                             sizeof(fuse_lowlevel_ops), &filesystem);
-    if (!session) startup.fail_startup("invalid FUSE options (see above)");
-    if (fuse_set_signal_handlers(session) != 0)
-        startup.fail_startup("cannot install signal handlers");
-    if (fuse_session_mount(session, mountpoint.c_str()) != 0) {
-        startup.fail_startup(fmt::format(
-            "cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", mountpoint));
-    }
-    // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);
-    // /dev/fuse serves until then, and alone where the kernel does not offer them.
-    std::unique_ptr<fsd::UringTransport> uring;
-    if (options->io_uring) uring = fsd::UringTransport::install(session);
-    if (remote) remote->start();
-    filesystem.start(session);
-    startup.ready(options->db + "/fsd.log");
-    fsd::log::info("serving {} at {}{}", options->db, mountpoint,
-                   options->read_only ? " read-only" : "");
-    if (options->remote) {
-        std::string servers;
-        for (const auto& e : options->remote->servers)
-            servers += (servers.empty() ? "" : ", ") + e.id();
-        fsd::log::info("shared tier: {} (namespace {}{})", servers, options->remote->ns,
-                       options->remote->read_only ? ", read-only" : "");
-    }
-
-    fuse_loop_config* loop = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_clone_fd(loop, 0);
-    fuse_loop_cfg_set_max_threads(loop, 16);
-    const int rc = fuse_session_loop_mt(session, loop);
-    fuse_loop_cfg_destroy(loop);
-
-    if (uring) uring->stop();    // no handler runs after this; later replies are refused
-    if (remote) remote->stop();  // waiting lookups answered, counts recorded
-    filesystem.stop();           // statistics flushed, db synced; no notification after this
-    uring.reset();               // no reply can come any more
-    fuse_session_unmount(session);
-    fuse_remove_signal_handlers(session);
-    fuse_session_destroy(session);
-    fuse_opt_free_args(&args);
-    // A loop ended by SIGTERM/SIGINT/SIGHUP returns the signal: a clean stop too.
-    const bool clean = rc == 0 || rc == SIGTERM || rc == SIGINT || rc == SIGHUP;
-    if (clean)
-        fsd::log::info("unmounted {}", mountpoint);
-    else
-        fsd::log::error("the FUSE loop failed ({}); unmounted {}", rc, mountpoint);
-    return clean ? 0 : 1;
+    if (options->no_keeper) return serve(*options, mountpoint, startup, std::nullopt);
+    const std::string log_path = options->db + "/fsd.log";
+    fsd::keeper::Startup report{[&](const std::string& message) { startup.fail_startup(message); },
+                                [&] { startup.ready(log_path); }};
+    return fsd::keeper::run(mountpoint, fuse_arguments(*options), argv, report);
 }

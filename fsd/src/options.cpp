@@ -122,6 +122,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
                    "is filling waits for it (default 2000; 0: never)");
     app.add_flag("-f,--foreground", o.foreground, "stay in the foreground");
     app.add_flag("-d,--debug", o.debug, "log every FUSE request (implies -f)");
+    app.add_flag("--no-keeper", o.no_keeper,
+                 "serve without the keeper process that restarts a daemon that dies (a crash "
+                 "then ends the mount)");
     app.add_flag("--read-only", o.read_only,
                  "serve the db read-only (also -o ro): for a db on a read-only filesystem or a "
                  "shared image");

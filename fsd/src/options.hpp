@@ -34,6 +34,9 @@ struct Options {
     // --io-uring or -o io_uring: serve requests from per-CPU io_uring rings where the
     // kernel offers FUSE over io_uring, else /dev/fuse (uring_transport.hpp).
     bool io_uring = false;
+    // --no-keeper: the daemon mounts and serves in one process, without the keeper that
+    // restarts it (keeper.hpp): a crash then ends the mount (ENOTCONN until unmounted).
+    bool no_keeper = false;
     std::vector<std::string> fuse_options;  // -o options that are not ours, for libfuse
     // --remote ... (the CLI's options, remote/settings.hpp); set when a server is named
     // by --remote or $KCACHE_REMOTE: read-through and write-behind (remote_tier.hpp).

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "log.hpp"
+#include "resend.hpp"
 #include "uring_ring.hpp"
 
 // What this relies on in the kernel: the list at the head of uring_transport.cpp.
@@ -222,6 +223,7 @@ void UringTransport::Ring::process(Entry* e) {
     buf.size = reinterpret_cast<const fuse_in_header*>(start)->len;
     buf.mem = start;
     buf.fd = -1;
+    resend::set_current(e->request);  // resend.hpp: the request this thread handles
     fuse_session_process_buf(transport->m_session, &buf);
     t_current = nullptr;
     served.fetch_add(1, std::memory_order_relaxed);

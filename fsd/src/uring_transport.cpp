@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "log.hpp"
+#include "takeover.hpp"
 #include "uring_ring.hpp"
 
 // What this relies on in the kernel (fs/fuse/dev_uring.c, Linux 6.14 to 6.18):
@@ -94,7 +95,8 @@ std::string not_offered_reason() {
 
 struct UringHooks {
     static ssize_t read(int fd, void* buf, size_t len, void*) {
-        const ssize_t n = ::read(fd, buf, len);
+        // A takeover's replayed INIT comes first (takeover.hpp).
+        const ssize_t n = takeover::read(fd, buf, len);
         request_from_kernel();  // /dev/fuse and the rings: one order (uring_ring.hpp)
         if (n >= static_cast<ssize_t>(sizeof(fuse_in_header)) &&
             !g_init_seen.load(std::memory_order_relaxed)) {
@@ -116,6 +118,26 @@ struct UringHooks {
     }
 
     static ssize_t writev(int fd, iovec* iov, int count, void*) {
+        // The INIT reply goes through reply_init (write_init), a takeover's replay too:
+        // the rings are set up again, only the reply itself is swallowed.
+        UringTransport* t = g_transport.load(std::memory_order_acquire);
+        const bool init_reply =
+            t && count > 0 && iov[0].iov_len >= sizeof(fuse_out_header) &&
+            !t->m_serving.load(std::memory_order_acquire) &&
+            static_cast<const fuse_out_header*>(iov[0].iov_base)->unique == g_init_unique.load();
+        if (init_reply) return write_reply(fd, iov, count);
+        if (auto swallowed = takeover::swallow_reply(iov, count)) return *swallowed;
+        return write_reply(fd, iov, count);
+    }
+
+    // Writes the INIT reply, or swallows it (a takeover's replay, takeover.hpp).
+    static ssize_t write_init(int fd, iovec* iov, int count) {
+        if (auto swallowed = takeover::swallow_reply(iov, count)) return *swallowed;
+        takeover::record_init(iov, count);
+        return ::writev(fd, iov, count);
+    }
+
+    static ssize_t write_reply(int fd, iovec* iov, int count) {
         replied_to_kernel();
         UringTransport* t = g_transport.load(std::memory_order_acquire);
         if (t && count > 0 && iov[0].iov_len >= sizeof(fuse_out_header)) {
@@ -222,10 +244,10 @@ struct UringHooks {
         const bool full = count == 2 &&
                           iov[1].iov_len >= offsetof(fuse_init_out, flags2) + sizeof init.flags2 &&
                           iov[1].iov_len <= sizeof init;
-        if (out->error != 0 || !full) return ::writev(fd, iov, count);  // no session to serve
+        if (out->error != 0 || !full) return write_init(fd, iov, count);  // no session to serve
         if (!g_offered) {
             log::warning("--io-uring: {}: serving over /dev/fuse", not_offered_reason());
-            return ::writev(fd, iov, count);
+            return write_init(fd, iov, count);
         }
         std::memcpy(&init, iov[1].iov_base, iov[1].iov_len);
         const std::size_t pages = (init.flags & FUSE_MAX_PAGES) ? init.max_pages : 32;
@@ -237,7 +259,7 @@ struct UringHooks {
             log::warning(
                 "--io-uring: cannot read /sys/devices/system/cpu/possible: serving "
                 "over /dev/fuse");
-            return ::writev(fd, iov, count);
+            return write_init(fd, iov, count);
         }
         // The ring threads take no signals: SIGTERM and the like must reach libfuse's
         // loop (its handler ends the session), and an io_uring wait would swallow them.
@@ -280,13 +302,13 @@ struct UringHooks {
         if (!failure.empty()) {
             abandon();
             log::warning("--io-uring: {}: serving over /dev/fuse", failure);
-            return ::writev(fd, iov, count);
+            return write_init(fd, iov, count);
         }
 
         init.flags |= abi::kInitExt;
         init.flags2 |= static_cast<std::uint32_t>(abi::kOverIoUring >> 32);
         iovec with_uring[2] = {iov[0], {&init, iov[1].iov_len}};
-        const ssize_t written = ::writev(fd, with_uring, 2);
+        const ssize_t written = write_init(fd, with_uring, 2);
         if (written < 0) {
             const int err = errno;
             abandon();

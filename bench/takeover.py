@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""What a crash and an upgrade of kcache-fsd cost the clients, and what the keeper
+costs when nothing happens (issue 20).
+
+Mounts kcache-fsd (with its keeper) on a fresh db and runs THREADS reader threads,
+each reading one of E stored entries after another and recording every call's start
+and end (monotonic). Then:
+  kill     KILLS times, 1 s apart: kill -9 of the serving daemon (the keeper starts
+           another, which takes the mount over);
+  upgrade  UPGRADES times: kcache-fsd --upgrade MOUNTPOINT.
+For each event: the stall the clients saw (the duration of every call in flight at
+the event or started before service was back: median, p99, max over all events),
+and the time from the event until service was back (the first call started after
+the event is answered).
+Then, on fresh mounts with and without the keeper (--no-keeper), alternated over
+ROUNDS rounds, the median time of a hit (open+read+close of a stored file), a store
+(write a temp file, rename into a new entry) and a miss (stat of an absent name),
+N calls each; the ratio keeper/no-keeper (the keeper is off the request path, so it
+should be within noise).
+Usage: bench/takeover.py [--fsd build/fsd/kcache-fsd] [--kills 10] [--upgrades 5]
+       [--threads 4] [--calls 2000] [--rounds 3]
+"""
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+
+
+def children(pid):
+    out = []
+    for d in os.listdir('/proc'):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f'/proc/{d}/stat') as f:
+                text = f.read()
+        except OSError:
+            continue
+        rest = text[text.rfind(')') + 2:].split()
+        if int(rest[1]) == pid and rest[0] != 'Z':
+            out.append(int(d))
+    return out
+
+
+class Mount:
+    def __init__(self, fsd, root, keeper=True):
+        self.root = root
+        self.db = os.path.join(root, 'db')
+        self.mnt = os.path.join(root, 'mnt')
+        os.makedirs(self.mnt, exist_ok=True)
+        args = [fsd, '-f', '--db', self.db] + ([] if keeper else ['--no-keeper']) + [self.mnt]
+        self.log = open(os.path.join(root, 'fsd.log'), 'ab')
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 10
+        while not os.path.ismount(self.mnt):
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError('kcache-fsd did not mount; see ' + self.log.name)
+            time.sleep(0.01)
+
+    def daemon(self):
+        kids = children(self.proc.pid)
+        return kids[0] if len(kids) == 1 else None
+
+    def stop(self):
+        subprocess.run(['fusermount3', '-u', self.mnt], check=False)
+        self.proc.wait(timeout=30)
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def events_figures(m, fsd, n_events, threads, kind):
+    entries = 64
+    for i in range(entries):
+        os.makedirs(os.path.join(m.mnt, f'h{i}'), exist_ok=True)
+        with open(os.path.join(m.mnt, f'h{i}', 'kernel.bin'), 'wb') as f:
+            f.write(os.urandom(16384 + i * 97))
+    calls = []  # (start, end) of every read, all threads
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def reader(t):
+        mine = []
+        i = t
+        while not stop.is_set():
+            path = os.path.join(m.mnt, f'h{i % entries}', 'kernel.bin')
+            start = time.monotonic()
+            with open(path, 'rb') as f:
+                f.read()
+            mine.append((start, time.monotonic()))
+            i += threads
+        with lock:
+            calls.extend(mine)
+
+    workers = [threading.Thread(target=reader, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    event_times = []
+    for _ in range(n_events):
+        time.sleep(1.0)
+        if kind == 'kill':
+            old = m.daemon()
+            event_times.append(time.monotonic())
+            os.kill(old, signal.SIGKILL)
+            while m.daemon() in (None, old):
+                time.sleep(0.002)
+        else:
+            event_times.append(time.monotonic())
+            subprocess.run([fsd, '--upgrade', m.mnt], check=True, stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    stop.set()
+    for w in workers:
+        w.join()
+    stalls, first = [], []
+    for t in event_times:
+        # Service is back when a call that started after the event is answered (calls in
+        # flight may still be answered by the old daemon as the signal lands).
+        first_end = min(e for (s, e) in calls if s >= t)
+        first.append(first_end - t)
+        # The calls in flight at the event, or started before service was back.
+        stalls += [e - s for (s, e) in calls if s <= first_end and e >= t]
+    return len(calls), stalls, first
+
+
+def ms(x):
+    return f'{x * 1000:.1f} ms'
+
+
+def latency_round(m, n):
+    os.makedirs(os.path.join(m.mnt, 'hit'), exist_ok=True)
+    with open(os.path.join(m.mnt, 'hit', 'kernel.bin'), 'wb') as f:
+        f.write(os.urandom(16384))
+    out = {}
+    t = []
+    for i in range(n):
+        s = time.perf_counter()
+        with open(os.path.join(m.mnt, 'hit', 'kernel.bin'), 'rb') as f:
+            f.read()
+        t.append(time.perf_counter() - s)
+    out['hit'] = statistics.median(t)
+    t = []
+    data = os.urandom(8192)
+    for i in range(n):
+        d = os.path.join(m.mnt, f's{i}')
+        s = time.perf_counter()
+        os.mkdir(d)
+        tmp = os.path.join(d, '.tmp')
+        with open(tmp, 'wb') as f:
+            f.write(data)
+        os.rename(tmp, os.path.join(d, 'kernel.bin'))
+        t.append(time.perf_counter() - s)
+    out['store'] = statistics.median(t)
+    t = []
+    for i in range(n):
+        s = time.perf_counter()
+        os.path.exists(os.path.join(m.mnt, f'absent{i}'))
+        t.append(time.perf_counter() - s)
+    out['miss'] = statistics.median(t)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--fsd', default='build/fsd/kcache-fsd')
+    ap.add_argument('--kills', type=int, default=10)
+    ap.add_argument('--upgrades', type=int, default=5)
+    ap.add_argument('--threads', type=int, default=4)
+    ap.add_argument('--calls', type=int, default=2000)
+    ap.add_argument('--rounds', type=int, default=3)
+    a = ap.parse_args()
+    fsd = os.path.abspath(a.fsd)
+    base = tempfile.mkdtemp(prefix='kcache-bench-takeover-')
+    try:
+        for kind, n in (('kill', a.kills), ('upgrade', a.upgrades)):
+            m = Mount(fsd, os.path.join(base, kind))
+            try:
+                total, stalls, first = events_figures(m, fsd, n, a.threads, kind)
+            finally:
+                m.stop()
+            print(f'{kind} x{n} ({a.threads} reader threads, {total} reads, 0 failed): '
+                  f'stall median {ms(statistics.median(stalls))}, p99 {ms(percentile(stalls, 99))}, '
+                  f'max {ms(max(stalls))}; service back after: median '
+                  f'{ms(statistics.median(first))}, max {ms(max(first))}')
+        results = {True: [], False: []}
+        for r in range(a.rounds):
+            for keeper in ((True, False) if r % 2 == 0 else (False, True)):
+                m = Mount(fsd, os.path.join(base, f'lat{r}{int(keeper)}'), keeper)
+                try:
+                    results[keeper].append(latency_round(m, a.calls))
+                finally:
+                    m.stop()
+        for op in ('hit', 'store', 'miss'):
+            k = statistics.median(x[op] for x in results[True])
+            n = statistics.median(x[op] for x in results[False])
+            print(f'{op:5s} keeper {k * 1e6:7.1f} us   --no-keeper {n * 1e6:7.1f} us   '
+                  f'ratio {k / n:.2f}')
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,360 @@
+#include "keeper.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "log.hpp"
+#include "state.hpp"
+
+namespace kcache::fsd::keeper {
+
+std::optional<Inherited> inherited() {
+    const char* value = std::getenv(kServeEnv);
+    if (!value) return std::nullopt;
+    Inherited fds;
+    if (std::sscanf(value, "%d,%d,%d,%d", &fds.fuse_fd, &fds.state_fd, &fds.ready_fd,
+                    &fds.lock_fd) != 4) {
+        return std::nullopt;
+    }
+    unsetenv(kServeEnv);
+    return fds;
+}
+
+namespace {
+
+std::string describe(int status) {
+    if (WIFSIGNALED(status)) {
+        return fmt::format("was killed by signal {} ({}){}", WTERMSIG(status),
+                           strsignal(WTERMSIG(status)), WCOREDUMP(status) ? ", core dumped" : "");
+    }
+    return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+// Whether `pid` is dying: its main thread exited (a zombie) while another may still be
+// stuck in the kernel.
+bool dying(pid_t pid) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return true;
+    char buf[512];
+    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+    if (n <= 0) return true;
+    buf[n] = '\0';
+    const char* close = std::strrchr(buf, ')');
+    return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+// Tells systemd (Type=notify: $NOTIFY_SOCKET) `text`; nothing without it.
+void notify_systemd(const std::string& text) {
+    const char* socket_path = std::getenv("NOTIFY_SOCKET");
+    if (!socket_path || !*socket_path) return;
+    std::string path(socket_path);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path) return;
+    if (path[0] == '@') path[0] = '\0';  // an abstract socket
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+    if (::sendto(fd, text.data(), text.size(), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr),
+                 len) < 0) {
+        log::warning("keeper: cannot notify systemd ({}): {}", socket_path, std::strerror(errno));
+    }
+    ::close(fd);
+}
+
+// The binary to start: the path this one was started from, as it is on disk now.
+std::string own_path() {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return "/proc/self/exe";
+    std::string path(buf, static_cast<std::size_t>(n));
+    const std::string deleted = " (deleted)";
+    if (path.size() > deleted.size() &&
+        path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0) {
+        path.resize(path.size() - deleted.size());
+    }
+    return path;
+}
+
+class Keeper {
+  public:
+    Keeper(std::string mountpoint, char** argv, const Startup& startup)
+        : m_mountpoint(std::move(mountpoint)), m_argv(argv), m_startup(startup) {}
+
+    int run(const std::vector<std::string>& arguments);
+
+  private:
+    // Starts a daemon and waits until it is ready or dead; its message when it failed.
+    std::optional<std::string> start_daemon();
+    // Whether the daemon reported that it handed the mount over (m_report_fd).
+    bool handed_over();
+    // Starts the successor of a daemon that died or is dying; false: gave up.
+    bool replace(pid_t old, const std::string& why);
+    void unmount();
+
+    std::string m_mountpoint;
+    char** m_argv;
+    const Startup& m_startup;
+    std::string m_exe = own_path();
+    // Where kcache-fsd was started: relative paths of its arguments are the daemons' too
+    // (the keeper itself goes to / once detached).
+    std::string m_cwd = std::filesystem::current_path().string();
+    fuse_session* m_session = nullptr;
+    int m_fuse_fd = -1;
+    int m_state_fd = -1;
+    int m_lock_fd = -1;  // the db's daemon.lock, from the first daemon
+    pid_t m_daemon = -1;
+    // The serving daemon's report socket after "ready": "handed over" once it stopped
+    // reading requests (an upgrade), before its own clean-up, which may wait on a
+    // notification only its successor can unblock.
+    int m_report_fd = -1;
+    std::vector<pid_t> m_dying;  // taken for dead, not yet reaped
+    sigset_t m_old_mask{};
+};
+
+bool Keeper::handed_over() {
+    if (m_report_fd < 0) return false;
+    pollfd p{m_report_fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return false;
+    char buf[64];
+    const ssize_t n = ::recv(m_report_fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) {  // the daemon is gone: SIGCHLD says how
+        close(m_report_fd);
+        m_report_fd = -1;
+        return false;
+    }
+    return std::string(buf, static_cast<std::size_t>(n)).find("handed over") != std::string::npos;
+}
+
+bool Keeper::replace(pid_t old, const std::string& why) {
+    if (why == "handed the mount over")
+        log::info("keeper: daemon {} handed the mount over; starting {}", old, m_exe);
+    else
+        log::error("keeper: the serving daemon (pid {}) {}: starting another", old, why);
+    const auto started = std::chrono::steady_clock::now();
+    for (int tries = 1;; ++tries) {
+        auto failed = start_daemon();
+        if (!failed) break;
+        log::error("keeper: a new daemon could not start: {}", *failed);
+        if (tries >= kQuickDeaths) {
+            log::error("keeper: {} daemons in a row could not start: unmounting {}", tries,
+                       m_mountpoint);
+            return false;
+        }
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
+    log::info("keeper: daemon {} serves {} ({:.0f} ms to start)", m_daemon, m_mountpoint, ms);
+    return true;
+}
+
+std::optional<std::string> Keeper::start_daemon() {
+    int ready[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ready) != 0)
+        return fmt::format("cannot make a socket pair: {}", std::strerror(errno));
+    const std::string fds = fmt::format("{},{},{},{}", m_fuse_fd, m_state_fd, ready[1], m_lock_fd);
+    const pid_t keeper = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) {
+        close(ready[0]);
+        close(ready[1]);
+        return fmt::format("cannot fork: {}", std::strerror(errno));
+    }
+    if (pid == 0) {
+        // The daemon dies with its keeper: nobody would restart it (keeper.hpp).
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != keeper) _exit(1);
+        for (int fd : {m_fuse_fd, m_state_fd, ready[1], m_lock_fd})
+            if (fd >= 0) fcntl(fd, F_SETFD, 0);
+        setenv(kServeEnv, fds.c_str(), 1);
+        unsetenv("NOTIFY_SOCKET");  // the keeper is the service's main process
+        sigprocmask(SIG_SETMASK, &m_old_mask, nullptr);
+        if (chdir(m_cwd.c_str()) != 0) _exit(127);
+        execv(m_exe.c_str(), m_argv);
+        const std::string message =
+            fmt::format("cannot start the daemon {}: {}", m_exe, std::strerror(errno));
+        (void)!::write(ready[1], message.data(), message.size());
+        _exit(127);
+    }
+    close(ready[1]);
+    m_daemon = pid;
+    std::string message;
+    char buf[512];
+    for (;;) {
+        iovec iov{buf, sizeof buf};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        const ssize_t n = ::recvmsg(ready[0], &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                int fd = -1;
+                std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+                if (m_lock_fd < 0)
+                    m_lock_fd = fd;
+                else
+                    ::close(fd);
+            }
+        }
+        message.append(buf, static_cast<std::size_t>(n));
+        if (message == "ready") break;
+    }
+    if (message == "ready") {
+        if (m_report_fd >= 0) close(m_report_fd);
+        m_report_fd = ready[0];
+        return std::nullopt;
+    }
+    close(ready[0]);
+    if (message.empty()) message = "the daemon died during start-up";
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    const std::string prefix = "kcache-fsd: ";
+    if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    m_daemon = -1;
+    return message;
+}
+
+void Keeper::unmount() {
+    if (!m_session) return;
+    fuse_session_unmount(m_session);  // closes the fd; nothing if already unmounted
+    fuse_session_destroy(m_session);
+    m_session = nullptr;
+}
+
+int Keeper::run(const std::vector<std::string>& arguments) {
+    // Signals are taken synchronously (sigwaitinfo); the daemon gets the old mask back.
+    sigset_t mask;
+    sigemptyset(&mask);
+    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
+    sigprocmask(SIG_BLOCK, &mask, &m_old_mask);
+
+    std::vector<std::string> storage = arguments;
+    std::vector<char*> argv;
+    for (auto& a : storage) argv.push_back(a.data());
+    fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+    static const fuse_lowlevel_ops no_ops{};
+    m_session = fuse_session_new(&args, &no_ops, sizeof no_ops, nullptr);
+    if (!m_session) m_startup.fail("invalid FUSE options (see above)");
+    if (fuse_session_mount(m_session, m_mountpoint.c_str()) != 0) {
+        fuse_session_destroy(m_session);
+        m_session = nullptr;
+        m_startup.fail(fmt::format(
+            "cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", m_mountpoint));
+    }
+    m_fuse_fd = fuse_session_fd(m_session);
+    m_state_fd = memfd_create("kcache-fsd-state", MFD_CLOEXEC);
+    if (m_state_fd < 0 || ftruncate(m_state_fd, StateFile::kSize) != 0) {
+        const std::string why = std::strerror(errno);
+        unmount();
+        m_startup.fail(fmt::format("cannot make the daemon's state memfd: {}", why));
+    }
+    if (auto failed = start_daemon()) {
+        unmount();
+        m_startup.fail(*failed);
+    }
+    m_startup.ready();
+    notify_systemd(fmt::format("READY=1\nMAINPID={}", getpid()));
+    log::info("keeper {}: serving {} through daemon {}", getpid(), m_mountpoint, m_daemon);
+
+    bool stopping = false;
+    int code = 0;
+    const timespec poll{0, 20 * 1000 * 1000};  // how often a daemon is checked for dying
+    while (m_daemon > 0) {
+        siginfo_t info{};
+        const int sig = sigtimedwait(&mask, &info, &poll);
+        if (sig < 0) {
+            if (errno == EAGAIN && !stopping && handed_over()) {
+                const pid_t old = m_daemon;
+                m_dying.push_back(old);
+                m_daemon = -1;
+                if (!replace(old, "handed the mount over")) code = 1;
+            } else if (errno == EAGAIN && !stopping && dying(m_daemon)) {
+                const pid_t old = m_daemon;
+                m_dying.push_back(old);
+                m_daemon = -1;
+                if (!replace(old, "is dying (a thread of it is stuck in the kernel)")) code = 1;
+            }
+            continue;
+        }
+        if (sig == SIGTERM || sig == SIGINT) {
+            stopping = true;
+            kill(m_daemon, SIGTERM);  // the daemon flushes and exits 0
+            continue;
+        }
+        if (sig == SIGHUP) {
+            log::info("keeper: SIGHUP: replacing daemon {} with {}", m_daemon, m_exe);
+            kill(m_daemon, SIGUSR2);  // it hands over at a request boundary
+            continue;
+        }
+        // SIGCHLD: reap every child that ended.
+        for (;;) {
+            int status = 0;
+            const pid_t pid = waitpid(-1, &status, WNOHANG);
+            if (pid <= 0) break;
+            if (pid != m_daemon) {
+                std::erase(m_dying, pid);
+                log::info("keeper: the previous daemon (pid {}) {}", pid, describe(status));
+                continue;
+            }
+            m_daemon = -1;
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;  // unmounted, or stopped
+            if (stopping) {
+                code = 1;
+                log::error("keeper: the daemon {} while stopping", describe(status));
+                break;
+            }
+            if (WIFEXITED(status) && WEXITSTATUS(status) == kHandedOver) {
+                if (!replace(pid, "handed the mount over")) code = 1;
+            } else if (!replace(pid, describe(status))) {
+                code = 1;
+            }
+        }
+    }
+    notify_systemd("STOPPING=1");
+    unmount();
+    log::info("keeper: {} unmounted", m_mountpoint);
+    return code;
+}
+
+}  // namespace
+
+int run(const std::string& mountpoint, const std::vector<std::string>& fuse_args, char** argv,
+        const Startup& startup) {
+    Keeper keeper(mountpoint, argv, startup);
+    return keeper.run(fuse_args);
+}
+
+}  // namespace kcache::fsd::keeper

@@ -1,0 +1,88 @@
+#include "resend.hpp"
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "log.hpp"
+#include "takeover.hpp"
+
+namespace kcache::fsd::resend {
+
+namespace {
+
+StateFile* g_state = nullptr;
+Op g_fault = Op::none;  // KCACHE_FSD_FAULT
+
+thread_local std::uint64_t t_unique = 0;
+thread_local Op t_recorded = Op::none;  // by the current request
+
+Op parse_op(const std::string& name) {
+    if (name == "mkdir") return Op::mkdir;
+    if (name == "symlink") return Op::symlink;
+    if (name == "create") return Op::create;
+    if (name == "unlink") return Op::unlink;
+    if (name == "rmdir") return Op::rmdir;
+    if (name == "rename") return Op::rename;
+    return Op::none;
+}
+
+AnswerRecord& slot_of(std::uint64_t unique) {
+    // Uniques grow by 2 per request: those in flight at once do not share a slot.
+    return g_state->header().answers[(unique >> 1) % kAnswerSlots];
+}
+
+}  // namespace
+
+void attach(StateFile& state) {
+    g_state = &state;
+    if (const char* fault = std::getenv("KCACHE_FSD_FAULT")) {
+        const std::string text(fault);
+        const std::string prefix = "kill_after_commit=";
+        if (text.rfind(prefix, 0) == 0) g_fault = parse_op(text.substr(prefix.size()));
+        if (g_fault == Op::none)
+            log::warning("KCACHE_FSD_FAULT={}: not a fault point (ignored)", text);
+    }
+}
+
+void set_current(std::uint64_t unique) {
+    t_unique = unique;
+    t_recorded = Op::none;
+}
+
+bool resent() {
+    return (t_unique & takeover::kResendBit) != 0;
+}
+
+void record(Op op, core::Ino ino) {
+    t_recorded = op;
+    const std::uint64_t unique = t_unique & ~takeover::kResendBit;
+    if (!g_state || unique == 0) return;
+    AnswerRecord& a = slot_of(unique);
+    a.unique.store(0, std::memory_order_relaxed);
+    a.op = static_cast<std::uint8_t>(op);
+    a.ino = ino;
+    a.unique.store(unique, std::memory_order_release);
+}
+
+std::optional<core::Ino> recorded(Op op) {
+    if (!g_state || !resent()) return std::nullopt;
+    const std::uint64_t unique = t_unique & ~takeover::kResendBit;
+    const AnswerRecord& a = slot_of(unique);
+    if (a.unique.load(std::memory_order_acquire) != unique ||
+        a.op != static_cast<std::uint8_t>(op)) {
+        return std::nullopt;
+    }
+    return a.ino;
+}
+
+void after_commit() {
+    if (g_fault == Op::none || t_recorded != g_fault || !g_state) return;
+    std::uint32_t expected = 0;
+    if (!g_state->header().fault_fired.compare_exchange_strong(expected, 1)) return;
+    log::warning("KCACHE_FSD_FAULT: killing this daemon after a commit, before its reply");
+    std::raise(SIGKILL);
+}
+
+}  // namespace kcache::fsd::resend

@@ -1,0 +1,213 @@
+#include "takeover.hpp"
+
+#include <linux/fuse.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "log.hpp"
+#include "resend.hpp"
+
+namespace kcache::fsd::takeover {
+
+namespace {
+
+// Phases of a resume: none (a first daemon, or no INIT to replay), pending (the next
+// read returns the INIT), replaying (a loop thread is processing it; other readers
+// wait), done.
+enum class Phase { none, pending, replaying, done };
+
+StateFile* g_state = nullptr;
+int g_fd = -1;
+std::atomic<Phase> g_phase{Phase::none};
+std::uint64_t g_replay_unique = 0;         // written before g_phase leaves none
+std::vector<std::uint8_t> g_replay_reply;  // libfuse's reply to the replayed INIT (swallowed)
+std::mutex g_mutex;                        // with g_done: readers wait for the replay
+std::condition_variable g_done;
+
+// The kernel's INIT request, read and not yet answered (a first daemon).
+std::mutex g_pending_mutex;
+std::uint64_t g_pending_unique = 0;  // 0: none
+std::uint32_t g_pending_size = 0;
+std::uint8_t g_pending[kMaxInitBytes];
+
+std::size_t total_of(const iovec* iov, int count) {
+    std::size_t total = 0;
+    for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+    return total;
+}
+
+void request_resend() {
+    fuse_out_header out{};
+    out.len = sizeof out;
+    out.error = kNotifyResend;
+    out.unique = 0;
+    if (::write(g_fd, &out, sizeof out) != static_cast<ssize_t>(sizeof out)) {
+        log::error(
+            "takeover: FUSE_NOTIFY_RESEND refused ({}; it needs Linux 6.9): requests the "
+            "previous daemon had read wait until their callers give up",
+            std::strerror(errno));
+        return;
+    }
+    log::info("takeover: the kernel resends what the previous daemon had not answered");
+}
+
+void finish_replay() {
+    {
+        std::lock_guard lock(g_mutex);
+        g_phase = Phase::done;
+    }
+    g_done.notify_all();
+}
+
+}  // namespace
+
+void begin(StateFile& state, int fuse_fd) {
+    g_state = &state;
+    g_fd = fuse_fd;
+    if (!state.inherited()) return;
+    const std::uint32_t size = state.header().init_size.load(std::memory_order_acquire);
+    if (size < sizeof(fuse_in_header)) {
+        // The previous daemon never answered INIT: the kernel's comes back resent.
+        log::warning("takeover: the previous daemon died before the kernel's INIT was answered");
+        request_resend();
+        return;
+    }
+    fuse_in_header in{};
+    std::memcpy(&in, state.header().init, sizeof in);
+    g_replay_unique = in.unique;
+    g_phase = Phase::pending;
+}
+
+bool resuming() {
+    return g_state && g_state->inherited();
+}
+
+namespace {
+
+std::optional<ssize_t> read_replayed(void* buf, size_t len) {
+    Phase phase = g_phase.load(std::memory_order_acquire);
+    if (phase == Phase::none || phase == Phase::done) return std::nullopt;
+    if (phase == Phase::pending && g_phase.compare_exchange_strong(phase, Phase::replaying)) {
+        const std::uint32_t size = g_state->header().init_size.load(std::memory_order_acquire);
+        if (len < size) {  // cannot happen: libfuse's first buffer holds any request
+            finish_replay();
+            errno = EIO;
+            return -1;
+        }
+        std::memcpy(buf, g_state->header().init, size);
+        return static_cast<ssize_t>(size);
+    }
+    std::unique_lock lock(g_mutex);
+    g_done.wait(lock, [] { return g_phase.load() == Phase::done; });
+    return std::nullopt;
+}
+
+// The kernel's INIT resent: the dead daemon recorded it but died before its reply
+// reached the kernel. libfuse, resumed already, would answer it EIO; the reply it gave
+// to the replay is the answer.
+bool answer_resent_init(int fd, const fuse_in_header& in) {
+    if (in.opcode != FUSE_INIT || !(in.unique & kResendBit)) return false;
+    if (g_replay_reply.size() < sizeof(fuse_out_header)) return false;
+    std::vector<std::uint8_t> reply = g_replay_reply;
+    auto* out = reinterpret_cast<fuse_out_header*>(reply.data());
+    out->unique = in.unique;
+    if (::write(fd, reply.data(), reply.size()) < 0) {
+        log::error("takeover: answering the resent INIT: {}", std::strerror(errno));
+    } else {
+        log::info(
+            "takeover: the kernel's INIT, which the previous daemon had not answered, "
+            "is answered now");
+    }
+    return true;
+}
+
+}  // namespace
+
+ssize_t read(int fd, void* buf, size_t len) {
+    if (auto replayed = read_replayed(buf, len)) return *replayed;
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, len);
+        if (n < static_cast<ssize_t>(sizeof(fuse_in_header))) return n;
+        const auto* in = static_cast<const fuse_in_header*>(buf);
+        resend::set_current(in->unique);
+        if (in->opcode != FUSE_INIT) return n;
+        if (g_phase.load() == Phase::done && answer_resent_init(fd, *in)) continue;
+        if (g_state && n <= static_cast<ssize_t>(kMaxInitBytes)) {
+            std::lock_guard lock(g_pending_mutex);
+            g_pending_unique = in->unique;
+            g_pending_size = static_cast<std::uint32_t>(n);
+            std::memcpy(g_pending, buf, static_cast<std::size_t>(n));
+        }
+        return n;
+    }
+}
+
+std::optional<ssize_t> swallow_reply(const iovec* iov, int count) {
+    if (g_phase.load(std::memory_order_acquire) != Phase::replaying || count < 1 ||
+        iov[0].iov_len < sizeof(fuse_out_header)) {
+        return std::nullopt;
+    }
+    const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
+    if (out->unique != g_replay_unique) return std::nullopt;
+    const std::size_t total = total_of(iov, count);
+    g_replay_reply.clear();
+    for (int i = 0; i < count; ++i) {
+        const auto* p = static_cast<const std::uint8_t*>(iov[i].iov_base);
+        g_replay_reply.insert(g_replay_reply.end(), p, p + iov[i].iov_len);
+    }
+    if (out->error != 0) {
+        log::error("takeover: libfuse refused the replayed INIT ({})", std::strerror(-out->error));
+    } else {
+        log::info("takeover: the session resumed (INIT replayed)");
+    }
+    request_resend();
+    finish_replay();
+    return static_cast<ssize_t>(total);
+}
+
+void record_init(const iovec* iov, int count) {
+    if (!g_state || count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return;
+    const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
+    if (out->unique == 0 || out->error != 0) return;
+    std::lock_guard lock(g_pending_mutex);
+    if (out->unique != g_pending_unique) return;
+    StateHeader& h = g_state->header();
+    std::memcpy(h.init, g_pending, g_pending_size);
+    h.init_size.store(g_pending_size, std::memory_order_release);
+    g_pending_unique = 0;
+}
+
+namespace {
+
+ssize_t plain_read(int fd, void* buf, size_t len, void*) {
+    return read(fd, buf, len);
+}
+
+ssize_t plain_writev(int fd, iovec* iov, int count, void*) {
+    if (auto swallowed = swallow_reply(iov, count)) return *swallowed;
+    record_init(iov, count);
+    return ::writev(fd, iov, count);
+}
+
+}  // namespace
+
+bool install_plain(fuse_session* session) {
+    fuse_custom_io io{};
+    io.read = &plain_read;
+    io.writev = &plain_writev;
+    if (const int rc = fuse_session_custom_io(session, &io, fuse_session_fd(session)); rc != 0) {
+        log::warning("libfuse refused a custom io ({}): a crash of this daemon ends the mount",
+                     std::strerror(-rc));
+        return false;
+    }
+    return true;
+}
+
+}  // namespace kcache::fsd::takeover
