@@ -109,7 +109,7 @@ TEST_CASE("options: single flight's bound: -o single_flight_ms= and --single-fli
     CHECK(parse({"-o", "single_flight_ms=3600001"}).error().code == ERANGE);
 }
 
-TEST_CASE("options: --remote-lease-ms needs --remote; renewed leases by default, 0 turns them off",
+TEST_CASE("options: --remote-lease-ms needs --remote, renews leases by default, 0 turns them off",
           "[options]") {
     using kcache::remote::Options;
     CHECK(must_parse({"--remote", "unix:/run/redis.sock"}).remote->lease_ms ==
