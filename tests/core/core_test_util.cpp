@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <sstream>
@@ -184,6 +186,14 @@ std::vector<std::string> TestStore::children(std::string_view dir_path) {
 }
 
 // ---- data ---------------------------------------------------------------------------
+
+std::string copy_fixture_db(const TempDir& dir, const std::string& data_mdb) {
+    const std::string db = dir.str() + "/db";
+    std::filesystem::create_directories(db);
+    std::filesystem::copy_file(data_mdb, db + "/data.mdb");
+    std::ofstream(db + "/kcache.lock").flush();
+    return db;
+}
 
 std::string random_bytes(std::size_t size, std::uint64_t seed) {
     std::mt19937_64 rng(seed);

@@ -168,6 +168,10 @@ std::string random_bytes(std::size_t size, std::uint64_t seed);  // incompressib
 std::string compressible_text(std::size_t size);                 // repetitive text
 std::string all_byte_values();                                   // 0x00..0xff twice, NULs included
 
+// A db written by an older schema (`data_mdb`, a fixture's data.mdb under
+// tests/core/data), copied into `dir`/db as `kcache init` leaves a db; returns its path.
+std::string copy_fixture_db(const TempDir& dir, const std::string& data_mdb);
+
 // ---- independent checks ---------------------------------------------------------------
 
 struct Node {

@@ -255,11 +255,8 @@ TEST_CASE("dictionaries: a bundle of dictionary blobs imports where the dictiona
 TEST_CASE("dictionaries: an older db is upgraded, and gc classifies its blobs",
           "[dictionaries][open]") {
     TempDir dir;
-    const std::string db = dir.str() + "/db";
-    std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb",
-                               db + "/data.mdb");
-    std::ofstream(db + "/kcache.lock").flush();
+    const std::string db =
+        copy_fixture_db(dir, std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb");
     core::OpenOptions options;
     options.path = db;
     options.read_only = true;

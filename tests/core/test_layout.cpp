@@ -289,11 +289,8 @@ TEST_CASE("layout: stem entries travel in bundles at any depth", "[layout][bundl
 TEST_CASE("layout: a schema-1 db opens, keeps its entries and takes stem entries",
           "[layout][open]") {
     TempDir dir;
-    const std::string db = dir.str() + "/db";
-    std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema1/data.mdb",
-                               db + "/data.mdb");
-    std::ofstream(db + "/kcache.lock").flush();  // as `kcache init` leaves it
+    const std::string db =
+        copy_fixture_db(dir, std::string(KCACHE_TEST_DATA_DIR) + "/schema1/data.mdb");
     {  // read-only first: nothing is upgraded, everything reads
         core::OpenOptions options;
         options.path = db;

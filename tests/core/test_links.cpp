@@ -301,11 +301,8 @@ TEST_CASE("links: an older db gets the links table when first opened for writing
     // The schema-2 fixture (also read by test_segments): read-only as it is, then upgraded.
     const std::string path = "0123456789abcdef0123456789abcdef/big.so";
     TempDir dir;
-    const std::string db = dir.str() + "/db";
-    std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb",
-                               db + "/data.mdb");
-    std::ofstream(db + "/kcache.lock").flush();
+    const std::string db =
+        copy_fixture_db(dir, std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb");
     core::OpenOptions options;
     options.path = db;
     {

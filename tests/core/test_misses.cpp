@@ -245,13 +245,10 @@ TEST_CASE("misses: a read-only store classifies nothing and lists what is kept",
 
 TEST_CASE("misses: a schema-2 db gets the tables when opened for writing", "[core][misses]") {
     kcache::test::TempDir dir;
-    const auto db = dir / "db";
-    std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb",
-                               db / "data.mdb");
-    std::ofstream((db / "kcache.lock").string()).flush();
+    const std::string db =
+        kcache::test::copy_fixture_db(dir, std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb");
     core::OpenOptions options;
-    options.path = db.string();
+    options.path = db;
     options.create = false;
     {
         options.read_only = true;

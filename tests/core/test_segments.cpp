@@ -272,11 +272,8 @@ TEST_CASE("segments: a schema-2 db's big file keeps its flat digest until it cha
     std::string expected = schema2_file();
     const std::string path = "0123456789abcdef0123456789abcdef/big.so";
     TempDir dir;
-    const std::string db = dir.str() + "/db";
-    std::filesystem::create_directories(db);
-    std::filesystem::copy_file(std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb",
-                               db + "/data.mdb");
-    std::ofstream(db + "/kcache.lock").flush();
+    const std::string db =
+        copy_fixture_db(dir, std::string(KCACHE_TEST_DATA_DIR) + "/schema2/data.mdb");
     core::OpenOptions options;
     options.path = db;
     {  // read-only: read and verified as it is
