@@ -190,8 +190,11 @@ int writer(Load& load, const MountedCache& cache, int w) {
 }
 
 // The takeovers over io_uring: the successor registers its rings again (a plain read
-// after a kill works), but the kill test's io_uring run did not finish (requests a
-// dead daemon held in its ring entries are apparently not given back); not covered yet.
+// after a kill works), but a request the dead daemon held in a ring entry is never
+// answered: the kernel neither resends it (FUSE_NOTIFY_RESEND requeues /dev/fuse's
+// processing lists only) nor ends it while the keeper holds the connection open
+// (docs/operations.md, takeover). Under load a client then blocks for good; not
+// covered.
 void skip_over_io_uring() {
     if (io_uring_run())
         skip(
