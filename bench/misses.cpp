@@ -171,9 +171,10 @@ int main(int argc, char** argv) {
         hit_with = std::min(hit_with, hits(*with));
     }
 
-    std::printf("  store, no classifier          %8.1f us per entry\n", store_alone / n * 1e6);
+    std::printf("  store, no classifier          %8.1f us per entry\n",
+                store_alone / static_cast<double>(n) * 1e6);
     std::printf("  store, classifier every 200ms %8.1f us per entry  (with/without = %.3fx)\n",
-                store_with / n * 1e6, store_with / store_alone);
+                store_with / static_cast<double>(n) * 1e6, store_with / store_alone);
     std::printf(
         "  classify (background)         %8.1f us per miss (%zu misses; %.1f%% of a "
         "store's time)\n",
