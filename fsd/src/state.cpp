@@ -77,11 +77,11 @@ void HandleTable::on_rebuild(RebuildFile file, RebuildDir dir) {
     m_rebuild_dir = std::move(dir);
 }
 
-std::uint64_t HandleTable::add_file(FileHandle* handle, const HandleRecord& fields) {
+std::optional<HandleTable::TakenSlot> HandleTable::take_slot() {
     std::uint32_t slot = 0;
     {
         std::lock_guard lock(m_mutex);
-        if (m_free.empty()) return 0;
+        if (m_free.empty()) return std::nullopt;
         slot = m_free.back();
         m_free.pop_back();
     }
@@ -89,6 +89,13 @@ std::uint64_t HandleTable::add_file(FileHandle* handle, const HandleRecord& fiel
     std::uint32_t generation = r.generation.load(std::memory_order_relaxed) + 1;
     if (generation == 0) generation = 1;
     r.generation.store(generation, std::memory_order_relaxed);
+    return TakenSlot{slot, (std::uint64_t{generation} << 32) | (slot + 1)};
+}
+
+std::uint64_t HandleTable::add_file(FileHandle* handle, const HandleRecord& fields) {
+    const auto taken = take_slot();
+    if (!taken) return 0;
+    HandleRecord& r = m_state.records()[taken->slot];
     r.readable = fields.readable;
     r.writable = fields.writable;
     r.unpublished.store(fields.unpublished.load(), std::memory_order_relaxed);
@@ -97,34 +104,23 @@ std::uint64_t HandleTable::add_file(FileHandle* handle, const HandleRecord& fiel
     r.ino = fields.ino;
     r.size = fields.size;
     r.digest = fields.digest;
-    const std::uint64_t fh = (std::uint64_t{generation} << 32) | (slot + 1);
-    handle->fh = fh;
-    m_live[slot].store(handle, std::memory_order_release);
+    handle->fh = taken->fh;
+    m_live[taken->slot].store(handle, std::memory_order_release);
     r.kind.store(HandleKind::file, std::memory_order_release);
-    return fh;
+    return taken->fh;
 }
 
 std::uint64_t HandleTable::add_dir(DirHandle* handle, core::Ino ino) {
-    HandleRecord fields;
-    fields.ino = ino;
-    std::uint32_t slot = 0;
-    {
-        std::lock_guard lock(m_mutex);
-        if (m_free.empty()) return 0;
-        slot = m_free.back();
-        m_free.pop_back();
-    }
-    HandleRecord& r = m_state.records()[slot];
-    std::uint32_t generation = r.generation.load(std::memory_order_relaxed) + 1;
-    if (generation == 0) generation = 1;
-    r.generation.store(generation, std::memory_order_relaxed);
+    const auto taken = take_slot();
+    if (!taken) return 0;
+    HandleRecord& r = m_state.records()[taken->slot];
     r.readable = 1;
     r.writable = 0;
     r.unpublished.store(0, std::memory_order_relaxed);
     r.ino = ino;
-    m_live[slot].store(handle, std::memory_order_release);
+    m_live[taken->slot].store(handle, std::memory_order_release);
     r.kind.store(HandleKind::dir, std::memory_order_release);
-    return (std::uint64_t{generation} << 32) | (slot + 1);
+    return taken->fh;
 }
 
 HandleRecord* HandleTable::record_of(std::uint64_t fh, HandleKind kind) {

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "kcache/core/error.hpp"
@@ -150,6 +151,13 @@ class HandleTable {
     void rebuild_readers();
 
   private:
+    // A free slot, its generation advanced (never 0), and the fh naming both; nullopt
+    // when every slot is taken. Takes m_mutex.
+    struct TakenSlot {
+        std::uint32_t slot;
+        std::uint64_t fh;
+    };
+    std::optional<TakenSlot> take_slot();
     HandleRecord* record_of(std::uint64_t fh, HandleKind kind);
     void* live_or_rebuild(std::uint64_t fh, HandleKind kind);
     void release(std::uint64_t fh, bool counted);
