@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "mount_fixture.hpp"
+#include "processes.hpp"
 #include "skip.hpp"
 
 using namespace kcache::test;
@@ -101,29 +102,6 @@ std::string mount_options(const fs::path& mnt) {
         if (point == mnt.string()) return line;
     }
     return {};
-}
-
-// Processes whose parent is `pid` (scans /proc; /proc/PID/stat field 4 is the ppid).
-std::vector<pid_t> children_of(pid_t pid) {
-    std::vector<pid_t> out;
-    DIR* proc = ::opendir("/proc");
-    REQUIRE(proc != nullptr);
-    while (const dirent* e = ::readdir(proc)) {
-        const pid_t candidate = static_cast<pid_t>(std::atoi(e->d_name));
-        if (candidate <= 0) continue;
-        std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-        std::string stat;
-        if (!std::getline(in, stat)) continue;
-        const auto close = stat.rfind(')');
-        if (close == std::string::npos) continue;
-        std::istringstream rest(stat.substr(close + 1));
-        std::string state;
-        pid_t ppid = 0;
-        rest >> state >> ppid;
-        if (ppid == pid) out.push_back(candidate);
-    }
-    ::closedir(proc);
-    return out;
 }
 
 }  // namespace

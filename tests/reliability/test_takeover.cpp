@@ -37,6 +37,7 @@
 #include <catch2/catch.hpp>
 
 #include "mount_fixture.hpp"
+#include "processes.hpp"
 #include "skip.hpp"
 
 using namespace kcache::test;
@@ -49,32 +50,9 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
     return std::strtoull(v, nullptr, 0);
 }
 
-// The live children of `pid` (from /proc/*/stat).
-std::vector<pid_t> children_of(pid_t pid) {
-    std::vector<pid_t> out;
-    DIR* proc = ::opendir("/proc");
-    if (!proc) return out;
-    while (const dirent* e = ::readdir(proc)) {
-        const pid_t candidate = static_cast<pid_t>(std::atoi(e->d_name));
-        if (candidate <= 0) continue;
-        std::ifstream in("/proc/" + std::string(e->d_name) + "/stat");
-        std::string stat;
-        if (!std::getline(in, stat)) continue;
-        const auto close = stat.rfind(')');
-        if (close == std::string::npos) continue;
-        std::istringstream rest(stat.substr(close + 1));
-        std::string state;
-        pid_t ppid = 0;
-        rest >> state >> ppid;
-        if (ppid == pid && state != "Z") out.push_back(candidate);
-    }
-    ::closedir(proc);
-    return out;
-}
-
 // The serving daemon of a keeper (its one child); -1 while there is none.
 pid_t serving_daemon(pid_t keeper) {
-    const auto children = children_of(keeper);
+    const auto children = children_of(keeper, /*include_zombies=*/false);
     return children.size() == 1 ? children.front() : -1;
 }
 
