@@ -499,6 +499,7 @@ TEST_CASE("takeover: the systemd unit in docs/operations.md verifies, and the ke
 
 // ---- systemd's fd store (fsd/src/fd_store.hpp) ----
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -580,8 +581,12 @@ class Forked {
     // Runs `fn` in a child (no Catch2 in it); its return value is the exit code.
     static Forked run(const std::function<int()>& fn) {
         std::fflush(nullptr);
+        const pid_t parent = ::getpid();
         const pid_t pid = ::fork();
         if (pid == 0) {
+            // Ends with the test, even one the watchdog ends (_Exit).
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (::getppid() != parent) std::_Exit(1);
             close_fuse_copies();
             int code = 101;
             try {
@@ -756,9 +761,12 @@ Forked start_with_files(const std::vector<std::pair<std::string, int>>& files,
     REQUIRE_SYS(log_fd);
 
     std::fflush(nullptr);
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the keeper ends with the test (and its daemon
+        if (::getppid() != parent) ::_exit(1);  // with it)
         ::setpgid(0, 0);
         // Above every target first, so that no source is overwritten.
         std::vector<int>::size_type i = 0;
