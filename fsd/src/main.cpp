@@ -9,8 +9,8 @@
 // mountpoint is reported before anything is mounted; what is wrong with the db, by
 // the first daemon, after which the keeper unmounts. Under systemd a keeper restarted
 // with its predecessor's files (fd_store.hpp) serves that mount instead of mounting.
-// --no-keeper: one process opens
-// the db, mounts and serves (a crash then ends the mount).
+// --no-keeper: one process opens the db, mounts and serves (a crash then ends the
+// mount).
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mount.h>
