@@ -5,8 +5,8 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,26 +67,6 @@ bool dying(pid_t pid) {
     return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
 
-// Tells systemd (Type=notify: $NOTIFY_SOCKET) `text`; nothing without it.
-void notify_systemd(const std::string& text) {
-    const char* socket_path = std::getenv("NOTIFY_SOCKET");
-    if (!socket_path || !*socket_path) return;
-    std::string path(socket_path);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof addr.sun_path) return;
-    if (path[0] == '@') path[0] = '\0';  // an abstract socket
-    std::memcpy(addr.sun_path, path.data(), path.size());
-    const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return;
-    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
-    if (::sendto(fd, text.data(), text.size(), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr),
-                 len) < 0) {
-        log::warning("keeper: cannot notify systemd ({}): {}", socket_path, std::strerror(errno));
-    }
-    ::close(fd);
-}
-
 // The binary to start: the path this one was started from, as it is on disk now.
 std::string own_path() {
     char buf[4096];
@@ -106,7 +86,8 @@ class Keeper {
     Keeper(std::string mountpoint, char** argv, const Startup& startup)
         : m_mountpoint(std::move(mountpoint)), m_argv(argv), m_startup(startup) {}
 
-    int run(const std::vector<std::string>& arguments);
+    int run(const std::vector<std::string>& arguments,
+            const std::optional<fd_store::Files>& adopted);
 
   private:
     // Starts a daemon and waits until it is ready or dead; its message when it failed.
@@ -115,7 +96,13 @@ class Keeper {
     bool handed_over();
     // Starts the successor of a daemon that died or is dying; false: gave up.
     bool replace(pid_t old, const std::string& why);
+    // Mounts with libfuse's `arguments`; makes the state memfd. Fails start-up on error.
+    void mount(const std::vector<std::string>& arguments);
+    // Hands systemd the files a restarted keeper takes over (fd_store.hpp).
+    void store_files();
+    // Empties systemd's store, then unmounts (libfuse's session, or the adopted mount).
     void unmount();
+    void unmount_adopted();
 
     std::string m_mountpoint;
     char** m_argv;
@@ -124,7 +111,7 @@ class Keeper {
     // Where kcache-fsd was started: relative paths of its arguments are the daemons' too
     // (the keeper itself goes to / once detached).
     std::string m_cwd = std::filesystem::current_path().string();
-    fuse_session* m_session = nullptr;
+    fuse_session* m_session = nullptr;  // the mount made here; null for an adopted one
     int m_fuse_fd = -1;
     int m_state_fd = -1;
     int m_lock_fd = -1;  // the db's daemon.lock, from the first daemon
@@ -247,20 +234,7 @@ std::optional<std::string> Keeper::start_daemon() {
     return message;
 }
 
-void Keeper::unmount() {
-    if (!m_session) return;
-    fuse_session_unmount(m_session);  // closes the fd; nothing if already unmounted
-    fuse_session_destroy(m_session);
-    m_session = nullptr;
-}
-
-int Keeper::run(const std::vector<std::string>& arguments) {
-    // Signals are taken synchronously (sigwaitinfo); the daemon gets the old mask back.
-    sigset_t mask;
-    sigemptyset(&mask);
-    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
-    sigprocmask(SIG_BLOCK, &mask, &m_old_mask);
-
+void Keeper::mount(const std::vector<std::string>& arguments) {
     std::vector<std::string> storage = arguments;
     std::vector<char*> argv;
     for (auto& a : storage) argv.push_back(a.data());
@@ -275,18 +249,99 @@ int Keeper::run(const std::vector<std::string>& arguments) {
             "cannot mount {} (is /dev/fuse usable and fusermount3 installed?)", m_mountpoint));
     }
     m_fuse_fd = fuse_session_fd(m_session);
-    m_state_fd = memfd_create("kcache-fsd-state", MFD_CLOEXEC);
+    m_state_fd = memfd_create(fd_store::kStateMemfdName, MFD_CLOEXEC);
     if (m_state_fd < 0 || ftruncate(m_state_fd, StateFile::kSize) != 0) {
         const std::string why = std::strerror(errno);
         unmount();
         m_startup.fail(fmt::format("cannot make the daemon's state memfd: {}", why));
     }
+}
+
+void Keeper::store_files() {
+    if (!fd_store::under_systemd()) return;
+    bool stored = fd_store::store(fd_store::kFuseName, m_fuse_fd) &&
+                  fd_store::store(fd_store::kStateName, m_state_fd);
+    if (stored && m_lock_fd >= 0) stored = fd_store::store(fd_store::kLockName, m_lock_fd);
+    if (stored)
+        log::info("keeper: systemd's fd store holds the mount's files: a restart takes it over");
+    else
+        log::warning("keeper: systemd's fd store did not take the mount's files: a restart of "
+                     "this keeper mounts afresh");
+}
+
+void Keeper::unmount() {
+    // First: systemd's copy of /dev/fuse would keep the connection alive after the
+    // unmount, and hand the next start a dead mount's files.
+    fd_store::empty();
+    if (m_session) {
+        fuse_session_unmount(m_session);  // closes the fd; nothing if already unmounted
+        fuse_session_destroy(m_session);
+        m_session = nullptr;
+    } else if (m_fuse_fd >= 0) {
+        unmount_adopted();
+    }
+    m_fuse_fd = -1;
+}
+
+// What libfuse's fuse_session_unmount does for a mount it made (fuse_kern_unmount, not
+// public): nothing if the connection is gone already (POLLERR), else the fd closed first
+// (a synchronous unmount would wait on the file system it serves), then a lazy unmount,
+// as root by umount2, else by fusermount3 -u -z.
+void Keeper::unmount_adopted() {
+    pollfd p{m_fuse_fd, 0, 0};
+    const bool gone = ::poll(&p, 1, 0) == 1 && (p.revents & POLLERR);
+    ::close(m_fuse_fd);
+    m_fuse_fd = -1;
+    if (gone || ::umount2(m_mountpoint.c_str(), MNT_DETACH) == 0) return;
+    const pid_t pid = fork();
+    if (pid == 0) {
+        sigprocmask(SIG_SETMASK, &m_old_mask, nullptr);
+        execlp("fusermount3", "fusermount3", "-u", "-q", "-z", "--", m_mountpoint.c_str(),
+               static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    int status = 0;
+    // Bounded: a lazy unmount does not wait on the file system.
+    for (int i = 0; pid > 0 && i < 200; ++i) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                log::error("keeper: fusermount3 -u -z {} failed", m_mountpoint);
+            return;
+        }
+        usleep(50 * 1000);
+    }
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    log::error("keeper: cannot unmount {}", m_mountpoint);
+}
+
+int Keeper::run(const std::vector<std::string>& arguments,
+                const std::optional<fd_store::Files>& adopted) {
+    // Signals are taken synchronously (sigwaitinfo); the daemon gets the old mask back.
+    sigset_t mask;
+    sigemptyset(&mask);
+    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
+    sigprocmask(SIG_BLOCK, &mask, &m_old_mask);
+
+    if (adopted) {
+        // systemd kept the files of a keeper that died: its mount is served again as is.
+        m_fuse_fd = adopted->fuse;
+        m_state_fd = adopted->state;
+        m_lock_fd = adopted->lock;
+        log::info("keeper {}: took {} over from systemd's fd store (not mounting again)", getpid(),
+                  m_mountpoint);
+    } else {
+        mount(arguments);
+    }
     if (auto failed = start_daemon()) {
         unmount();
         m_startup.fail(*failed);
     }
+    if (!adopted) store_files();  // kept by systemd across restarts: stored once
     m_startup.ready();
-    notify_systemd(fmt::format("READY=1\nMAINPID={}", getpid()));
+    fd_store::notify(fmt::format("READY=1\nMAINPID={}", getpid()));
     log::info("keeper {}: serving {} through daemon {}", getpid(), m_mountpoint, m_daemon);
 
     bool stopping = false;
@@ -343,7 +398,7 @@ int Keeper::run(const std::vector<std::string>& arguments) {
             }
         }
     }
-    notify_systemd("STOPPING=1");
+    fd_store::notify("STOPPING=1");
     unmount();
     log::info("keeper: {} unmounted", m_mountpoint);
     return code;
@@ -352,9 +407,9 @@ int Keeper::run(const std::vector<std::string>& arguments) {
 }  // namespace
 
 int run(const std::string& mountpoint, const std::vector<std::string>& fuse_args, char** argv,
-        const Startup& startup) {
+        const Startup& startup, const std::optional<fd_store::Files>& adopted) {
     Keeper keeper(mountpoint, argv, startup);
-    return keeper.run(fuse_args);
+    return keeper.run(fuse_args, adopted);
 }
 
 }  // namespace kcache::fsd::keeper

@@ -15,6 +15,11 @@
 // only its successor can do. The db's lock file is held by the keeper too, so the
 // successor is not kept out by it.
 //
+// Under systemd (fd_store.hpp) the keeper hands systemd copies of the /dev/fuse file,
+// the state memfd and the db's lock before READY=1; a keeper that systemd restarts
+// with them (`adopted`) mounts nothing: its first daemon takes the mount over as after
+// a crash. The store is emptied before every unmount.
+//
 // Signals to the keeper: SIGTERM, SIGINT stop the daemon (which flushes) and unmount;
 // SIGHUP replaces the daemon with the binary on disk (an upgrade: the daemon stops at
 // a request boundary, takeover.hpp). The daemon dies with its keeper (PR_SET_PDEATHSIG):
@@ -31,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "fd_store.hpp"
 #include "options.hpp"
 
 namespace kcache::fsd::keeper {
@@ -56,8 +62,9 @@ struct Startup {
 };
 
 // Runs the keeper for `mountpoint` (checked already), mounting with libfuse's
-// `fuse_args` and starting daemons with `argv`. Returns the exit status.
+// `fuse_args` (or serving the mount of the `adopted` files, checked by
+// fd_store::adopt) and starting daemons with `argv`. Returns the exit status.
 int run(const std::string& mountpoint, const std::vector<std::string>& fuse_args, char** argv,
-        const Startup& startup);
+        const Startup& startup, const std::optional<fd_store::Files>& adopted = std::nullopt);
 
 }  // namespace kcache::fsd::keeper

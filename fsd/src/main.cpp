@@ -7,8 +7,10 @@
 // state a dead one left takes the mount over (takeover.hpp). An LMDB environment must
 // not cross a fork(): only the serving daemon opens the db. What can be wrong with the
 // mountpoint is reported before anything is mounted; what is wrong with the db, by
-// the first daemon, after which the keeper unmounts. --no-keeper: one process opens
-// the db, mounts and serves (a crash then ends the mount).
+// the first daemon, after which the keeper unmounts. Under systemd a keeper restarted
+// with its predecessor's files (fd_store.hpp) serves that mount instead of mounting.
+// --no-keeper: one process opens the db, mounts and serves (a crash then ends the
+// mount).
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mount.h>
@@ -34,6 +36,7 @@
 
 #include <fmt/format.h>
 
+#include "fd_store.hpp"
 #include "filesystem.hpp"
 #include "kcache/core/store.hpp"
 #include "keeper.hpp"
@@ -483,11 +486,26 @@ int main(int argc, char** argv) {
         startup.report_to(inherited->ready_fd, !options->foreground);
         return serve(*options, mountpoint, startup, inherited);
     }
-    if (auto s = check_mountpoint(mountpoint); !s) startup.fail_startup(s.error().message);
+    // Restarted by systemd with the files of a keeper that died (fd_store.hpp): its mount
+    // is live and nobody serves it yet, so the mountpoint is not looked at (a stat would
+    // wait for a daemon); the files are checked instead.
+    const auto adopted = fsd::fd_store::adopt(mountpoint, options->db, options->read_only);
+    if (!adopted) startup.fail_startup(adopted.error().message);
+    if (*adopted && options->no_keeper) {
+        for (int fd : {(*adopted)->fuse, (*adopted)->state, (*adopted)->lock})
+            if (fd >= 0) close(fd);
+        fsd::fd_store::empty();
+        startup.fail_startup(
+            "systemd passed a keeper's files (its fd store), but --no-keeper runs no keeper: "
+            "emptied the store");
+    }
+    if (!*adopted) {
+        if (auto s = check_mountpoint(mountpoint); !s) startup.fail_startup(s.error().message);
+    }
     if (!options->foreground) startup.fork_daemon();
     if (options->no_keeper) return serve(*options, mountpoint, startup, std::nullopt);
     const std::string log_path = options->db + "/fsd.log";
     fsd::keeper::Startup report{[&](const std::string& message) { startup.fail_startup(message); },
                                 [&] { startup.ready(log_path); }};
-    return fsd::keeper::run(mountpoint, fuse_arguments(*options), argv, report);
+    return fsd::keeper::run(mountpoint, fuse_arguments(*options), argv, report, *adopted);
 }
