@@ -330,11 +330,11 @@ def compile_entry(cache, key, i, args):
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f"tmp.pid_{os.getpid()}_{i}")
     os.mkdir(tmp)
-    files = {
-        f"__grp__k{i}.json": json.dumps({"child_paths": {
-            f"k{i}.cubin": f"{d}/k{i}.cubin", f"k{i}.json": f"{d}/k{i}.json"}}).encode(),
+    files = {  # in Triton's order: the group file last (put_group follows the files)
         f"k{i}.cubin": cubin_of(key, args),
         f"k{i}.json": json.dumps({"name": f"k{i}", "num_warps": 4, "shared": 0}).encode(),
+        f"__grp__k{i}.json": json.dumps({"child_paths": {
+            f"k{i}.cubin": f"{d}/k{i}.cubin", f"k{i}.json": f"{d}/k{i}.json"}}).encode(),
     }
     for name, data in files.items():
         with open(os.path.join(tmp, name), "wb") as f:

@@ -46,9 +46,13 @@ std::string_view file_kind(std::string_view name) {
     return "other";
 }
 
+bool completes_entry(std::string_view name) { return file_kind(name) == "group"; }
+
 Producer producer_of(std::string_view name) {
+    // .source: the first file Triton writes into an entry (its kernel's IR before any
+    // stage), also with TRITON_STORE_BINARY_ONLY.
     if (name.starts_with("__grp__") || name.ends_with(".ttir") || name.ends_with(".ttgir") ||
-        name.ends_with(".llir") || name.ends_with(".amdgcn")) {
+        name.ends_with(".llir") || name.ends_with(".amdgcn") || name.ends_with(".source")) {
         return Producer::triton;
     }
     if (name.ends_with(".vmfb")) return Producer::wave;

@@ -3,6 +3,7 @@
 // once it has settled, retrying a failed upload a few times.
 #include <cerrno>
 
+#include "kcache/core/roles.hpp"
 #include "log.hpp"
 #include "remote_tier.hpp"
 
@@ -72,6 +73,12 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
             p.bytes = entry->bytes;
             p.last_access_ns = entry->last_access_ns;
             p.since = now;
+            p.marked = p.markable = false;
+            (void)txn->readdir(it->first, "", [&](const core::DirEntry& d) {
+                p.marked = p.marked || core::completes_entry(d.name);
+                p.markable = p.markable || core::producer_of(d.name) == core::Producer::triton;
+                return true;
+            });
             ++it;
             continue;
         }
@@ -80,7 +87,15 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
             std::lock_guard lock(m_mutex);
             leased = m_leases.count(entry->name) > 0;
         }
-        if (now - p.since < (leased ? kSettleLeased : kSettle)) {
+        // Redis keeps an entry's first manifest, so an entry must not go before it is
+        // whole. A leased entry its compiler marked complete goes at once (nodes wait
+        // for it). One its compiler has yet to mark waits kSettleUnmarked: Triton writes
+        // each stage's file as the stage ends, seconds apart on a big kernel.
+        const Clock::duration settle = p.marked     ? (leased ? Clock::duration{} : kSettle)
+                                       : p.markable ? kSettleUnmarked
+                                       : leased     ? kSettleLeased
+                                                    : kSettle;
+        if (now - p.since < settle) {
             ++it;
             continue;
         }
@@ -106,8 +121,7 @@ void RemoteTier::run_uploader() {
     std::unique_lock lock(m_mutex);
     while (!m_stop) {
         // While this node holds leases, others may wait for its uploads: look more often.
-        m_upload_wake.wait_for(lock, m_leases.empty() ? std::chrono::milliseconds(250)
-                                                      : std::chrono::milliseconds(50));
+        m_upload_wake.wait_for(lock, m_leases.empty() ? kUploadTick : kUploadTickLeased);
         if (m_stop) break;
         lock.unlock();
         if (uploads) {

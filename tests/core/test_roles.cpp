@@ -52,6 +52,14 @@ TEST_CASE("roles: Triton group files are not signatures", "[roles]") {
     CHECK(producer_of("__grp__add_kernel.json") == Producer::triton);
 }
 
+TEST_CASE("roles: Triton's group file, written last, completes its entry", "[roles]") {
+    CHECK(core::completes_entry("__grp__add_kernel.json"));
+    for (const char* name : {"add_kernel.json", "add_kernel.cubin", "grp.json", "", "__grp_"}) {
+        INFO("'" << name << "'");
+        CHECK_FALSE(core::completes_entry(name));
+    }
+}
+
 TEST_CASE("roles: anything else is other", "[roles]") {
     for (const char* name :
          {"notes.txt", "", "cubin", "kernel.cubin.tmp", "lock", "Makefile", "json", ".json.bak"}) {
@@ -64,6 +72,7 @@ TEST_CASE("roles: producers guessed from Triton and Wave names", "[roles]") {
     CHECK(producer_of("add_kernel.ttir") == Producer::triton);
     CHECK(producer_of("add_kernel.ttgir") == Producer::triton);
     CHECK(producer_of("add_kernel.llir") == Producer::triton);
+    CHECK(producer_of("add_kernel.source") == Producer::triton);
     CHECK(producer_of("module.vmfb") == Producer::wave);
     CHECK(producer_of("notes.txt") == Producer::unknown);
     CHECK(producer_of("") == Producer::unknown);

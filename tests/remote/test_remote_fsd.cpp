@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -60,14 +61,29 @@ std::map<std::string, std::string> triton_files(const std::string& key, std::uin
     };
 }
 
-// Stores the files as Triton does: mkdir, write each file to a temp dir, rename into place.
+// Stores the files as Triton does: mkdir, write each file to a temp dir, rename into
+// place, the group file last (put_group follows the files it lists), `gap` apart.
 void store(const MountedCache& m, const std::string& key,
-           const std::map<std::string, std::string>& files) {
+           const std::map<std::string, std::string>& files,
+           std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
     const std::string dir = m.p(key);
     if (::mkdir(dir.c_str(), 0755) != 0) REQUIRE(errno == EEXIST);
     const std::string tmp = dir + "/tmp.pid_1_abc";
     REQUIRE_SYS(::mkdir(tmp.c_str(), 0755));
-    for (const auto& [name, content] : files) {
+    // Triton's order: the source, each stage's file as it ends, metadata, the group.
+    const auto rank = [](const std::string& name) {
+        int r = 0;
+        for (const char* suffix : {".source", ".ttir", ".ttgir", ".llir", ".ptx", ".cubin"}) {
+            if (name.ends_with(suffix)) return r;
+            ++r;
+        }
+        return name.starts_with("__grp__") ? r + 1 : r;
+    };
+    std::vector<std::pair<std::string, std::string>> order(files.begin(), files.end());
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const auto& x, const auto& y) { return rank(x.first) < rank(y.first); });
+    for (const auto& [name, content] : order) {
+        if (&name != &order.front().first) std::this_thread::sleep_for(gap);
         REQUIRE(test::write_all(tmp + "/" + name, content) == 0);
         REQUIRE_SYS(::rename((tmp + "/" + name).c_str(), (dir + "/" + name).c_str()));
     }
@@ -470,6 +486,31 @@ TEST_CASE(
     wait_uploads(a, 1);
     MountedCache b(with_remote(redis));
     require_same(b, kKey1, files);  // read through: the one manifest has all four
+}
+
+TEST_CASE(
+    "fsd remote: a Triton entry is uploaded whole however far apart its stages' files land",
+    "[remote][fsd][lease]") {
+    // Triton writes each stage's file when the stage ends (seconds apart for a big
+    // kernel) and its group file last, and Redis keeps an entry's first manifest: an
+    // entry uploaded at a pause between stages would be the fleet's for good without its
+    // cubin. With a lease (others wait: it goes as soon as its group file is there) and
+    // without (its files further apart than the settle time).
+    auto files = triton_files(kKey1, 61);
+    files["add_kernel.source"] = "@triton.jit\ndef add_kernel(x_ptr):\n    pass\n";
+    for (const bool leased : {true, false}) {
+        INFO((leased ? "leased" : "no lease"));
+        RedisServer redis;
+        MountedCache a(with_remote(redis, {"--remote-lease-ms", leased ? "auto" : "0"}));
+        if (leased) {
+            REQUIRE_FAILS_WITH(::access(a.p(kKey1).c_str(), F_OK), ENOENT);  // A leases
+            REQUIRE(redis.command({"EXISTS", proto::lease_key("fsd", kKey1)}).integer == 1);
+        }
+        store(a, kKey1, files, std::chrono::milliseconds(leased ? 600 : 1300));
+        wait_uploads(a, 1);
+        MountedCache b(with_remote(redis));
+        require_same(b, kKey1, files);  // read through: the one manifest has all five files
+    }
 }
 
 TEST_CASE("fsd remote: leases are on by default and renewed while the holder compiles",

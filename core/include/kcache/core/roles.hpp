@@ -14,6 +14,10 @@ Role role_of(std::string_view file_name);
 // "json", "ttir", ...), "group" for Triton's group files, "other" for the rest.
 // Files of one kind from one producer are alike (dictionaries.hpp).
 std::string_view file_kind(std::string_view file_name);
+// True for a file its compiler writes after every other file of its entry, so an entry
+// holding it is complete: Triton's group file (__grp__<name>.json, written by put_group
+// once the files it lists are in place). Other compilers write no such marker.
+bool completes_entry(std::string_view file_name);
 // A guess from one file name of the entry, unknown when the name says nothing.
 Producer producer_of(std::string_view file_name);
 
