@@ -163,7 +163,7 @@ TEST_CASE("SIGTERM and SIGINT unmount and flush statistics and exit 0", "[fsd][l
 // for the FUSE loop must wake up to see: taken by any other thread (the background
 // thread, the shared tier's...), the signal left the daemon serving (the test above
 // failed about 1 run in 6). So that thread alone may take them.
-TEST_CASE("SIGTERM, SIGINT and SIGHUP are blocked in every thread of the daemon but its loop's",
+TEST_CASE("SIGTERM SIGINT and SIGHUP are blocked in every thread of the daemon but its loop thread",
           "[fsd][lifecycle]") {
     MountedCache cache;
     store_with_wave(cache, 3);
