@@ -95,8 +95,8 @@ class StateFile {
         kRecordsEnd + sizeof(std::atomic<std::uint64_t>) * std::size_t{kHitPairSlots};
 
     // Maps the memfd `fd` (made by the keeper, kept open by it; grown to kSize bytes if
-    // an older keeper made it shorter), or private memory when fd < 0. A mapping whose header is set was left by a predecessor:
-    // inherited() is then true (EINVAL if its layout is another).
+    // an older keeper made it shorter), or private memory when fd < 0. A mapping whose header is
+    // set was left by a predecessor: inherited() is then true (EINVAL if its layout is another).
     static core::Result<std::unique_ptr<StateFile>> map(int fd);
     ~StateFile();
     StateFile(const StateFile&) = delete;

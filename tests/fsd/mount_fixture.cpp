@@ -290,7 +290,7 @@ ProcResult run_process(const std::vector<std::string>& argv_in, const ProcOption
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
         die_with_parent(parent);  // this thread waits for it: safe from any thread
-        setpgid(0, 0);  // its own group, so a timeout kills everything it started
+        setpgid(0, 0);            // its own group, so a timeout kills everything it started
         const int in = open("/dev/null", O_RDONLY);
         const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -598,7 +598,7 @@ std::string MountedCache::daemon_stderr() const {
 
 std::vector<std::string> MountedCache::argv() const {
     std::vector<std::string> argv{m_options.binary.empty() ? std::string(KCACHE_FSD_PATH)
-                                                          : m_options.binary.string()};
+                                                           : m_options.binary.string()};
     if (m_options.foreground) argv.emplace_back("-f");
     argv.insert(argv.end(), {"--db", m_options.relative_db ? "db" : m_db.string()});
     argv.insert(argv.end(), m_options.args.begin(), m_options.args.end());

@@ -272,7 +272,7 @@ class MountedCache {
     DaemonOptions m_options;
     TempDir m_dir;
     fs::path m_root, m_mnt, m_db, m_log;
-    std::atomic<pid_t> m_pid{-1};  // read by the watchdog thread
+    std::atomic<pid_t> m_pid{-1};           // read by the watchdog thread
     std::atomic<unsigned> m_connection{0};  // likewise
     bool m_mounted = false;
     std::unique_ptr<Watchdog> m_watchdog;

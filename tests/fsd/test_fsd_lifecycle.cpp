@@ -172,8 +172,8 @@ TEST_CASE("SIGTERM SIGINT and SIGHUP are blocked in every thread of the daemon b
     const auto daemons = children_of(cache.daemon_pid(), false);
     REQUIRE(daemons.size() == 1);
     const pid_t daemon = daemons.front();
-    constexpr unsigned long long kStops = (1ull << (SIGTERM - 1)) | (1ull << (SIGINT - 1)) |
-                                          (1ull << (SIGHUP - 1));
+    constexpr unsigned long long kStops =
+        (1ull << (SIGTERM - 1)) | (1ull << (SIGINT - 1)) | (1ull << (SIGHUP - 1));
     int threads = 0;
     for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(daemon) + "/task")) {
         std::ifstream in(task.path() / "status");

@@ -59,8 +59,9 @@ TEST_CASE("fixture: tearing down a mount whose daemon is stopped ends, with the 
     // while `fusermount3 -u` of the stopped daemon's mount did hang in one run and the
     // forced unmount could not abort it: not understood yet, so not covered there.
     if (io_uring_run())
-        skip("over io_uring a stopped daemon leaves no child in D state to test with (see "
-             "the comment above this skip)");
+        skip(
+            "over io_uring a stopped daemon leaves no child in D state to test with (see "
+            "the comment above this skip)");
     void* mem =
         ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(mem != MAP_FAILED);

@@ -160,10 +160,10 @@ int reader(Load& load, const MountedCache& cache, int r, std::uint64_t seed) {
         const int i = static_cast<int>(rng() % kHits);
         const auto start = std::chrono::steady_clock::now();
         const auto got = read_all(hit_path(cache, i));
-        const auto ns = static_cast<std::uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                 start)
-                .count());
+        const auto ns =
+            static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::steady_clock::now() - start)
+                                           .count());
         for (auto longest = load.longest_read_ns.load();
              ns > longest && !load.longest_read_ns.compare_exchange_weak(longest, ns);) {
         }
@@ -239,8 +239,8 @@ void require_triton() {
     if (::access(KCACHE_COMPAT_PYTHON, X_OK) != 0)
         skip(std::string("the compat venv's Python is absent (") + KCACHE_COMPAT_PYTHON +
              "; scripts/setup.sh makes it): the load's Triton compiles cannot run");
-    const ProcResult r = run_process({KCACHE_COMPAT_PYTHON, "-c", "import triton"},
-                                     python_options(120));
+    const ProcResult r =
+        run_process({KCACHE_COMPAT_PYTHON, "-c", "import triton"}, python_options(120));
     if (r.exit_code != 0)
         skip("the compat venv has no Triton (scripts/setup.sh installs it): " + r.describe());
 }
@@ -318,7 +318,8 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
                              cache.mnt().string(), "--name", "t" + std::to_string(t), "--stop",
                              stop_file.string(), "--out", out.string()},
                             python_options(600));
-            if (r.exit_code != 0) std::fprintf(stderr, "triton_load.py: %s\n", r.describe().c_str());
+            if (r.exit_code != 0)
+                std::fprintf(stderr, "triton_load.py: %s\n", r.describe().c_str());
             return r.exit_code;
         }));
     }
@@ -399,8 +400,7 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
         entry_hits += e.at("hits").get<std::uint64_t>();
     }
     {
-        INFO("stats " << settled.dump() << "\n(entry, process) pairs that read: "
-                      << figures.pairs);
+        INFO("stats " << settled.dump() << "\n(entry, process) pairs that read: " << figures.pairs);
         CHECK(stat_value(settled, "entries") == entries.size());
         CHECK(stat_value(settled, "bytes") == bytes);
         CHECK(stat_value(settled, "misses") == populated);
@@ -463,7 +463,8 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
     const ProcResult v = run_kcache(cache.db(), {"verify"});
     INFO("kcache verify: " << v.describe());
     CHECK(v.exit_code == 0);
-    figures.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    figures.wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::printf(
         "takeover: %d events; %llu reads, %llu failed, longest %.3f s; %zu stores, %zu failed "
         "with EIO; %zu Triton compiles, %zu failed with EIO; %llu (entry, process) pairs read; "
@@ -528,8 +529,8 @@ TEST_CASE("takeover: kcache-fsd --upgrade under load: no client sees an error",
         cache, 5,
         [&](int k) {
             const pid_t before = serving_daemon(keeper);
-            const ino_t ino = install_over(k % 2 == 0 ? KCACHE_FSD_NEXT_PATH : KCACHE_FSD_PATH,
-                                           installed);
+            const ino_t ino =
+                install_over(k % 2 == 0 ? KCACHE_FSD_NEXT_PATH : KCACHE_FSD_PATH, installed);
             const ProcResult r = run_process({KCACHE_FSD_PATH, "--upgrade", cache.mnt().string()});
             INFO("kcache-fsd --upgrade: " << r.describe());
             REQUIRE(r.exit_code == 0);
