@@ -130,9 +130,12 @@ std::string check_state(int fd) {
         return fmt::format("not kcache-fsd's state memfd (it is {})", target.empty() ? "?" : target);
     struct stat st {};
     if (::fstat(fd, &st) != 0) return fmt::format("fstat: {}", std::strerror(errno));
-    if (static_cast<std::uint64_t>(st.st_size) != StateFile::kSize)
-        return fmt::format("the state memfd has {} bytes, this kcache-fsd's has {}", st.st_size,
-                           StateFile::kSize);
+    // An older keeper's memfd may end after the handle records (no hit pairs):
+    // StateFile::map grows it.
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < StateFile::kRecordsEnd || size > StateFile::kSize)
+        return fmt::format("the state memfd has {} bytes, this kcache-fsd's has {} to {}",
+                           st.st_size, StateFile::kRecordsEnd, StateFile::kSize);
     void* map = ::mmap(nullptr, sizeof(StateHeader), PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) return fmt::format("mmap: {}", std::strerror(errno));
     const auto* h = static_cast<const StateHeader*>(map);

@@ -50,6 +50,7 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
       m_own_state(private_state(state)),
       m_state(state ? *state : *m_own_state),
       m_handles(m_state) {
+    m_hits.remember_in(HitPairs(m_state.hit_pairs(), kHitPairSlots));
     m_handles.on_rebuild([this](const HandleRecord& r) { return rebuild_file(r); },
                          [](const HandleRecord&) { return new DirHandle; });
 }

@@ -28,7 +28,28 @@ void HitCounter::count_open(pid_t opener, const core::ReadTxn& txn, const core::
         if (own) return;  // its own kernel (or its compile's), not a cache hit
         if (!m_seen.insert(by_process).second) return;
     }
+    // Counted already by a daemon before this one (a takeover)?
+    if (m_pairs.insert(attr.entry, pid) == HitPairs::Insert::known) return;
     m_background.hit(attr.entry);
+}
+
+HitPairs::Insert HitPairs::insert(core::Ino entry, std::uint32_t pid) {
+    constexpr unsigned kPidBits = 22;
+    if (m_count == 0 || entry >> (64 - kPidBits) != 0 || pid >> kPidBits != 0) return Insert::full;
+    const std::uint64_t key = (std::uint64_t{entry} << kPidBits) | pid;  // entry > 0: never 0
+    // splitmix64's finalizer spreads consecutive entries over the table.
+    std::uint64_t h = key;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    for (std::size_t probe = 0; probe < kMaxProbes && probe < m_count; ++probe) {
+        std::atomic<std::uint64_t>& slot = m_slots[(h + probe) & (m_count - 1)];
+        std::uint64_t seen = slot.load(std::memory_order_acquire);
+        if (seen == 0 && slot.compare_exchange_strong(seen, key, std::memory_order_acq_rel))
+            return Insert::added;
+        if (seen == key) return Insert::known;  // (a lost race for the slot sees the winner)
+    }
+    return Insert::full;
 }
 
 }  // namespace kcache::fsd

@@ -241,6 +241,16 @@ std::vector<std::string> fuse_arguments(const fsd::Options& options) {
 // (`inherited`), which this daemon may take over from one that died.
 int serve(const fsd::Options& options, const std::string& mountpoint, StartupPipe& startup,
           const std::optional<fsd::keeper::Inherited>& inherited) {
+    // SIGTERM, SIGINT and SIGHUP end the FUSE loop only where they interrupt the thread
+    // that waits for it (libfuse's handler sets a flag, then that thread must wake): a
+    // thread of ours that took one (the background thread, the shared tier's...) left
+    // the daemon serving. So every thread started from here on blocks them, and this
+    // one takes them again just before the loop (libfuse's workers block them too).
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
     kcache::core::OpenOptions open;
     open.path = options.db;
     open.create = !options.read_only;
@@ -371,6 +381,8 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
         });
     }
 
+    // One pending since start-up is taken here: the loop then ends at once.
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
     fuse_loop_config* loop = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(loop, 0);
     fuse_loop_cfg_set_max_threads(loop, 16);

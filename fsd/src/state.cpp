@@ -1,6 +1,8 @@
 #include "state.hpp"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -12,7 +14,17 @@
 namespace kcache::fsd {
 
 core::Result<std::unique_ptr<StateFile>> StateFile::map(int fd) {
+    static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+                  "hit pairs are shared by processes: their atomics must be lock-free");
     std::unique_ptr<StateFile> state(new StateFile);
+    // A keeper of an older build made the memfd without the hit pairs: grow it (a
+    // daemon may: the keeper only holds the memfd, it maps nothing).
+    struct stat st {};
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) < kSize &&
+        ::ftruncate(fd, static_cast<off_t>(kSize)) != 0) {
+        return core::fail(errno, fmt::format("cannot grow the daemon's state to {} bytes: {}",
+                                             kSize, std::strerror(errno)));
+    }
     const int flags = fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
     state->m_base = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, flags, fd, 0);
     if (state->m_base == MAP_FAILED) {
@@ -23,6 +35,8 @@ core::Result<std::unique_ptr<StateFile>> StateFile::map(int fd) {
     state->m_header = static_cast<StateHeader*>(state->m_base);
     state->m_records =
         reinterpret_cast<HandleRecord*>(static_cast<char*>(state->m_base) + sizeof(StateHeader));
+    state->m_hit_pairs = reinterpret_cast<std::atomic<std::uint64_t>*>(
+        static_cast<char*>(state->m_base) + kRecordsEnd);
     StateHeader& h = *state->m_header;
     if (h.magic == kStateMagic) {
         if (h.layout != kLayout || h.slots != kHandleSlots) {

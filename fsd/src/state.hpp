@@ -11,8 +11,12 @@
 //   unpublished bytes died is answered EIO (files.cpp).
 //
 // Layout (kLayout; the keeper and its daemons are one binary, or an upgrade of it that
-// checks kLayout): a StateHeader, then kHandleSlots HandleRecords. The memfd is sparse:
-// only the pages of slots in use cost memory. Without a keeper (--no-keeper, tests
+// checks kLayout): a StateHeader, then kHandleSlots HandleRecords, then kHitPairSlots
+// hit pairs (hits.hpp: the (entry, process) pairs whose hit was counted, so that a new
+// daemon does not count them again). The hit pairs came later within layout 1: a memfd
+// made by an older keeper is shorter and map() grows it (its zeros are an empty set);
+// an older daemon never looks past the records. The memfd is sparse: only the pages
+// of slots in use cost memory. Without a keeper (--no-keeper, tests
 // that drive a Filesystem directly) the same layout lives in private memory.
 //
 // Concurrency: a record is written by the thread that owns its slot (between
@@ -42,6 +46,7 @@ inline constexpr std::uint64_t kStateMagic = 0x6b63616368657374ull;  // "kcaches
 inline constexpr std::uint32_t kLayout = 1;
 inline constexpr std::uint32_t kHandleSlots = 1u << 18;
 inline constexpr std::size_t kMaxInitBytes = 1024;
+inline constexpr std::uint32_t kHitPairSlots = 1u << 17;  // 1 MiB of 64-bit keys
 
 enum class HandleKind : std::uint8_t { free = 0, file = 1, dir = 2 };
 
@@ -84,12 +89,14 @@ struct StateHeader {
 // The mapping of a state memfd (or private memory).
 class StateFile {
   public:
-    static constexpr std::size_t kSize =
+    static constexpr std::size_t kRecordsEnd =
         sizeof(StateHeader) + sizeof(HandleRecord) * std::size_t{kHandleSlots};
+    static constexpr std::size_t kSize =
+        kRecordsEnd + sizeof(std::atomic<std::uint64_t>) * std::size_t{kHitPairSlots};
 
-    // Maps the memfd `fd` (kSize bytes, made by the keeper; kept open by it), or private
-    // memory when fd < 0. A mapping whose header is set was left by a predecessor:
-    // inherited() is then true (EINVAL if its layout is another).
+    // Maps the memfd `fd` (made by the keeper, kept open by it; grown to kSize bytes if
+    // an older keeper made it shorter), or private memory when fd < 0. A mapping whose header is
+    // set was left by a predecessor: inherited() is then true (EINVAL if its layout is another).
     static core::Result<std::unique_ptr<StateFile>> map(int fd);
     ~StateFile();
     StateFile(const StateFile&) = delete;
@@ -97,6 +104,8 @@ class StateFile {
 
     StateHeader& header() { return *m_header; }
     HandleRecord* records() { return m_records; }
+    // kHitPairSlots slots, 0 when free (hits.hpp's HitPairs).
+    std::atomic<std::uint64_t>* hit_pairs() { return m_hit_pairs; }
     bool inherited() const { return m_inherited; }
 
   private:
@@ -104,6 +113,7 @@ class StateFile {
     void* m_base = nullptr;
     StateHeader* m_header = nullptr;
     HandleRecord* m_records = nullptr;
+    std::atomic<std::uint64_t>* m_hit_pairs = nullptr;
     bool m_inherited = false;
 };
 

@@ -3,8 +3,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,23 +93,54 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
     return out;
 }
 
-// Waits for `pid` up to `timeout_s`; kills its process group (and it) when it does not
-// end. Returns the wait status, and whether it timed out.
-std::pair<int, bool> wait_with_timeout(pid_t pid, double timeout_s, bool own_group) {
+// How long a child killed with SIGKILL may take to end before this process's mounts
+// are aborted (a healthy daemon answers a dying process's FLUSH at once), and how long
+// after that before it is left behind.
+constexpr double kKilledGrace_s = 5;
+constexpr double kAbortedGrace_s = 10;
+
+// Reaps `pid` if it ended within `timeout_s` (polling: never a blocking waitpid).
+std::optional<int> reap_within(pid_t pid, double timeout_s) {
     const auto start = std::chrono::steady_clock::now();
     int status = 0;
     while (true) {
         const pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return {status, false};
-        if (r < 0 && errno != EINTR) return {0, false};
-        if (seconds_since(start) > timeout_s) break;
+        if (r == pid) return status;
+        if (r < 0 && errno != EINTR) return 0;  // not our child (any more)
+        if (seconds_since(start) > timeout_s) return std::nullopt;
         sleep_ms(5);
     }
+}
+
+// Waits for `pid` up to `timeout_s`; kills its process group (and it) when it does not
+// end, then reaps it, bounded (the file comment of mount_fixture.hpp). Returns the wait
+// status, and whether it timed out.
+std::pair<int, bool> wait_with_timeout(pid_t pid, double timeout_s, bool own_group) {
+    if (auto status = reap_within(pid, timeout_s)) return {*status, false};
     if (own_group) kill(-pid, SIGKILL);
     kill(pid, SIGKILL);
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return {status, true};
+    if (auto status = reap_within(pid, kKilledGrace_s)) return {*status, true};
+    std::fprintf(stderr,
+                 "mount_fixture: child %d did not end %.0f s after SIGKILL (in D state on a "
+                 "FUSE request?): aborting this process's FUSE connections\n",
+                 static_cast<int>(pid), kKilledGrace_s);
+    abort_own_mounts();
+    if (own_group) kill(-pid, SIGKILL);
+    if (auto status = reap_within(pid, kAbortedGrace_s)) return {*status, true};
+    std::fprintf(stderr, "mount_fixture: child %d still did not end: left behind\n",
+                 static_cast<int>(pid));
+    return {0, true};
+}
+
+// PR_SET_PDEATHSIG in a child just forked: it dies with the thread that forked it.
+// `parent`: getpid() before the fork (a parent already gone ends it at once).
+void die_with_parent(pid_t parent) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);
+}
+
+bool on_main_thread() {
+    return static_cast<pid_t>(::syscall(SYS_gettid)) == getpid();
 }
 
 int exit_code_of(int status) {
@@ -153,9 +187,13 @@ bool is_fuse_mount(const fs::path& path) {
     return static_cast<long>(st.f_type) == kFuseSuperMagic;
 }
 
-bool in_mountinfo(const fs::path& path) {
+namespace {
+
+// The device ("major:minor") of the last mount at `path` in /proc/self/mountinfo; "" if
+// none.
+std::string mountinfo_device(const fs::path& path) {
     std::ifstream in("/proc/self/mountinfo");
-    std::string line;
+    std::string line, found;
     const std::string want = path.lexically_normal().string();
     while (std::getline(in, line)) {
         // id parent major:minor root mountpoint ...; spaces in paths are escaped (\040),
@@ -163,9 +201,66 @@ bool in_mountinfo(const fs::path& path) {
         std::istringstream fields(line);
         std::string id, parent, dev, root, point;
         fields >> id >> parent >> dev >> root >> point;
-        if (point == want) return true;
+        if (point == want) found = dev;  // the last one is on top
     }
-    return false;
+    return found;
+}
+
+// The mounts of this process's live MountedCaches (abort_own_mounts). A forked child
+// has its parent's copy: the same connections.
+struct OwnMount {
+    const MountedCache* cache;
+    fs::path mnt;
+    unsigned connection;
+};
+std::mutex g_own_mounts_mutex;  // guards g_own_mounts
+std::vector<OwnMount> g_own_mounts;
+
+void forget_own_mount(const MountedCache* cache) {
+    std::lock_guard lock(g_own_mounts_mutex);
+    std::erase_if(g_own_mounts, [&](const OwnMount& m) { return m.cache == cache; });
+}
+
+}  // namespace
+
+bool in_mountinfo(const fs::path& path) {
+    return !mountinfo_device(path).empty();
+}
+
+unsigned fuse_connection_of(const fs::path& mnt) {
+    const std::string dev = mountinfo_device(mnt);
+    unsigned major = 0, minor = 0;
+    if (std::sscanf(dev.c_str(), "%u:%u", &major, &minor) != 2) return 0;
+    return (major << 20) | minor;  // the kernel's dev_t, which fusectl prints
+}
+
+bool abort_fuse_connection(unsigned connection, const fs::path& mnt) {
+    // Only while `mnt` is that connection's mount point: a number freed by an unmount
+    // may name another mount (another test's) now.
+    if (connection == 0 || fuse_connection_of(mnt) != connection) return false;
+    const std::string abort_file =
+        "/sys/fs/fuse/connections/" + std::to_string(connection) + "/abort";
+    if (const int fd = open(abort_file.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
+        const bool done = write(fd, "1", 1) == 1;
+        close(fd);
+        if (done) return true;
+    }
+    // fusectl is not mounted: a forced unmount aborts the connection first (FUSE's
+    // umount_begin), whether or not the unmount then succeeds.
+    return umount2(mnt.c_str(), MNT_FORCE) == 0 || errno == EBUSY;
+}
+
+void abort_own_mounts() {
+    std::vector<OwnMount> mounts;
+    {
+        std::lock_guard lock(g_own_mounts_mutex);
+        mounts = g_own_mounts;
+    }
+    for (const auto& m : mounts) {
+        const bool done = abort_fuse_connection(m.connection, m.mnt);
+        std::fprintf(stderr, "mount_fixture: FUSE connection %u of %s %s\n", m.connection,
+                     m.mnt.c_str(), done ? "aborted" : "could not be aborted");
+    }
 }
 
 std::string ProcResult::describe() const {
@@ -190,10 +285,12 @@ ProcResult run_process(const std::vector<std::string>& argv_in, const ProcOption
     std::vector<std::string> env_strings = child_environment(options.env, options.unset_env);
     std::vector<char*> envp = c_strings(env_strings);
 
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
-        setpgid(0, 0);  // its own group, so a timeout kills everything it started
+        die_with_parent(parent);  // this thread waits for it: safe from any thread
+        setpgid(0, 0);            // its own group, so a timeout kills everything it started
         const int in = open("/dev/null", O_RDONLY);
         const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -220,9 +317,12 @@ namespace {
 
 pid_t fork_child(const std::function<int()>& fn) {
     std::fflush(nullptr);
+    const pid_t parent = getpid();
+    const bool main_thread = on_main_thread();
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
+        if (main_thread) die_with_parent(parent);
         int code = 101;
         try {
             code = fn();
@@ -247,12 +347,7 @@ ChildResult run_child(const std::function<int()>& fn, double timeout_s) {
 Child::Child(const std::function<int()>& fn) : m_pid(fork_child(fn)) {}
 
 Child::~Child() {
-    if (m_pid > 0) {
-        kill(m_pid, SIGKILL);
-        int status = 0;
-        while (waitpid(m_pid, &status, 0) < 0 && errno == EINTR) {
-        }
-    }
+    if (m_pid > 0) wait_with_timeout(m_pid, 0, false);  // killed now, reaped bounded
 }
 
 bool Child::running() {
@@ -456,6 +551,8 @@ MountedCache::MountedCache(DaemonOptions options) : m_options(std::move(options)
     m_watchdog =
         std::make_unique<Watchdog>(m_options.watchdog_s, "test with a kcache-fsd mount", [this] {
             std::fprintf(stderr, "daemon stderr:\n%s\n", daemon_stderr().c_str());
+            // Every process waiting on the mount (this one's threads too) wakes.
+            if (m_connection.load()) abort_fuse_connection(m_connection.load(), m_mnt);
             pid_t pid = m_pid.load();
             if (pid <= 0) pid = find_daemon_with_arg(m_mnt.string());
             if (pid > 0) kill(pid, SIGKILL);  // aborts the FUSE connection
@@ -500,7 +597,8 @@ std::string MountedCache::daemon_stderr() const {
 }
 
 std::vector<std::string> MountedCache::argv() const {
-    std::vector<std::string> argv{KCACHE_FSD_PATH};
+    std::vector<std::string> argv{m_options.binary.empty() ? std::string(KCACHE_FSD_PATH)
+                                                           : m_options.binary.string()};
     if (m_options.foreground) argv.emplace_back("-f");
     argv.insert(argv.end(), {"--db", m_options.relative_db ? "db" : m_db.string()});
     argv.insert(argv.end(), m_options.args.begin(), m_options.args.end());
@@ -523,9 +621,14 @@ void MountedCache::mount() {
         count_occurrences(daemon_stderr(), "serving over /dev/fuse");
 
     std::fflush(nullptr);
+    const pid_t parent = getpid();
+    const bool main_thread = on_main_thread();
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+        // A test killed from outside takes its daemon (a keeper: its daemon, and with
+        // them the FUSE connection) along; the dead mount is left for fusermount3 -u.
+        if (main_thread) die_with_parent(parent);
         setpgid(0, 0);  // not in the terminal's group: a Ctrl-C on the tests is ours
         const int in = open("/dev/null", O_RDONLY);
         const int err = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
@@ -556,10 +659,7 @@ void MountedCache::mount() {
     }
     const bool up = is_fuse_mount(m_mnt);
     if (!up) {
-        if (!exited) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-        }
+        if (!exited) status = wait_with_timeout(pid, 0, false).first;
         m_pid = -1;
         if (in_mountinfo(m_mnt)) fusermount_unmount(m_mnt, true);
         INFO("kcache-fsd " << (exited ? "exited (status " + std::to_string(status) + ")"
@@ -569,6 +669,11 @@ void MountedCache::mount() {
         FAIL("kcache-fsd did not mount " << m_mnt);
     }
     m_mounted = true;
+    m_connection = fuse_connection_of(m_mnt);
+    {
+        std::lock_guard lock(g_own_mounts_mutex);
+        g_own_mounts.push_back({this, m_mnt, m_connection.load()});
+    }
     if (io_uring_run()) {
         // The rings serve, not a silent fallback: the daemon logs which once INIT is done
         // (counted: a remount on the same db appends to the same log).
@@ -604,6 +709,7 @@ void MountedCache::unmount() {
     INFO("fusermount3 -u: " << r.describe() << "\ndaemon stderr:\n" << daemon_stderr());
     REQUIRE(r.exit_code == 0);
     m_mounted = false;
+    forget_own_mount(this);
     const pid_t pid = m_pid.load();
     if (pid <= 0) return;
     if (m_options.foreground) {
@@ -632,6 +738,7 @@ int MountedCache::signal_daemon(int sig, double timeout_s) {
     const auto [status, timed_out] = wait_with_timeout(pid, timeout_s, false);
     m_pid = -1;
     m_mounted = in_mountinfo(m_mnt);
+    if (!m_mounted) forget_own_mount(this);
     if (timed_out || !WIFEXITED(status)) return -1;
     return WEXITSTATUS(status);
 }
@@ -639,26 +746,45 @@ int MountedCache::signal_daemon(int sig, double timeout_s) {
 void MountedCache::cleanup() noexcept {
     try {
         const pid_t pid = m_pid.load();
+        bool daemon_gone = false;
         if (m_mounted && m_options.foreground) {
             // A daemon that died under a test explains the test's failure: say so.
             const std::string death = daemon_death(pid);
-            if (!death.empty()) {
+            daemon_gone = !death.empty();
+            if (daemon_gone) {
                 std::fprintf(stderr, "NOTE: kcache-fsd %s during the test; its stderr:\n%s\n",
                              death.c_str(), read_text_file(m_log).c_str());
             }
         }
-        if (in_mountinfo(m_mnt) && !fusermount_unmount(m_mnt, false) && pid > 0) {
-            kill(pid, SIGTERM);
-            wait_until([&] { return !in_mountinfo(m_mnt); }, 3);
+        // Aborting the connection ends every request the daemon does not answer (it is
+        // gone, or stopped, or stuck): nothing waits on the mount after this.
+        bool aborted = false;
+        const auto abort_connection = [&] {
+            if (!aborted && m_connection.load())
+                aborted = abort_fuse_connection(m_connection.load(), m_mnt);
+        };
+        if (in_mountinfo(m_mnt)) {
+            if (daemon_gone) abort_connection();
+            if (!fusermount_unmount(m_mnt, false)) {
+                // Busy: files still open. A stop ends the daemon, whose keeper unmounts.
+                if (pid > 0) kill(pid, SIGTERM);
+                if (!wait_until([&] { return !in_mountinfo(m_mnt); }, 3)) abort_connection();
+            }
         }
         if (pid > 0) {
             if (m_options.foreground) {
-                wait_with_timeout(pid, 5, false);  // kills it after 5 s
+                // Once unmounted the daemon ends by itself; killed after 10 s (a keeper's
+                // daemon dies with it), reaped bounded.
+                wait_with_timeout(pid, 10, false);
             } else if (!wait_until([&] { return kill(pid, 0) != 0; }, 5)) {
                 kill(pid, SIGKILL);
             }
         }
-        if (in_mountinfo(m_mnt)) fusermount_unmount(m_mnt, true);
+        if (in_mountinfo(m_mnt)) {
+            abort_connection();
+            if (!fusermount_unmount(m_mnt, true)) umount2(m_mnt.c_str(), MNT_DETACH);
+        }
+        forget_own_mount(this);
         m_pid = -1;
         m_mounted = false;
     } catch (...) {

@@ -2,11 +2,25 @@
 // in a private temporary directory and mounts it, plus the helpers those tests share
 // (subprocesses with timeouts, forked children, the `kcache` CLI, the Python flows).
 //
-// Safety: a test must never leave a mount behind nor hang. MountedCache's destructor
-// unmounts (lazily as a last resort) and kills the daemon if it must; a watchdog thread
-// per MountedCache ends the whole test program (after killing the daemon, which aborts
-// the FUSE connection and so unblocks every request in flight, and unmounting) when a
-// test runs longer than its bound. Children run with their own timeouts.
+// Safety: a test must never leave a mount behind nor hang, whatever it does to its
+// daemon (kill it, stop it) and wherever a REQUIRE throws.
+// - Every wait is bounded. A child that a SIGKILL does not end is in D state, waiting
+//   for a FUSE request (a killed process's FLUSH waits uninterruptibly for its answer):
+//   the waits abort the FUSE connections of this process's mounts (abort_own_mounts),
+//   which ends every such request, and leave a child that still does not end (with a
+//   message) rather than wait forever.
+// - Every forked child is killed and reaped by its owner's destructor (Child, and
+//   run_process's own timeout), and dies with the thread that forked it
+//   (PR_SET_PDEATHSIG, SIGKILL) when that is the main thread or a thread that waits
+//   for it (run_process), so a test killed from outside (CTest's timeout) leaves no
+//   process behind: its daemon's death ends the connection, which wakes the rest.
+//   (A child forked by another thread, which may end first, does not get it.)
+// - MountedCache's destructor unmounts; if the daemon is gone or the unmount does not
+//   complete within its bound it aborts the connection (fusectl's
+//   /sys/fs/fuse/connections/N/abort, else umount2(MNT_FORCE)), kills the daemon after
+//   a bound, and unmounts lazily as a last resort. A watchdog thread per MountedCache
+//   ends the whole test program (after aborting the connection, killing the daemon
+//   and unmounting) when a test runs longer than its bound.
 //
 // Requirements: /dev/fuse and fusermount3; without them every test that constructs a
 // MountedCache (or calls require_fuse()) is skipped (exit 77).
@@ -73,6 +87,19 @@ bool io_uring_run();
 bool is_fuse_mount(const fs::path& path);
 // True when /proc/self/mountinfo lists `path` as a mount point (never asks a daemon).
 bool in_mountinfo(const fs::path& path);
+// The FUSE connection of mount point `mnt` as fusectl names it (the mount's device
+// number, read from /proc/self/mountinfo: no daemon is asked); 0 if it is not mounted.
+unsigned fuse_connection_of(const fs::path& mnt);
+// Aborts FUSE connection `connection` (of mount point `mnt`): every request on it ends
+// with ECONNABORTED and every process waiting for one wakes, a killed one in D state
+// too; the mount answers ENOTCONN from then on. Through fusectl's
+// /sys/fs/fuse/connections/<connection>/abort where it is mounted, else
+// umount2(MNT_FORCE) (root; it also unmounts when nothing is open). True if done.
+bool abort_fuse_connection(unsigned connection, const fs::path& mnt);
+// Aborts the connections of every mount of a live MountedCache of this process (and,
+// in a forked child, of its parent's): the last resort of a wait for a child that a
+// SIGKILL did not end.
+void abort_own_mounts();
 
 struct ProcResult {
     int exit_code = -1;   // -1 when killed by a signal or timed out
@@ -91,7 +118,7 @@ struct ProcOptions {
 };
 
 // Runs argv[0] (a path, or a name searched in PATH) with stdin from /dev/null and
-// stdout/stderr captured.
+// stdout/stderr captured, in its own process group (killed whole at the timeout).
 ProcResult run_process(const std::vector<std::string>& argv, const ProcOptions& options = {});
 
 // Runs `fn` in a forked child (it must not use Catch2 assertions); its return value is
@@ -107,11 +134,12 @@ ChildResult run_child(const std::function<int()>& fn, double timeout_s = 30);
 class Child {
   public:
     explicit Child(const std::function<int()>& fn);
-    ~Child();  // kills and reaps a child that was not joined
+    ~Child();  // kills and reaps (bounded, see the file comment) a child not joined
     Child(const Child&) = delete;
     Child& operator=(const Child&) = delete;
     pid_t pid() const { return m_pid; }
     bool running();  // false once it has exited (then join() returns at once)
+    // Waits up to `timeout_s`, then kills it (timed_out) and reaps it, bounded.
     ChildResult join(double timeout_s = 30);
 
   private:
@@ -202,6 +230,7 @@ struct DaemonOptions {
     fs::path db;                    // where the db lives; empty: <tmp>/db
     // Started in <tmp> with `--db db`, a relative path (db must be empty).
     bool relative_db = false;
+    fs::path binary;  // the kcache-fsd to start; empty: the one built (KCACHE_FSD_PATH)
 };
 
 // A kcache-fsd serving <tmp>/db on <tmp>/mnt. The constructor mounts (REQUIRE: it comes
@@ -233,6 +262,8 @@ class MountedCache {
     // Sends `sig` to the daemon (foreground only) and returns how it ended (exit code,
     // -1 if killed by a signal or still alive after `timeout_s`).
     int signal_daemon(int sig, double timeout_s = 15);
+    // The mount's FUSE connection (fuse_connection_of, read when it was mounted).
+    unsigned connection() const { return m_connection.load(); }
 
   private:
     void cleanup() noexcept;  // unmount and kill whatever is left; never throws
@@ -241,7 +272,8 @@ class MountedCache {
     DaemonOptions m_options;
     TempDir m_dir;
     fs::path m_root, m_mnt, m_db, m_log;
-    std::atomic<pid_t> m_pid{-1};  // read by the watchdog thread
+    std::atomic<pid_t> m_pid{-1};           // read by the watchdog thread
+    std::atomic<unsigned> m_connection{0};  // likewise
     bool m_mounted = false;
     std::unique_ptr<Watchdog> m_watchdog;
 };
