@@ -26,6 +26,14 @@ namespace remote = kcache::remote;
 
 namespace {
 
+// The value of `r`, failing the test with its error when there is none.
+template <class T>
+T must(core::Result<T> r, const char* what) {
+    if (!r) FAIL(what << " failed: " << r.error().message);
+    return std::move(*r);
+}
+#define MUST(expr) must((expr), #expr)
+
 remote::Options options(const RedisServer& redis) {
     remote::Options o;
     o.servers.push_back(redis.endpoint());
@@ -59,20 +67,20 @@ void put_kernels(TestDb& db, int from, int to) {
 // stored with them, the entries the tests push.
 void pusher(TestDb& a, int n) {
     put_kernels(a, 0, 40);
-    REQUIRE(KC_MUST(core::train_dictionaries(a.store(), small_policy())).size() == 2);
+    REQUIRE(MUST(core::train_dictionaries(a.store(), small_policy())).size() == 2);
     put_kernels(a, 100, 100 + n);
 }
 
 core::StoredFrame frame_of(TestDb& db, const std::string& content) {
-    auto txn = KC_MUST(db.store().read());
-    auto frame = KC_MUST(core::read_frame(txn, core::digest_of(content)));
+    auto txn = MUST(db.store().read());
+    auto frame = MUST(core::read_frame(txn, core::digest_of(content)));
     REQUIRE(frame);
     return *frame;
 }
 
 std::uint32_t kind_dictionary(TestDb& db, std::string_view name) {
-    auto txn = KC_MUST(db.store().read());
-    for (const auto& k : KC_MUST(core::kind_stats(txn))) {
+    auto txn = MUST(db.store().read());
+    for (const auto& k : MUST(core::kind_stats(txn))) {
         if (k.name == name) return k.dictionary;
     }
     return 0;
@@ -106,7 +114,7 @@ TEST_CASE("remote frames: frames travel as stored, their dictionary once, under 
     pusher(a, 12);
     // B has a dictionary of its own (another kind), so the ids it gives differ from A's.
     for (int i = 0; i < 40; ++i) b.put(kernel_dir(500 + i) + "/k.ttir", ptx(1000 + i));
-    REQUIRE(!KC_MUST(core::train_dictionaries(b.store(), small_policy())).empty());
+    REQUIRE(!MUST(core::train_dictionaries(b.store(), small_policy())).empty());
 
     const std::uint64_t sets = redis.calls("set");
     push_all(*make_remote(redis), a, 100, 106);
@@ -143,12 +151,12 @@ TEST_CASE("remote frames: frames travel as stored, their dictionary once, under 
         // Stored as it came: the same frame but for the id, B's own for the same bytes.
         CHECK(ours.dictionary != 0);
         CHECK(ours.dictionary != theirs.dictionary);
-        CHECK(ours.frame == KC_MUST(core::with_frame_dictionary(theirs.frame, ours.dictionary)));
+        CHECK(ours.frame == MUST(core::with_frame_dictionary(theirs.frame, ours.dictionary)));
     }
     CHECK(kind_dictionary(b, "triton/ptx") == frame_of(b, ptx(100)).dictionary);
     {
-        auto txn = KC_MUST(b.store().read());
-        CHECK(KC_MUST(core::dictionary_ids(txn)).size() == 3);  // its own and A's two
+        auto txn = MUST(b.store().read());
+        CHECK(MUST(core::dictionary_ids(txn)).size() == 3);  // its own and A's two
     }
     // A new PTX in B is compressed with the dictionary it pulled.
     b.put(kernel_dir(130) + "/k.ptx", ptx(130));
@@ -193,8 +201,8 @@ TEST_CASE("remote frames: a hostile dictionary, frame or header is refused, noth
     const core::StoredFrame f = frame_of(a, ptx(k));
     std::string dictionary;
     {
-        auto txn = KC_MUST(a.store().read());
-        dictionary = KC_MUST(core::read_dictionary(txn, f.dictionary));
+        auto txn = MUST(a.store().read());
+        dictionary = MUST(core::read_dictionary(txn, f.dictionary));
     }
     const core::Digest dd = core::dictionary_digest(dictionary);
     const std::string dkey = proto::dictionary_key("t", dd);
@@ -210,9 +218,9 @@ TEST_CASE("remote frames: a hostile dictionary, frame or header is refused, noth
         damaged[i] = static_cast<char>(damaged[i] ^ 0x55);
     std::string other;  // JSON's dictionary
     {
-        auto txn = KC_MUST(a.store().read());
+        auto txn = MUST(a.store().read());
         const auto j = frame_of(a, metadata(k));
-        other = KC_MUST(core::read_dictionary(txn, j.dictionary));
+        other = MUST(core::read_dictionary(txn, j.dictionary));
     }
     const std::vector<Case> cases = {
         {"a damaged dictionary",
@@ -229,7 +237,7 @@ TEST_CASE("remote frames: a hostile dictionary, frame or header is refused, noth
          [&] {
              redis.command({"SET", bkey,
                             proto::encode_frame(ptx(k).size(), dd,
-                                                KC_MUST(core::with_frame_dictionary(f.frame, 0)))});
+                                                MUST(core::with_frame_dictionary(f.frame, 0)))});
          }},
         {"a value naming another size",
          [&] { redis.command({"SET", bkey, proto::encode_frame(ptx(k).size() + 1, dd, f.frame)}); }},
@@ -245,8 +253,8 @@ TEST_CASE("remote frames: a hostile dictionary, frame or header is refused, noth
         CHECK(!b.has_entry(kernel_dir(k)));
         CHECK(b.counter(core::Counter::blobs) == 0);
         {
-            auto txn = KC_MUST(b.store().read());
-            CHECK(KC_MUST(core::dictionary_ids(txn)).empty());
+            auto txn = MUST(b.store().read());
+            CHECK(MUST(core::dictionary_ids(txn)).empty());
         }
         // Dropped from Redis, the manifest with it: the next push sends them again.
         CHECK(redis.command({"EXISTS", bkey}).integer == 0);
