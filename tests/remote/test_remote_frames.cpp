@@ -1,8 +1,8 @@
 // Frames over the shared tier (remote/src/transfer.cpp, pull.cpp; core/frames.hpp): a blob
 // stored with a trained dictionary travels as its stored frame, the dictionary once, and is
 // stored by the puller as it came under the puller's own id for that dictionary. A missing
-// dictionary is a clean miss; a hostile dictionary, frame or header is refused with
-// nothing stored; values in the older chunked form still read.
+// dictionary is a clean miss, and the pusher sends it again; a hostile dictionary, frame
+// or header is refused with nothing stored; values in the older chunked form still read.
 #include <functional>
 
 #include <catch2/catch.hpp>
@@ -168,7 +168,9 @@ TEST_CASE("remote frames: a puller that cannot get a frame's dictionary misses c
     RedisServer redis;
     TestDb a, c;
     pusher(a, 3);
-    push_all(*make_remote(redis), a, 100, 103);
+    // One long-lived pusher, as a daemon's uploader is.
+    auto pusher_remote = make_remote(redis);
+    push_all(*pusher_remote, a, 100, 103);
     // Redis evicted the dictionaries.
     for (const auto& k : redis.command({"KEYS", "kc2:t:d:*"}).elements)
         REQUIRE(redis.command({"DEL", k.str}).integer == 1);
@@ -180,10 +182,9 @@ TEST_CASE("remote frames: a puller that cannot get a frame's dictionary misses c
     CHECK(!c.has_entry(kernel_dir(100)));
     CHECK(c.counter(core::Counter::blobs) == 0);
     // The frames and the manifest were dropped, so the next push sends them again, and
-    // the pusher (the same process: it remembers nothing) the dictionaries with them.
+    // the same pusher the dictionaries it sent before, which Redis lost.
     CHECK(redis.command({"EXISTS", proto::manifest_key("t", kernel_dir(100))}).integer == 0);
     CHECK(redis.command({"EXISTS", proto::blob_key("t", core::digest_of(ptx(100)))}).integer == 0);
-    auto pusher_remote = make_remote(redis);
     push_all(*pusher_remote, a, 100, 101);
     CHECK(keys(redis, "kc2:t:d:*") == 2);
     CHECK(pull(*r, c, 100) == remote::Outcome::pulled);
