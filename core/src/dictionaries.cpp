@@ -244,10 +244,9 @@ Result<std::uint32_t> store_dictionary(Tx& tx, std::uint32_t kind, std::string& 
     record.created_ns = tx.now();
     KCACHE_TRY(tx.put(tx.db.dicts, records::dictionary_key(new_id), records::encode(record)));
     for (std::uint64_t i = 0; i < records::chunk_count(record.size); ++i) {
-        KCACHE_TRY(tx.put(tx.db.dicts,
-                          records::dictionary_chunk_key(new_id, static_cast<std::uint32_t>(i)),
-                          std::string_view(bytes).substr(i * records::kChunkSize,
-                                                         records::kChunkSize)));
+        KCACHE_TRY(tx.put(
+            tx.db.dicts, records::dictionary_chunk_key(new_id, static_cast<std::uint32_t>(i)),
+            std::string_view(bytes).substr(i * records::kChunkSize, records::kChunkSize)));
     }
     return new_id;
 }

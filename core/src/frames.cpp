@@ -142,7 +142,8 @@ Result<std::string> with_frame_dictionary(std::string_view frame, std::uint32_t 
     out.reserve(frame.size() + 4);
     out.append(frame.substr(0, field.at));
     out[4] = static_cast<char>((static_cast<unsigned char>(out[4]) & ~3u) | flag);
-    for (std::size_t i = 0; i < width; ++i) out.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
+    for (std::size_t i = 0; i < width; ++i)
+        out.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
     out.append(frame.substr(field.at + field.width));
     return out;
 }
@@ -154,9 +155,8 @@ Result<std::string> decompress_frame(std::string_view frame, std::string_view di
     if (dictionary.empty() != (named == 0)) {
         return bad(named ? "the frame needs a dictionary" : "the frame names no dictionary");
     }
-    if (!dictionary.empty() &&
-        (dictionary.size() < 8 || le32(dictionary, 0) != kDictionaryMagic ||
-         le32(dictionary, 4) != named)) {
+    if (!dictionary.empty() && (dictionary.size() < 8 || le32(dictionary, 0) != kDictionaryMagic ||
+                                le32(dictionary, 4) != named)) {
         return bad("the dictionary is not the one the frame names");
     }
     if (ZSTD_findFrameCompressedSize(frame.data(), frame.size()) != frame.size())
@@ -209,13 +209,13 @@ Result<bool> offer_frame(WriteTxn& txn, const PulledFrame& pulled, DictionaryIds
         if (dictionary.size() < 8 || le32(dictionary, 0) != kDictionaryMagic)
             return bad("not a zstd dictionary");
         const Digest digest = dictionary_digest(dictionary);
-        auto known = std::find_if(ids.begin(), ids.end(),
-                                  [&](const auto& p) { return p.first == digest; });
+        auto known =
+            std::find_if(ids.begin(), ids.end(), [&](const auto& p) { return p.first == digest; });
         if (known != ids.end()) {
             local = known->second;
             auto stored = KCACHE_TRY(ops::stored_dictionary(tx, local));
-            if (!stored) return fail(EIO, fmt::format("db {}: dictionary {} is gone", tx.db.path,
-                                                      local));
+            if (!stored)
+                return fail(EIO, fmt::format("db {}: dictionary {} is gone", tx.db.path, local));
             dictionary = std::move(*stored);
         } else {
             new_dictionary = true;

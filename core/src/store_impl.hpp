@@ -238,8 +238,7 @@ Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests,
 // with the statistics and its kind's and dictionary's accounting. A reference count of
 // 0 is a blob no file holds yet (frames.hpp's offer_frame): the next acquire_blob of
 // its content takes it as its first reference.
-Status put_blob(Tx& tx, const Digest& digest, std::string_view stored,
-                const records::BlobRef& ref);
+Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const records::BlobRef& ref);
 // One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);
 // Replaces `file`'s content (inode record, statistics, entry accounting, population;

@@ -287,14 +287,16 @@ void Remote::resolve_frames(core::Store& store, std::vector<Wanted*>& blobs,
                 for (const auto& [digest, id] : *ids) {
                     auto it = needed.find(digest);
                     if (it == needed.end() || it->second) continue;
-                    if (auto bytes = core::read_dictionary(*txn, id)) it->second = std::move(*bytes);
+                    if (auto bytes = core::read_dictionary(*txn, id))
+                        it->second = std::move(*bytes);
                 }
             }
         }
     }
     std::map<Server*, std::vector<core::Digest>> by_server;
     for (const auto& [digest, bytes] : needed) {
-        if (!bytes) by_server[&shard(proto::dictionary_key(m_options.ns, digest))].push_back(digest);
+        if (!bytes)
+            by_server[&shard(proto::dictionary_key(m_options.ns, digest))].push_back(digest);
     }
     for (const auto& [server, digests] : by_server) {
         std::vector<Command> gets;
@@ -345,24 +347,23 @@ void Remote::resolve_frames(core::Store& store, std::vector<Wanted*>& blobs,
                 continue;
             }
             if (auto b = bad.find(w.dictionary); b != bad.end()) {
-                fault(Wanted::State::corrupt, fmt::format("blob {}: {}", w.digest.hex(), b->second));
+                fault(Wanted::State::corrupt,
+                      fmt::format("blob {}: {}", w.digest.hex(), b->second));
                 continue;
             }
             const auto& bytes = needed.at(w.dictionary);
             if (!bytes) {
-                fault(Wanted::State::dangling,
-                      fmt::format("blob {}: its dictionary {} is gone", w.digest.hex(),
-                                  w.dictionary.hex()));
+                fault(Wanted::State::dangling, fmt::format("blob {}: its dictionary {} is gone",
+                                                           w.digest.hex(), w.dictionary.hex()));
                 continue;
             }
             dictionary = *bytes;
         }
         auto content = content_of_frame(w.frame, dictionary, w.size);
         if (!content || !(core::digest_of(*content) == w.digest)) {
-            fault(Wanted::State::corrupt,
-                  fmt::format("blob {}: {}", w.digest.hex(),
-                              content ? "content does not match its digest"
-                                      : content.error().message));
+            fault(Wanted::State::corrupt, fmt::format("blob {}: {}", w.digest.hex(),
+                                                      content ? "content does not match its digest"
+                                                              : content.error().message));
             continue;
         }
         w.content = std::move(*content);

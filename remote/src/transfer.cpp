@@ -183,7 +183,8 @@ Status Remote::send_blobs(const Outgoing& outgoing) {
         const OutgoingBlob& out = blobs.at(digest);
         if (out.frame_value.empty()) continue;
         sets[server].push_back({"SET", proto::blob_key(m_options.ns, digest), out.frame_value});
-        if ((pending[server] += out.frame_value.size()) >= kChunksPerRoundTrip * proto::kChunkBytes) {
+        if ((pending[server] += out.frame_value.size()) >=
+            kChunksPerRoundTrip * proto::kChunkBytes) {
             KCACHE_TRY(flush());
             pending.clear();
         }

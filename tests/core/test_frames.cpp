@@ -63,9 +63,10 @@ std::string with_id(std::string dictionary, std::uint32_t id) {
 
 }  // namespace
 
-TEST_CASE("frames: a frame's Dictionary_ID is rewritten in 0, 1, 2 or 4 bytes and it still "
-          "decompresses",
-          "[frames]") {
+TEST_CASE(
+    "frames: a frame's Dictionary_ID is rewritten in 0, 1, 2 or 4 bytes and it still "
+    "decompresses",
+    "[frames]") {
     TestStore ts;
     trained(ts);
     const std::string content = ptx(103);
@@ -123,9 +124,10 @@ TEST_CASE("frames: a dictionary's digest is the same whatever id it carries", "[
     CHECK_FALSE(core::dictionary_digest(dictionary) == core::dictionary_digest(other));
 }
 
-TEST_CASE("frames: an offered frame is stored as it is, under the receiver's id for its "
-          "dictionary",
-          "[frames]") {
+TEST_CASE(
+    "frames: an offered frame is stored as it is, under the receiver's id for its "
+    "dictionary",
+    "[frames]") {
     TestStore a, b;
     trained(a);
     // B has a dictionary of its own first, so its next id differs from A's.

@@ -5,8 +5,8 @@
 // or header is refused with nothing stored; values in the older chunked form still read.
 #include <functional>
 
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <catch2/catch.hpp>
 
 #include "kcache/core/dictionaries.hpp"
 #include "kcache/core/frames.hpp"
@@ -225,14 +225,21 @@ TEST_CASE("remote frames: a hostile dictionary, frame or header is refused, noth
     }
     const std::vector<Case> cases = {
         {"a damaged dictionary",
-         [&] { redis.command({"SET", dkey, proto::encode_dictionary(damaged)}); }},
+         [&] {
+             redis.command({"SET", dkey, proto::encode_dictionary(damaged)});
+         }},
         {"another dictionary under its digest",
-         [&] { redis.command({"SET", dkey, proto::encode_dictionary(other)}); }},
+         [&] {
+             redis.command({"SET", dkey, proto::encode_dictionary(other)});
+         }},
         {"a flipped byte in the frame",
-         [&] { redis.command({"SET", bkey, proto::encode_frame(ptx(k).size(), dd, flipped)}); }},
+         [&] {
+             redis.command({"SET", bkey, proto::encode_frame(ptx(k).size(), dd, flipped)});
+         }},
         {"a header cut before its Dictionary_ID",
          [&] {
-             redis.command({"SET", bkey, proto::encode_frame(ptx(k).size(), dd, f.frame.substr(0, 6))});
+             redis.command(
+                 {"SET", bkey, proto::encode_frame(ptx(k).size(), dd, f.frame.substr(0, 6))});
          }},
         {"a frame naming no dictionary in a value that names one",
          [&] {
@@ -241,7 +248,9 @@ TEST_CASE("remote frames: a hostile dictionary, frame or header is refused, noth
                                                 MUST(core::with_frame_dictionary(f.frame, 0)))});
          }},
         {"a value naming another size",
-         [&] { redis.command({"SET", bkey, proto::encode_frame(ptx(k).size() + 1, dd, f.frame)}); }},
+         [&] {
+             redis.command({"SET", bkey, proto::encode_frame(ptx(k).size() + 1, dd, f.frame)});
+         }},
     };
     for (const Case& c : cases) {
         INFO(c.what);
@@ -279,9 +288,11 @@ TEST_CASE("remote frames: a blob of raw content in chunks (KCB1) still reads", "
         const core::Digest d = core::digest_of(content);
         REQUIRE(proto::is_frame(redis.command({"GET", proto::blob_key("t", d)}).str));
         redis.command({"SET", proto::chunk_key("t", d, 0), proto::encode_chunk(content)});
-        redis.command({"SET", proto::blob_key("t", d), proto::encode(proto::BlobHeader{content.size(), 1})});
+        redis.command(
+            {"SET", proto::blob_key("t", d), proto::encode(proto::BlobHeader{content.size(), 1})});
     }
-    for (const auto& key : redis.command({"KEYS", "kc2:t:d:*"}).elements) redis.command({"DEL", key.str});
+    for (const auto& key : redis.command({"KEYS", "kc2:t:d:*"}).elements)
+        redis.command({"DEL", key.str});
     CHECK(pull(*make_remote(redis), b, k) == remote::Outcome::pulled);
     CHECK(b.snapshot(kernel_dir(k)) == a.snapshot(kernel_dir(k)));
     // Stored as content, compressed here (B has no dictionary).

@@ -31,9 +31,9 @@
 namespace kcache::core {
 
 struct StoredFrame {
-    std::string frame;              // one zstd frame; its Dictionary_ID is `dictionary`
-    std::uint64_t raw_size = 0;     // what it decompresses to
-    std::uint32_t dictionary = 0;   // this db's id of its dictionary (0: none)
+    std::string frame;             // one zstd frame; its Dictionary_ID is `dictionary`
+    std::uint64_t raw_size = 0;    // what it decompresses to
+    std::uint32_t dictionary = 0;  // this db's id of its dictionary (0: none)
 };
 // Blob `digest` as stored, when that is one zstd frame: nullopt when the db lacks it or
 // stores it raw or as a segment list (those travel as content). EIO when the frame
@@ -67,7 +67,7 @@ using DictionaryIds = std::vector<std::pair<Digest, std::uint32_t>>;
 Result<DictionaryIds> dictionary_ids(const Txn& txn);
 
 struct PulledFrame {
-    Digest digest;                // of the content (digest_of)
+    Digest digest;  // of the content (digest_of)
     std::uint64_t raw_size = 0;
     std::string_view frame;       // as it came: its Dictionary_ID is the sender's
     std::string_view dictionary;  // the dictionary it needs, as it came (empty: none)
