@@ -13,6 +13,11 @@
 //    entry in one transaction (a batch may put several whole entries in one); a corrupt blob is
 //    dropped (never stored, and deleted from Redis unless read-only), a manifest whose blob is gone
 //    is a miss.
+//  - A blob the pusher stores as a zstd frame travels as that frame, with the trained
+//    dictionary it needs under its portable digest (core/frames.hpp); the puller checks
+//    the dictionary's digest and the frame's content before it stores the frame as it is.
+//    A frame whose dictionary is gone is a miss, a bad one corrupt; either way the frame
+//    and its manifest are deleted from Redis so that the next push sends them again.
 //  - The password is held in memory only: it never appears in a message, a URL or a
 //    log line.
 //  - A Remote is thread-safe: each server's connection and breaker are guarded by that
