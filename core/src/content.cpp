@@ -151,25 +151,6 @@ Status add_refs(Tx& tx, const Digest& digest, BlobRef ref, std::uint64_t n) {
     return tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref));
 }
 
-// Stores `stored` (the bytes of a new blob) in chunks, and its reference.
-Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const BlobRef& ref) {
-    for (std::uint64_t i = 0; i < records::chunk_count(stored.size()); ++i) {
-        const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
-        auto place = KCACHE_TRY(
-            tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
-                       chunk.size()));
-        std::memcpy(place, chunk.data(), chunk.size());
-    }
-    if (auto s = tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref)); !s)
-        return s;
-    Status s = tx.add(Counter::blobs, 1);
-    if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
-    if (s)
-        s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
-    if (s) s = account_blob(tx, ref, +1);
-    return s;
-}
-
 // Deletes a blob's own bytes and reference (not a list's segments).
 Status drop_blob(Tx& tx, const Digest& digest, const BlobRef& ref) {
     Status s = tx.del(tx.db.blob_refs, records::digest_key(digest));
@@ -327,13 +308,32 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
 
 }  // namespace
 
+Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const BlobRef& ref) {
+    for (std::uint64_t i = 0; i < records::chunk_count(stored.size()); ++i) {
+        const std::string_view chunk = stored.substr(i * records::kChunkSize, records::kChunkSize);
+        auto place = KCACHE_TRY(
+            tx.reserve(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i)),
+                       chunk.size()));
+        std::memcpy(place, chunk.data(), chunk.size());
+    }
+    if (auto s = tx.put(tx.db.blob_refs, records::digest_key(digest), records::encode(ref)); !s)
+        return s;
+    Status s = tx.add(Counter::blobs, 1);
+    if (s) s = tx.add(Counter::stored_bytes, static_cast<std::int64_t>(records::footprint(ref)));
+    if (s)
+        s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
+    if (s) s = account_blob(tx, ref, +1);
+    return s;
+}
+
 Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view content,
                              const BlobOwner& owner) {
     if (d.digest.empty()) return BlobRef{};
     auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
     if (existing) {
         KCACHE_TRY(add_refs(tx, d.digest, *existing, 1));
-        KCACHE_TRY(tx.add(Counter::dedup_hits, 1));
+        // A blob no file held yet (an offered frame) is stored, not deduplicated.
+        if (existing->refcount > 0) KCACHE_TRY(tx.add(Counter::dedup_hits, 1));
         BlobRef ref = *existing;
         ++ref.refcount;
         return ref;

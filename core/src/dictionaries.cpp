@@ -38,8 +38,6 @@ LoadedDictionary::~LoadedDictionary() {
 namespace {
 
 constexpr int kLevel = 3;  // content.cpp's level: a dictionary changes what, not how hard
-// zstd's dictionary ids below 32768 are reserved for a registrar; kcache's start there.
-constexpr std::uint32_t kFirstDictionaryId = 32768;
 constexpr std::uint32_t kDictionaryMagic = 0xEC30A437;
 
 // The SM architecture in a 64-bit CUDA ELF's e_flags: bits 8..15 from ABI version 8
@@ -218,6 +216,48 @@ Result<std::shared_ptr<const LoadedDictionary>> current_dictionary(const Tx& tx,
     return load_dictionary(tx, record->dictionary);
 }
 
+Result<std::optional<std::string>> stored_dictionary(const Tx& tx, std::uint32_t id) {
+    if (!tx.db.has_dicts) return std::nullopt;
+    auto record = KCACHE_TRY(find_dictionary(tx, id));
+    if (!record) return std::nullopt;
+    auto bytes = KCACHE_TRY(dictionary_bytes(tx, id, *record));
+    return std::optional<std::string>(std::move(bytes));
+}
+
+Result<std::uint32_t> store_dictionary(Tx& tx, std::uint32_t kind, std::string& bytes,
+                                       std::uint64_t samples, std::uint64_t sample_bytes) {
+    if (bytes.size() < 8) return fail(EINVAL, "a zstd dictionary has at least 8 bytes");
+    auto next = KCACHE_TRY(tx.get(tx.db.meta, kMetaNextDictionary));
+    std::uint64_t dict_id = kFirstDictionaryId;
+    if (next) dict_id = KCACHE_TRY(records::decode_u64(*next, "next dictionary"));
+    if (dict_id >= 0x80000000u) return fail(EOVERFLOW, "dictionary ids exhausted");
+    KCACHE_TRY(tx.put(tx.db.meta, kMetaNextDictionary, records::encode_u64(dict_id + 1)));
+    // The id zstd writes into every frame compressed with it.
+    const auto new_id = static_cast<std::uint32_t>(dict_id);
+    for (int i = 0; i < 4; ++i)
+        bytes[static_cast<std::size_t>(4 + i)] = static_cast<char>((new_id >> (8 * i)) & 0xff);
+    records::Dictionary record;
+    record.kind = kind;
+    record.size = bytes.size();
+    record.samples = samples;
+    record.sample_bytes = sample_bytes;
+    record.created_ns = tx.now();
+    KCACHE_TRY(tx.put(tx.db.dicts, records::dictionary_key(new_id), records::encode(record)));
+    for (std::uint64_t i = 0; i < records::chunk_count(record.size); ++i) {
+        KCACHE_TRY(tx.put(
+            tx.db.dicts, records::dictionary_chunk_key(new_id, static_cast<std::uint32_t>(i)),
+            std::string_view(bytes).substr(i * records::kChunkSize, records::kChunkSize)));
+    }
+    return new_id;
+}
+
+Status adopt_dictionary(Tx& tx, std::uint32_t kind, std::uint32_t id) {
+    auto record = KCACHE_TRY(find_kind(tx, kind));
+    if (!record || record->dictionary != 0) return {};
+    record->dictionary = id;
+    return tx.put(tx.db.dicts, records::kind_key(kind), records::encode(*record));
+}
+
 Status account_blob(Tx& tx, const BlobRef& ref, int sign) {
     if (!tx.db.has_dicts) return {};
     std::optional<records::Kind> kind;
@@ -371,32 +411,8 @@ Result<std::vector<TrainedDictionary>> train_dictionaries(Store& store,
             if (!now || now->dictionary != d.kind.dictionary) continue;  // trained meanwhile
             now->trained_at = std::max<std::uint64_t>(d.kind.raw_bytes, 1);
             if (!d.dictionary.empty()) {
-                auto next = KCACHE_TRY(tx.get(tx.db.meta, kMetaNextDictionary));
-                std::uint64_t dict_id = kFirstDictionaryId;
-                if (next) dict_id = KCACHE_TRY(records::decode_u64(*next, "next dictionary"));
-                if (dict_id >= 0x80000000u) return fail(EOVERFLOW, "dictionary ids exhausted");
-                KCACHE_TRY(
-                    tx.put(tx.db.meta, kMetaNextDictionary, records::encode_u64(dict_id + 1)));
-                // The id zstd writes into every frame compressed with it.
-                const auto new_id = static_cast<std::uint32_t>(dict_id);
-                for (int i = 0; i < 4; ++i)
-                    d.dictionary[static_cast<std::size_t>(4 + i)] =
-                        static_cast<char>((new_id >> (8 * i)) & 0xff);
-                records::Dictionary record;
-                record.kind = id;
-                record.size = d.dictionary.size();
-                record.samples = d.samples.size();
-                record.sample_bytes = d.bytes;
-                record.created_ns = tx.now();
-                KCACHE_TRY(
-                    tx.put(tx.db.dicts, records::dictionary_key(new_id), records::encode(record)));
-                for (std::uint64_t i = 0; i < records::chunk_count(record.size); ++i) {
-                    KCACHE_TRY(
-                        tx.put(tx.db.dicts,
-                               records::dictionary_chunk_key(new_id, static_cast<std::uint32_t>(i)),
-                               std::string_view(d.dictionary)
-                                   .substr(i * records::kChunkSize, records::kChunkSize)));
-                }
+                const std::uint32_t new_id = KCACHE_TRY(
+                    ops::store_dictionary(tx, id, d.dictionary, d.samples.size(), d.bytes));
                 // The one it replaces stays while blobs use it.
                 if (const std::uint32_t old = now->dictionary) {
                     auto old_record = KCACHE_TRY(find_dictionary(tx, old));

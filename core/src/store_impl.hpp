@@ -97,6 +97,8 @@ inline constexpr std::string_view kMetaNextEvent = "next_event";
 inline constexpr std::string_view kMetaResetTime = "reset_ns";
 inline constexpr std::string_view kMetaCreated = "created_ns";
 inline constexpr std::string_view kMetaNextDictionary = "next_dictionary";
+// zstd's dictionary ids below 32768 are reserved for a registrar; kcache's start there.
+inline constexpr std::uint32_t kFirstDictionaryId = 32768;
 inline constexpr std::string_view kMetaMissesSeq = "misses_seq";  // the classifier's position
 
 // The typed view of one transaction. Read methods work on both kinds; write
@@ -232,6 +234,11 @@ ContentDigests digests_of(std::string_view content);
 // segment). Counts a dedup hit when it was there.
 Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests,
                                       std::string_view content, const BlobOwner& owner);
+// Stores `stored` (the bytes of a new blob, as `ref` describes them) and its reference,
+// with the statistics and its kind's and dictionary's accounting. A reference count of
+// 0 is a blob no file holds yet (frames.hpp's offer_frame): the next acquire_blob of
+// its content takes it as its first reference.
+Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const records::BlobRef& ref);
 // One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);
 // Replaces `file`'s content (inode record, statistics, entry accounting, population;
@@ -262,6 +269,14 @@ Result<std::shared_ptr<const LoadedDictionary>> load_dictionary(const Tx& tx, st
 // content): with its dictionary when `ref` names one, which the frame must name too.
 Status decompress(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
                   std::string_view stored, std::string& raw);
+// Dictionary `id`'s bytes as stored; nullopt when the db has no such dictionary.
+Result<std::optional<std::string>> stored_dictionary(const Tx& tx, std::uint32_t id);
+// Stores the zstd dictionary `bytes` of `kind` under the next id (ids are never reused),
+// written into `bytes` (4..8) as zstd wants it, with no users yet: the id.
+Result<std::uint32_t> store_dictionary(Tx& tx, std::uint32_t kind, std::string& bytes,
+                                       std::uint64_t samples, std::uint64_t sample_bytes);
+// Dictionary `id` becomes `kind`'s current one if the kind has none.
+Status adopt_dictionary(Tx& tx, std::uint32_t kind, std::uint32_t id);
 // A blob of `ref` was stored (+1) or dropped (-1): its kind's accounting and its
 // dictionary's users follow; a replaced dictionary goes with its last user.
 Status account_blob(Tx& tx, const records::BlobRef& ref, int sign);

@@ -7,6 +7,7 @@
 #include <zstd.h>
 
 #include "kcache/core/byte_reader.hpp"
+#include "kcache/core/frames.hpp"
 
 namespace kcache::remote::proto {
 using core::ByteReader;
@@ -15,6 +16,8 @@ namespace {
 
 constexpr std::string_view kManifestMagic = "KCM1";
 constexpr std::string_view kBlobMagic = "KCB1";
+constexpr std::string_view kFrameMagic = "KCF1";
+constexpr std::string_view kDictionaryMagic = "KCD1";
 constexpr std::uint8_t kRaw = 0;
 constexpr std::uint8_t kZstd = 1;
 constexpr int kZstdLevel = 3;  // as core stores content
@@ -113,6 +116,10 @@ std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint
 }
 std::string job_key(std::string_view ns, std::string_view tag) {
     return prefix(ns, 'j').append(tag);
+}
+
+std::string dictionary_key(std::string_view ns, const core::Digest& digest) {
+    return prefix(ns, 'd').append(fmt::format("{{{}}}", digest.hex()));
 }
 
 std::uint32_t chunk_count(std::uint64_t raw_size) {
@@ -270,6 +277,52 @@ core::Status decode_chunk(std::string_view value, std::size_t expected_raw, std:
         return bad("chunk: wrong raw length");
     }
     return {};
+}
+
+bool is_frame(std::string_view value) {
+    return value.starts_with(kFrameMagic);
+}
+
+std::string encode_frame(std::uint64_t raw_size, const core::Digest& dictionary,
+                         std::string_view frame) {
+    std::string out(kFrameMagic);
+    Writer w(out);
+    w.u64(raw_size);
+    w.u64(dictionary.high);
+    w.u64(dictionary.low);
+    w.bytes(frame);
+    return out;
+}
+
+Result<FrameValue> decode_frame(std::string_view value) {
+    if (!is_frame(value)) return bad("frame: bad magic");
+    ByteReader r(value.substr(kFrameMagic.size()), "frame");
+    FrameValue f;
+    if (!r.read(f.raw_size, f.dictionary.high, f.dictionary.low)) return bad("frame: truncated");
+    if (f.raw_size >= core::kSegmentedSize) return bad("frame: raw size over the limit");
+    f.frame = value.substr(kFrameMagic.size() + 24);
+    auto named = core::frame_dictionary(f.frame);
+    if (!named) return bad(fmt::format("frame: {}", named.error().message));
+    if ((*named == 0) != f.dictionary.empty())
+        return bad("frame: its header and its value disagree on a dictionary");
+    return f;
+}
+
+std::string encode_dictionary(std::string_view dictionary) {
+    std::string out(kDictionaryMagic);
+    out.append(dictionary);
+    return out;
+}
+
+Result<std::string_view> decode_dictionary(std::string_view value, const core::Digest& digest) {
+    if (!value.starts_with(kDictionaryMagic)) return bad("dictionary: bad magic");
+    const std::string_view bytes = value.substr(kDictionaryMagic.size());
+    if (bytes.size() < 8 || bytes.size() > kMaxDictionaryBytes ||
+        !bytes.starts_with(std::string_view("\x37\xa4\x30\xec", 4))) {
+        return bad("dictionary: not a zstd dictionary");
+    }
+    if (!(core::dictionary_digest(bytes) == digest)) return bad("dictionary: digest mismatch");
+    return bytes;
 }
 
 }  // namespace kcache::remote::proto

@@ -9,6 +9,10 @@
 //   kc2:<ns>:b:{<digest hex>}      blob header: raw size and chunk count (written after
 //                                  every chunk of the blob)
 //   kc2:<ns>:c:{<digest hex>}:<i>  chunk i of a blob (1 MiB of raw bytes, zstd or raw)
+//   kc2:<ns>:b:{<digest hex>}      or: a blob as its stored zstd frame, whole, naming the
+//                                  dictionary it needs by digest (no chunks)
+//   kc2:<ns>:d:{<digest hex>}      a trained dictionary, by core::dictionary_digest
+//                                  (written before any frame that needs it, SET NX)
 //   kc2:<ns>:j:<job tag>           set of entry names a job pushed
 // where E is 16 hex digits of the XXH3 of the entry's name.
 //
@@ -61,6 +65,7 @@ std::string blob_key(std::string_view ns, const core::Digest& digest);
 std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index);
 std::string job_key(std::string_view ns, std::string_view tag);
 std::string lease_key(std::string_view ns, std::string_view entry);
+std::string dictionary_key(std::string_view ns, const core::Digest& digest);
 
 // Chunks a blob of `raw_size` bytes takes (0 for empty content).
 std::uint32_t chunk_count(std::uint64_t raw_size);
@@ -92,5 +97,30 @@ std::string encode_chunk(std::string_view raw_chunk);
 // Appends the chunk's raw bytes to `out`; EBADMSG unless it decodes to exactly
 // `expected_raw` bytes.
 core::Status decode_chunk(std::string_view value, std::size_t expected_raw, std::string& out);
+
+// A blob sent as the zstd frame its pusher stores (core/frames.hpp), at its blob key in
+// place of a header: "KCF1", raw size u64, the digest of the dictionary it needs
+// (core::dictionary_digest; all-zero: none), then the frame. Content of kSegmentedSize
+// or more is a segment list and travels as a header and chunks. A node built before
+// frames reads this value as a corrupt blob header (docs/operations.md).
+struct FrameValue {
+    std::uint64_t raw_size = 0;
+    core::Digest dictionary;  // empty: none
+    std::string_view frame;   // a view into the decoded value
+};
+bool is_frame(std::string_view value);
+std::string encode_frame(std::uint64_t raw_size, const core::Digest& dictionary,
+                         std::string_view frame);
+// EBADMSG for a bad magic, a raw size of kSegmentedSize or more, a frame header that does
+// not parse, or a frame that names a dictionary when the value names none (or none when
+// it names one). Whether the frame decompresses is core::decompress_frame's to check.
+Result<FrameValue> decode_frame(std::string_view value);
+
+// A dictionary's value: "KCD1", then its bytes (as its pusher stores them, its own id in
+// them). EBADMSG unless the bytes are a zstd dictionary of at most kMaxDictionaryBytes
+// whose dictionary_digest is `digest` (the key it was read from).
+inline constexpr std::size_t kMaxDictionaryBytes = std::size_t{1} << 20;
+std::string encode_dictionary(std::string_view dictionary);
+Result<std::string_view> decode_dictionary(std::string_view value, const core::Digest& digest);
 
 }  // namespace kcache::remote::proto

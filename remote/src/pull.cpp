@@ -17,6 +17,7 @@
 
 #include "client.hpp"
 #include "kcache/core/entry_image.hpp"
+#include "kcache/core/frames.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "server.hpp"
@@ -37,9 +38,15 @@ struct Remote::Wanted {
     core::Digest digest;
     std::uint64_t size = 0;
     Server* server = nullptr;
-    std::string content;  // the raw bytes, as they arrive
+    std::string content;  // the raw bytes, as they arrive (a frame's: once checked)
+    // A blob sent as its pusher's stored frame (proto::FrameValue): the frame, and the
+    // digest of the dictionary it needs (empty: none). Its content is checked, and the
+    // frame then stored as it is (core::offer_frame).
+    std::string frame;
+    core::Digest dictionary;
     enum class State : std::uint8_t {
         fetching,
+        framed,  // a frame came: its dictionary and content are checked next
         ok,
         dangling,
         corrupt,
@@ -51,6 +58,7 @@ struct Remote::Wanted {
     std::uint32_t chunks = 0;      // chunk_count(size)
     std::uint32_t next_chunk = 0;  // the first chunk not asked for yet
     std::uint32_t next_reply = 0;  // the first chunk not received yet
+    bool drop_manifest = false;    // a frame's fault: its manifests go with it
 };
 
 namespace {
@@ -167,6 +175,24 @@ void Remote::fetch_blobs(std::vector<Wanted*>& blobs) {
                         w.error = reply_error(*server, r, "GET");
                         continue;
                     }
+                    if (proto::is_frame(r.str)) {
+                        auto frame = proto::decode_frame(r.str);
+                        if (!frame || frame->raw_size != w.size) {
+                            w.drop_manifest = true;
+                            w.chunks = 0;
+                            finished(w, Wanted::State::corrupt,
+                                     fmt::format("blob {}: {}", w.digest.hex(),
+                                                 frame ? "its size differs from the manifest's"
+                                                       : frame.error().message));
+                            continue;
+                        }
+                        w.frame.assign(frame->frame);
+                        w.dictionary = frame->dictionary;
+                        w.chunks = 0;  // the chunk asked with it is not there
+                        w.header_seen = true;
+                        w.state = Wanted::State::framed;
+                        continue;
+                    }
                     auto header = proto::decode_blob_header(r.str);
                     std::string why;
                     if (!header) {
@@ -217,6 +243,137 @@ void Remote::fetch_blobs(std::vector<Wanted*>& blobs) {
             }
         }
         if (!dels.empty()) (void)exec(*server, dels);  // best effort: a failure is counted by exec
+    }
+}
+
+namespace {
+
+// Dictionary `bytes` (with whatever id it carries) decompressing `w`'s frame, which names
+// its pusher's id: the frame is given the dictionary's id first. The content, or why not.
+Result<std::string> content_of_frame(const std::string& frame, std::string_view dictionary,
+                                     std::uint64_t size) {
+    if (dictionary.size() < 8) return core::decompress_frame(frame, dictionary, size);
+    std::uint32_t id = 0;
+    for (std::size_t i = 0; i < 4; ++i)
+        id |= std::uint32_t{static_cast<unsigned char>(dictionary[4 + i])} << (8 * i);
+    const std::string named = KCACHE_TRY(core::with_frame_dictionary(frame, id));
+    return core::decompress_frame(named, dictionary, size);
+}
+
+}  // namespace
+
+struct Remote::FrameDictionaries {
+    std::map<core::Digest, std::string, proto::DigestLess> by_digest;
+};
+
+void Remote::resolve_frames(core::Store& store, std::vector<Wanted*>& blobs,
+                            FrameDictionaries& dictionaries) {
+    // The dictionaries the frames need: this db's own when it has them (by digest), else
+    // from Redis, one pipeline per server.
+    std::map<core::Digest, std::optional<std::string>, proto::DigestLess> needed;  // nullopt: gone
+    std::map<core::Digest, std::string, proto::DigestLess> bad;  // why, for corrupt ones
+    std::map<core::Digest, core::Error, proto::DigestLess> failed;
+    for (const Wanted* w : blobs) {
+        if (w->state == Wanted::State::framed && !w->dictionary.empty())
+            needed.emplace(w->dictionary, std::nullopt);
+    }
+    if (needed.empty() && std::none_of(blobs.begin(), blobs.end(), [](const Wanted* w) {
+            return w->state == Wanted::State::framed;
+        }))
+        return;
+    if (!needed.empty()) {
+        if (auto txn = store.read()) {
+            if (auto ids = core::dictionary_ids(*txn)) {
+                for (const auto& [digest, id] : *ids) {
+                    auto it = needed.find(digest);
+                    if (it == needed.end() || it->second) continue;
+                    if (auto bytes = core::read_dictionary(*txn, id))
+                        it->second = std::move(*bytes);
+                }
+            }
+        }
+    }
+    std::map<Server*, std::vector<core::Digest>> by_server;
+    for (const auto& [digest, bytes] : needed) {
+        if (!bytes)
+            by_server[&shard(proto::dictionary_key(m_options.ns, digest))].push_back(digest);
+    }
+    for (const auto& [server, digests] : by_server) {
+        std::vector<Command> gets;
+        for (const core::Digest& d : digests)
+            gets.push_back({"GET", proto::dictionary_key(m_options.ns, d)});
+        auto replies = exec(*server, gets);
+        std::vector<Command> dels;  // dictionaries that fail their digest
+        for (std::size_t i = 0; i < digests.size(); ++i) {
+            if (!replies) {
+                failed.emplace(digests[i], replies.error());
+                continue;
+            }
+            const Reply& r = (*replies)[i];
+            if (r.type == Reply::Type::nil) continue;  // gone (evicted): a clean miss
+            if (r.type != Reply::Type::string) {
+                failed.emplace(digests[i], reply_error(*server, r, "GET"));
+                continue;
+            }
+            auto bytes = proto::decode_dictionary(r.str, digests[i]);
+            if (!bytes) {
+                bad.emplace(digests[i], bytes.error().message);
+                dels.push_back({"DEL", proto::dictionary_key(m_options.ns, digests[i])});
+                continue;
+            }
+            needed[digests[i]] = std::string(*bytes);
+        }
+        if (!dels.empty() && !m_options.read_only) (void)exec(*server, dels);
+    }
+
+    // Every frame checked against its blob's digest; a fault drops the frame from Redis
+    // (and its manifests, pull_group), so that the next push sends both again.
+    std::map<Server*, std::vector<Command>> dels;
+    for (Wanted* wp : blobs) {
+        Wanted& w = *wp;
+        if (w.state != Wanted::State::framed) continue;
+        auto fault = [&](Wanted::State state, std::string detail) {
+            w.state = state;
+            w.detail = std::move(detail);
+            w.drop_manifest = true;
+            w.frame.clear();
+            dels[w.server].push_back({"DEL", proto::blob_key(m_options.ns, w.digest)});
+        };
+        std::string_view dictionary;
+        if (!w.dictionary.empty()) {
+            if (auto f = failed.find(w.dictionary); f != failed.end()) {
+                w.state = Wanted::State::failed;
+                w.error = f->second;
+                continue;
+            }
+            if (auto b = bad.find(w.dictionary); b != bad.end()) {
+                fault(Wanted::State::corrupt,
+                      fmt::format("blob {}: {}", w.digest.hex(), b->second));
+                continue;
+            }
+            const auto& bytes = needed.at(w.dictionary);
+            if (!bytes) {
+                fault(Wanted::State::dangling, fmt::format("blob {}: its dictionary {} is gone",
+                                                           w.digest.hex(), w.dictionary.hex()));
+                continue;
+            }
+            dictionary = *bytes;
+        }
+        auto content = content_of_frame(w.frame, dictionary, w.size);
+        if (!content || !(core::digest_of(*content) == w.digest)) {
+            fault(Wanted::State::corrupt, fmt::format("blob {}: {}", w.digest.hex(),
+                                                      content ? "content does not match its digest"
+                                                              : content.error().message));
+            continue;
+        }
+        w.content = std::move(*content);
+        w.state = Wanted::State::ok;
+    }
+    if (!m_options.read_only) {
+        for (const auto& [server, commands] : dels) (void)exec(*server, commands);
+    }
+    for (auto& [digest, bytes] : needed) {
+        if (bytes) dictionaries.by_digest.emplace(digest, std::move(*bytes));
     }
 }
 
@@ -335,6 +492,8 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
     std::vector<Wanted*> fetch;
     for (auto& [digest, w] : wanted) fetch.push_back(&w);
     fetch_blobs(fetch);
+    FrameDictionaries dictionaries;  // the frames' dictionaries
+    resolve_frames(store, fetch, dictionaries);
 
     std::map<Server*, std::vector<Command>> dels;  // dangling manifests
     std::vector<std::size_t> ready;                // verified, to be written
@@ -366,13 +525,15 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
                 m_counts.dangling.fetch_add(1);
                 m_counts.misses.fetch_add(1);
                 item.result.outcome = Outcome::dangling;
+            } else {
+                m_counts.corrupt.fetch_add(1);
+                item.result.outcome = Outcome::corrupt;
+            }
+            if (bad->state == Wanted::State::dangling || bad->drop_manifest) {
                 // Useless without its blob, and SET NX would keep a fresh copy out:
                 // dropped, so the next push of the entry uploads it whole.
                 const std::string mkey = proto::manifest_key(m_options.ns, item.name);
                 dels[&shard(mkey)].push_back({"DEL", mkey});
-            } else {
-                m_counts.corrupt.fetch_add(1);
-                item.result.outcome = Outcome::corrupt;
             }
             item.done = item.result;
         }
@@ -385,11 +546,28 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
     // commit, one sync, one hold of the write lock of at most kBytesPerTransaction),
     // nothing of an entry on any failure. An entry whose write fails undoes its
     // transaction: those entries are then written one per transaction.
-    auto write = [&](std::size_t i, core::WriteTxn& txn) -> Status {
+    auto write = [&](std::size_t i, core::WriteTxn& txn, core::DictionaryIds& ids) -> Status {
         PullItem& item = items[i];
         if (auto had = txn.find_entry(item.name); had && had->files > 0) {
             item.result.outcome = Outcome::already_local;  // pulled meanwhile
             return {};
+        }
+        // Frames are stored as they came (their dictionary's id made this db's), each
+        // taken by its file's write just below, in this transaction.
+        for (const proto::Node& n : item.manifest->files) {
+            if (n.type != core::FileType::regular || n.has_content || n.size == 0) continue;
+            auto w = wanted.find(n.digest);
+            if (w == wanted.end() || w->second.frame.empty()) continue;
+            core::PulledFrame pulled;
+            pulled.digest = n.digest;
+            pulled.raw_size = n.size;
+            pulled.frame = w->second.frame;
+            if (!w->second.dictionary.empty())
+                pulled.dictionary = dictionaries.by_digest.at(w->second.dictionary);
+            pulled.name = std::string_view(n.path).substr(n.path.rfind('/') + 1);
+            pulled.producer = item.manifest->producer;
+            if (auto s = core::offer_frame(txn, pulled, ids); !s)
+                return tl::unexpected(core::with_context(s.error(), item.name));
         }
         if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
             return tl::unexpected(core::with_context(s.error(), item.name));
@@ -398,8 +576,9 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
     };
     auto write_together = [&](std::size_t from, std::size_t to) -> Status {
         auto txn = KCACHE_TRY(store.write());
+        auto ids = KCACHE_TRY(core::dictionary_ids(txn));  // this transaction's
         for (std::size_t k = from; k < to; ++k) {
-            if (auto s = write(ready[k], txn); !s) return s;
+            if (auto s = write(ready[k], txn, ids); !s) return s;
         }
         return txn.commit();
     };

@@ -15,6 +15,8 @@
 #include <fmt/core.h>
 
 #include "client.hpp"
+#include "kcache/core/entry_image.hpp"
+#include "kcache/core/frames.hpp"
 #include "kcache/core/names.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
@@ -53,6 +55,148 @@ Status Remote::upload_blob(Server& server, const core::Digest& digest, std::stri
     return {};
 }
 
+namespace {
+
+// The blobs of an entry that do not ride in its manifest, as push sends them: a stored
+// zstd frame as it is (proto::encode_frame), anything else as content in chunks.
+struct OutgoingBlob {
+    std::string content;      // raw: a blob stored raw or as segments
+    std::string frame_value;  // or: its frame's value (non-empty)
+    core::Digest dictionary;  // the dictionary the frame needs (empty: none)
+};
+using OutgoingBlobs = std::map<core::Digest, OutgoingBlob, proto::DigestLess>;
+using Dictionaries = std::map<core::Digest, std::string, proto::DigestLess>;  // by digest
+
+// Which of `m`'s files ride inline and which go as blobs, read in `txn` (the snapshot the
+// image came from). A file stored as a frame with a dictionary goes as that frame even when
+// small (the dictionary makes it smaller than inline content compressed with the
+// manifest); a frame without one only past kInlineMax, as content did.
+Status collect_outgoing(const core::Txn& txn, proto::Manifest& m, OutgoingBlobs& blobs,
+                        Dictionaries& dictionaries, EntryResult& result) {
+    std::map<std::uint32_t, core::Digest> by_id;  // the local dictionaries read so far
+    for (proto::Node& n : m.files) {
+        if (n.type != core::FileType::regular) continue;
+        ++result.files;
+        result.bytes += n.size;
+        if (n.content.empty()) continue;
+        if (blobs.count(n.digest)) {
+            n.has_content = false;
+            n.content.clear();
+            continue;
+        }
+        auto frame = KCACHE_TRY(core::read_frame(txn, n.digest));
+        const bool as_frame =
+            frame && (frame->dictionary != 0 || n.content.size() > proto::kInlineMax);
+        if (!as_frame && n.content.size() <= proto::kInlineMax) continue;
+        OutgoingBlob out;
+        if (as_frame) {
+            if (frame->dictionary != 0) {
+                auto known = by_id.find(frame->dictionary);
+                if (known == by_id.end()) {
+                    auto bytes = KCACHE_TRY(core::read_dictionary(txn, frame->dictionary));
+                    const core::Digest digest = core::dictionary_digest(bytes);
+                    dictionaries.emplace(digest, std::move(bytes));
+                    known = by_id.emplace(frame->dictionary, digest).first;
+                }
+                out.dictionary = known->second;
+            }
+            out.frame_value = proto::encode_frame(frame->raw_size, out.dictionary, frame->frame);
+        } else {
+            out.content = std::move(n.content);
+        }
+        n.has_content = false;
+        n.content.clear();
+        blobs.emplace(n.digest, std::move(out));
+    }
+    return {};
+}
+
+}  // namespace
+
+struct Remote::Outgoing {
+    OutgoingBlobs blobs;  // not inlined, by digest
+    Dictionaries dictionaries;
+};
+
+Status Remote::send_blobs(const Outgoing& outgoing) {
+    const OutgoingBlobs& blobs = outgoing.blobs;
+    const Dictionaries& dictionaries = outgoing.dictionaries;
+    // One pipeline of EXISTS per server, for the blobs and the dictionaries together.
+    struct Probe {
+        bool dictionary = false;
+        core::Digest digest;
+    };
+    std::map<Server*, std::pair<std::vector<Command>, std::vector<Probe>>> probes;
+    for (const auto& [digest, out] : blobs) {
+        const std::string key = proto::blob_key(m_options.ns, digest);
+        auto& p = probes[&shard(key)];
+        p.first.push_back({"EXISTS", key});
+        p.second.push_back({false, digest});
+    }
+    for (const auto& [digest, bytes] : dictionaries) {
+        const std::string key = proto::dictionary_key(m_options.ns, digest);
+        auto& p = probes[&shard(key)];
+        p.first.push_back({"EXISTS", key});
+        p.second.push_back({true, digest});
+    }
+    std::vector<std::pair<Server*, core::Digest>> missing_blobs, missing_dictionaries;
+    for (auto& [server, p] : probes) {
+        if (uploads_paused(*server)) {
+            return core::fail(
+                ENOSPC,
+                fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)",
+                            server->id));
+        }
+        auto have = KCACHE_TRY(exec(*server, p.first));
+        for (std::size_t i = 0; i < have.size(); ++i) {
+            if (have[i].type != Reply::Type::integer)
+                return tl::unexpected(reply_error(*server, have[i], "EXISTS"));
+            if (have[i].integer == 1) continue;
+            (p.second[i].dictionary ? missing_dictionaries : missing_blobs)
+                .emplace_back(server, p.second[i].digest);
+        }
+    }
+    // Dictionaries first (SET NX: the same bytes whoever sends them), so that a frame
+    // found is a frame whose dictionary was there (unless Redis evicted it since: the
+    // puller then misses cleanly and drops the frame, and the next push of its entry
+    // finds the dictionary missing here and sends it again).
+    std::map<Server*, std::vector<Command>> sets;
+    for (const auto& [server, digest] : missing_dictionaries) {
+        sets[server].push_back({"SET", proto::dictionary_key(m_options.ns, digest),
+                                proto::encode_dictionary(dictionaries.at(digest)), "NX"});
+    }
+    auto flush = [&]() -> Status {
+        for (auto& [server, commands] : sets) {
+            auto replies = KCACHE_TRY(exec(*server, commands));
+            for (const Reply& r : replies) {
+                if (!r.is_ok() && r.type != Reply::Type::nil)
+                    return tl::unexpected(reply_error(*server, r, "upload"));
+            }
+        }
+        sets.clear();
+        return {};
+    };
+    KCACHE_TRY(flush());
+    // Frames pipelined per server (each under kSegmentedSize), then content in chunks.
+    std::map<Server*, std::uint64_t> pending;
+    for (const auto& [server, digest] : missing_blobs) {
+        const OutgoingBlob& out = blobs.at(digest);
+        if (out.frame_value.empty()) continue;
+        sets[server].push_back({"SET", proto::blob_key(m_options.ns, digest), out.frame_value});
+        if ((pending[server] += out.frame_value.size()) >=
+            kChunksPerRoundTrip * proto::kChunkBytes) {
+            KCACHE_TRY(flush());
+            pending.clear();
+        }
+    }
+    KCACHE_TRY(flush());
+    for (const auto& [server, digest] : missing_blobs) {
+        const OutgoingBlob& out = blobs.at(digest);
+        if (out.frame_value.empty()) KCACHE_TRY(upload_blob(*server, digest, out.content));
+    }
+    return {};
+}
+
 Result<EntryResult> Remote::push(const core::Store& store, std::string_view name,
                                  std::string_view job_tag) {
     if (m_options.read_only)
@@ -61,25 +205,16 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         KCACHE_TRY(validate_job_tag(job_tag));
     }
     proto::Manifest m;
-    std::map<core::Digest, std::string, proto::DigestLess> blobs;  // not inlined, by digest
+    Outgoing outgoing;
     EntryResult result;
-    {  // the manifest and the contents, from one snapshot that ends here
+    {  // the manifest, the frames and the contents, from one snapshot that ends here
         auto txn = KCACHE_TRY(store.read());
         const auto entry = KCACHE_TRY(txn.find_entry(name));
         static_cast<core::EntryImage&>(m) = KCACHE_TRY(core::read_image(txn, entry, true));
+        KCACHE_TRY(collect_outgoing(txn, m, outgoing.blobs, outgoing.dictionaries, result));
     }
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
-    // Small files ride in the manifest; the others go as blobs, each once.
-    for (proto::Node& n : m.files) {
-        if (n.type != core::FileType::regular) continue;
-        ++result.files;
-        result.bytes += n.size;
-        if (n.content.size() <= proto::kInlineMax) continue;
-        n.has_content = false;
-        if (!blobs.count(n.digest)) blobs.emplace(n.digest, std::move(n.content));
-        n.content.clear();
-    }
 
     const std::string mkey = proto::manifest_key(m_options.ns, m.name);
     Server& mserver = shard(mkey);
@@ -102,29 +237,8 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         result.outcome = Outcome::already_remote;
         return result;
     }
-    // Only the blobs the remote lacks are sent, grouped by the server that holds them.
-    std::map<Server*, std::vector<core::Digest>> by_server;
-    for (const auto& [digest, content] : blobs)
-        by_server[&shard(proto::blob_key(m_options.ns, digest))].push_back(digest);
-    for (const auto& [server, digests] : by_server) {
-        if (uploads_paused(*server)) {
-            return core::fail(
-                ENOSPC,
-                fmt::format("redis {}: uploads are paused after an OOM reply (the remote is full)",
-                            server->id));
-        }
-        std::vector<Command> probes;
-        for (const core::Digest& d : digests)
-            probes.push_back({"EXISTS", proto::blob_key(m_options.ns, d)});
-        auto have = KCACHE_TRY(exec(*server, probes));
-        for (std::size_t i = 0; i < digests.size(); ++i) {
-            const Reply& r = have[i];
-            if (r.type != Reply::Type::integer)
-                return tl::unexpected(reply_error(*server, r, "EXISTS"));
-            if (r.integer == 1) continue;
-            KCACHE_TRY(upload_blob(*server, digests[i], blobs.at(digests[i])));
-        }
-    }
+    // Only what the remote lacks is sent.
+    KCACHE_TRY(send_blobs(outgoing));
     // Every blob is acknowledged: now the manifest, first writer wins.
     auto set = KCACHE_TRY(exec(mserver, {{"SET", mkey, proto::encode(m), "NX"}}));
     const Reply& r = set.front();

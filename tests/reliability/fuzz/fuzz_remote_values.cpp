@@ -2,7 +2,10 @@
 // which read bytes that come from the network (built by tests/support/run_fuzz.sh
 // with clang++-14; core's sources and protocol.cpp compiled in).
 //
-// Input: one selector byte (manifest, blob header or chunk, modulo 3), then the value.
+// Input: one selector byte, then the value. Selector bit 0x40 clear: a manifest, blob
+// header or chunk (modulo 3); set: a frame value (even) or a dictionary value (odd),
+// with core's frame-header parser behind them (core/frames.hpp: a frame cut anywhere
+// in its header, its Dictionary_ID included, must be EBADMSG).
 // A malformed value must decode to an EBADMSG error with a message, never crash, read
 // past the end or allocate without bound. A manifest or blob header that decodes must
 // encode back to a value that decodes to the same thing (what a node pulls is what
@@ -17,6 +20,7 @@
 #include <string_view>
 
 #include "kcache/core/entry_image.hpp"
+#include "kcache/core/frames.hpp"
 #include "protocol.hpp"
 
 namespace {
@@ -58,6 +62,33 @@ bool same(const proto::Manifest& a, const proto::Manifest& b) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size < 1) return 0;
     const std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
+    if (data[0] & 0x40) {
+        if (data[0] % 2 == 0) {
+            const auto f = proto::decode_frame(in);
+            if (failed_cleanly(f)) return 0;
+            // A frame that decodes has a header whose Dictionary_ID can be rewritten to
+            // any id and read back, and re-encodes to its value.
+            check(proto::encode_frame(f->raw_size, f->dictionary, f->frame) == in,
+                  "frame value does not re-encode to its input");
+            const std::uint32_t ids[] = {0, 0x7f, 0x8001, 0x12345678};
+            const std::uint32_t id = ids[(data[0] >> 1) % 4];
+            const auto rewritten = kcache::core::with_frame_dictionary(f->frame, id);
+            check(rewritten.has_value(), "a parsed header does not take another id");
+            const auto named = kcache::core::frame_dictionary(*rewritten);
+            check(named && *named == id, "a rewritten id does not read back");
+            // Decompressing it is refused cleanly or gives exactly the size declared.
+            const auto raw = kcache::core::decompress_frame(f->frame, {}, f->raw_size);
+            if (!failed_cleanly(raw)) check(raw->size() == f->raw_size, "frame size differs");
+        } else {
+            // The digest the key would name: of the value's bytes, or a wrong one.
+            const std::string_view bytes = in.size() > 4 ? in.substr(4) : std::string_view();
+            kcache::core::Digest digest = kcache::core::dictionary_digest(bytes);
+            if (data[0] & 0x80) digest.low ^= 1;
+            const auto d = proto::decode_dictionary(in, digest);
+            if (!failed_cleanly(d)) check(*d == bytes, "a dictionary is not its value's bytes");
+        }
+        return 0;
+    }
     switch (data[0] % 3) {
         case 0: {
             const auto m = proto::decode_manifest(in);

@@ -13,6 +13,11 @@
 //    entry in one transaction (a batch may put several whole entries in one); a corrupt blob is
 //    dropped (never stored, and deleted from Redis unless read-only), a manifest whose blob is gone
 //    is a miss.
+//  - A blob the pusher stores as a zstd frame travels as that frame, with the trained
+//    dictionary it needs under its portable digest (core/frames.hpp); the puller checks
+//    the dictionary's digest and the frame's content before it stores the frame as it is.
+//    A frame whose dictionary is gone is a miss, a bad one corrupt; either way the frame
+//    and its manifest are deleted from Redis so that the next push sends them again.
 //  - The password is held in memory only: it never appears in a message, a URL or a
 //    log line.
 //  - A Remote is thread-safe: each server's connection and breaker are guarded by that
@@ -237,6 +242,10 @@ class Remote {
     core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
     bool uploads_paused(Server& server);
     Status upload_blob(Server& server, const core::Digest& digest, std::string_view content);
+    // push()'s blobs (stored frames, or content) and the dictionaries their frames need
+    // (transfer.cpp); send_blobs() sends what the remote lacks, dictionaries first.
+    struct Outgoing;
+    Status send_blobs(const Outgoing& outgoing);
     // pull() and pull_entries() (pull.cpp): pulls `names` in batches, calling `each` with
     // every entry's result in order; false when `each` stopped it.
     struct Wanted;    // a blob a batch needs (pull.cpp)
@@ -249,8 +258,16 @@ class Remote {
     void fetch_manifests(std::vector<PullItem>& items);
     bool pull_group(core::Store& store, std::vector<PullItem>& items, std::size_t first,
                     std::size_t last, const std::function<bool(std::size_t)>& report_through);
-    // Fetches the blobs from their servers, pipelined, each checked against its digest.
+    // Fetches the blobs from their servers, pipelined, each checked against its digest
+    // (a frame: once resolve_frames has its dictionary).
     void fetch_blobs(std::vector<Wanted*>& blobs);
+    // The dictionaries of the frames among `blobs` (from the db when it has them, else
+    // Redis, each checked against its digest), then each frame's content against its
+    // blob's digest. A frame whose dictionary is gone is dangling, a bad one corrupt;
+    // either way it is dropped from Redis. `dictionaries` gets the ones found.
+    struct FrameDictionaries;  // by digest (pull.cpp)
+    void resolve_frames(core::Store& store, std::vector<Wanted*>& blobs,
+                        FrameDictionaries& dictionaries);
     struct AtomicCounts {
         std::atomic<std::uint64_t> hits{0}, misses{0}, errors{0}, timeouts{0}, corrupt{0},
             dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0};
