@@ -2,6 +2,9 @@
 #include "background.hpp"
 
 #include <fuse_lowlevel.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -15,6 +18,8 @@ namespace {
 constexpr auto kPeriod = std::chrono::milliseconds(50);  // how soon the mount reflects a change
 constexpr int kFlushEvery = 4;                           // statistics: every 4 periods
 constexpr auto kTrainEvery = std::chrono::seconds(10);   // is a dictionary due? (reads the kinds)
+constexpr auto kClassifyEvery = std::chrono::milliseconds(200);  // a batch of misses at most
+constexpr int kClassifierNice = 10;  // below the request threads and this one
 
 constexpr int find_slot(core::Counter c) {
     for (int i = 0; i < Background::kSlots; ++i) {
@@ -46,6 +51,7 @@ void Background::start(fuse_session* session) {
         if (auto end = core::EventCursor::at_end(*txn)) m_events = *end;
     }
     m_thread = std::thread([this] { run(); });
+    m_classifier = std::thread([this] { run_classifier(); });
 }
 
 void Background::stop() {
@@ -55,7 +61,9 @@ void Background::stop() {
         m_stop = true;
     }
     m_wake.notify_all();
+    m_classifier_wake.notify_all();
     if (m_thread.joinable()) m_thread.join();
+    if (m_classifier.joinable()) m_classifier.join();
     if (m_trainer.joinable()) m_trainer.join();
     m_session = nullptr;
     std::vector<std::function<void()>>
@@ -180,10 +188,6 @@ void Background::run() {
             if (auto s = flush_stats(); !s) {
                 log::warning("statistics not saved yet: {}", s.error().message);
             }
-            // Misses explained (core/misses.hpp), off every request path.
-            if (auto c = core::classify_pending(m_store); !c) {
-                log::warning("misses not classified yet: {}", c.error().message);
-            }
         }
         const auto now = std::chrono::steady_clock::now();
         if (now - m_last_train_check >= kTrainEvery) {
@@ -199,6 +203,24 @@ void Background::run() {
                 if (auto s = m_store.sync(); s) m_synced_txn = id;
             }
         }
+    }
+}
+
+void Background::run_classifier() {
+    // Misses explained (core/misses.hpp), off every request path and off this daemon's
+    // notifications: at a lower priority, so on a busy machine stores and replies get
+    // the CPU first (Linux: a thread's own nice value).
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kClassifierNice);
+    if (m_store.read_only()) return;
+    std::unique_lock lock(m_mutex);
+    while (!m_stop) {
+        m_classifier_wake.wait_for(lock, kClassifyEvery, [&] { return m_stop; });
+        if (m_stop) break;
+        lock.unlock();
+        if (auto c = core::classify_pending(m_store); !c) {
+            log::warning("misses not classified yet: {}", c.error().message);
+        }
+        lock.lock();
     }
 }
 

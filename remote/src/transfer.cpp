@@ -63,10 +63,12 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     proto::Manifest m;
     std::map<core::Digest, std::string, proto::DigestLess> blobs;  // not inlined, by digest
     EntryResult result;
+    std::optional<core::FamilyMember> member;  // recorded once the manifest is written
     {  // the manifest and the contents, from one snapshot that ends here
         auto txn = KCACHE_TRY(store.read());
         const auto entry = KCACHE_TRY(txn.find_entry(name));
         static_cast<core::EntryImage&>(m) = KCACHE_TRY(core::read_image(txn, entry, true));
+        member = family_member_of(txn, entry);
     }
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
@@ -131,6 +133,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     if (r.is_ok()) {
         m_counts.uploads.fetch_add(1);
         result.outcome = Outcome::uploaded;
+        record_member(member);
     } else if (r.type == Reply::Type::nil) {
         m_counts.upload_skipped.fetch_add(1);
         result.outcome = Outcome::already_remote;
@@ -139,6 +142,18 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     }
     KCACHE_TRY(add_to_job());
     return result;
+}
+
+std::optional<core::FamilyMember> Remote::family_member_of(const core::Txn& txn,
+                                                           const core::EntryInfo& entry) {
+    auto member = core::family_member(txn, entry);
+    if (member) return std::move(*member);
+    m_counts.family_errors.fetch_add(1);
+    return std::nullopt;
+}
+
+void Remote::record_member(const std::optional<core::FamilyMember>& member) {
+    if (member && !record_family_member(*member)) m_counts.family_errors.fetch_add(1);
 }
 
 Status Remote::add_to_job(std::string_view job_tag, const std::vector<std::string>& entries) {
