@@ -311,7 +311,7 @@ TEST_CASE("misses: a family member's value decodes to what was encoded, and only
     m.family = "triton:add_kernel";
     m.host = "node-a";
     m.time_ns = 42;
-    m.files.push_back({"add_kernel.json", core::MemberKind::metadata, 9, core::digest_of("{\"a\": 1}"),
+    m.files.push_back({"add_kernel.json", core::MemberKind::metadata, 8, core::digest_of("{\"a\": 1}"),
                        "{\"a\": 1}", true});
     m.files.push_back({"add_kernel.ttir", core::MemberKind::text, 5000, core::Digest{1, 2},
                        "line 1\n", false});
