@@ -10,7 +10,7 @@
 //   classify   the classifier's own time per miss (off the request path)
 //   hit        a hit (WriteTxn::record_hit, what the daemon flushes) with and without
 //              classified misses in the db: the hit path runs no classifier code
-// Usage: kcache-bench-misses [--entries N] [--families F] [--runs R] [--db-dir DIR]
+// Usage: kcache-bench-misses [--entries N] [--families F] [--runs R] [--nice N] [--db-dir DIR]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -121,13 +121,14 @@ std::string pages_of(const fs::path& db) {
 
 // Stores n entries into a fresh db at `path`, with a classifier thread as the daemon's
 // (own thread, nice +10, a batch every 200 ms) when `classify`: the seconds the stores took.
-double store_run(const fs::path& path, std::size_t n, std::size_t families, bool classify) {
+double store_run(const fs::path& path, std::size_t n, std::size_t families, bool classify,
+                 int nice) {
     auto store = open_fresh(path, [] { return core::system_clock_ns() + 2'000'000'000; });
     std::atomic<bool> stop{false};
     std::thread classifier;
     if (classify) {
         classifier = std::thread([&] {
-            (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+            (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
             while (!stop) {
                 (void)core::classify_pending(*store);
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -146,11 +147,13 @@ double store_run(const fs::path& path, std::size_t n, std::size_t families, bool
 
 int main(int argc, char** argv) {
     std::size_t n = 2000, families = 50, runs = 1;
+    int nice = 10;  // the daemon's classifier thread's
     fs::path base = fs::temp_directory_path() / "kcache-bench-misses";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--entries") n = std::stoul(argv[i + 1]);
         if (a == "--families") families = std::stoul(argv[i + 1]);
+        if (a == "--nice") nice = std::stoi(argv[i + 1]);
         if (a == "--runs") runs = std::max<std::size_t>(1, std::stoul(argv[i + 1]));
         if (a == "--db-dir") base = argv[i + 1];
     }
@@ -191,11 +194,11 @@ int main(int argc, char** argv) {
     for (std::size_t r = 0; r < runs; ++r) {
         double alone = 0, with_time = 0;
         if (r % 2 == 0) {
-            alone = store_run(base / "alone", n, families, false);
-            with_time = store_run(base / "with", n, families, true);
+            alone = store_run(base / "alone", n, families, false, nice);
+            with_time = store_run(base / "with", n, families, true, nice);
         } else {
-            with_time = store_run(base / "with", n, families, true);
-            alone = store_run(base / "alone", n, families, false);
+            with_time = store_run(base / "with", n, families, true, nice);
+            alone = store_run(base / "alone", n, families, false, nice);
         }
         ratios.push_back(with_time / alone);
         if (r == 0) store_with = with_time / alone * store_alone;  // scaled to run 1's base

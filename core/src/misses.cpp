@@ -890,46 +890,52 @@ Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
         if (first->kind == EventKind::populate && !KCACHE_TRY(settled(txn, *first, store.now_ns())))
             return 0;
     }
-    // The comparisons, from a snapshot: no writer lock held, so stores go on meanwhile.
+    // The comparisons, from snapshots: no writer lock held, so stores go on meanwhile.
+    // One short snapshot per event: a reader keeps LMDB from reusing the pages that
+    // commits free while it lives, so a snapshot held across a batch (longer still when
+    // this low-priority thread is preempted in it) grows the db that stores then write.
     Plan plan;
     std::uint64_t from = 0;
+    std::vector<Event> events;
     {
         auto txn = KCACHE_TRY(store.read());
         const Tx tx = TxnAccess::tx(txn);
         auto at = KCACHE_TRY(tx.get(tx.db.meta, kMetaMissesSeq));
         from = at ? KCACHE_TRY(records::decode_u64(*at, "misses_seq")) : 0;
-        plan.to = from;
-        std::vector<Event> events;
         KCACHE_TRY(txn.for_each_event(from, [&](const Event& e) {
             events.push_back(e);
             return events.size() < max_events;
         }));
-        const std::int64_t now = store.now_ns();
-        const std::int64_t started = steady_ns();
-        for (const Event& e : events) {
-            if (e.kind == EventKind::evict || e.kind == EventKind::remove) {
-                auto dir = tx.path_of(e.parent);
-                if (dir && !e.name.empty()) {
-                    const std::string name = dir->empty() ? e.name : *dir + "/" + e.name;
-                    plan.evictions[text_key(name)] =
-                        encode_eviction({e.seq, e.time_ns, e.entry, e.kind});
-                }
-            } else if (e.kind == EventKind::populate) {
-                std::optional<EntryInfo> entry;
-                if (auto found = txn.entry(e.entry); found) {
-                    entry = std::move(*found);
-                } else if (found.error().code != ENOENT) {
-                    return tl::unexpected(found.error());
-                }
-                if (entry && !KCACHE_TRY(settled(txn, e, now))) break;
-                Miss m = KCACHE_TRY(classify(txn, tx, e, entry, plan));
-                plan.misses.emplace_back(e.seq, encode_miss(m));
-                plan.counted.push_back(miss_cause_counter(m.cause));
+    }
+    plan.to = from;
+    const std::int64_t now = store.now_ns();
+    const std::int64_t started = steady_ns();
+    for (const Event& e : events) {
+        if (e.kind == EventKind::evict || e.kind == EventKind::remove) {
+            auto txn = KCACHE_TRY(store.read());
+            auto dir = TxnAccess::tx(txn).path_of(e.parent);
+            if (dir && !e.name.empty()) {
+                const std::string name = dir->empty() ? e.name : *dir + "/" + e.name;
+                plan.evictions[text_key(name)] =
+                    encode_eviction({e.seq, e.time_ns, e.entry, e.kind});
             }
-            plan.to = e.seq;
-            if (steady_ns() - started >= kBatchBudgetNs) break;  // the next call goes on
+        } else if (e.kind == EventKind::populate) {
+            auto txn = KCACHE_TRY(store.read());
+            const Tx tx = TxnAccess::tx(txn);
+            std::optional<EntryInfo> entry;
+            if (auto found = txn.entry(e.entry); found) {
+                entry = std::move(*found);
+            } else if (found.error().code != ENOENT) {
+                return tl::unexpected(found.error());
+            }
+            if (entry && !KCACHE_TRY(settled(txn, e, now))) break;
+            Miss m = KCACHE_TRY(classify(txn, tx, e, entry, plan));
+            plan.misses.emplace_back(e.seq, encode_miss(m));
+            plan.counted.push_back(miss_cause_counter(m.cause));
         }
-    }  // the snapshot ends before the write
+        plan.to = e.seq;
+        if (steady_ns() - started >= kBatchBudgetNs) break;  // the next call goes on
+    }
     if (plan.to == from) return 0;
     // The writes: short. Another process may have classified these meanwhile (its batch
     // moved the position): then this plan is dropped and the next call goes on from there.
