@@ -1,8 +1,8 @@
 // What explaining misses costs (core/misses.hpp), measured in one run:
 //   store      N Triton-like entries (ttir, ptx, cubin, metadata json, group json: the
 //              files Triton writes) stored with no classifier, then the same with a
-//              thread classifying every 200 ms at nice +10 as kcache-fsd's classifier
-//              thread does: the ratio is what classification adds to a store. With
+//              thread classifying every 200 ms as kcache-fsd's classifier thread does
+//              (--nice N: at that nice value, 0 as the daemon's): the ratio is what classification adds to a store. With
 //              --runs R the pair runs R times, in alternating order (each into a fresh
 //              db), and the median ratio is printed; each db's size and LMDB's pages
 //              in use (mdb_env_info's last page) say whether the classifier's
@@ -11,6 +11,8 @@
 //   hit        a hit (WriteTxn::record_hit, what the daemon flushes) with and without
 //              classified misses in the db: the hit path runs no classifier code
 // Usage: kcache-bench-misses [--entries N] [--families F] [--runs R] [--nice N] [--db-dir DIR]
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -98,6 +100,15 @@ std::unique_ptr<core::Store> open_fresh(const fs::path& path, core::Clock clock 
     return std::move(*s);
 }
 
+// The classifier thread's own time in classify_pending (wall and CPU), per store_run.
+double g_wall = 0, g_cpu = 0;
+std::size_t g_calls = 0, g_classified = 0;
+double thread_cpu_s() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 // LMDB's last page in use and the file's size: pages a long snapshot kept from reuse
 // show as a larger db.
 std::string pages_of(const fs::path& db) {
@@ -124,13 +135,22 @@ std::string pages_of(const fs::path& db) {
 double store_run(const fs::path& path, std::size_t n, std::size_t families, bool classify,
                  int nice) {
     auto store = open_fresh(path, [] { return core::system_clock_ns() + 2'000'000'000; });
+    if (classify) {
+        g_wall = g_cpu = 0;
+        g_calls = g_classified = 0;
+    }
     std::atomic<bool> stop{false};
     std::thread classifier;
     if (classify) {
         classifier = std::thread([&] {
             (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
             while (!stop) {
-                (void)core::classify_pending(*store);
+                const double w0 = now_s(), c0 = thread_cpu_s();
+                auto c = core::classify_pending(*store);
+                g_wall += now_s() - w0;
+                g_cpu += thread_cpu_s() - c0;
+                ++g_calls;
+                g_classified += c ? *c : 0;
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
             }
         });
@@ -147,7 +167,7 @@ double store_run(const fs::path& path, std::size_t n, std::size_t families, bool
 
 int main(int argc, char** argv) {
     std::size_t n = 2000, families = 50, runs = 1;
-    int nice = 10;  // the daemon's classifier thread's
+    int nice = 0;  // the daemon's classifier thread's (fsd/src/background.cpp)
     fs::path base = fs::temp_directory_path() / "kcache-bench-misses";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
@@ -204,6 +224,8 @@ int main(int argc, char** argv) {
         if (r == 0) store_with = with_time / alone * store_alone;  // scaled to run 1's base
         std::printf("  run %zu: store %.3f s alone, %.3f s with a classifier: %.3fx\n", r + 1,
                     alone, with_time, with_time / alone);
+        std::printf("         classifier: %zu batches, %zu misses, %.0f ms wall, %.0f ms CPU\n",
+                    g_calls, g_classified, g_wall * 1e3, g_cpu * 1e3);
         std::printf("         alone: %s; with: %s\n", pages_of(base / "alone").c_str(),
                     pages_of(base / "with").c_str());
         std::fflush(stdout);

@@ -7,10 +7,10 @@
 //   the kernel may hold a directory lock while it waits for that handler's reply.
 // - Flushes statistics that handlers count in memory (opens, hits, bytes read, ...)
 //   in one transaction, at least every `flush period` and at stop().
-// - Classifies misses (core/misses.hpp: classify_pending) on a thread of its own at
-//   nice +10, a batch every kClassifyEvery: a batch compares from a read snapshot for
-//   5 ms at most and holds LMDB's writer lock, which stores need, only for its short
-//   write; this thread never waits for it.
+// - Classifies misses (core/misses.hpp: classify_pending) on a thread of its own, a
+//   batch every 200 ms: a batch compares from short read snapshots for 5 ms at most and
+//   holds LMDB's writer lock, which stores need, only for its short write; this thread
+//   never waits for it. Not niced (background.cpp says why).
 // - Enforces the size bounds when a publish asked for it.
 // - Syncs the db periodically under batched durability.
 #pragma once
