@@ -2,7 +2,8 @@
 //   store      N Triton-like entries (ttir, ptx, cubin, metadata json, group json: the
 //              files Triton writes) stored with no classifier, then the same with a
 //              thread classifying every 200 ms as kcache-fsd's classifier thread does
-//              (--nice N: at that nice value, 0 as the daemon's): the ratio is what classification adds to a store. With
+//              (--nice N: at that nice value, 0 as the daemon's): the ratio is what classification
+//              adds to a store. With
 //              --runs R the pair runs R times, in alternating order (each into a fresh
 //              db), and the median ratio is printed; each db's size and LMDB's pages
 //              in use (mdb_env_info's last page) say whether the classifier's
@@ -232,10 +233,11 @@ int main(int argc, char** argv) {
     }
     std::vector<double> sorted = ratios;
     std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                            : (sorted[sorted.size() / 2 - 1] +
-                                               sorted[sorted.size() / 2]) / 2;
-    auto with = open_fresh(base / "with-hits", [] { return core::system_clock_ns() + 2'000'000'000; });
+    const double median = sorted.size() % 2
+                              ? sorted[sorted.size() / 2]
+                              : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+    auto with =
+        open_fresh(base / "with-hits", [] { return core::system_clock_ns() + 2'000'000'000; });
     for (std::size_t i = 0; i < n; ++i) (void)store_entry(*with, i, families);
     while (true) {
         auto c = core::classify_pending(*with);
@@ -270,10 +272,10 @@ int main(int argc, char** argv) {
 
     std::printf("  store, no classifier          %8.1f us per entry\n",
                 store_alone / static_cast<double>(n) * 1e6);
-    std::printf("  store, classifier every 200ms %8.1f us per entry  (with/without: median %.3fx "
-                "of %zu runs, %.3f-%.3f)\n",
-                store_with / static_cast<double>(n) * 1e6, median, runs, sorted.front(),
-                sorted.back());
+    std::printf(
+        "  store, classifier every 200ms %8.1f us per entry  (with/without: median %.3fx "
+        "of %zu runs, %.3f-%.3f)\n",
+        store_with / static_cast<double>(n) * 1e6, median, runs, sorted.front(), sorted.back());
     std::printf(
         "  classify (background)         %8.1f us per miss (%zu misses; %.1f%% of a "
         "store's time)\n",

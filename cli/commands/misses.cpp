@@ -73,8 +73,7 @@ std::string summary(const core::Store& store, const core::Miss& m) {
             return s;
         }
         case core::MissCause::changed_key:
-            return fmt::format("changed key: {} {} and its key differs", m.compared_name,
-                               where(m));
+            return fmt::format("changed key: {} {} and its key differs", m.compared_name, where(m));
         case core::MissCause::unstable_key:
             return fmt::format(
                 "unstable key: {}{} holds the same binary ({}) under another key: the "

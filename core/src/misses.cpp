@@ -337,7 +337,8 @@ Result<Miss> decode_miss(std::uint64_t seq, std::string_view bytes) {
     if (s && version >= 2) s = read_str(r, m.compared_namespace);
     if (s) s = r.expect_end();
     if (!s) return corrupt(s.error());
-    if (version < 1 || version > kMissFormat || cause < 1 || cause > 4) return corrupt(std::nullopt);
+    if (version < 1 || version > kMissFormat || cause < 1 || cause > 4)
+        return corrupt(std::nullopt);
     m.producer = static_cast<Producer>(producer);
     m.cause = static_cast<MissCause>(cause);
     return m;
@@ -546,8 +547,8 @@ struct Plan {
     std::vector<Counter> counted;
     // By text key: the record to put, or nullopt to delete (capacity: consumed).
     std::map<std::string, std::optional<std::string>> evictions;
-    std::map<std::string, bool> family_rows;           // family_key -> put (true) / delete
-    std::map<std::string, std::vector<Ino>> added;     // family -> members added by it
+    std::map<std::string, bool> family_rows;        // family_key -> put (true) / delete
+    std::map<std::string, std::vector<Ino>> added;  // family -> members added by it
 };
 
 // The eviction record of `name`: what the batch decided, else the table's.
@@ -820,10 +821,10 @@ Status compare_impl(const Side& mine_side, const Side& their_side, Miss& out,
                 d->file = path;
                 lines.push_back({ir_rank(path), std::move(*d)});
             } else if (!whole) {
-                lines.push_back({ir_rank(path),
-                                 LineDiff{path, 0, fmt::format("{} bytes", g.info.attr.size),
-                                          fmt::format("{} bytes, the first {} lines the same",
-                                                      f.info.attr.size, line_count(a))}});
+                lines.push_back(
+                    {ir_rank(path), LineDiff{path, 0, fmt::format("{} bytes", g.info.attr.size),
+                                             fmt::format("{} bytes, the first {} lines the same",
+                                                         f.info.attr.size, line_count(a))}});
             }
             continue;
         }
@@ -1127,8 +1128,10 @@ Result<std::optional<FamilyMember>> family_member(const Txn& txn, const EntryInf
                 const auto nl = std::string_view(text).substr(0, kMemberTextBytes).rfind('\n');
                 text.resize(nl == std::string_view::npos ? 0 : nl + 1);
             }
-            if (text.size() <= budget) m.text = std::move(text);
-            else m.whole = false;
+            if (text.size() <= budget)
+                m.text = std::move(text);
+            else
+                m.whole = false;
         }
         budget -= m.text.size();
         out.files.push_back(std::move(m));
@@ -1142,8 +1145,8 @@ Result<std::vector<Miss>> first_misses(const Txn& txn, std::uint64_t after_seq, 
     if (!tx.db.has_misses || max == 0) return out;
     KCACHE_TRY(tx.scan_checked(tx.db.misses, {}, records::u64_key(after_seq + 1),
                                [&](std::string_view key, std::string_view value) -> Result<bool> {
-                                   auto m = KCACHE_TRY(
-                                       decode_miss(records::u64_from_key(key), value));
+                                   auto m =
+                                       KCACHE_TRY(decode_miss(records::u64_from_key(key), value));
                                    if (m.cause == MissCause::first && !m.family.empty())
                                        out.push_back(std::move(m));
                                    return out.size() < max;
@@ -1175,10 +1178,9 @@ Result<bool> explain_with_members(Store& store, std::uint64_t seq,
         for (const FamilyMember& f : members) {
             if (f.family == m.family && f.entry != m.name) sorted.push_back(&f);
         }
-        std::stable_sort(sorted.begin(), sorted.end(),
-                         [](const FamilyMember* a, const FamilyMember* b) {
-                             return a->time_ns > b->time_ns;
-                         });
+        std::stable_sort(
+            sorted.begin(), sorted.end(),
+            [](const FamilyMember* a, const FamilyMember* b) { return a->time_ns > b->time_ns; });
         std::vector<Other> others;
         std::vector<const FamilyMember*> owners;
         for (const FamilyMember* f : sorted) {

@@ -89,7 +89,7 @@ class Background {
     fuse_session* m_session = nullptr;
     std::thread m_thread;
     std::thread m_classifier;  // run_classifier(); stop() joins it
-    std::mutex m_mutex;  // guards the queues below and m_stop
+    std::mutex m_mutex;        // guards the queues below and m_stop
     std::condition_variable m_wake;
     std::condition_variable m_classifier_wake;  // stop
     bool m_stop = false;

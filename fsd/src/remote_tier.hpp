@@ -236,7 +236,7 @@ class RemoteTier {
     // Uploader thread only.
     std::unordered_map<core::Ino, Pending> m_pending;
     std::uint64_t m_explained_seq = 0;  // misses asked about up to here (explain_misses)
-    remote::Counts m_recorded;  // what record_counts() already added to the db
+    remote::Counts m_recorded;          // what record_counts() already added to the db
     std::atomic<std::uint64_t> m_queued{0}, m_dropped{0};
     std::uint64_t m_recorded_queued = 0, m_recorded_dropped = 0;
     std::mutex m_record_mutex;  // record_counts() from the uploader and stop()

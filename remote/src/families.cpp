@@ -83,7 +83,8 @@ core::Result<core::FamilyMember> decode_member(std::string_view entry, std::stri
         if (!path) return bad("path past the end");
         if (path->empty() || path->size() > kMaxPathBytes) return bad("path length");
         std::uint8_t kind = 0, whole = 0;
-        if (!r.read(kind, whole, f.size, f.digest.high, f.digest.low)) return bad("file past the end");
+        if (!r.read(kind, whole, f.size, f.digest.high, f.digest.low))
+            return bad("file past the end");
         if (kind < 1 || kind > 3 || whole > 1) return bad("file kind");
         auto text = r.str32();
         if (!text) return bad("text past the end");

@@ -24,7 +24,7 @@
 
 namespace kcache::remote::families {
 
-inline constexpr std::size_t kMaxMembers = 32;                   // kept per family
+inline constexpr std::size_t kMaxMembers = 32;                    // kept per family
 inline constexpr std::int64_t kTtlSeconds = 30LL * 24 * 60 * 60;  // after the last record
 inline constexpr std::size_t kMaxValueBytes = 256 << 10;          // a member's value, at most
 inline constexpr std::size_t kMaxPathBytes = 4096;

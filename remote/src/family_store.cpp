@@ -21,15 +21,18 @@ Status Remote::record_family_member(const core::FamilyMember& member) {
     char host[256] = {};
     if (m.host.empty() && gethostname(host, sizeof host - 1) == 0) m.host = host;
     const auto now = std::chrono::system_clock::now().time_since_epoch();
-    if (m.time_ns == 0) m.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
+    if (m.time_ns == 0)
+        m.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
     const std::string key = families::member_key(m_options.ns, m.family);
     Server& server = shard(key);  // the order key shares its tag: the same server or slot
     const auto replies = KCACHE_TRY(exec(
-        server, {{"EVAL", families::kRecordScript, "2", key, families::order_key(m_options.ns, m.family),
-                  m.entry, families::encode_member(m), std::to_string(m.time_ns / 1'000'000),
-                  std::to_string(families::kMaxMembers), std::to_string(families::kTtlSeconds)}}));
+        server,
+        {{"EVAL", families::kRecordScript, "2", key, families::order_key(m_options.ns, m.family),
+          m.entry, families::encode_member(m), std::to_string(m.time_ns / 1'000'000),
+          std::to_string(families::kMaxMembers), std::to_string(families::kTtlSeconds)}}));
     const Reply& r = replies.front();
-    if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "family member"));
+    if (r.type != Reply::Type::integer)
+        return tl::unexpected(reply_error(server, r, "family member"));
     return {};
 }
 

@@ -378,9 +378,9 @@ TEST_CASE("misses: another node's family member explains a first miss", "[core][
         put_triton(b, 'C', k);
         CHECK(classify(b) == 1);
         CHECK(miss_of(b, triton_name('C')).cause == core::MissCause::first);
-        CHECK(must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a},
-                                              "fleet"),
-                   "explain"));
+        CHECK(must(
+            core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "fleet"),
+            "explain"));
         auto m = miss_of(b, triton_name('C'));
         CHECK(m.cause == core::MissCause::changed_key);
         CHECK(m.compared_name == triton_name('B'));
@@ -401,9 +401,9 @@ TEST_CASE("misses: another node's family member explains a first miss", "[core][
     SECTION("the same binary: unstable key") {
         put_triton(b, 'E', base);
         CHECK(classify(b) == 1);
-        CHECK(must(core::explain_with_members(b.store(), seq_of(b, triton_name('E')), {from_a},
-                                              "fleet"),
-                   "explain"));
+        CHECK(must(
+            core::explain_with_members(b.store(), seq_of(b, triton_name('E')), {from_a}, "fleet"),
+            "explain"));
         auto m = miss_of(b, triton_name('E'));
         CHECK(m.cause == core::MissCause::unstable_key);
         CHECK(m.same_binary == "add_kernel.cubin");
@@ -421,7 +421,8 @@ TEST_CASE("misses: another node's family member explains a first miss", "[core][
         const auto firsts = must(core::first_misses(b.read(), 0, 10), "first_misses");
         CHECK(firsts.size() == 2);
         for (const auto& m : firsts) {
-            CHECK(!must(core::explain_with_members(b.store(), m.seq, {from_a}, "fleet"), "explain"));
+            CHECK(
+                !must(core::explain_with_members(b.store(), m.seq, {from_a}, "fleet"), "explain"));
         }
         CHECK(b.counter(core::Counter::misses_first) == 2);
     }
@@ -454,8 +455,9 @@ TEST_CASE("misses: a family member holds the first lines of a long IR, and compa
         k.ttir.replace(k.ttir.find("%3 ="), 4, "%3 ~");
         put_triton(b, 'C', k);
         CHECK(classify(b) == 1);
-        CHECK(must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "n"),
-                   "explain"));
+        CHECK(
+            must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "n"),
+                 "explain"));
         auto m = miss_of(b, triton_name('C'));
         REQUIRE(!m.lines.empty());
         CHECK(m.lines[0].file == "add_kernel.ttir");
@@ -465,8 +467,9 @@ TEST_CASE("misses: a family member holds the first lines of a long IR, and compa
         k.ttir += "  tt.return\n";
         put_triton(b, 'C', k);
         CHECK(classify(b) == 1);
-        CHECK(must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "n"),
-                   "explain"));
+        CHECK(
+            must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "n"),
+                 "explain"));
         auto m = miss_of(b, triton_name('C'));
         REQUIRE(!m.lines.empty());
         CHECK(m.lines[0].file == "add_kernel.ttir");
@@ -475,8 +478,7 @@ TEST_CASE("misses: a family member holds the first lines of a long IR, and compa
     }
 }
 
-TEST_CASE("misses: records of format 1 (before nodes were named) still decode",
-          "[core][misses]") {
+TEST_CASE("misses: records of format 1 (before nodes were named) still decode", "[core][misses]") {
     TestStore s;
     put_triton(s, 'B', TritonKernel{});
     CHECK(classify(s) == 1);

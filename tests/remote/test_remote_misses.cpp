@@ -47,7 +47,8 @@ std::string triton_name(char key) {
 struct Kernel {
     std::string name = "add_kernel";
     int num_warps = 4;
-    std::string ttir = "module {\n  tt.func @add_kernel() {\n    arith.constant 128 : i32\n  }\n}\n";
+    std::string ttir =
+        "module {\n  tt.func @add_kernel() {\n    arith.constant 128 : i32\n  }\n}\n";
     std::string cubin = "ELF cubin for 4 warps";
 };
 
@@ -55,9 +56,10 @@ void put_triton(TestDb& db, char key, const Kernel& k) {
     const std::string dir = triton_name(key) + "/";
     db.put(dir + k.name + ".ttir", k.ttir);
     db.put(dir + k.name + ".cubin", k.cubin);
-    db.put(dir + k.name + ".json",
-           fmt::format(R"({{"hash": "{}", "num_warps": {}, "triton_version": "3.9.0", "name": "{}"}})",
-                       std::string(64, key), k.num_warps, k.name));
+    db.put(
+        dir + k.name + ".json",
+        fmt::format(R"({{"hash": "{}", "num_warps": {}, "triton_version": "3.9.0", "name": "{}"}})",
+                    std::string(64, key), k.num_warps, k.name));
     db.put(dir + "__grp__" + k.name + ".json", "{}");
 }
 
@@ -215,7 +217,8 @@ TEST_CASE("misses: hostile family records in Redis are passed over", "[remote][m
     redis.command({"HSET", key, "triton/short", good.substr(0, good.size() - 3)});
     redis.command({"HSET", key, "triton/kind", bad_kind});
     redis.command({"HSET", key, "triton/foreign", good});
-    redis.command({"HSET", key, "triton/huge", "KCF1" + std::string(families::kMaxValueBytes, 'x')});
+    redis.command(
+        {"HSET", key, "triton/huge", "KCF1" + std::string(families::kMaxValueBytes, 'x')});
     // Another family's key holds no hash at all.
     redis.command({"SET", families::member_key("t", "triton:softmax_kernel"), "a string"});
 
@@ -275,8 +278,8 @@ TEST_CASE("misses: a family keeps its newest 32 members for 30 days", "[remote][
     core::FamilyMember m;
     m.family = "triton:add_kernel";
     m.host = "node";
-    m.files.push_back({"add_kernel.json", core::MemberKind::metadata, 2, core::digest_of("{}"),
-                       "{}", true});
+    m.files.push_back(
+        {"add_kernel.json", core::MemberKind::metadata, 2, core::digest_of("{}"), "{}", true});
     for (int i = 0; i < 40; ++i) {
         m.entry = fmt::format("triton/K{:02}", i);
         m.time_ns = (1'800'000'000 + i) * kSecond;
@@ -311,10 +314,10 @@ TEST_CASE("misses: a family member's value decodes to what was encoded, and only
     m.family = "triton:add_kernel";
     m.host = "node-a";
     m.time_ns = 42;
-    m.files.push_back({"add_kernel.json", core::MemberKind::metadata, 8, core::digest_of("{\"a\": 1}"),
-                       "{\"a\": 1}", true});
-    m.files.push_back({"add_kernel.ttir", core::MemberKind::text, 5000, core::Digest{1, 2},
-                       "line 1\n", false});
+    m.files.push_back({"add_kernel.json", core::MemberKind::metadata, 8,
+                       core::digest_of("{\"a\": 1}"), "{\"a\": 1}", true});
+    m.files.push_back(
+        {"add_kernel.ttir", core::MemberKind::text, 5000, core::Digest{1, 2}, "line 1\n", false});
     const std::string v = families::encode_member(m);
     auto back = families::decode_member(m.entry, v);
     REQUIRE(back);

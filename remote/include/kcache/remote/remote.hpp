@@ -153,8 +153,9 @@ class Remote {
     // then the manifest with SET NX (first writer wins), then adds the entry to the
     // job's set when `job_tag` is non-empty. An entry it uploaded whose layout names a
     // family also has its family member recorded (record_family_member, read from the
-    // push's snapshot): a failure there is counted (family_errors), the push succeeds. EROFS when read-only, ENOSPC while uploads
-    // are paused by an OOM reply, ETIMEDOUT / EIO / EAGAIN (circuit open) on failure.
+    // push's snapshot): a failure there is counted (family_errors), the push succeeds. EROFS when
+    // read-only, ENOSPC while uploads are paused by an OOM reply, ETIMEDOUT / EIO / EAGAIN (circuit
+    // open) on failure.
     Result<EntryResult> push(const core::Store& store, std::string_view entry,
                              std::string_view job_tag = {});
     // Misses explained across nodes (core/misses.hpp's family members; keys and script
