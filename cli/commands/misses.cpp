@@ -33,6 +33,11 @@ nlohmann::json miss_json(const core::Miss& m) {
          m.compared_name.empty() ? nlohmann::json(nullptr) : nlohmann::json(m.compared_name)},
         {"fields", std::move(fields)},
         {"lines", std::move(lines)},
+        // Another node's entry, from its family member in the shared tier (null: local).
+        {"compared_remote",
+         m.compared_host.empty() && m.compared_namespace.empty()
+             ? nlohmann::json(nullptr)
+             : nlohmann::json{{"host", m.compared_host}, {"namespace", m.compared_namespace}}},
     };
     if (!m.same_binary.empty()) out["same_binary"] = m.same_binary;
     if (m.gone_ns) {
@@ -42,6 +47,14 @@ nlohmann::json miss_json(const core::Miss& m) {
     if (m.stack_distance) out["stack_distance"] = m.stack_distance;
     if (!m.note.empty()) out["note"] = m.note;
     return out;
+}
+
+// Where the entry compared with is: this cache, or another node's via the shared tier.
+std::string where(const core::Miss& m) {
+    if (m.compared_namespace.empty()) return "is in the cache";
+    return fmt::format("is in the shared tier (pushed by {}, namespace {})",
+                       m.compared_host.empty() ? "an unnamed host" : m.compared_host,
+                       m.compared_namespace);
 }
 
 // The cause in a sentence, for people.
@@ -60,13 +73,14 @@ std::string summary(const core::Store& store, const core::Miss& m) {
             return s;
         }
         case core::MissCause::changed_key:
-            return fmt::format("changed key: {} is in the cache and its key differs",
-                               m.compared_name);
+            return fmt::format("changed key: {} {} and its key differs", m.compared_name, where(m));
         case core::MissCause::unstable_key:
             return fmt::format(
-                "unstable key: {} holds the same binary ({}) under another key: the "
+                "unstable key: {}{} holds the same binary ({}) under another key: the "
                 "compile was wasted",
-                m.compared_name, m.same_binary);
+                m.compared_name,
+                m.compared_namespace.empty() ? std::string() : " (" + where(m).substr(3) + ")",
+                m.same_binary);
     }
     return "unknown";
 }
@@ -105,7 +119,9 @@ void print_miss(const core::Store& store, const core::Miss& m) {
 void classify_or_tell(const Cli& cli, bool classify, std::unique_ptr<core::Store>& store) {
     if (classify) {
         auto writer = open_store(cli, Access::write);
-        check(core::classify_pending(*writer, 1 << 20), "classify");
+        // Batch after batch (each compares for a few ms) until none classifies more.
+        while (check(core::classify_pending(*writer, 1 << 20), "classify") > 0) {
+        }
     }
     store = open_store(cli, Access::read);
 }

@@ -20,15 +20,19 @@ namespace {
 
 using records::Writer;
 
-constexpr std::uint8_t kMissFormat = 1;
+// Format 2 adds the node and namespace of a member compared across nodes; format 1
+// records (written before) still decode, with neither.
+constexpr std::uint8_t kMissFormat = 2;
 constexpr std::uint8_t kEvictionFormat = 1;
 // Metadata and IR files larger than this are compared by digest only.
 constexpr std::uint64_t kMaxTextBytes = 4 << 20;
 constexpr std::size_t kMaxCompared = 8;            // the newest entries of a family looked at
 constexpr std::size_t kCandidates = 2;             // of them, the closest compared in full
 constexpr std::size_t kMaxDistanceEvents = 20000;  // events read for one stack distance
-// A batch stops once it has held LMDB's writer lock this long (after one event at least).
-constexpr std::int64_t kBatchBudgetNs = 20'000'000;
+// A batch's comparisons stop after this long (after one event at least); the next call
+// goes on. They run from a snapshot: LMDB's writer lock is held only for the batch's
+// writes afterwards, a short transaction.
+constexpr std::int64_t kBatchBudgetNs = 5'000'000;
 
 std::string cut(std::string_view s) {
     if (s.size() <= kMaxLineBytes) return std::string(s);
@@ -76,24 +80,57 @@ Kind kind_of(const EntryFile& f) {
 struct File {
     EntryFile info;
     Kind kind = Kind::binary;
+    // A family member's file: what it holds of the content (nullopt: a local file,
+    // read from the transaction), and whether that is the whole file.
+    std::optional<std::string> held;
+    bool whole = true;
+};
+
+// One side of a comparison: a local entry's regular files, by their path with the key
+// normalized, read from `txn`; or a family member's (no txn: what each file holds).
+struct Side {
+    const Txn* txn = nullptr;
+    std::map<std::string, File> files;
 };
 
 // The regular files of an entry, by their path with the key normalized.
-Result<std::map<std::string, File>> files_of(const Txn& txn, const EntryInfo& entry) {
-    std::map<std::string, File> out;
+Result<Side> files_of(const Txn& txn, const EntryInfo& entry) {
+    Side out;
+    out.txn = &txn;
     const std::string key = entry_key(entry);
     KCACHE_TRY(txn.for_each_entry_file(entry, [&](const EntryFile& f) {
         if (!f.attr.is_regular() || f.attr.bookkeeping) return true;
-        out[normalized(f.path, key)] = File{f, kind_of(f)};
+        out.files[normalized(f.path, key)] = File{f, kind_of(f), std::nullopt, true};
         return true;
     }));
     return out;
 }
 
-Result<std::string> content_of(const Txn& txn, const File& f) {
-    if (f.info.attr.size > kMaxTextBytes) return std::string();
-    auto c = KCACHE_TRY(txn.read(f.info.attr.ino));
+// Whether the comparison has `f`'s text (all of it, or a member's first lines).
+bool has_text(const File& f) {
+    if (f.held) return !f.held->empty() || (f.whole && f.info.attr.size == 0);
+    return f.info.attr.size <= kMaxTextBytes;
+}
+
+Result<std::string> content_of(const Side& side, const File& f) {
+    if (f.held) return *f.held;
+    if (!side.txn || f.info.attr.size > kMaxTextBytes) return std::string();
+    auto c = KCACHE_TRY(side.txn->read(f.info.attr.ino));
     return std::string(c.bytes());
+}
+
+// The first `n` lines of `s` (each with its newline).
+std::string_view first_lines(std::string_view s, std::size_t n) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < n && at < s.size(); ++i) {
+        const auto nl = s.find('\n', at);
+        at = nl == std::string_view::npos ? s.size() : nl + 1;
+    }
+    return s.substr(0, at);
+}
+
+std::size_t line_count(std::string_view s) {
+    return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n'));
 }
 
 // A JSON object's top-level fields as text; nullopt when the bytes are not one.
@@ -142,8 +179,7 @@ std::size_t differing_lines(std::string_view a, std::string_view b) {
     return n;
 }
 
-Status compare_impl(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out,
-                    std::size_t* distance);
+Status compare_impl(const Side& mine, const Side& theirs, Miss& out, std::size_t* distance);
 
 // IR files in the order a compile produces them, so the first difference named is the
 // one nearest the key's inputs: source, then Triton's stages, then anything else.
@@ -166,11 +202,11 @@ std::string jax_family(const EntryInfo& e) {
     return "jax:" + e.stem.substr(0, dash);
 }
 
-Result<std::string> family_from_files(const Txn& txn, const std::map<std::string, File>& files) {
-    for (const auto& [path, f] : files) {
+Result<std::string> family_from_files(const Side& side) {
+    for (const auto& [path, f] : side.files) {
         if (f.kind != Kind::metadata || !path.ends_with(".json")) continue;
         const std::string_view name = base_name(path);
-        auto bytes = KCACHE_TRY(content_of(txn, f));
+        auto bytes = KCACHE_TRY(content_of(side, f));
         auto fields = json_fields(bytes);
         if (!fields) continue;
         auto field = [&](const char* k) -> std::string {
@@ -247,6 +283,8 @@ std::string encode_miss(const Miss& m) {
     w.str16(cut(m.gone_why));
     w.u64(m.stack_distance);
     w.str16(cut(m.note));
+    w.str16(cut(m.compared_host));
+    w.str16(cut(m.compared_namespace));
     return out;
 }
 
@@ -295,9 +333,12 @@ Result<Miss> decode_miss(std::uint64_t seq, std::string_view bytes) {
     if (s) s = read_str(r, m.gone_why);
     if (s) s = r.read(m.stack_distance);
     if (s) s = read_str(r, m.note);
+    if (s && version >= 2) s = read_str(r, m.compared_host);
+    if (s && version >= 2) s = read_str(r, m.compared_namespace);
     if (s) s = r.expect_end();
     if (!s) return corrupt(s.error());
-    if (version != kMissFormat || cause < 1 || cause > 4) return corrupt(std::nullopt);
+    if (version < 1 || version > kMissFormat || cause < 1 || cause > 4)
+        return corrupt(std::nullopt);
     m.producer = static_cast<Producer>(producer);
     m.cause = static_cast<MissCause>(cause);
     return m;
@@ -402,11 +443,11 @@ Result<bool> settled(const Txn& txn, const Event& e, std::int64_t now) {
 
 // The fields of an entry's JSON metadata files, by file; the key's own "hash" left out.
 using Metadata = std::map<std::string, std::map<std::string, std::string>>;
-Result<Metadata> metadata_of(const Txn& txn, const std::map<std::string, File>& files) {
+Result<Metadata> metadata_of(const Side& side) {
     Metadata out;
-    for (const auto& [path, f] : files) {
-        if (f.kind != Kind::metadata || f.info.attr.size > kMaxTextBytes) continue;
-        auto bytes = KCACHE_TRY(content_of(txn, f));
+    for (const auto& [path, f] : side.files) {
+        if (f.kind != Kind::metadata || !has_text(f) || !f.whole) continue;
+        auto bytes = KCACHE_TRY(content_of(side, f));
         if (auto fields = json_fields(bytes)) {
             fields->erase("hash");
             out[path] = std::move(*fields);
@@ -451,9 +492,78 @@ std::pair<int, std::size_t> closeness(const std::map<std::string, File>& mine,
     return {shared ? 0 : 1, differ};
 }
 
-// Classifies the populate event `e` of `entry` (nullopt: gone since) in `txn`.
-Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
-                      const std::optional<EntryInfo>& entry) {
+// An entry of the family to compare with: a local one (ino) or another node's member.
+struct Other {
+    Side side;
+    Ino ino = 0;
+    std::string name;
+};
+
+// The closest of `others` (newest first) to `mine`, compared in full, on top of `base`:
+// by digests and metadata fields, one that holds this entry's binary (unstable) first,
+// else the fewest differing fields, then files, the newest on a tie; the best
+// kCandidates of them are compared in full and the one with the fewest differing
+// fields and lines is kept. nullopt when `others` is empty.
+Result<std::optional<Miss>> closest(const Side& mine, const std::vector<Other>& others,
+                                    const Miss& base) {
+    const auto my_metadata = KCACHE_TRY(metadata_of(mine));
+    struct Candidate {
+        std::tuple<int, std::size_t, std::size_t> score;  // unstable, fields, files
+        std::size_t order;                                // 0: the newest
+    };
+    std::vector<Candidate> candidates;
+    for (std::size_t i = 0; i < others.size(); ++i) {
+        const auto [shared, files] = closeness(mine.files, others[i].side.files);
+        const auto fields = differing_fields(my_metadata, KCACHE_TRY(metadata_of(others[i].side)));
+        candidates.push_back({std::make_tuple(shared, fields, files), i});
+    }
+    std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+        return std::tie(a.score, a.order) < std::tie(b.score, b.order);
+    });
+    std::optional<Miss> best;
+    std::size_t best_distance = 0;
+    for (std::size_t i = 0; i < candidates.size() && i < kCandidates; ++i) {
+        if (std::get<0>(candidates[i].score) != std::get<0>(candidates[0].score))
+            break;  // unstable wins
+        const Other& other = others[candidates[i].order];
+        Miss candidate = base;
+        candidate.compared = other.ino;
+        candidate.compared_name = other.name;
+        std::size_t distance = 0;
+        KCACHE_TRY(compare_impl(mine, other.side, candidate, &distance));
+        if (!best || distance < best_distance) {
+            best = std::move(candidate);
+            best_distance = distance;
+        }
+    }
+    return best;
+}
+
+// What a batch decided from its snapshot, written afterwards in one short write
+// transaction (classify_pending): LMDB's writer lock is held for the writes only.
+struct Plan {
+    std::uint64_t to = 0;                                       // the position after it
+    std::vector<std::pair<std::uint64_t, std::string>> misses;  // seq, record
+    std::vector<Counter> counted;
+    // By text key: the record to put, or nullopt to delete (capacity: consumed).
+    std::map<std::string, std::optional<std::string>> evictions;
+    std::map<std::string, bool> family_rows;        // family_key -> put (true) / delete
+    std::map<std::string, std::vector<Ino>> added;  // family -> members added by it
+};
+
+// The eviction record of `name`: what the batch decided, else the table's.
+Result<std::optional<std::string>> eviction_of(const Tx& tx, const Plan& plan,
+                                               const std::string& key) {
+    if (auto it = plan.evictions.find(key); it != plan.evictions.end()) return it->second;
+    auto got = KCACHE_TRY(tx.get(tx.db.evictions, key));
+    if (!got) return std::optional<std::string>();
+    return std::optional<std::string>(std::string(*got));
+}
+
+// Classifies the populate event `e` of `entry` (nullopt: gone since) from the snapshot
+// `txn`, deciding its writes in `plan`.
+Result<Miss> classify(const Txn& txn, const Tx& tx, const Event& e,
+                      const std::optional<EntryInfo>& entry, Plan& plan) {
     Miss m;
     m.seq = e.seq;
     m.time_ns = e.time_ns;
@@ -468,7 +578,7 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
         m.note = "the entry was gone before it was classified";
     }
     // Capacity: this very entry went before.
-    if (auto gone = KCACHE_TRY(tx.get(tx.db.evictions, text_key(m.name))); gone) {
+    if (auto gone = KCACHE_TRY(eviction_of(tx, plan, text_key(m.name))); gone) {
         auto ev = KCACHE_TRY(decode_eviction(*gone));
         if (ev.seq < e.seq) {
             m.cause = MissCause::capacity;
@@ -478,7 +588,7 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
                 m.stack_distance =
                     KCACHE_TRY(stack_distance(txn, ev.entry, ev.seq, m.stored_bytes));
             }
-            KCACHE_TRY(tx.del(tx.db.evictions, text_key(m.name)));
+            plan.evictions[text_key(m.name)] = std::nullopt;
         }
     }
     if (!entry) return m;
@@ -496,19 +606,12 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
         members.push_back(records::u64_from_key(key.substr(prefix.size())));
         return true;
     }));
-    std::reverse(members.begin(), members.end());
-    // The closest members by digests and metadata fields: one that holds this entry's
-    // binary (unstable) first, else the fewest differing fields, then files, the newest
-    // on a tie; the best kCandidates of them are compared in full and the one with the
-    // fewest differing fields and lines is kept.
+    if (auto it = plan.added.find(m.family); it != plan.added.end())  // this batch's
+        members.insert(members.end(), it->second.begin(), it->second.end());
+    std::sort(members.begin(), members.end(), std::greater<>());  // inos grow: newest first
+    members.erase(std::unique(members.begin(), members.end()), members.end());
     const auto mine = KCACHE_TRY(files_of(txn, *entry));
-    const auto my_metadata = KCACHE_TRY(metadata_of(txn, mine));
-    struct Candidate {
-        std::tuple<int, std::size_t, std::size_t> score;  // unstable, fields, files
-        std::size_t order;                                // 0: the newest
-        EntryInfo info;
-    };
-    std::vector<Candidate> candidates;
+    std::vector<Other> others;
     for (Ino ino : members) {
         if (ino == entry->ino) continue;
         auto other = txn.entry(ino);
@@ -517,31 +620,13 @@ Result<Miss> classify(WriteTxn& txn, Tx& tx, const Event& e,
             continue;
         }
         if (!other) return tl::unexpected(other.error());
-        if (!other->populated || candidates.size() >= kMaxCompared) continue;
-        const auto theirs = KCACHE_TRY(files_of(txn, *other));
-        const auto [shared, files] = closeness(mine, theirs);
-        const auto fields = differing_fields(my_metadata, KCACHE_TRY(metadata_of(txn, theirs)));
-        candidates.push_back(
-            {std::make_tuple(shared, fields, files), candidates.size(), std::move(*other)});
+        if (!other->populated || others.size() >= kMaxCompared) continue;
+        others.push_back({KCACHE_TRY(files_of(txn, *other)), other->ino, other->name});
     }
-    std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-        return std::tie(a.score, a.order) < std::tie(b.score, b.order);
-    });
-    std::optional<Miss> best;
-    std::size_t best_distance = 0;
-    for (std::size_t i = 0; i < candidates.size() && i < kCandidates; ++i) {
-        if (std::get<0>(candidates[i].score) != std::get<0>(candidates[0].score))
-            break;  // unstable wins
-        Miss candidate = m;
-        std::size_t distance = 0;
-        KCACHE_TRY(compare_impl(txn, *entry, candidates[i].info, candidate, &distance));
-        if (!best || distance < best_distance) {
-            best = std::move(candidate);
-            best_distance = distance;
-        }
-    }
-    for (Ino ino : gone) KCACHE_TRY(tx.del(tx.db.families, family_key(m.family, ino)));
-    KCACHE_TRY(tx.put(tx.db.families, family_key(m.family, entry->ino), {}));
+    std::optional<Miss> best = KCACHE_TRY(closest(mine, others, m));
+    for (Ino ino : gone) plan.family_rows[family_key(m.family, ino)] = false;
+    plan.family_rows[family_key(m.family, entry->ino)] = true;
+    plan.added[m.family].push_back(entry->ino);
     if (!best) return m;
     if (m.cause == MissCause::capacity) {  // the cause stands; the family member is evidence
         best->cause = MissCause::capacity;
@@ -660,26 +745,26 @@ Result<std::string> family_of(const Txn& txn, const EntryInfo& entry) {
         }
         return std::string();  // Inductor's modules, ccache, CuTe DSL, Helion: opaque
     }
-    auto files = KCACHE_TRY(files_of(txn, entry));
-    return family_from_files(txn, files);
+    return family_from_files(KCACHE_TRY(files_of(txn, entry)));
 }
 
 Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out) {
-    return compare_impl(txn, missed, other, out, nullptr);
+    out.compared = other.ino;
+    out.compared_name = other.name;
+    return compare_impl(KCACHE_TRY(files_of(txn, missed)), KCACHE_TRY(files_of(txn, other)), out,
+                        nullptr);
 }
 
 namespace {
 
-Status compare_impl(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out,
+Status compare_impl(const Side& mine_side, const Side& their_side, Miss& out,
                     std::size_t* distance) {
     std::size_t differing = 0;
-    out.compared = other.ino;
-    out.compared_name = other.name;
     out.fields.clear();
     out.lines.clear();
     out.same_binary.clear();
-    const auto mine = KCACHE_TRY(files_of(txn, missed));
-    const auto theirs = KCACHE_TRY(files_of(txn, other));
+    const auto& mine = mine_side.files;
+    const auto& theirs = their_side.files;
     std::vector<std::pair<int, LineDiff>> lines;
     for (const auto& [path, f] : mine) {
         if (f.kind == Kind::skip) continue;
@@ -700,10 +785,11 @@ Status compare_impl(const Txn& txn, const EntryInfo& missed, const EntryInfo& ot
         }
         const File& g = it->second;
         if (g.info.attr.digest == f.info.attr.digest) continue;
-        const bool small = f.info.attr.size <= kMaxTextBytes && g.info.attr.size <= kMaxTextBytes;
-        if (f.kind == Kind::metadata && small) {
-            auto a = KCACHE_TRY(content_of(txn, g));
-            auto b = KCACHE_TRY(content_of(txn, f));
+        const bool texts = has_text(f) && has_text(g);
+        const bool whole = f.whole && g.whole;
+        if (f.kind == Kind::metadata && texts && whole) {
+            auto a = KCACHE_TRY(content_of(their_side, g));
+            auto b = KCACHE_TRY(content_of(mine_side, f));
             auto fa = json_fields(a);
             auto fb = json_fields(b);
             if (fa && fb) {
@@ -721,21 +807,33 @@ Status compare_impl(const Txn& txn, const EntryInfo& missed, const EntryInfo& ot
                 continue;
             }
         }
-        if ((f.kind == Kind::metadata || f.kind == Kind::text) && small) {
-            auto a = KCACHE_TRY(content_of(txn, g));
-            auto b = KCACHE_TRY(content_of(txn, f));
+        if ((f.kind == Kind::metadata || f.kind == Kind::text) && texts) {
+            auto a = KCACHE_TRY(content_of(their_side, g));
+            auto b = KCACHE_TRY(content_of(mine_side, f));
+            if (!whole) {
+                // A member holds the first whole lines only: compare the lines both hold.
+                const std::size_t n = std::min(line_count(a), line_count(b));
+                a = std::string(first_lines(a, n));
+                b = std::string(first_lines(b, n));
+            }
             differing += differing_lines(a, b);
             if (auto d = first_line_diff(a, b)) {
                 d->file = path;
                 lines.push_back({ir_rank(path), std::move(*d)});
+            } else if (!whole) {
+                lines.push_back(
+                    {ir_rank(path), LineDiff{path, 0, fmt::format("{} bytes", g.info.attr.size),
+                                             fmt::format("{} bytes, the first {} lines the same",
+                                                         f.info.attr.size, line_count(a))}});
             }
             continue;
         }
-        // Binary, or too big for lines: the sizes and the first differing byte.
+        // Binary, or too big for lines: the sizes and the first differing byte (local
+        // entries; a member holds no binary).
         std::string where;
-        if (small) {
-            auto a = KCACHE_TRY(content_of(txn, g));
-            auto b = KCACHE_TRY(content_of(txn, f));
+        if (texts && !f.held && !g.held) {
+            auto a = KCACHE_TRY(content_of(their_side, g));
+            auto b = KCACHE_TRY(content_of(mine_side, f));
             const auto n = std::min(a.size(), b.size());
             std::size_t at = 0;
             while (at < n && a[at] == b[at]) ++at;
@@ -793,43 +891,80 @@ Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {
         if (first->kind == EventKind::populate && !KCACHE_TRY(settled(txn, *first, store.now_ns())))
             return 0;
     }
+    // The comparisons, from snapshots: no writer lock held, so stores go on meanwhile.
+    // One short snapshot per event: a reader keeps LMDB from reusing the pages that
+    // commits free while it lives, so a snapshot held across a batch (longer still when
+    // this low-priority thread is preempted in it) grows the db that stores then write.
+    Plan plan;
+    std::uint64_t from = 0;
+    std::vector<Event> events;
+    {
+        auto txn = KCACHE_TRY(store.read());
+        const Tx tx = TxnAccess::tx(txn);
+        auto at = KCACHE_TRY(tx.get(tx.db.meta, kMetaMissesSeq));
+        from = at ? KCACHE_TRY(records::decode_u64(*at, "misses_seq")) : 0;
+        KCACHE_TRY(txn.for_each_event(from, [&](const Event& e) {
+            events.push_back(e);
+            return events.size() < max_events;
+        }));
+    }
+    plan.to = from;
+    const std::int64_t now = store.now_ns();
+    const std::int64_t started = steady_ns();
+    for (const Event& e : events) {
+        if (e.kind == EventKind::evict || e.kind == EventKind::remove) {
+            auto txn = KCACHE_TRY(store.read());
+            auto dir = TxnAccess::tx(txn).path_of(e.parent);
+            if (dir && !e.name.empty()) {
+                const std::string name = dir->empty() ? e.name : *dir + "/" + e.name;
+                plan.evictions[text_key(name)] =
+                    encode_eviction({e.seq, e.time_ns, e.entry, e.kind});
+            }
+        } else if (e.kind == EventKind::populate) {
+            auto txn = KCACHE_TRY(store.read());
+            const Tx tx = TxnAccess::tx(txn);
+            std::optional<EntryInfo> entry;
+            if (auto found = txn.entry(e.entry); found) {
+                entry = std::move(*found);
+            } else if (found.error().code != ENOENT) {
+                return tl::unexpected(found.error());
+            }
+            if (entry && !KCACHE_TRY(settled(txn, e, now))) break;
+            Miss m = KCACHE_TRY(classify(txn, tx, e, entry, plan));
+            plan.misses.emplace_back(e.seq, encode_miss(m));
+            plan.counted.push_back(miss_cause_counter(m.cause));
+        }
+        plan.to = e.seq;
+        if (steady_ns() - started >= kBatchBudgetNs) break;  // the next call goes on
+    }
+    if (plan.to == from) return 0;
+    // The writes: short. Another process may have classified these meanwhile (its batch
+    // moved the position): then this plan is dropped and the next call goes on from there.
     std::size_t classified = 0;
     KCACHE_TRY(store.update([&](WriteTxn& txn) -> Status {
         Tx tx = TxnAccess::tx(txn);
         auto at = KCACHE_TRY(tx.get(tx.db.meta, kMetaMissesSeq));
-        std::uint64_t pos = at ? KCACHE_TRY(records::decode_u64(*at, "misses_seq")) : 0;
-        std::vector<Event> events;
-        KCACHE_TRY(txn.for_each_event(pos, [&](const Event& e) {
-            events.push_back(e);
-            return events.size() < max_events;
-        }));
-        const std::int64_t now = store.now_ns();
-        const std::int64_t started = steady_ns();
-        for (const Event& e : events) {
-            if (e.kind == EventKind::evict || e.kind == EventKind::remove) {
-                auto dir = tx.path_of(e.parent);
-                if (dir && !e.name.empty()) {
-                    const std::string name = dir->empty() ? e.name : *dir + "/" + e.name;
-                    KCACHE_TRY(tx.put(tx.db.evictions, text_key(name),
-                                      encode_eviction({e.seq, e.time_ns, e.entry, e.kind})));
-                }
-            } else if (e.kind == EventKind::populate) {
-                std::optional<EntryInfo> entry;
-                if (auto found = txn.entry(e.entry); found) {
-                    entry = std::move(*found);
-                } else if (found.error().code != ENOENT) {
-                    return tl::unexpected(found.error());
-                }
-                if (entry && !KCACHE_TRY(settled(txn, e, now))) break;
-                Miss m = KCACHE_TRY(classify(txn, tx, e, entry));
-                KCACHE_TRY(tx.put(tx.db.misses, records::u64_key(e.seq), encode_miss(m)));
-                KCACHE_TRY(tx.add(miss_cause_counter(m.cause), 1));
-                ++classified;
+        const std::uint64_t pos = at ? KCACHE_TRY(records::decode_u64(*at, "misses_seq")) : 0;
+        if (pos != from) return {};
+        for (const auto& [key, record] : plan.evictions) {
+            if (record) {
+                KCACHE_TRY(tx.put(tx.db.evictions, key, *record));
+            } else {
+                KCACHE_TRY(tx.del(tx.db.evictions, key));
             }
-            pos = e.seq;
-            if (steady_ns() - started >= kBatchBudgetNs) break;  // the next call goes on
         }
-        KCACHE_TRY(tx.put(tx.db.meta, kMetaMissesSeq, records::encode_u64(pos)));
+        for (const auto& [key, put] : plan.family_rows) {
+            if (put) {
+                KCACHE_TRY(tx.put(tx.db.families, key, {}));
+            } else {
+                KCACHE_TRY(tx.del(tx.db.families, key));
+            }
+        }
+        for (const auto& [seq, record] : plan.misses)
+            KCACHE_TRY(tx.put(tx.db.misses, records::u64_key(seq), record));
+        for (Counter c : plan.counted) KCACHE_TRY(tx.add(c, 1));
+        classified = plan.misses.size();
+        KCACHE_TRY(tx.put(tx.db.meta, kMetaMissesSeq, records::encode_u64(plan.to)));
         KCACHE_TRY(trim_misses(tx));
         KCACHE_TRY(trim_families(tx));
         return trim_evictions(tx);
@@ -927,6 +1062,154 @@ Result<Sizing> capacity_sizing(const Txn& txn, std::int64_t since_ns) {
         out.curve.push_back(p);
     }
     return out;
+}
+
+// ---- across nodes ---------------------------------------------------------------------
+
+namespace {
+
+// Member files in the order they earn their room: metadata (the fields), binaries (the
+// unstable check: a digest each), then source and IR as a compile produces them.
+int member_rank(const std::string& path, Kind kind) {
+    if (kind == Kind::metadata) return 0;
+    if (kind == Kind::binary) return 1;
+    return 2 + ir_rank(path);
+}
+
+Side side_of(const FamilyMember& m) {
+    Side out;
+    for (const MemberFile& f : m.files) {
+        File file;
+        file.info.path = f.path;
+        file.info.attr.size = f.size;
+        file.info.attr.digest = f.digest;
+        file.kind = f.kind == MemberKind::metadata ? Kind::metadata
+                    : f.kind == MemberKind::text   ? Kind::text
+                                                   : Kind::binary;
+        file.held = f.text;
+        file.whole = f.whole;
+        out.files[f.path] = std::move(file);
+    }
+    return out;
+}
+
+}  // namespace
+
+Result<std::optional<FamilyMember>> family_member(const Txn& txn, const EntryInfo& entry) {
+    std::string family = KCACHE_TRY(family_of(txn, entry));
+    if (family.empty()) return std::optional<FamilyMember>();
+    const Side side = KCACHE_TRY(files_of(txn, entry));
+    std::vector<std::tuple<int, std::string, const File*>> order;
+    for (const auto& [path, f] : side.files) {
+        if (f.kind != Kind::skip) order.emplace_back(member_rank(path, f.kind), path, &f);
+    }
+    std::sort(order.begin(), order.end());
+    FamilyMember out;
+    out.entry = entry.name;
+    out.family = std::move(family);
+    std::size_t budget = kMemberMaxBytes;
+    for (const auto& [rank, path, f] : order) {
+        if (out.files.size() >= kMemberMaxFiles) break;
+        MemberFile m;
+        m.path = path;
+        m.kind = f->kind == Kind::metadata ? MemberKind::metadata
+                 : f->kind == Kind::text   ? MemberKind::text
+                                           : MemberKind::binary;
+        m.size = f->info.attr.size;
+        m.digest = f->info.attr.digest;
+        if (f->kind == Kind::metadata && m.size <= kMemberMetadataBytes && m.size <= budget) {
+            m.text = KCACHE_TRY(content_of(side, *f));
+            m.whole = m.text.size() == m.size;
+        } else if (f->kind == Kind::text && m.size <= kMaxTextBytes) {
+            std::string text = KCACHE_TRY(content_of(side, *f));
+            if (text.size() <= kMemberTextBytes) {
+                m.whole = text.size() == m.size;
+            } else {  // the first whole lines that fit
+                const auto nl = std::string_view(text).substr(0, kMemberTextBytes).rfind('\n');
+                text.resize(nl == std::string_view::npos ? 0 : nl + 1);
+            }
+            if (text.size() <= budget)
+                m.text = std::move(text);
+            else
+                m.whole = false;
+        }
+        budget -= m.text.size();
+        out.files.push_back(std::move(m));
+    }
+    return std::optional<FamilyMember>(std::move(out));
+}
+
+Result<std::vector<Miss>> first_misses(const Txn& txn, std::uint64_t after_seq, std::size_t max) {
+    std::vector<Miss> out;
+    const Tx tx = TxnAccess::tx(txn);
+    if (!tx.db.has_misses || max == 0) return out;
+    KCACHE_TRY(tx.scan_checked(tx.db.misses, {}, records::u64_key(after_seq + 1),
+                               [&](std::string_view key, std::string_view value) -> Result<bool> {
+                                   auto m =
+                                       KCACHE_TRY(decode_miss(records::u64_from_key(key), value));
+                                   if (m.cause == MissCause::first && !m.family.empty())
+                                       out.push_back(std::move(m));
+                                   return out.size() < max;
+                               }));
+    return out;
+}
+
+Result<bool> explain_with_members(Store& store, std::uint64_t seq,
+                                  const std::vector<FamilyMember>& members, std::string_view ns) {
+    if (store.read_only() || !TxnAccess::impl(store).has_misses) return false;
+    std::optional<Miss> best;
+    {  // the comparison, from a snapshot: no writer lock held
+        auto txn = KCACHE_TRY(store.read());
+        const Tx tx = TxnAccess::tx(txn);
+        auto record = KCACHE_TRY(tx.get(tx.db.misses, records::u64_key(seq)));
+        if (!record) return false;
+        const Miss m = KCACHE_TRY(decode_miss(seq, *record));
+        if (m.cause != MissCause::first || m.family.empty()) return false;
+        auto entry = txn.entry(m.entry);
+        if (!entry) {
+            if (entry.error().code == ENOENT) return false;
+            return tl::unexpected(entry.error());
+        }
+        if (entry->name != m.name) return false;
+        const auto mine = KCACHE_TRY(family_member(txn, *entry));
+        if (!mine || mine->family != m.family) return false;
+        // Newest first, as local members are; one per name (a hash field is one).
+        std::vector<const FamilyMember*> sorted;
+        for (const FamilyMember& f : members) {
+            if (f.family == m.family && f.entry != m.name) sorted.push_back(&f);
+        }
+        std::stable_sort(
+            sorted.begin(), sorted.end(),
+            [](const FamilyMember* a, const FamilyMember* b) { return a->time_ns > b->time_ns; });
+        std::vector<Other> others;
+        std::vector<const FamilyMember*> owners;
+        for (const FamilyMember* f : sorted) {
+            others.push_back({side_of(*f), 0, f->entry});
+            owners.push_back(f);
+        }
+        best = KCACHE_TRY(closest(side_of(*mine), others, m));
+        if (!best) return false;
+        for (std::size_t i = 0; i < others.size(); ++i) {
+            if (others[i].name == best->compared_name) best->compared_host = owners[i]->host;
+        }
+        best->compared_namespace = std::string(ns);
+        if (best->cause == MissCause::changed_key && best->fields.empty() && best->lines.empty())
+            return false;  // nothing told apart from what a member holds: not evidence
+    }
+    bool changed = false;
+    KCACHE_TRY(store.update([&](WriteTxn& txn) -> Status {
+        Tx tx = TxnAccess::tx(txn);
+        auto record = KCACHE_TRY(tx.get(tx.db.misses, records::u64_key(seq)));
+        if (!record) return {};  // trimmed meanwhile
+        const Miss now = KCACHE_TRY(decode_miss(seq, *record));
+        if (now.cause != MissCause::first) return {};  // another pass explained it
+        KCACHE_TRY(tx.put(tx.db.misses, records::u64_key(seq), encode_miss(*best)));
+        KCACHE_TRY(tx.add(Counter::misses_first, -1));
+        KCACHE_TRY(tx.add(miss_cause_counter(best->cause), 1));
+        changed = true;
+        return {};
+    }));
+    return changed;
 }
 
 }  // namespace kcache::core

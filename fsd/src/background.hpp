@@ -7,7 +7,10 @@
 //   the kernel may hold a directory lock while it waits for that handler's reply.
 // - Flushes statistics that handlers count in memory (opens, hits, bytes read, ...)
 //   in one transaction, at least every `flush period` and at stop().
-// - Classifies misses (core/misses.hpp: classify_pending) every few periods.
+// - Classifies misses (core/misses.hpp: classify_pending) on a thread of its own, a
+//   batch every 200 ms: a batch compares from short read snapshots for 5 ms at most and
+//   holds LMDB's writer lock, which stores need, only for its short write; this thread
+//   never waits for it. Not niced (background.cpp says why).
 // - Enforces the size bounds when a publish asked for it.
 // - Syncs the db periodically under batched durability.
 #pragma once
@@ -80,12 +83,15 @@ class Background {
     void notify_sizes(const std::vector<Growth>& growths);
     static void run_all(std::vector<std::function<void()>>& after);
     void train_if_due();
+    void run_classifier();
 
     core::Store& m_store;
     fuse_session* m_session = nullptr;
     std::thread m_thread;
-    std::mutex m_mutex;  // guards the queues below and m_stop
+    std::thread m_classifier;  // run_classifier(); stop() joins it
+    std::mutex m_mutex;        // guards the queues below and m_stop
     std::condition_variable m_wake;
+    std::condition_variable m_classifier_wake;  // stop
     bool m_stop = false;
     std::vector<core::Ino> m_inodes_to_invalidate;
     std::vector<core::Ino> m_attrs_to_invalidate;

@@ -37,6 +37,7 @@ remote::Counts minus(const remote::Counts& a, const remote::Counts& b) {
     d.bytes_down = a.bytes_down - b.bytes_down;
     d.uploads = a.uploads - b.uploads;
     d.upload_skipped = a.upload_skipped - b.upload_skipped;
+    d.family_errors = a.family_errors - b.family_errors;
     return d;
 }
 
@@ -505,7 +506,8 @@ void RemoteTier::record_counts() {
                         dlt = lease_timeouts - m_recorded_lease_timeouts;
     const bool any = dq || dd || dp || dpb || dlw || dlt || delta.hits || delta.misses ||
                      delta.errors || delta.timeouts || delta.corrupt || delta.dangling ||
-                     delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped;
+                     delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped ||
+                     delta.family_errors;
     if (!any) return;
     if (auto s = remote::record_counts(m_store, delta); !s) {
         log::warning("remote: recording statistics: {}", s.error().message);

@@ -58,6 +58,11 @@
 //  - Counts (the Remote's remote_* counters, remote_upload_queued/dropped,
 //    remote_prefetched(_bytes)) are added to the db's statistics every second and at
 //    stop().
+//  - Misses across nodes (docs/misses.md): about every second the uploader takes up to
+//    kExplainFamilies families of misses the classifier found "first" and compares them
+//    with the members other nodes recorded in Redis (remote::explain_first_misses: one
+//    pipeline per server, no LMDB transaction open while it waits); the request path
+//    never asks Redis for this. A failed pass changes nothing and is tried again.
 //  - Breakers: every second the uploader PINGs a server whose cool-down passed
 //    (Remote::probe), so an idle daemon's breaker closes once Redis is back, and
 //    publishes the servers' states when they changed: the remote_servers /
@@ -130,6 +135,7 @@ class RemoteTier {
     // past it the set is cleared, and Redis answers such an upload "already remote").
     static constexpr std::size_t kMaxPulled = 1u << 16;
     static constexpr const char* kServerStateFile = "remote-servers.json";
+    static constexpr std::size_t kExplainFamilies = 64;  // families read per pass, at most
 
     // Fails (EINVAL) for invalid options, as Remote::create does. Starts no thread.
     // `prefetch_job_tag`: the job whose entries start() prefetches (empty: none).
@@ -202,6 +208,8 @@ class RemoteTier {
     // Takes the pending entries that settled out of m_pending (uploader thread only).
     std::vector<std::pair<core::Ino, std::string>> settled();
     void record_counts();
+    // One pass of remote::explain_first_misses (uploader thread only; logs a failure).
+    void explain_misses();
     const std::vector<core::LayoutRule>* rules(const std::string& text);
 
     core::Store& m_store;
@@ -240,7 +248,8 @@ class RemoteTier {
 
     // Uploader thread only.
     std::unordered_map<core::Ino, Pending> m_pending;
-    remote::Counts m_recorded;  // what record_counts() already added to the db
+    std::uint64_t m_explained_seq = 0;  // misses asked about up to here (explain_misses)
+    remote::Counts m_recorded;          // what record_counts() already added to the db
     std::atomic<std::uint64_t> m_queued{0}, m_dropped{0};
     std::uint64_t m_recorded_queued = 0, m_recorded_dropped = 0;
     std::mutex m_record_mutex;  // record_counts() from the uploader and stop()

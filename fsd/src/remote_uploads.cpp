@@ -164,12 +164,28 @@ void RemoteTier::run_uploader() {
         }
         if (Clock::now() - last_record >= std::chrono::seconds(1)) {
             (void)m_remote->probe();
+            explain_misses();
             publish_servers(false);
             record_counts();
             last_record = Clock::now();
         }
         lock.lock();
     }
+}
+
+void RemoteTier::explain_misses() {
+    auto pass = remote::explain_first_misses(*m_remote, m_store, m_explained_seq, kExplainFamilies);
+    if (!pass) {
+        if (may_warn())
+            log::warning(
+                "remote: misses not explained across nodes yet: {} (tried again; further "
+                "failures are counted, not logged, for 10 s)",
+                pass.error().message);
+        return;
+    }
+    if (pass->explained)
+        log::info("remote: {} of {} misses explained by other nodes' entries", pass->explained,
+                  pass->misses);
 }
 
 }  // namespace kcache::fsd

@@ -200,7 +200,13 @@ void draw_side_by_side(Model& model, const core::Miss& m) {
     if (!ImGui::BeginTable("side by side", 3, flags)) return;
     ImGui::TableSetupScrollFreeze(0, 1);
     ImGui::TableSetupColumn("", ImGuiTableColumnFlags_WidthFixed, 230);
-    ImGui::TableSetupColumn(("compared with: " + m.compared_name).c_str());
+    // Another node's entry (explained across nodes) names that node in the header.
+    const std::string node =
+        m.compared_namespace.empty()
+            ? std::string()
+            : " (node " + (m.compared_host.empty() ? std::string("?") : m.compared_host) +
+                  ", shared tier " + m.compared_namespace + ")";
+    ImGui::TableSetupColumn(("compared with: " + m.compared_name + node).c_str());
     ImGui::TableSetupColumn(("this entry: " + m.name).c_str());
     ImGui::TableHeadersRow();
     auto row = [](const std::string& label, const std::string& before, const std::string& after,

@@ -396,6 +396,7 @@ Counts Remote::counts() const {
     c.bytes_down = m_counts.bytes_down.load();
     c.uploads = m_counts.uploads.load();
     c.upload_skipped = m_counts.upload_skipped.load();
+    c.family_errors = m_counts.family_errors.load();
     return c;
 }
 
@@ -420,11 +421,17 @@ std::vector<ServerState> Remote::servers() {
 Status record_counts(core::Store& store, const Counts& c) {
     using core::Counter;
     const std::pair<Counter, std::uint64_t> deltas[] = {
-        {Counter::remote_hits, c.hits},         {Counter::remote_misses, c.misses},
-        {Counter::remote_errors, c.errors},     {Counter::remote_timeouts, c.timeouts},
-        {Counter::remote_corrupt, c.corrupt},   {Counter::remote_dangling, c.dangling},
-        {Counter::remote_bytes_up, c.bytes_up}, {Counter::remote_bytes_down, c.bytes_down},
-        {Counter::remote_uploads, c.uploads},   {Counter::remote_upload_skipped, c.upload_skipped},
+        {Counter::remote_hits, c.hits},
+        {Counter::remote_misses, c.misses},
+        {Counter::remote_errors, c.errors},
+        {Counter::remote_timeouts, c.timeouts},
+        {Counter::remote_corrupt, c.corrupt},
+        {Counter::remote_dangling, c.dangling},
+        {Counter::remote_bytes_up, c.bytes_up},
+        {Counter::remote_bytes_down, c.bytes_down},
+        {Counter::remote_uploads, c.uploads},
+        {Counter::remote_upload_skipped, c.upload_skipped},
+        {Counter::remote_family_errors, c.family_errors},
     };
     return store.update([&](core::WriteTxn& txn) -> Status {
         for (const auto& [counter, delta] : deltas) {

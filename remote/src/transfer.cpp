@@ -207,11 +207,13 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     proto::Manifest m;
     Outgoing outgoing;
     EntryResult result;
-    {  // the manifest, the frames and the contents, from one snapshot that ends here
+    std::optional<core::FamilyMember> member;  // recorded once the manifest is written
+    {  // the manifest, the frames, the contents and the family member, from one snapshot
         auto txn = KCACHE_TRY(store.read());
         const auto entry = KCACHE_TRY(txn.find_entry(name));
         static_cast<core::EntryImage&>(m) = KCACHE_TRY(core::read_image(txn, entry, true));
         KCACHE_TRY(collect_outgoing(txn, m, outgoing.blobs, outgoing.dictionaries, result));
+        member = family_member_of(txn, entry);
     }
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
@@ -245,6 +247,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     if (r.is_ok()) {
         m_counts.uploads.fetch_add(1);
         result.outcome = Outcome::uploaded;
+        record_member(member);
     } else if (r.type == Reply::Type::nil) {
         m_counts.upload_skipped.fetch_add(1);
         result.outcome = Outcome::already_remote;
@@ -253,6 +256,18 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     }
     KCACHE_TRY(add_to_job());
     return result;
+}
+
+std::optional<core::FamilyMember> Remote::family_member_of(const core::Txn& txn,
+                                                           const core::EntryInfo& entry) {
+    auto member = core::family_member(txn, entry);
+    if (member) return std::move(*member);
+    m_counts.family_errors.fetch_add(1);
+    return std::nullopt;
+}
+
+void Remote::record_member(const std::optional<core::FamilyMember>& member) {
+    if (member && !record_family_member(*member)) m_counts.family_errors.fetch_add(1);
 }
 
 Status Remote::add_to_job(std::string_view job_tag, const std::vector<std::string>& entries) {

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <lmdb.h>
 
 #include "core_test_util.hpp"
 #include "kcache/core/misses.hpp"
@@ -47,7 +48,7 @@ void put_triton(TestStore& s, char key, const TritonKernel& k) {
 std::size_t classify(TestStore& s) {
     s.clock().advance(2 * kSecond);
     std::size_t total = 0;
-    for (int batch = 0; batch < 100; ++batch) {  // batches of up to 512 events
+    for (int batch = 0; batch < 100000; ++batch) {  // batches of a few ms each
         total += must(core::classify_pending(s.store()), "classify_pending");
         if (must(core::pending_misses(s.read()), "pending") == 0) break;
     }
@@ -339,4 +340,178 @@ TEST_CASE("misses: entry names and families longer than an LMDB key are classifi
     put();
     CHECK(classify(s) == 1);
     CHECK(miss_of(s, name).cause == core::MissCause::capacity);
+}
+
+// ---- across nodes: family members (another node's entries, from the shared tier) -----
+
+namespace {
+
+core::FamilyMember member_of(TestStore& s, const std::string& name, const std::string& host,
+                             std::int64_t time_ns) {
+    auto txn = s.read();
+    auto m = must(core::family_member(txn, s.entry(name)), "family_member");
+    REQUIRE(m);
+    m->host = host;
+    m->time_ns = time_ns;
+    return *m;
+}
+
+std::uint64_t seq_of(TestStore& s, const std::string& name) {
+    return miss_of(s, name).seq;
+}
+
+}  // namespace
+
+TEST_CASE("misses: another node's family member explains a first miss", "[core][misses]") {
+    TestStore a;  // node A: the kernel as first compiled
+    TritonKernel base;
+    put_triton(a, 'B', base);
+    const core::FamilyMember from_a = member_of(a, triton_name('B'), "node-a", 100);
+    CHECK(from_a.family == "triton:add_kernel");
+    CHECK(from_a.files.size() == 3);  // the group file is skipped
+
+    TestStore b;  // node B: none of the family here
+    SECTION("num_warps 4 -> 8: changed key, the field named, node and namespace kept") {
+        TritonKernel k = base;
+        k.num_warps = 8;
+        k.cubin = "ELF cubin for 8 warps";
+        put_triton(b, 'C', k);
+        CHECK(classify(b) == 1);
+        CHECK(miss_of(b, triton_name('C')).cause == core::MissCause::first);
+        CHECK(must(
+            core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "fleet"),
+            "explain"));
+        auto m = miss_of(b, triton_name('C'));
+        CHECK(m.cause == core::MissCause::changed_key);
+        CHECK(m.compared_name == triton_name('B'));
+        CHECK(m.compared == 0);
+        CHECK(m.compared_host == "node-a");
+        CHECK(m.compared_namespace == "fleet");
+        REQUIRE(m.fields.size() == 1);
+        CHECK(m.fields[0].field == "num_warps");
+        CHECK(m.fields[0].before == "4");
+        CHECK(m.fields[0].after == "8");
+        CHECK(b.counter(core::Counter::misses_first) == 0);
+        CHECK(b.counter(core::Counter::misses_changed_key) == 1);
+        // Once: it is no longer first.
+        CHECK(!must(core::explain_with_members(b.store(), m.seq, {from_a}, "fleet"), "again"));
+        CHECK(b.counter(core::Counter::misses_changed_key) == 1);
+        CHECK(must(core::first_misses(b.read(), 0, 10), "first_misses").empty());
+    }
+    SECTION("the same binary: unstable key") {
+        put_triton(b, 'E', base);
+        CHECK(classify(b) == 1);
+        CHECK(must(
+            core::explain_with_members(b.store(), seq_of(b, triton_name('E')), {from_a}, "fleet"),
+            "explain"));
+        auto m = miss_of(b, triton_name('E'));
+        CHECK(m.cause == core::MissCause::unstable_key);
+        CHECK(m.same_binary == "add_kernel.cubin");
+        CHECK(b.counter(core::Counter::misses_unstable_key) == 1);
+    }
+    SECTION("another family, or the entry's own name, explains nothing") {
+        TritonKernel k = base;
+        k.num_warps = 8;
+        k.cubin = "x";
+        put_triton(b, 'B', k);  // B's own entry of the name A pushed
+        TritonKernel other = base;
+        other.name = "softmax_kernel";
+        put_triton(b, 'F', other);
+        CHECK(classify(b) == 2);
+        const auto firsts = must(core::first_misses(b.read(), 0, 10), "first_misses");
+        CHECK(firsts.size() == 2);
+        for (const auto& m : firsts) {
+            CHECK(
+                !must(core::explain_with_members(b.store(), m.seq, {from_a}, "fleet"), "explain"));
+        }
+        CHECK(b.counter(core::Counter::misses_first) == 2);
+    }
+}
+
+TEST_CASE("misses: a family member holds the first lines of a long IR, and compares them",
+          "[core][misses]") {
+    std::string ttir;
+    for (int i = 0; i < 400; ++i) ttir += fmt::format("  %{} = arith.addi %a, %b : i32\n", i);
+    TestStore a;
+    TritonKernel base;
+    base.ttir = ttir;
+    put_triton(a, 'B', base);
+    const auto from_a = member_of(a, triton_name('B'), "node-a", 1);
+    const core::MemberFile* ir = nullptr;
+    for (const auto& f : from_a.files) {
+        if (f.path == "add_kernel.ttir") ir = &f;
+    }
+    REQUIRE(ir);
+    CHECK(!ir->whole);
+    CHECK(ir->size == ttir.size());
+    CHECK(ir->text.size() <= core::kMemberTextBytes);
+    CHECK(ir->text.ends_with("\n"));
+    CHECK(ttir.starts_with(ir->text));
+
+    TestStore b;
+    TritonKernel k = base;
+    k.cubin = "another cubin";
+    SECTION("a difference in the lines held: that line") {
+        k.ttir.replace(k.ttir.find("%3 ="), 4, "%3 ~");
+        put_triton(b, 'C', k);
+        CHECK(classify(b) == 1);
+        CHECK(
+            must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "n"),
+                 "explain"));
+        auto m = miss_of(b, triton_name('C'));
+        REQUIRE(!m.lines.empty());
+        CHECK(m.lines[0].file == "add_kernel.ttir");
+        CHECK(m.lines[0].line == 4);
+    }
+    SECTION("a difference past them: the file named, the lines held the same") {
+        k.ttir += "  tt.return\n";
+        put_triton(b, 'C', k);
+        CHECK(classify(b) == 1);
+        CHECK(
+            must(core::explain_with_members(b.store(), seq_of(b, triton_name('C')), {from_a}, "n"),
+                 "explain"));
+        auto m = miss_of(b, triton_name('C'));
+        REQUIRE(!m.lines.empty());
+        CHECK(m.lines[0].file == "add_kernel.ttir");
+        CHECK(m.lines[0].line == 0);
+        CHECK(m.lines[0].after.find("lines the same") != std::string::npos);
+    }
+}
+
+TEST_CASE("misses: records of format 1 (before nodes were named) still decode", "[core][misses]") {
+    TestStore s;
+    put_triton(s, 'B', TritonKernel{});
+    CHECK(classify(s) == 1);
+    s.close();
+    {  // rewrite the record as format 1 wrote it: no node, no namespace
+        MDB_env* env = nullptr;
+        REQUIRE(mdb_env_create(&env) == 0);
+        mdb_env_set_maxdbs(env, 32);
+        REQUIRE(mdb_env_open(env, s.db_path().c_str(), MDB_NOTLS, 0644) == 0);
+        MDB_txn* txn = nullptr;
+        REQUIRE(mdb_txn_begin(env, nullptr, 0, &txn) == 0);
+        MDB_dbi dbi = 0;
+        REQUIRE(mdb_dbi_open(txn, "misses", 0, &dbi) == 0);
+        MDB_cursor* cursor = nullptr;
+        REQUIRE(mdb_cursor_open(txn, dbi, &cursor) == 0);
+        MDB_val k{}, v{};
+        REQUIRE(mdb_cursor_get(cursor, &k, &v, MDB_FIRST) == 0);
+        std::string key(static_cast<const char*>(k.mv_data), k.mv_size);
+        std::string value(static_cast<const char*>(v.mv_data), v.mv_size);
+        mdb_cursor_close(cursor);
+        REQUIRE(value[0] == 2);
+        REQUIRE(value.ends_with(std::string(4, '\0')));  // two empty str16
+        value[0] = 1;
+        value.resize(value.size() - 4);
+        MDB_val k2{key.size(), key.data()}, v2{value.size(), value.data()};
+        REQUIRE(mdb_put(txn, dbi, &k2, &v2, 0) == 0);
+        REQUIRE(mdb_txn_commit(txn) == 0);
+        mdb_env_close(env);
+    }
+    s.reopen();
+    auto m = miss_of(s, triton_name('B'));
+    CHECK(m.cause == core::MissCause::first);
+    CHECK(m.family == "triton:add_kernel");
+    CHECK(m.compared_host.empty());
+    CHECK(m.compared_namespace.empty());
 }

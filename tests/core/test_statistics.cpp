@@ -56,7 +56,7 @@ TEST_CASE("statistics table: who counts what", "[stats]") {
 
     constexpr std::size_t r = core::statistics_counted_by(core::by_remote);
     constexpr auto remote = core::statistics_counted_by_list<r>(core::by_remote);
-    CHECK(r == 19);
+    CHECK(r == 20);
     for (Counter c : remote) {
         INFO(core::counter_name(c));
         CHECK(core::counter_name(c).substr(0, 7) == "remote_");

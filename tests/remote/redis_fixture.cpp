@@ -126,12 +126,13 @@ std::uint64_t RedisServer::calls(const std::string& command) {
     return std::stoull(info.substr(at + key.size()));
 }
 
-TestDb::TestDb() = default;
+TestDb::TestDb(core::Clock clock) : m_clock(std::move(clock)) {}
 
 core::Store& TestDb::store() {
     if (!m_store) {
         core::OpenOptions options;
         options.path = path();
+        options.clock = m_clock;
         m_store = ok(core::Store::open(options));
     }
     return *m_store;

@@ -43,10 +43,11 @@ class RedisServer {
     std::unique_ptr<remote::Connection> m_conn;
 };
 
-// A db in a temp dir, opened through core.
+// A db in a temp dir, opened through core (with `clock` when given: the misses tests
+// let entries settle without sleeping).
 class TestDb {
   public:
-    TestDb();
+    explicit TestDb(core::Clock clock = {});
     std::string path() const { return (m_dir / "db").string(); }
     core::Store& store();
     void close() { m_store.reset(); }
@@ -61,6 +62,7 @@ class TestDb {
 
   private:
     TempDir m_dir;
+    core::Clock m_clock;
     std::unique_ptr<core::Store> m_store;
 };
 

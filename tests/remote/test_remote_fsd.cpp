@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "mount_fixture.hpp"
 #include "protocol.hpp"
@@ -568,4 +569,46 @@ TEST_CASE("fsd remote: a holder that dies costs the waiters one lease time, then
     const auto now_held = redis.command({"GET", lease});
     REQUIRE(now_held.type == kcache::remote::Reply::Type::string);
     CHECK(now_held.str != holder);  // B's now: B compiles
+}
+
+// Misses explained across nodes (docs/misses.md): A compiles add_kernel with 4 warps and
+// uploads it (its family member goes to Redis with it); B, which has no add_kernel, then
+// compiles it with 8 warps under another key. B's classifier finds the miss "first", and
+// B's uploader, asking Redis in the background, explains it by A's entry.
+TEST_CASE("fsd remote: misses: B's miss is explained by the entry A pushed", "[remote][fsd]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis));
+    MountedCache b(with_remote(redis));
+    auto kernel = [](int warps, const std::string& cubin) {
+        return std::map<std::string, std::string>{
+            {"add_kernel.cubin", cubin},
+            {"add_kernel.ttir", "module {\n  tt.func @add_kernel() {\n  }\n}\n"},
+            {"add_kernel.json", "{\"name\": \"add_kernel\", \"num_warps\": " +
+                                    std::to_string(warps) + ", \"triton_version\": \"3.9.0\"}"},
+        };
+    };
+    store(a, kKey1, kernel(4, "ELF cubin for 4 warps"));
+    wait_uploads(a, 1);
+    store(b, kKey3, kernel(8, "ELF cubin for 8 warps"));
+    nlohmann::json why;
+    const bool explained = test::wait_until(
+        [&] {
+            auto r = test::run_cli({"--db", b.db().string(), "why", kKey3, "--json"});
+            if (r.exit_code != 0) return false;  // not classified yet
+            why = nlohmann::json::parse(r.out, nullptr, false);
+            return why.is_object() && why["cause"] == "changed_key";
+        },
+        30);
+    INFO(b.daemon_stderr());
+    INFO(why.dump());
+    REQUIRE(explained);
+    CHECK(why["compared_with"] == kKey1);
+    CHECK(why["compared_remote"]["namespace"] == "fsd");
+    CHECK(!why["compared_remote"]["host"].get<std::string>().empty());
+    REQUIRE(why["fields"].size() == 1);
+    CHECK(why["fields"][0]["field"] == "num_warps");
+    CHECK(why["fields"][0]["before"] == "4");
+    CHECK(why["fields"][0]["after"] == "8");
+    CHECK(stat_of(b, "misses_changed_key") == 1);
+    CHECK(stat_of(b, "misses_first") == 0);
 }

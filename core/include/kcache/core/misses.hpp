@@ -18,17 +18,20 @@
 // have no family: their misses are first or capacity.
 //
 // Classification runs in the background, never on a request path: classify_pending()
-// follows the events log from where it last stopped (a position kept in the db), one
-// write transaction per batch, and keeps one record per miss (the `misses` table,
-// newest Config::max_events kept), the evictions it saw (`evictions`, by entry name)
-// and each entry's family (`families`). A miss is classified once its entry settled
-// (no publish for kSettleNs and no write in flight, or kMaxWaitNs after the miss), so
-// the files a compiler publishes one after another are all there. A batch gives LMDB's
-// writer lock back after about 20 ms; the next call goes on where it stopped.
+// follows the events log from where it last stopped (a position kept in the db) and
+// keeps one record per miss (the `misses` table, newest Config::max_events kept), the
+// evictions it saw (`evictions`, by entry name) and each entry's family (`families`).
+// A miss is classified once its entry settled (no publish for kSettleNs and no write in
+// flight, or kMaxWaitNs after the miss), so the files a compiler publishes one after
+// another are all there. A batch compares from a read snapshot for about 5 ms at most,
+// then writes what it decided in one short write transaction: LMDB's writer lock, which
+// every store needs, is held for the writes only. The next call goes on where it stopped.
 //
 // Thread-safety: free functions over a Store or a Txn; classify_pending may run in
-// several processes at once (each batch reads and moves the position inside its write
-// transaction). Failures: core's storage errors; a record that does not decode is EIO.
+// several processes at once (a batch writes only if the position it read is still the
+// db's, checked inside its write transaction; otherwise it is dropped and the next call
+// goes on from the new position). Failures: core's storage errors; a record that does
+// not decode is EIO.
 #pragma once
 
 #include <cstdint>
@@ -89,6 +92,10 @@ struct Miss {
     // least this large would have kept it (0: unknown)
     std::uint64_t stack_distance = 0;
     std::string note;  // what could not be told ("gone before it was classified", ...)
+    // Explained across nodes (explain_with_members): the entry compared with is another
+    // node's, known from its family member in the shared tier. Empty for a local one.
+    std::string compared_host;       // the node that pushed it (its host name)
+    std::string compared_namespace;  // the shared tier's namespace it was found in
 };
 
 inline constexpr std::size_t kMaxFields = 32;
@@ -108,7 +115,8 @@ Result<std::string> family_of(const Txn& txn, const EntryInfo& entry);
 Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo& other, Miss& out);
 
 // Classifies the misses logged since the last call (up to `max_events` events of the
-// log per call, in one write transaction): returns how many misses it classified. A
+// log per call, about 5 ms of comparing, then one write transaction): returns how many
+// misses it classified. A
 // miss whose entry has not settled stops the batch there (the next call goes on).
 // Read-only stores and dbs without the tables (opened read-only before an upgrade)
 // classify nothing.
@@ -122,6 +130,52 @@ Status for_each_miss(const Txn& txn, std::int64_t since_ns,
 Result<std::optional<Miss>> find_miss(const Txn& txn, std::string_view name);
 // Populate events not classified yet (waiting to settle, or no classifier ran).
 Result<std::uint64_t> pending_misses(const Txn& txn);
+
+// ---- across nodes ---------------------------------------------------------------------
+// A *family member* is what the comparison of two entries reads, kept small enough to
+// travel: per file (its path with the key normalized) its kind, size and digest, the
+// whole of a metadata file up to kMemberMetadataBytes, the first whole lines of source
+// and IR up to kMemberTextBytes, binaries by digest only; at most kMemberMaxFiles files
+// and kMemberMaxBytes of text (past them, files keep their digest only). The shared
+// tier keeps the members of each family that nodes pushed (remote/src/families.hpp),
+// and the daemon compares its "first" misses with them (explain_with_members).
+enum class MemberKind : std::uint8_t { metadata = 1, text = 2, binary = 3 };
+struct MemberFile {
+    std::string path;  // in the entry, its key as "{key}"
+    MemberKind kind = MemberKind::binary;
+    std::uint64_t size = 0;
+    Digest digest;
+    std::string text;    // what is held of its content (binaries: nothing)
+    bool whole = false;  // `text` is the whole file
+};
+struct FamilyMember {
+    std::string entry;   // its name in the cache (EntryInfo::name)
+    std::string family;  // family_of()
+    std::string host;    // the node that pushed it (set by the shared tier)
+    std::int64_t time_ns = 0;
+    std::vector<MemberFile> files;
+};
+inline constexpr std::size_t kMemberMetadataBytes = 16 << 10;
+inline constexpr std::size_t kMemberTextBytes = 2 << 10;
+inline constexpr std::size_t kMemberMaxFiles = 32;
+inline constexpr std::size_t kMemberMaxBytes = 64 << 10;
+
+// The family member of `entry` in `txn`; nullopt when its layout names no family.
+Result<std::optional<FamilyMember>> family_member(const Txn& txn, const EntryInfo& entry);
+
+// Misses classified first whose layout names a family, logged after `after_seq`, oldest
+// first, at most `max`: the ones another node's entries may explain.
+Result<std::vector<Miss>> first_misses(const Txn& txn, std::uint64_t after_seq, std::size_t max);
+
+// Compares miss `seq` (still classified first, its entry still in the cache) with the
+// closest of `members` (another node's entries of its family, from the shared tier
+// namespace `ns`; members of another family or of the entry's own name are passed
+// over) as classify_pending compares with local entries: changed key or unstable key.
+// The comparison reads from a snapshot; one short write transaction then rewrites the
+// miss (if it is still first) and moves its count from misses_first to the new cause.
+// True when it did; false when nothing changed (not first any more, gone, no member).
+Result<bool> explain_with_members(Store& store, std::uint64_t seq,
+                                  const std::vector<FamilyMember>& members, std::string_view ns);
 
 // Records in the classifier's tables (all 0 before schema 4).
 struct MissTables {

@@ -59,6 +59,7 @@ enum class Counter : std::uint32_t {
     remote_prefetched_bytes = 53,
     remote_lease_waits = 54,
     remote_lease_timeouts = 55,
+    remote_family_errors = 60,
     // gauges
     entries = 100,
     bytes = 101,
@@ -72,7 +73,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 45;
+inline constexpr std::size_t kStatisticCount = 46;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -189,6 +190,8 @@ inline constexpr StatisticField kStatistics[] = {
      "misses that waited for another node holding the compile lease (kcache-fsd --remote-lease-ms)", "leases"},
     {Counter::remote_lease_timeouts, "remote_lease_timeouts", Unit::count, StatisticKind::counter, by_remote,
      "lease waits that ended without the entry (the lease expired or its time passed): compiled here", "leases"},
+    {Counter::remote_family_errors, "remote_family_errors", Unit::count, StatisticKind::counter, by_remote,
+     "family members (misses explained across nodes) not recorded or not read: the push itself succeeded", "failures"},
     {Counter::entries, "entries", Unit::count, StatisticKind::gauge, by_store,
      "entries in the cache now"},
     {Counter::bytes, "bytes", Unit::bytes, StatisticKind::gauge, by_store,

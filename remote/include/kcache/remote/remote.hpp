@@ -37,11 +37,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kcache/core/error.hpp"
+#include "kcache/core/misses.hpp"
 #include "kcache/core/store.hpp"
 
 namespace kcache::remote {
@@ -104,7 +106,8 @@ Status validate(const Options& options);
 // record_counts(); the names match core::Counter's remote_* counters.
 struct Counts {
     std::uint64_t hits = 0, misses = 0, errors = 0, timeouts = 0, corrupt = 0, dangling = 0,
-                  bytes_up = 0, bytes_down = 0, uploads = 0, upload_skipped = 0;
+                  bytes_up = 0, bytes_down = 0, uploads = 0, upload_skipped = 0,
+                  family_errors = 0;  // family members not recorded or not read
 };
 
 enum class Outcome : std::uint8_t {
@@ -153,10 +156,22 @@ class Remote {
 
     // Uploads one entry of `store` (by its exact name): blobs the remote lacks first,
     // then the manifest with SET NX (first writer wins), then adds the entry to the
-    // job's set when `job_tag` is non-empty. EROFS when read-only, ENOSPC while uploads
-    // are paused by an OOM reply, ETIMEDOUT / EIO / EAGAIN (circuit open) on failure.
+    // job's set when `job_tag` is non-empty. An entry it uploaded whose layout names a
+    // family also has its family member recorded (record_family_member, read from the
+    // push's snapshot): a failure there is counted (family_errors), the push succeeds. EROFS when
+    // read-only, ENOSPC while uploads are paused by an OOM reply, ETIMEDOUT / EIO / EAGAIN (circuit
+    // open) on failure.
     Result<EntryResult> push(const core::Store& store, std::string_view entry,
                              std::string_view job_tag = {});
+    // Misses explained across nodes (core/misses.hpp's family members; keys and script
+    // in src/families.hpp). record_family_member: adds `member` (its host set to this
+    // node's) to its family's members, keeping the newest kMaxMembers, for 30 days after
+    // the family's last record; EROFS when read-only. family_members: the members of each
+    // of `families` (HGETALL, one pipeline per server), in the order given; a member that
+    // does not decode is passed over and counted corrupt. Any failure fails them all.
+    Status record_family_member(const core::FamilyMember& member);
+    Result<std::vector<std::vector<core::FamilyMember>>> family_members(
+        const std::vector<std::string>& families);
     // Fetches one entry by name into `store`, verified, in one write transaction.
     Result<EntryResult> pull(core::Store& store, std::string_view entry);
     // The entry names of a job's set (sorted).
@@ -201,6 +216,7 @@ class Remote {
     std::size_t probe();
 
     Counts counts() const;
+    void count_family_error() { m_counts.family_errors.fetch_add(1); }
     std::vector<ServerState> servers();
     const Options& options() const { return m_options; }
 
@@ -241,6 +257,11 @@ class Remote {
     // A server's error reply as an Error (ENOSPC for OOM, EACCES for NOPERM), counted.
     core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
     bool uploads_paused(Server& server);
+    // push(): the entry's family member from its snapshot (nullopt: no family, or it
+    // could not be read: counted), and its record once uploaded (a failure counted).
+    std::optional<core::FamilyMember> family_member_of(const core::Txn& txn,
+                                                       const core::EntryInfo& entry);
+    void record_member(const std::optional<core::FamilyMember>& member);
     Status upload_blob(Server& server, const core::Digest& digest, std::string_view content);
     // push()'s blobs (stored frames, or content) and the dictionaries their frames need
     // (transfer.cpp); send_blobs() sends what the remote lacks, dictionaries first.
@@ -270,7 +291,8 @@ class Remote {
                         FrameDictionaries& dictionaries);
     struct AtomicCounts {
         std::atomic<std::uint64_t> hits{0}, misses{0}, errors{0}, timeouts{0}, corrupt{0},
-            dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0};
+            dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0},
+            family_errors{0};
     };
     Options m_options;
     // Plain servers: fixed once create() returns. A cluster appends the nodes it
@@ -279,6 +301,20 @@ class Remote {
     std::unique_ptr<Cluster> m_cluster;  // null for plain servers
     AtomicCounts m_counts;               // Server operations count errors, timeouts and bytes here
 };
+
+// One pass of explaining misses across nodes (docs/misses.md, "Across nodes"): takes
+// the misses of `store` classified first after `after_seq` (oldest first) whose
+// families are among the first `max_families` met, reads those families' members from
+// Redis (one pipeline per server, no LMDB transaction open meanwhile), and compares each
+// miss with the closest member (core::explain_with_members), which rewrites it as a
+// changed or unstable key. On success `after_seq` moves past every miss asked about; a
+// failure to read the families (a dead or frozen Redis, an open circuit) is returned,
+// counted (family_errors) and changes nothing, so the next pass asks again.
+struct ExplainPass {
+    std::size_t misses = 0, families = 0, explained = 0;
+};
+Result<ExplainPass> explain_first_misses(Remote& remote, core::Store& store,
+                                         std::uint64_t& after_seq, std::size_t max_families = 64);
 
 // Adds `counts` to the db's remote_* statistics in one write transaction.
 Status record_counts(core::Store& store, const Counts& counts);
