@@ -585,6 +585,8 @@ TEST_CASE("fsd remote: misses: B's miss is explained by the entry A pushed", "[r
             {"add_kernel.ttir", "module {\n  tt.func @add_kernel() {\n  }\n}\n"},
             {"add_kernel.json", "{\"name\": \"add_kernel\", \"num_warps\": " +
                                     std::to_string(warps) + ", \"triton_version\": \"3.9.0\"}"},
+            // written last: the entry is whole (a Triton entry is uploaded once it is)
+            {"__grp__add_kernel.json", "{\"child_paths\": {}}"},
         };
     };
     store(a, kKey1, kernel(4, "ELF cubin for 4 warps"));
