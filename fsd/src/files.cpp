@@ -26,16 +26,21 @@ using core::Ino;
 // ---- versions (THE RULE in filesystem.hpp) ------------------------------------------
 
 void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
+    std::shared_ptr<Version> version;
+    bool killed = false;
+    {
+        MutexLock lock(handle->mutex);
+        version = std::move(handle->version);
+        killed = handle->killed;
+    }
     // A writer of the entry (single flight): counted at its open when it got a version.
-    if (handle->writable && handle->version)
-        m_flights.writer_closed(handle->attr.entry, handle->opener);
-    const std::shared_ptr<Version> version = std::move(handle->version);
+    if (handle->writable && version) m_flights.writer_closed(handle->attr.entry, handle->opener);
     if (!version || !m_versions.leave(*version)) return;
     {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         // A rewrite whose writer was killed publishes nothing; a shared version keeps
         // every handle's writes, as a local disk does.
-        const bool keep = version->shared || !handle->killed;
+        const bool keep = version->shared || !killed;
         if (keep) {
             if (auto s = publish(req, *version); !s) {
                 log::error("content of inode {} lost at release: {}", handle->ino,
@@ -55,7 +60,7 @@ void Filesystem::follow_shared(FileHandle* handle) {
     if (!current || current == handle->version) return;
     core::Digest reading = handle->snapshot_digest;
     if (handle->version) {
-        std::lock_guard lock(handle->version->mutex);
+        MutexLock lock(handle->version->mutex);
         if (!handle->version->ended) return;
         reading = handle->version->staged.stored_digest();  // what it published last
     }
@@ -66,7 +71,10 @@ void Filesystem::follow_shared(FileHandle* handle) {
 
 void Filesystem::discard_open(FileHandle* handle) {
     if (handle->writable) {
-        handle->killed = true;  // its opener never got it: a rewrite publishes nothing
+        {
+            MutexLock lock(handle->mutex);
+            handle->killed = true;  // its opener never got it: a rewrite publishes nothing
+        }
         leave_version(nullptr, handle);
     }
     if (handle->page_cached) m_pages.leave(handle);
@@ -116,7 +124,10 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
             if (auto blob = txn->read_blob(r.digest, r.size))
                 content = m_contents.snapshot(r.digest, blob->bytes());
         }
-        handle->snapshot = content;
+        {
+            MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+            handle->snapshot = content;
+        }
         handle->lost = !content;
         if (handle->lost)
             log::warning(
@@ -134,8 +145,13 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
         return handle.release();
     }
     txn.reset();  // Versions::join is called with nothing held
-    auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &handle->version)
+    std::shared_ptr<Version> version;
+    auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &version)
                   : core::fail(ENOENT, "removed");
+    {
+        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+        handle->version = std::move(version);
+    }
     if (!s && s.error().code == ENOENT) {
         handle->orphan = true;  // as for a file removed while open: writes go nowhere
     } else if (!s) {
@@ -161,6 +177,9 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (dirtying->refused()) return;  // handing over: the successor answers it
     }
     bool joined_existing = false;
+    // What the handle reads or writes, put into it once it is made (its mutex guards them).
+    std::shared_ptr<const std::string> snapshot;
+    std::shared_ptr<Version> version;
     bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
     // A refilling reader must not read before the kernel's size is at least its
     // version's (Background::grow_size): the size and last byte of that version.
@@ -181,7 +200,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             // Removed since the kernel looked it up: open what it was, as a local disk would.
             handle->orphan = true;
             handle->attr = orphan->attr;
-            if (!truncate) handle->snapshot = orphan->content;
+            if (!truncate) snapshot = orphan->content;
             handle->snapshot_digest = orphan->attr.digest;
             fi->direct_io = 1;
             // A reader that opens a file a rename replaced after its lookup (racing
@@ -200,7 +219,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                 // the page cache they write through.
                 handle->reader_tid = fuse_req_ctx(req)->pid;
                 m_pages.enter_as_follower(handle.get(), shared);
-                handle->version = std::move(shared);
+                version = std::move(shared);
                 fi->keep_cache = 1;
             } else {
                 handle->snapshot_digest = attr->digest;
@@ -220,10 +239,10 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                         if (handle->page_cached) m_pages.leave(handle.get());
                         return reply_error(req, content.error());
                     }
-                    handle->snapshot = m_contents.snapshot(attr->digest, content->bytes());
+                    snapshot = m_contents.snapshot(attr->digest, content->bytes());
                 }
-                if (use == PageCache::Use::refill && !handle->snapshot->empty()) {
-                    grow.emplace(handle->snapshot->size(), handle->snapshot->back());
+                if (use == PageCache::Use::refill && !snapshot->empty()) {
+                    grow.emplace(snapshot->size(), snapshot->back());
                 }
             }
         } else {
@@ -239,7 +258,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         handle->opener = process_of(fuse_req_ctx(req)->pid);
         joined_existing =
             m_versions.shared(ino) != nullptr || (!truncate && m_versions.has_rewrite(ino));
-        auto s = m_versions.join(ino, truncate, handle->opener, std::nullopt, &handle->version);
+        auto s = m_versions.join(ino, truncate, handle->opener, std::nullopt, &version);
         if (!s && s.error().code == ENOENT) {
             handle->orphan = true;  // replaced since the snapshot above: as for a removed file
             fi->direct_io = 1;
@@ -250,8 +269,13 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
             // and MAP_SHARED works. A new version drops what the cache held.
             fi->keep_cache = joined_existing;
             m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
-            if (handle->version) m_flights.writer_opened(handle->attr.entry, handle->opener);
+            if (version) m_flights.writer_opened(handle->attr.entry, handle->opener);
         }
+    }
+    {
+        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+        handle->snapshot = std::move(snapshot);
+        handle->version = version;
     }
     FileHandle* raw = handle.release();
     fi->fh = enter_handle(raw, truncate && !raw->orphan);
@@ -265,7 +289,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     };
     // Every writer, an orphan's too: an O_TRUNC open sets the kernel's one size of the
     // inode to 0 when it completes, and writes grow it, under its readers.
-    if (raw->writable) return m_pages.admit_writer(raw, std::move(reply));
+    if (raw->writable) return m_pages.admit_writer(raw, version, std::move(reply));
     if (grow) {
         if (stale_attr) m_background.invalidate_attr(ino);  // the same pass, before the reply
         return m_background.grow_size(ino, grow->first, grow->second, std::move(reply));
@@ -327,14 +351,18 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     handle->opener = process_of(ctx->pid);
     // After the commit: Versions::join may wait for another version to end.
     const bool joined_existing = m_versions.shared(attr.ino) != nullptr;
-    if (auto s =
-            m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &handle->version);
+    std::shared_ptr<Version> version;
+    if (auto s = m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &version);
         !s) {
         return reply_error(req, s.error());
     }
     fi->keep_cache = joined_existing;               // as in open() for writing
     m_flights.created(attr.entry, handle->opener);  // single flight: a filler at work
-    if (handle->version) m_flights.writer_opened(attr.entry, handle->opener);
+    if (version) m_flights.writer_opened(attr.entry, handle->opener);
+    {
+        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+        handle->version = version;
+    }
     FileHandle* raw = handle.release();
     // A truncation of a file that had content is unpublished until the writer's close.
     fi->fh = enter_handle(raw, truncate && attr.size > 0);
@@ -363,7 +391,7 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     // no readers and is answered at once. The kernel holds the directory's lock until
     // the reply, so a background notification of a name in this directory waits too,
     // at most PageCache::kWriterWait.
-    m_pages.admit_writer(raw, std::move(reply));
+    m_pages.admit_writer(raw, version, std::move(reply));
 }
 
 void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -376,7 +404,7 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     bool lost = false;
     if (handle->refilling.load(std::memory_order_relaxed)) m_pages.settle(handle);
     {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         follow_shared(handle);
         version = handle->version;
         if (!version && handle->lazy && !handle->snapshot) {
@@ -393,7 +421,7 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     std::string copy;  // a version's bytes, which may change after the lock
     std::string_view slice;
     if (version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         const std::string_view content = version->staged.content();
         copy.assign(content.substr(std::min(static_cast<std::size_t>(off), content.size()), size));
         slice = copy;
@@ -427,7 +455,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
     std::shared_ptr<Version> version;
     bool orphan = false;
     {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         orphan = handle->orphan;
         if (handle->writable) version = handle->version;
     }
@@ -438,7 +466,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
         s = core::fail(EBADF, "not open for writing");
     } else {
         m_pages.close_writer(handle, false, {});  // written again after its close
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
     }
     if (!s) return reply_error(req, s.error());
@@ -496,33 +524,33 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     const pid_t tid = fuse_req_ctx(req)->pid;
     std::shared_ptr<Version> version;
     {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         if (handle->writable && !handle->killed) version = handle->version;
     }
     bool dirty = false;
     if (version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         dirty = version->staged.dirty();
     }
     core::Status s;
     bool killed = false;
     if (dirty && killed_by_signal(tid)) {
         killed = true;
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         handle->killed = true;
     } else if (dirty && process_of(tid) == handle->opener) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         s = publish(req, *version);
     }
     if (!killed && version) {  // another thread's FLUSH of a killed writer may mark it meanwhile
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         killed = handle->killed;
     }
     if (s && version && !killed) {
         core::Digest published;
         bool clean = false;
         {
-            std::lock_guard lock(version->mutex);
+            MutexLock lock(version->mutex);
             clean = !version->staged.dirty();
             published = version->staged.stored_digest();
         }
@@ -542,16 +570,16 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
         return reply_error(req, {EIO, "this open file was lost with a daemon"});
     std::shared_ptr<Version> version;
     if (handle) {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         if (handle->writable) version = handle->version;
     }
     core::Status s;
     if (version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         s = publish(req, *version);
     }
     if (s && version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         if (!version->staged.dirty()) m_handles.set_unpublished(handle->fh, false);
     }
     if (s) s = m_store.sync();

@@ -193,11 +193,10 @@ class Filesystem {
     // (unless it is a rewrite whose writer was killed) and ends its lease.
     void leave_version(fuse_req_t req, FileHandle* handle);
     // A read-only handle follows the shared version that grew out of the version it
-    // reads (caller holds handle->mutex).
-    void follow_shared(FileHandle* handle);
-    // Publishes a version's content, first making room under the size bound (caller
-    // holds version.mutex).
-    core::Status publish(fuse_req_t req, Version& version);
+    // reads.
+    void follow_shared(FileHandle* handle) REQUIRES(handle->mutex);
+    // Publishes a version's content, first making room under the size bound.
+    core::Status publish(fuse_req_t req, Version& version) REQUIRES(version.mutex);
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded
     // as told, PageCache::tell_attr) while every caller gets that answer (no writer at
     // work, no page-cache reader of another version, not removed), else 0. Every
@@ -219,9 +218,9 @@ class Filesystem {
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
-    std::mutex m_handover_mutex;  // level 9, a leaf; guards the two below
-    int m_dirtying = 0;           // requests holding a Dirtying
-    bool m_handing_over = false;
+    Mutex m_handover_mutex KCACHE_LEVEL(9);           // a leaf
+    int m_dirtying GUARDED_BY(m_handover_mutex) = 0;  // requests holding a Dirtying
+    bool m_handing_over GUARDED_BY(m_handover_mutex) = false;
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
     // The units (each guards its own state; lock_order.hpp). Declared in dependency

@@ -9,7 +9,6 @@
 
 #include <sys/types.h>
 
-#include <mutex>
 #include <string>
 #include <unordered_set>
 
@@ -30,9 +29,9 @@ class HitCounter {
   private:
     static constexpr std::size_t kMaxSeenPairs = 1 << 20;
     Background& m_background;
-    std::mutex m_mutex;  // level 9, a leaf; guards m_seen
-    std::unordered_set<std::string>
-        m_seen;  // (entry, thread) and (entry, process) pairs that counted
+    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    // (entry, thread) and (entry, process) pairs that counted.
+    std::unordered_set<std::string> m_seen GUARDED_BY(m_mutex);
 };
 
 }  // namespace kcache::fsd

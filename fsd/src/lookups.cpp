@@ -6,12 +6,12 @@ namespace kcache::fsd {
 using core::Ino;
 
 void Lookups::remember(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     ++m_lookups[ino];
 }
 
 void Lookups::forget(Ino ino, std::uint64_t count) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_lookups.find(ino);
     if (it == m_lookups.end()) return;
     if (it->second > count) {
@@ -25,22 +25,22 @@ void Lookups::forget(Ino ino, std::uint64_t count) {
 }
 
 bool Lookups::known(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     return m_lookups.count(ino) > 0;
 }
 
 void Lookups::adopt(Ino ino, const Orphan& orphan) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (m_lookups.count(ino)) m_orphans[ino] = orphan;
 }
 
 void Lookups::disown(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     m_orphans.erase(ino);
 }
 
 std::optional<Orphan> Lookups::find_orphan(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_orphans.find(ino);
     if (it == m_orphans.end()) return std::nullopt;
     return it->second;

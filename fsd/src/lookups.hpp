@@ -17,7 +17,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -49,9 +48,9 @@ class Lookups {
 
   private:
     PageCache& m_pages;
-    std::mutex m_mutex;  // level 5; guards the maps below
-    std::unordered_map<core::Ino, std::uint64_t> m_lookups;
-    std::unordered_map<core::Ino, Orphan> m_orphans;
+    Mutex m_mutex KCACHE_LEVEL(5);
+    std::unordered_map<core::Ino, std::uint64_t> m_lookups GUARDED_BY(m_mutex);
+    std::unordered_map<core::Ino, Orphan> m_orphans GUARDED_BY(m_mutex);
 };
 
 }  // namespace kcache::fsd

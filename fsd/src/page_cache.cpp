@@ -15,7 +15,7 @@ void PageCache::start() {
 
 void PageCache::stop() {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_writer_gate_stop = true;
     }
     m_writer_gate_wake.notify_all();
@@ -24,7 +24,7 @@ void PageCache::stop() {
 
 PageCache::Use PageCache::enter(FileHandle* reader, const core::Digest& digest, std::uint64_t size,
                                 bool* stale_attr) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, {}, 0});
     PageState& state = it->second;
     // The kernel may still hold the attributes (the size) of another version, told
@@ -74,7 +74,7 @@ PageCache::Use PageCache::enter(FileHandle* reader, const core::Digest& digest, 
 }
 
 void PageCache::settle(FileHandle* reader) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     reader->refilling = false;
     if (auto it = m_pages.find(reader->ino);
         it != m_pages.end() && it->second.digest == reader->snapshot_digest &&
@@ -85,7 +85,7 @@ void PageCache::settle(FileHandle* reader) {
 }
 
 void PageCache::enter_as_follower(FileHandle* reader, const std::shared_ptr<Version>& version) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     m_pages[reader->ino].followers.push_back(reader);
     reader->page_cached = true;
     reader->followed = version;
@@ -94,7 +94,7 @@ void PageCache::enter_as_follower(FileHandle* reader, const std::shared_ptr<Vers
 void PageCache::leave(FileHandle* reader) {
     std::vector<std::function<void()>> admitted;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (auto it = m_pages.find(reader->ino); it != m_pages.end()) {
             std::erase(it->second.readers, reader);
             std::erase(it->second.followers, reader);
@@ -114,8 +114,9 @@ void PageCache::leave(FileHandle* reader) {
     for (auto& reply : admitted) reply();  // no lock held: a reply may discard its open
 }
 
-std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(FileHandle* writer) {
-    std::lock_guard lock(m_mutex);
+std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(
+    FileHandle* writer, const std::shared_ptr<Version>& version) {
+    MutexLock lock(m_mutex);
     PageState& state = m_pages[writer->ino];
     ++state.writers;
     // Writers write through the page cache: once they are gone it holds no known
@@ -128,13 +129,13 @@ std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(FileHandle
     // Followers of another shared version than the writer's (one that ended): the
     // writer's pages would be read as theirs. Those of its own version read what it writes.
     for (FileHandle* r : state.followers) {
-        if (r->followed.lock() != writer->version) readers.emplace_back(r, r->reader_tid);
+        if (r->followed.lock() != version) readers.emplace_back(r, r->reader_tid);
     }
     return readers;
 }
 
 void PageCache::leave_as_writer(FileHandle* writer) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (auto it = m_pages.find(writer->ino); it != m_pages.end()) {
         if (it->second.writers > 0) --it->second.writers;
         if (writer->closed_clean && it->second.closed_writers > 0) --it->second.closed_writers;
@@ -144,7 +145,7 @@ void PageCache::leave_as_writer(FileHandle* writer) {
 }
 
 void PageCache::close_writer(FileHandle* writer, bool clean, const core::Digest& published) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (!writer->page_writer || writer->closed_clean == clean) return;
     auto it = m_pages.find(writer->ino);
     if (it == m_pages.end()) return;
@@ -157,8 +158,9 @@ void PageCache::close_writer(FileHandle* writer, bool clean, const core::Digest&
     }
 }
 
-void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
-    const auto readers = enter_as_writer(writer);
+void PageCache::admit_writer(FileHandle* writer, const std::shared_ptr<Version>& version,
+                             std::function<void()> reply) {
+    const auto readers = enter_as_writer(writer, version);
     // The writer's own process reading the file it rewrites races with itself, as
     // on a local disk: waiting for it would only stall it. (process_of reads /proc:
     // not under the lock.)
@@ -167,11 +169,12 @@ void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
         if (process_of(tid) != writer->opener) others.push_back(reader);
     }
     if (!others.empty()) {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         // Some may have closed meanwhile; none entered (the writer is registered).
         const auto it = m_pages.find(writer->ino);
+        const auto none = m_pages.end();
         std::erase_if(others, [&](FileHandle* r) {
-            if (it == m_pages.end()) return true;
+            if (it == none) return true;
             const auto& still = it->second.readers;
             const auto& following = it->second.followers;
             return std::find(still.begin(), still.end(), r) == still.end() &&
@@ -189,11 +192,11 @@ void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
 }
 
 void PageCache::run_writer_gate() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_writer_gate_stop) {
         auto next = std::chrono::steady_clock::time_point::max();
         for (const WaitingWriter& w : m_waiting_writers) next = std::min(next, w.deadline);
-        m_writer_gate_wake.wait_until(lock, next);
+        m_writer_gate_wake.wait_until(m_mutex, next);
         std::vector<WaitingWriter> overdue;
         const auto now = std::chrono::steady_clock::now();
         for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
@@ -220,19 +223,19 @@ void PageCache::run_writer_gate() {
 }
 
 std::optional<std::uint64_t> PageCache::size(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_pages.find(ino);
     if (it == m_pages.end() || it->second.readers.empty()) return std::nullopt;
     return it->second.size;
 }
 
 void PageCache::resize(Ino ino, std::uint64_t size) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (auto it = m_pages.find(ino); it != m_pages.end()) it->second.size = size;
 }
 
 bool PageCache::tell_attr(const core::Attr& a) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     PageState& state = m_pages[a.ino];  // an empty state is one of no known version (enter)
     if (state.writers > 0 || (!state.readers.empty() && state.digest != a.digest)) return false;
     state.told = a.digest;
@@ -240,7 +243,7 @@ bool PageCache::tell_attr(const core::Attr& a) {
 }
 
 void PageCache::forget(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (auto page = m_pages.find(ino); page != m_pages.end() && page->second.readers.empty() &&
                                        page->second.followers.empty() &&
                                        page->second.writers == 0) {
@@ -249,7 +252,7 @@ void PageCache::forget(Ino ino) {
 }
 
 std::optional<core::Digest> PageCache::unkept_readers(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_pages.find(ino);
     if (it == m_pages.end() || it->second.readers.empty() || it->second.kept) return std::nullopt;
     return it->second.digest;
@@ -257,7 +260,7 @@ std::optional<core::Digest> PageCache::unkept_readers(Ino ino) {
 
 void PageCache::keep(Ino ino, const core::Digest& digest,
                      std::shared_ptr<const std::string> content, bool lazy_only) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_pages.find(ino);
     if (it == m_pages.end() || it->second.digest != digest) return;
     if (lazy_only ? (it->second.lazy == 0 || it->second.kept) : it->second.readers.empty()) return;
@@ -265,7 +268,7 @@ void PageCache::keep(Ino ino, const core::Digest& digest,
 }
 
 std::shared_ptr<const std::string> PageCache::kept(Ino ino, const core::Digest& digest) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (auto it = m_pages.find(ino);
         it != m_pages.end() && it->second.kept && it->second.digest == digest) {
         return it->second.kept;
@@ -275,7 +278,7 @@ std::shared_ptr<const std::string> PageCache::kept(Ino ino, const core::Digest& 
 
 std::vector<std::pair<Ino, core::Digest>> PageCache::unkept_lazy() {
     std::vector<std::pair<Ino, core::Digest>> lazy;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     for (Ino ino : m_lazy_inodes) {
         const PageState& state = m_pages.at(ino);
         if (!state.kept) lazy.emplace_back(ino, state.digest);

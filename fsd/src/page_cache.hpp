@@ -24,11 +24,9 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -80,10 +78,13 @@ class PageCache {
     // lock, which the background thread's notifications of names in it take: such a
     // notification waits with it, at most kWriterWait (only a CREATE of an existing
     // file that others read through the page cache waits at all).
-    void admit_writer(FileHandle* writer, std::function<void()> reply);
+    // `version`: the one the writer writes (FileHandle::version; null for an orphan).
+    void admit_writer(FileHandle* writer, const std::shared_ptr<Version>& version,
+                      std::function<void()> reply);
     // Counts a writer of its inode in (new readers then read directly) and returns the
     // readers already reading through the page cache, with the threads that opened them.
-    std::vector<std::pair<FileHandle*, pid_t>> enter_as_writer(FileHandle* writer);
+    std::vector<std::pair<FileHandle*, pid_t>> enter_as_writer(
+        FileHandle* writer, const std::shared_ptr<Version>& version);
     void leave_as_writer(FileHandle* writer);
     // Marks a page writer as closed with its version published as `published` (or,
     // with `clean` false, written to again): a reader of that version opening before
@@ -146,12 +147,13 @@ class PageCache {
     };
     void run_writer_gate();
 
-    std::mutex m_mutex;  // level 7, a leaf: guards everything below but m_writer_gate
-    std::unordered_map<core::Ino, PageState> m_pages;
-    std::unordered_set<core::Ino> m_lazy_inodes;  // inodes whose PageState::lazy > 0
-    std::vector<WaitingWriter> m_waiting_writers;
-    std::condition_variable m_writer_gate_wake;  // a writer waits, or stop
-    bool m_writer_gate_stop = false;
+    Mutex m_mutex KCACHE_LEVEL(7);  // a leaf
+    std::unordered_map<core::Ino, PageState> m_pages GUARDED_BY(m_mutex);
+    // Inodes whose PageState::lazy > 0.
+    std::unordered_set<core::Ino> m_lazy_inodes GUARDED_BY(m_mutex);
+    std::vector<WaitingWriter> m_waiting_writers GUARDED_BY(m_mutex);
+    CondVar m_writer_gate_wake;  // a writer waits, or stop
+    bool m_writer_gate_stop GUARDED_BY(m_mutex) = false;
     std::thread m_writer_gate;  // started and joined by start() and stop() only
 };
 

@@ -25,7 +25,7 @@ void RemoteTier::follow_events(core::EventCursor& events) {
         if (e.entry == 0) return true;
         if (auto entry =
                 txn->entry(e.entry)) {  // pulled here (read through, prefetched): not uploaded back
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             if (m_pulled.count(entry->name)) return true;
         }
         if (auto p = m_pending.find(e.entry); p != m_pending.end()) {
@@ -77,7 +77,7 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
         }
         bool leased = false;  // others may be waiting for it: a shorter settle
         {
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             leased = m_leases.count(entry->name) > 0;
         }
         if (now - p.since < (leased ? kSettleLeased : kSettle)) {
@@ -86,7 +86,7 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
         }
         bool pulled = false;
         {
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             pulled = m_pulled.erase(entry->name) > 0;
         }
         if (!pulled && entry->files > 0) names.emplace_back(it->first, entry->name);
@@ -103,18 +103,18 @@ void RemoteTier::run_uploader() {
     }
     auto last_record = Clock::now();
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_stop) {
         // While this node holds leases, others may wait for its uploads: look more often.
-        m_upload_wake.wait_for(lock, m_leases.empty() ? std::chrono::milliseconds(250)
-                                                      : std::chrono::milliseconds(50));
+        m_upload_wake.wait_for(m_mutex, m_leases.empty() ? std::chrono::milliseconds(250)
+                                                         : std::chrono::milliseconds(50));
         if (m_stop) break;
         lock.unlock();
         if (uploads) {
             follow_events(events);
             for (const auto& [id, name] : settled()) {
                 {
-                    std::lock_guard stopping(m_mutex);
+                    MutexLock stopping(m_mutex);
                     if (m_stop) break;
                 }
                 auto r = m_remote->push(m_store, name, m_job_tag);  // --job-tag: joins its set

@@ -12,15 +12,8 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
     bool truncate_shared = false;
     for (;;) {
         {
-            std::unique_lock lock(m_mutex);
-            auto ending = [&] {
-                auto it = m_versions.find(ino);
-                if (it == m_versions.end()) return false;
-                if (it->second.shared && it->second.shared->ending) return true;
-                return std::any_of(it->second.rewrites.begin(), it->second.rewrites.end(),
-                                   [](const auto& v) { return v->ending; });
-            };
-            m_ended.wait(lock, [&] { return !ending(); });
+            MutexLock lock(m_mutex);
+            while (ending(ino)) m_ended.wait(m_mutex);
             InodeVersions& versions = m_versions[ino];
             if (versions.shared) {
                 joined = versions.shared;  // an O_TRUNC open truncates it, as on a local disk
@@ -55,14 +48,22 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
     if (made) (void)made->abandon();  // another handle's version was taken instead
     *out = joined;
     if (truncate_shared) {
-        std::lock_guard lock(joined->mutex);
+        MutexLock lock(joined->mutex);
         if (auto s = joined->staged.truncate(0); !s) return s;
     }
     return {};
 }
 
+bool Versions::ending(Ino ino) {
+    auto it = m_versions.find(ino);
+    if (it == m_versions.end()) return false;
+    if (it->second.shared && it->second.shared->ending) return true;
+    return std::any_of(it->second.rewrites.begin(), it->second.rewrites.end(),
+                       [](const auto& v) { return v->ending; });
+}
+
 bool Versions::leave(Version& version) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (--version.handles > 0) return false;
     version.ending = true;  // no handle joins it any more; new ones wait for its end
     return true;
@@ -70,7 +71,7 @@ bool Versions::leave(Version& version) {
 
 void Versions::ended(Ino ino, const std::shared_ptr<Version>& version) {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (auto it = m_versions.find(ino); it != m_versions.end()) {
             InodeVersions& versions = it->second;
             if (versions.shared == version) versions.shared.reset();
@@ -83,26 +84,26 @@ void Versions::ended(Ino ino, const std::shared_ptr<Version>& version) {
 }
 
 std::shared_ptr<Version> Versions::shared(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_versions.find(ino);
     return it == m_versions.end() ? nullptr : it->second.shared;
 }
 
 bool Versions::has_rewrite(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto it = m_versions.find(ino);
     return it != m_versions.end() && !it->second.rewrites.empty();
 }
 
 bool Versions::at_work(Ino ino) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     return m_versions.count(ino) > 0;
 }
 
 std::optional<std::uint64_t> Versions::rewrite_size(Ino ino, std::uint32_t process) {
     std::shared_ptr<Version> newest;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto it = m_versions.find(ino);
         if (it == m_versions.end()) return std::nullopt;
         for (const auto& v : it->second.rewrites) {
@@ -110,7 +111,7 @@ std::optional<std::uint64_t> Versions::rewrite_size(Ino ino, std::uint32_t proce
         }
     }
     if (!newest) return std::nullopt;
-    std::lock_guard lock(newest->mutex);
+    MutexLock lock(newest->mutex);
     return newest->staged.content().size();
 }
 
@@ -118,7 +119,7 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
     std::vector<std::shared_ptr<Version>> versions;
     std::shared_ptr<Version> shared;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto it = m_versions.find(ino);
         if (it == m_versions.end()) return false;
         shared = it->second.shared;
@@ -129,11 +130,11 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
     // published it; it leaves the registry just after) is the stored file now: cutting
     // its staged copy would cut nothing, so the db's content is truncated instead.
     for (const auto& v : versions) {
-        std::lock_guard lock(v->mutex);
+        MutexLock lock(v->mutex);
         if (!v->ended) (void)v->staged.truncate(size);
     }
     if (!shared) return false;
-    std::lock_guard lock(shared->mutex);
+    MutexLock lock(shared->mutex);
     if (shared->ended) return false;
     (void)shared->staged.truncate(size);
     *shared_size = shared->staged.content().size();
@@ -143,7 +144,7 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
 void Versions::apply_live_size(Attr& attr) {
     if (!attr.is_regular()) return;
     if (auto version = shared(attr.ino)) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         attr.size = version->staged.content().size();
     }
 }

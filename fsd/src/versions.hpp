@@ -14,10 +14,8 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -35,11 +33,11 @@ struct Version {
           started_from(staged.stored_digest()),
           shared(is_shared),
           opener(by) {}
-    std::mutex mutex;                 // level 2; guards staged and ended
-    core::StagedFile staged;          // the content, and the write lease while not ended
-    bool ended = false;               // published and lease released by its last handle
+    Mutex mutex KCACHE_LEVEL(2);
+    core::StagedFile staged GUARDED_BY(mutex);  // the content, and the write lease while not ended
+    bool ended GUARDED_BY(mutex) = false;       // published and lease released by its last handle
     const core::Digest started_from;  // the stored version it grew from: its readers follow
-    // Guarded by Versions::m_mutex:
+    // Guarded by Versions::m_mutex (another object's: clang cannot name it here):
     std::atomic<bool> shared;  // the inode's shared version (else a private rewrite); read anywhere
     bool ending = false;       // its last handle left: publishing, then out of the registry
     std::uint32_t handles = 0;   // write-capable handles using it
@@ -89,12 +87,16 @@ class Versions {
         std::vector<std::shared_ptr<Version>> rewrites;  // private O_TRUNC versions, oldest first
     };
 
+    // Whether a version of `ino` is ending (its last handle is publishing it).
+    bool ending(core::Ino ino) REQUIRES(m_mutex);
+
     core::Store& m_store;
     const std::uint64_t m_max_file_size;
-    std::mutex m_mutex;  // level 8, a leaf; guards m_versions and the Version fields so marked
-    std::unordered_map<core::Ino, InodeVersions> m_versions;
-    std::condition_variable m_ended;  // a version of some inode finished ending
-    std::uint64_t m_write_clock = 0;  // under m_mutex
+    // A leaf; guards m_versions and the Version fields so marked.
+    Mutex m_mutex KCACHE_LEVEL(8);
+    std::unordered_map<core::Ino, InodeVersions> m_versions GUARDED_BY(m_mutex);
+    CondVar m_ended;  // a version of some inode finished ending
+    std::uint64_t m_write_clock GUARDED_BY(m_mutex) = 0;
 };
 
 }  // namespace kcache::fsd
