@@ -1,8 +1,9 @@
 // The FUSE filesystem over a kcache store (libfuse3 low-level API).
 //
-// Inode numbers are the store's: stable, never reused, so the daemon keeps no
-// per-inode state and needs no FORGET bookkeeping. State lives in open handles and in
-// the versions writers build:
+// Inode numbers are the store's: stable, never reused, so the daemon translates none;
+// what it keeps per inode (lookup count, orphan, page state, versions) is one record
+// of the inode table (inodes.hpp). State lives in open handles and in the versions
+// writers build:
 // - a reader's handle holds a snapshot of the content it opened (shared between
 //   handles of the same content), so an unlink or eviction never breaks a read;
 // - a writer's handle writes a Version: content in memory (a core::StagedFile) that is
@@ -41,12 +42,13 @@
 // most kWriterWait) until readers of other processes that read the inode through the
 // page cache have closed.
 //
-// The units, each owning one kind of state behind its own mutex (their headers state
-// their contracts):
+// The units, each owning one kind of state (their headers state their contracts):
 // - Filesystem (filesystem.cpp: the operation table, namespace, attributes and
 //   directories; files.cpp: opens, reads, writes, publishing, closes): the handlers,
 //   which compose the units below and reply;
 // - handles.hpp: FileHandle, DirHandle, each field with the lock that guards it;
+// - Inodes (inodes.hpp): the inode table, one record per inode with the parts of the
+//   three units below, behind one mutex;
 // - Versions (versions.hpp): the writer registry, THE RULE;
 // - PageCache (page_cache.hpp): page-cache coherence, the kernel's told attributes,
 //   the writer gate thread;
@@ -70,6 +72,7 @@
 #include "contents.hpp"
 #include "handles.hpp"
 #include "hits.hpp"
+#include "inodes.hpp"
 #include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
@@ -223,8 +226,10 @@ class Filesystem {
     bool m_handing_over GUARDED_BY(m_handover_mutex) = false;
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
-    // The units (each guards its own state; lock_order.hpp). Declared in dependency
-    // order: Lookups and Contents refer to the page cache.
+    // The units (lock_order.hpp). Declared in dependency order: Versions, PageCache
+    // and Lookups keep their state per inode in the inode table; Contents refers to
+    // the page cache and the lookups.
+    Inodes m_inodes;
     Versions m_versions;
     PageCache m_pages;
     Lookups m_lookups;

@@ -6,24 +6,27 @@
 // documented "takes no lock of ours" may be called under any of them.
 //
 //  1. FileHandle::mutex, DirHandle::mutex (handles.hpp). Under a FileHandle's mutex
-//     follow_shared locks the handle's version and the writer registry, and read()
-//     loads a lazy reader's content (Contents: the pin, the snapshots, Lookups, the
-//     page cache, read transactions).
+//     follow_shared locks the handle's version and the inode table, and read()
+//     loads a lazy reader's content (Contents: the pin, the snapshots, the inode
+//     table, read transactions).
 //  2. Version::mutex (versions.hpp). Held across a publish: its write transaction
 //     (LMDB's writer lock), eviction, Contents::keep_for_readers, Background.
 //  3. LMDB's writer lock: an open write transaction (core::WriteTxn, StagedFile
 //     begin and commit, Store::update, Store::evict). Under it a removal records the
-//     orphan it leaves (Lookups) and its content (Contents' snapshots).
+//     orphan it leaves (the inode table) and its content (Contents' snapshots).
 //  4. Contents::m_pin_mutex (contents.hpp). Held across renew_pin's scan and swap and
-//     a lazy open's check (pinned); under it: the page cache and the snapshots.
-//  5. Lookups::m_mutex (lookups.hpp): lookup references and orphans. Under it forget
-//     drops the page-cache state of an inode the kernel no longer knows.
+//     a lazy open's check (pinned); under it: the inode table and the snapshots.
+//  5. Inodes::mutex (inodes.hpp): the inode table, one record per inode with the
+//     state of Lookups (lookup references, orphans), PageCache (page state) and
+//     Versions (the writer registry). Nothing under it does I/O, replies or takes
+//     another lock: replies a waiting writer is owed are sent after it is let go.
+//     Versions::join waits on its condition variable for an ending version, so it is
+//     called with nothing else held (no write transaction: create() joins after its
+//     commit; no version's mutex).
 //  6. Contents::m_snapshots_mutex: a leaf.
-//  7. PageCache::m_mutex (page_cache.hpp): a leaf. Replies a waiting writer is owed
-//     are sent after it is let go.
-//  8. Versions::m_mutex (versions.hpp): a leaf. join() waits on its condition
-//     variable for an ending version, so it is called with nothing else held (no
-//     write transaction: create() joins after its commit; no version's mutex).
+//  7, 8. None: they were the page cache's and the writer registry's own mutexes,
+//     before the inode table took their state (the numbers stay, so that the leaves
+//     keep theirs).
 //  9. Leaves of other units: HitCounter::m_mutex, Background::m_mutex, RemoteTier's,
 //     SingleFlight::m_mutex (its answers run with none of these held); with
 //     --io-uring, UringTransport's hand-off mutex of each ring (a reply sent from
@@ -31,7 +34,6 @@
 //     start-up handshake mutex (only while INIT is answered); HandleTable's free-slot
 //     mutex (state.hpp); Filesystem::m_handover_mutex (an upgrade's gate); takeover's
 //     replay and pending-INIT mutexes (takeover.cpp).
-//
 //  0. HandleTable::m_rebuild_mutex (state.hpp), above them all: taken with none of
 //     these held (a handler's first step, looking its handle up); under it a handle
 //     left by a dead daemon is rebuilt: read transactions, Contents, Lookups,

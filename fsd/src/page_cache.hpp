@@ -17,7 +17,10 @@
 // writer gate thread, with no lock held. It also keeps content for lazy readers
 // (PageState::kept) on behalf of Contents, which decides what to keep.
 //
-// Locks (lock_order.hpp): m_mutex, level 7, a leaf. It guards this unit's state and
+// Its state per inode is part of the inode's record in the inode table (inodes.hpp:
+// Inode::pages, a PageState).
+//
+// Locks (lock_order.hpp): the inode table's, level 5. It guards this unit's state and
 // FileHandle::refilling, page_writer and closed_clean.
 #pragma once
 
@@ -30,11 +33,11 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "inodes.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
 
@@ -45,7 +48,7 @@ struct Version;
 
 class PageCache {
   public:
-    PageCache() = default;
+    explicit PageCache(Inodes& inodes) : m_inodes(inodes) {}
     ~PageCache() { stop(); }
     PageCache(const PageCache&) = delete;
     PageCache& operator=(const PageCache&) = delete;
@@ -100,8 +103,7 @@ class PageCache {
     // has at work: no page writer, no page-cache reader of another version. If so,
     // `a`'s version is recorded as told (PageState::told).
     bool tell_attr(const core::Attr& a);
-    // The kernel forgot `ino`: its state goes unless a handle still uses it.
-    void forget(core::Ino ino);
+    // (The kernel forgetting `ino` drops its idle state: Lookups::forget.)
 
     // ---- content kept for lazy readers (Contents decides; see contents.hpp) ----
     // The version read through the page cache of `ino` while it has readers and
@@ -118,27 +120,6 @@ class PageCache {
     static constexpr auto kWriterWait = std::chrono::seconds(2);
 
   private:
-    struct PageState {
-        core::Digest digest;               // the version whose pages the kernel caches
-        std::uint64_t size = 0;            // its size
-        std::vector<FileHandle*> readers;  // open handles reading through the page cache
-        std::vector<FileHandle*>
-            followers;  // read-only handles reading a shared version's pages (enter_as_follower)
-        std::uint32_t writers = 0;  // open writer handles: no reader enters meanwhile
-        std::uint32_t closed_writers =
-            0;  // of them, closed with their version published (FileHandle::closed_clean)
-        core::Digest closed_digest;  // what the last of them published
-        // The kernel's pages are known to hold only `digest`: a reader that refilled
-        // them (its open made the kernel drop what it held) has sent a READ since.
-        // Until then a new reader refills too: a kept page could still be another
-        // version's, dropped only when the refilling open completes in the kernel.
-        bool settled = false;
-        // The version whose attributes the kernel was last told to keep (tell_attr);
-        // a reader of another one waits for their invalidation (enter).
-        std::optional<core::Digest> told;
-        std::shared_ptr<const std::string> kept;  // `digest`'s content once replaced (Contents)
-        std::uint32_t lazy = 0;  // of `readers`, those that load their content at the first READ
-    };
     struct WaitingWriter {
         FileHandle* writer;
         std::vector<FileHandle*> readers;  // still open: the writer's open waits for them
@@ -147,13 +128,16 @@ class PageCache {
     };
     void run_writer_gate();
 
-    Mutex m_mutex KCACHE_LEVEL(7);  // a leaf
-    std::unordered_map<core::Ino, PageState> m_pages GUARDED_BY(m_mutex);
+    // The page state of `ino`, or null; the record's, made (empty) if needed.
+    PageState* find(core::Ino ino) REQUIRES(m_inodes.mutex);
+    PageState& at(core::Ino ino) REQUIRES(m_inodes.mutex);
+
+    Inodes& m_inodes;
     // Inodes whose PageState::lazy > 0.
-    std::unordered_set<core::Ino> m_lazy_inodes GUARDED_BY(m_mutex);
-    std::vector<WaitingWriter> m_waiting_writers GUARDED_BY(m_mutex);
+    std::unordered_set<core::Ino> m_lazy_inodes GUARDED_BY(m_inodes.mutex);
+    std::vector<WaitingWriter> m_waiting_writers GUARDED_BY(m_inodes.mutex);
     CondVar m_writer_gate_wake;  // a writer waits, or stop
-    bool m_writer_gate_stop GUARDED_BY(m_mutex) = false;
+    bool m_writer_gate_stop GUARDED_BY(m_inodes.mutex) = false;
     std::thread m_writer_gate;  // started and joined by start() and stop() only
 };
 
