@@ -205,6 +205,28 @@ class Filesystem {
     // work, no page-cache reader of another version, not removed), else 0. Every
     // change of that answer is followed by Background::invalidate_attr.
     double attr_timeout(const core::Attr& a);
+    // OPEN by role. open() reads the inode and hands it to open_orphan (removed since
+    // the kernel looked it up), open_reader (read-only) or, after its snapshot ends,
+    // open_writer (joins the version THE RULE gives it); answer_open puts the handle
+    // into the table and replies, now or once what the reply waits for is done.
+    struct Opening {                                  // what the parts decided, for answer_open
+        std::shared_ptr<const std::string> snapshot;  // FileHandle::snapshot
+        std::shared_ptr<Version> version;             // FileHandle::version
+        // A reader opening another version than the kernel was told of: answered only
+        // once the kernel forgot those attributes (Background::invalidate_attr).
+        bool stale_attr = false;
+        // A refilling reader: answered once the kernel's size is at least its version's
+        // (Background::grow_size): that size and the version's last byte.
+        std::optional<std::pair<std::uint64_t, char>> grow;
+    };
+    void open_orphan(fuse_req_t req, const core::ReadTxn& txn, const Orphan& orphan, bool truncate,
+                     FileHandle& handle, fuse_file_info* fi, Opening& opening);
+    core::Status open_reader(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr,
+                             FileHandle& handle, fuse_file_info* fi, Opening& opening);
+    core::Status open_writer(fuse_req_t req, bool truncate, FileHandle& handle, fuse_file_info* fi,
+                             Opening& opening);
+    void answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool truncate,
+                     fuse_file_info* fi, Opening opening);
     // READ without a handle (read-only serving, no OPEN): the stored content.
     void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
