@@ -12,7 +12,9 @@ packages=(
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3
   liburing-dev  # kcache-fsd --io-uring (FUSE over io_uring)
-  clang-14 libclang-rt-14-dev  # the libFuzzer targets (tests/support/run_fuzz.sh)
+  # the libFuzzer targets (tests/support/run_fuzz.sh); clang++-14 for the thread-safety
+  # check (scripts/check_thread_safety.sh, a CTest test)
+  clang-14 libclang-rt-14-dev
   clang-format-14  # the format check (scripts/check_format.sh, a CTest test)
   # the inspector (gui/): Dear ImGui, GLFW, stb_image_write for --screenshot; Xvfb,
   # xauth and Mesa's llvmpipe for its screenshot test without a display

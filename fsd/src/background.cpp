@@ -52,7 +52,7 @@ void Background::start(fuse_session* session) {
 
 void Background::stop() {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_stop && !m_thread.joinable()) return;
         m_stop = true;
     }
@@ -65,7 +65,7 @@ void Background::stop() {
     std::vector<std::function<void()>>
         after;  // replies still owed (their notification no longer matters)
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         after.swap(m_after_invalidation);
     }
     run_all(after);
@@ -75,7 +75,7 @@ void Background::stop() {
 
 void Background::invalidate_inode(core::Ino ino) {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_inodes_to_invalidate.push_back(ino);
     }
     m_wake.notify_all();
@@ -83,7 +83,7 @@ void Background::invalidate_inode(core::Ino ino) {
 
 void Background::invalidate_attr(core::Ino ino, std::function<void()> then) {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_attrs_to_invalidate.push_back(ino);
         if (then) m_after_invalidation.push_back(std::move(then));
     }
@@ -93,7 +93,7 @@ void Background::invalidate_attr(core::Ino ino, std::function<void()> then) {
 void Background::grow_size(core::Ino ino, std::uint64_t size, char last_byte,
                            std::function<void()> then) {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_sizes_to_grow.push_back({ino, size, last_byte});
         m_after_invalidation.push_back(std::move(then));
     }
@@ -110,7 +110,7 @@ void Background::count(core::Counter counter, std::uint64_t n) {
 }
 
 void Background::hit(core::Ino entry) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     m_hits.push_back(entry);
 }
 
@@ -119,7 +119,7 @@ core::Status Background::flush_stats() {
     for (int i = 0; i < kSlots; ++i) counts[i] = m_counts[i].exchange(0);
     std::vector<core::Ino> hits;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         hits.swap(m_hits);
     }
     bool any = !hits.empty();
@@ -141,7 +141,7 @@ core::Status Background::flush_stats() {
     });
     if (!s) {  // keep them for the next try
         for (int i = 0; i < kSlots; ++i) m_counts[i].fetch_add(counts[i]);
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_hits.insert(m_hits.end(), hits.begin(), hits.end());
     }
     return s;
@@ -153,11 +153,12 @@ void Background::run() {
         std::vector<Growth> growths;
         std::vector<std::function<void()>> after;
         {
-            std::unique_lock lock(m_mutex);
-            m_wake.wait_for(lock, kPeriod, [&] {
-                return m_stop || !m_inodes_to_invalidate.empty() ||
-                       !m_attrs_to_invalidate.empty() || !m_sizes_to_grow.empty();
-            });
+            MutexLock lock(m_mutex);
+            const auto deadline = std::chrono::steady_clock::now() + kPeriod;
+            while (!m_stop && m_inodes_to_invalidate.empty() && m_attrs_to_invalidate.empty() &&
+                   m_sizes_to_grow.empty()) {
+                if (!m_wake.wait_until(m_mutex, deadline)) break;
+            }
             if (m_stop) return;
             inodes.swap(m_inodes_to_invalidate);
             attrs.swap(m_attrs_to_invalidate);
@@ -211,9 +212,11 @@ void Background::run_classifier() {
     // 37 ms). Its share of the CPU is bounded by the batch budget instead: about 5 ms
     // of comparing every kClassifyEvery.
     if (m_store.read_only()) return;
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_stop) {
-        m_classifier_wake.wait_for(lock, kClassifyEvery, [&] { return m_stop; });
+        const auto due = std::chrono::steady_clock::now() + kClassifyEvery;
+        while (!m_stop && m_classifier_wake.wait_until(m_mutex, due)) {
+        }
         if (m_stop) break;
         lock.unlock();
         if (auto c = core::classify_pending(m_store); !c) {

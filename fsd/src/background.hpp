@@ -13,20 +13,21 @@
 //   never waits for it. Not niced (background.cpp says why).
 // - Enforces the size bounds when a publish asked for it.
 // - Syncs the db periodically under batched durability.
+// Locks (lock_order.hpp): m_mutex, level 9, a leaf; the replies it runs after a
+// notification (invalidate_attr's and grow_size's `then`) run with it let go.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "kcache/core/events.hpp"
 #include "kcache/core/store.hpp"
+#include "lock_order.hpp"
 
 struct fuse_session;
 
@@ -88,16 +89,16 @@ class Background {
     core::Store& m_store;
     fuse_session* m_session = nullptr;
     std::thread m_thread;
+    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    CondVar m_wake;
     std::thread m_classifier;  // run_classifier(); stop() joins it
-    std::mutex m_mutex;        // guards the queues below and m_stop
-    std::condition_variable m_wake;
-    std::condition_variable m_classifier_wake;  // stop
-    bool m_stop = false;
-    std::vector<core::Ino> m_inodes_to_invalidate;
-    std::vector<core::Ino> m_attrs_to_invalidate;
-    std::vector<Growth> m_sizes_to_grow;
-    std::vector<std::function<void()>> m_after_invalidation;
-    std::vector<core::Ino> m_hits;
+    CondVar m_classifier_wake;  // stop
+    bool m_stop GUARDED_BY(m_mutex) = false;
+    std::vector<core::Ino> m_inodes_to_invalidate GUARDED_BY(m_mutex);
+    std::vector<core::Ino> m_attrs_to_invalidate GUARDED_BY(m_mutex);
+    std::vector<Growth> m_sizes_to_grow GUARDED_BY(m_mutex);
+    std::vector<std::function<void()>> m_after_invalidation GUARDED_BY(m_mutex);
+    std::vector<core::Ino> m_hits GUARDED_BY(m_mutex);
     std::atomic<bool> m_check_limits{false};
     std::function<void()> m_on_period;  // set before start(); only the thread calls it
     // Trained dictionaries (core/dictionaries.hpp): now and then this thread asks whether

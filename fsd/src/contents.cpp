@@ -10,7 +10,7 @@ namespace kcache::fsd {
 using core::Ino;
 
 std::shared_ptr<const std::string> Contents::find_snapshot(const core::Digest& digest) {
-    std::lock_guard lock(m_snapshots_mutex);
+    MutexLock lock(m_snapshots_mutex);
     auto it = m_snapshots.find(digest.hex());
     return it == m_snapshots.end() ? nullptr : it->second.lock();
 }
@@ -18,7 +18,7 @@ std::shared_ptr<const std::string> Contents::find_snapshot(const core::Digest& d
 std::shared_ptr<const std::string> Contents::snapshot(const core::Digest& digest,
                                                       std::string_view bytes) {
     const std::string key = digest.hex();
-    std::lock_guard lock(m_snapshots_mutex);
+    MutexLock lock(m_snapshots_mutex);
     if (auto it = m_snapshots.find(key); it != m_snapshots.end()) {
         if (auto shared = it->second.lock()) return shared;
     }
@@ -56,7 +56,7 @@ std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& d
     // Replaced or removed by this daemon (keep_for_readers) or another process: kept
     // by renew_pin, or still in the pin if renew_pin has not seen the change yet.
     // Both under m_pin_mutex: renew_pin moves the content from one to the other.
-    std::lock_guard pin_lock(m_pin_mutex);
+    MutexLock pin_lock(m_pin_mutex);
     if (auto kept = m_pages.kept(ino, digest)) return kept;
     if (m_pin) {
         auto attr = m_pin->getattr(ino);
@@ -70,7 +70,7 @@ std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& d
 void Contents::renew_pin() {
     auto now = m_store.read();
     if (!now) return;
-    std::lock_guard pin_lock(m_pin_mutex);
+    MutexLock pin_lock(m_pin_mutex);
     if (m_pin && m_pin->id() == now->id())
         return;  // nothing committed since: the pin covers it all
     if (m_pin) {
@@ -100,7 +100,7 @@ void Contents::renew_pin() {
 }
 
 bool Contents::pinned(Ino ino, const core::Digest& digest, const core::ReadTxn& txn) {
-    std::lock_guard lock(m_pin_mutex);
+    MutexLock lock(m_pin_mutex);
     if (!m_pin) return false;
     if (m_pin->id() == txn.id()) return true;  // the same snapshot: the common case
     // The db changed since the pin: covered if the pin holds the same version.

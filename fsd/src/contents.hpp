@@ -21,7 +21,6 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,11 +62,12 @@ class Contents {
     PageCache& m_pages;
     Lookups& m_lookups;
 
-    std::mutex m_pin_mutex;              // level 4
-    std::optional<core::ReadTxn> m_pin;  // used by one thread at a time, under m_pin_mutex
+    Mutex m_pin_mutex KCACHE_LEVEL(4);
+    std::optional<core::ReadTxn> m_pin GUARDED_BY(m_pin_mutex);
 
-    std::mutex m_snapshots_mutex;  // level 6, a leaf; guards m_snapshots
-    std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots;
+    Mutex m_snapshots_mutex KCACHE_LEVEL(6);  // a leaf
+    std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots
+        GUARDED_BY(m_snapshots_mutex);
 };
 
 }  // namespace kcache::fsd

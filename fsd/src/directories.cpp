@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <iterator>
+#include <vector>
 
 #include "filesystem.hpp"
 #include "handles.hpp"
@@ -33,7 +35,7 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                          bool plus) {
     DirHandle* dir = m_handles.dir(fi->fh);
     if (!dir) return reply_error(req, {EBADF, "no such directory handle"});
-    std::unique_lock lock(dir->mutex);
+    MutexLock lock(dir->mutex);
     auto txn = m_store.read();
     if (!txn) {
         lock.unlock();
@@ -48,10 +50,13 @@ void Filesystem::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         }
         dir->children.push_back({".", ino, core::FileType::directory});
         dir->children.push_back({"..", self_attr->parent, core::FileType::directory});
+        std::vector<DirHandle::Child> listed;  // not dir->children: a lambda is analyzed alone
         auto s = txn->readdir(ino, {}, [&](const core::DirEntry& d) {
-            dir->children.push_back({std::string(d.name), d.ino, d.type});
+            listed.push_back({std::string(d.name), d.ino, d.type});
             return true;
         });
+        dir->children.insert(dir->children.end(), std::make_move_iterator(listed.begin()),
+                             std::make_move_iterator(listed.end()));
         if (!s) {
             lock.unlock();
             return reply_error(req, s.error());

@@ -26,16 +26,21 @@ using core::Ino;
 // ---- versions (THE RULE in filesystem.hpp) ------------------------------------------
 
 void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
+    std::shared_ptr<Version> version;
+    bool killed = false;
+    {
+        MutexLock lock(handle->mutex);
+        version = std::move(handle->version);
+        killed = handle->killed;
+    }
     // A writer of the entry (single flight): counted at its open when it got a version.
-    if (handle->writable && handle->version)
-        m_flights.writer_closed(handle->attr.entry, handle->opener);
-    const std::shared_ptr<Version> version = std::move(handle->version);
+    if (handle->writable && version) m_flights.writer_closed(handle->attr.entry, handle->opener);
     if (!version || !m_versions.leave(*version)) return;
     {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         // A rewrite whose writer was killed publishes nothing; a shared version keeps
         // every handle's writes, as a local disk does.
-        const bool keep = version->shared || !handle->killed;
+        const bool keep = version->shared || !killed;
         if (keep) {
             if (auto s = publish(req, *version); !s) {
                 log::error("content of inode {} lost at release: {}", handle->ino,
@@ -55,7 +60,7 @@ void Filesystem::follow_shared(FileHandle* handle) {
     if (!current || current == handle->version) return;
     core::Digest reading = handle->snapshot_digest;
     if (handle->version) {
-        std::lock_guard lock(handle->version->mutex);
+        MutexLock lock(handle->version->mutex);
         if (!handle->version->ended) return;
         reading = handle->version->staged.stored_digest();  // what it published last
     }
@@ -66,7 +71,10 @@ void Filesystem::follow_shared(FileHandle* handle) {
 
 void Filesystem::discard_open(FileHandle* handle) {
     if (handle->writable) {
-        handle->killed = true;  // its opener never got it: a rewrite publishes nothing
+        {
+            MutexLock lock(handle->mutex);
+            handle->killed = true;  // its opener never got it: a rewrite publishes nothing
+        }
         leave_version(nullptr, handle);
     }
     if (handle->page_cached) m_pages.leave(handle);
@@ -116,7 +124,10 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
             if (auto blob = txn->read_blob(r.digest, r.size))
                 content = m_contents.snapshot(r.digest, blob->bytes());
         }
-        handle->snapshot = content;
+        {
+            MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+            handle->snapshot = content;
+        }
         handle->lost = !content;
         if (handle->lost)
             log::warning(
@@ -134,8 +145,13 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
         return handle.release();
     }
     txn.reset();  // Versions::join is called with nothing held
-    auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &handle->version)
+    std::shared_ptr<Version> version;
+    auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &version)
                   : core::fail(ENOENT, "removed");
+    {
+        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+        handle->version = std::move(version);
+    }
     if (!s && s.error().code == ENOENT) {
         handle->orphan = true;  // as for a file removed while open: writes go nowhere
     } else if (!s) {
@@ -160,72 +176,25 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         dirtying.emplace(*this);
         if (dirtying->refused()) return;  // handing over: the successor answers it
     }
-    bool joined_existing = false;
-    bool stale_attr = false;  // a reader must not read before the kernel forgot old attributes
-    // A refilling reader must not read before the kernel's size is at least its
-    // version's (Background::grow_size): the size and last byte of that version.
-    std::optional<std::pair<std::uint64_t, char>> grow;
+    Opening opening;
     {
         auto txn = m_store.read();
         if (!txn) return reply_error(req, txn.error());
         auto attr = txn->getattr(ino);
-        if (!attr) {
-            auto orphan = attr.error().code == ENOENT ? m_lookups.find_orphan(ino) : std::nullopt;
-            if (!orphan && attr.error().code == ENOENT) {
-                // Evicted by another process, and the kernel's name for it not yet
-                // invalidated: ESTALE makes the kernel look the name up again and open
-                // (or, with O_CREAT, create) what is there now, as NFS clients do.
-                return reply_error(req, {ESTALE, "evicted since the kernel looked it up"});
-            }
-            if (!orphan) return reply_error(req, attr.error());
-            // Removed since the kernel looked it up: open what it was, as a local disk would.
-            handle->orphan = true;
-            handle->attr = orphan->attr;
-            if (!truncate) handle->snapshot = orphan->content;
-            handle->snapshot_digest = orphan->attr.digest;
-            fi->direct_io = 1;
-            // A reader that opens a file a rename replaced after its lookup (racing
-            // stores of one kernel) still loads the kernel from the cache: one hit, as
-            // for the file that replaced it (docs/stats.md).
-            if (!handle->writable || (handle->readable && !truncate))
-                m_hits.count_open(fuse_req_ctx(req)->pid, *txn, orphan->attr);
+        if (!attr && attr.error().code == ENOENT) {
+            auto orphan = m_lookups.find_orphan(ino);
+            // Evicted by another process, and the kernel's name for it not yet
+            // invalidated: ESTALE makes the kernel look the name up again and open
+            // (or, with O_CREAT, create) what is there now, as NFS clients do.
+            if (!orphan) return reply_error(req, {ESTALE, "evicted since the kernel looked it up"});
+            open_orphan(req, *txn, *orphan, truncate, *handle, fi, opening);
+        } else if (!attr) {
+            return reply_error(req, attr.error());
         } else if (attr->is_dir()) {
             return reply_error(req, {EISDIR, "is a directory"});
         } else if (!handle->writable) {
-            handle->attr = *attr;
-            m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
-            fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
-            if (auto shared = m_versions.shared(ino)) {
-                // The file is being shared by writers: read it as they write it, through
-                // the page cache they write through.
-                handle->reader_tid = fuse_req_ctx(req)->pid;
-                m_pages.enter_as_follower(handle.get(), shared);
-                handle->version = std::move(shared);
-                fi->keep_cache = 1;
-            } else {
-                handle->snapshot_digest = attr->digest;
-                handle->reader_tid = fuse_req_ctx(req)->pid;
-                const PageCache::Use use =
-                    m_pages.enter(handle.get(), attr->digest, attr->size, &stale_attr);
-                fi->direct_io = use == PageCache::Use::direct;
-                fi->keep_cache = use == PageCache::Use::keep;
-                // The kernel's pages hold this version: a READ comes only for pages it
-                // dropped, so the content is loaded then (read()), not copied here.
-                // PageCache::enter counted it as lazy; if the pin does not cover its
-                // version (committed since the background thread's last period), it
-                // copies the content now, as a reader that refills the pages does.
-                if (!handle->lazy || !m_contents.pinned(ino, attr->digest, *txn)) {
-                    auto content = txn->read(ino);
-                    if (!content) {
-                        if (handle->page_cached) m_pages.leave(handle.get());
-                        return reply_error(req, content.error());
-                    }
-                    handle->snapshot = m_contents.snapshot(attr->digest, content->bytes());
-                }
-                if (use == PageCache::Use::refill && !handle->snapshot->empty()) {
-                    grow.emplace(handle->snapshot->size(), handle->snapshot->back());
-                }
-            }
+            if (auto s = open_reader(req, *txn, *attr, *handle, fi, opening); !s)
+                return reply_error(req, s.error());
         } else {
             handle->attr = *attr;
             // A read-write open without O_TRUNC (a database) reads what it opens: it
@@ -235,23 +204,97 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                 m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
         }
     }
+    // Its version is joined with no snapshot held (Versions::join may wait).
     if (handle->writable && !handle->orphan) {
-        handle->opener = process_of(fuse_req_ctx(req)->pid);
-        joined_existing =
-            m_versions.shared(ino) != nullptr || (!truncate && m_versions.has_rewrite(ino));
-        auto s = m_versions.join(ino, truncate, handle->opener, std::nullopt, &handle->version);
-        if (!s && s.error().code == ENOENT) {
-            handle->orphan = true;  // replaced since the snapshot above: as for a removed file
-            fi->direct_io = 1;
-        } else if (!s) {
+        if (auto s = open_writer(req, truncate, *handle, fi, opening); !s)
             return reply_error(req, s.error());
-        } else {
-            // Through the page cache: every handle of the version sees one page cache,
-            // and MAP_SHARED works. A new version drops what the cache held.
-            fi->keep_cache = joined_existing;
-            m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
-            if (handle->version) m_flights.writer_opened(handle->attr.entry, handle->opener);
+    }
+    answer_open(req, std::move(handle), truncate, fi, std::move(opening));
+}
+
+void Filesystem::open_orphan(fuse_req_t req, const core::ReadTxn& txn, const Orphan& orphan,
+                             bool truncate, FileHandle& handle, fuse_file_info* fi,
+                             Opening& opening) {
+    // Removed since the kernel looked it up: open what it was, as a local disk would.
+    // Its writes go nowhere; it is read directly (its pages are no version's now).
+    handle.orphan = true;
+    handle.attr = orphan.attr;
+    if (!truncate) opening.snapshot = orphan.content;
+    handle.snapshot_digest = orphan.attr.digest;
+    fi->direct_io = 1;
+    // A reader that opens a file a rename replaced after its lookup (racing
+    // stores of one kernel) still loads the kernel from the cache: one hit, as
+    // for the file that replaced it (docs/stats.md).
+    if (!handle.writable || (handle.readable && !truncate))
+        m_hits.count_open(fuse_req_ctx(req)->pid, txn, orphan.attr);
+}
+
+core::Status Filesystem::open_reader(fuse_req_t req, const core::ReadTxn& txn, const Attr& attr,
+                                     FileHandle& handle, fuse_file_info* fi, Opening& opening) {
+    handle.attr = attr;
+    handle.reader_tid = fuse_req_ctx(req)->pid;
+    m_hits.count_open(handle.reader_tid, txn, attr);
+    fi->noflush = 1;  // a reader has nothing to publish: spare the round trip at close
+    if (auto shared = m_versions.shared(attr.ino)) {
+        // The file is being shared by writers: read it as they write it, through
+        // the page cache they write through.
+        m_pages.enter_as_follower(&handle, shared);
+        opening.version = std::move(shared);
+        fi->keep_cache = 1;
+        return {};
+    }
+    handle.snapshot_digest = attr.digest;
+    const PageCache::Use use = m_pages.enter(&handle, attr.digest, attr.size, &opening.stale_attr);
+    fi->direct_io = use == PageCache::Use::direct;
+    fi->keep_cache = use == PageCache::Use::keep;
+    // The kernel's pages hold this version: a READ comes only for pages it
+    // dropped, so the content is loaded then (read()), not copied here.
+    // PageCache::enter counted it as lazy; if the pin does not cover its
+    // version (committed since the background thread's last period), it
+    // copies the content now, as a reader that refills the pages does.
+    if (!handle.lazy || !m_contents.pinned(attr.ino, attr.digest, txn)) {
+        auto content = txn.read(attr.ino);
+        if (!content) {
+            if (handle.page_cached) m_pages.leave(&handle);
+            return tl::unexpected(content.error());
         }
+        opening.snapshot = m_contents.snapshot(attr.digest, content->bytes());
+    }
+    // A refilling reader must not read before the kernel's size is at least its
+    // version's (Background::grow_size): the size and last byte of that version.
+    if (use == PageCache::Use::refill && !opening.snapshot->empty())
+        opening.grow.emplace(opening.snapshot->size(), opening.snapshot->back());
+    return {};
+}
+
+core::Status Filesystem::open_writer(fuse_req_t req, bool truncate, FileHandle& handle,
+                                     fuse_file_info* fi, Opening& opening) {
+    const Ino ino = handle.ino;
+    handle.opener = process_of(fuse_req_ctx(req)->pid);
+    const bool joined_existing =
+        m_versions.shared(ino) != nullptr || (!truncate && m_versions.has_rewrite(ino));
+    auto s = m_versions.join(ino, truncate, handle.opener, std::nullopt, &opening.version);
+    if (!s && s.error().code == ENOENT) {
+        handle.orphan = true;  // replaced since open()'s snapshot: as for a removed file
+        fi->direct_io = 1;
+        return {};
+    }
+    if (!s) return s;
+    // Through the page cache: every handle of the version sees one page cache,
+    // and MAP_SHARED works. A new version drops what the cache held.
+    fi->keep_cache = joined_existing;
+    m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
+    if (opening.version) m_flights.writer_opened(handle.attr.entry, handle.opener);
+    return {};
+}
+
+void Filesystem::answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool truncate,
+                             fuse_file_info* fi, Opening opening) {
+    const Ino ino = handle->ino;
+    {
+        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+        handle->snapshot = std::move(opening.snapshot);
+        handle->version = opening.version;
     }
     FileHandle* raw = handle.release();
     fi->fh = enter_handle(raw, truncate && !raw->orphan);
@@ -265,12 +308,14 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     };
     // Every writer, an orphan's too: an O_TRUNC open sets the kernel's one size of the
     // inode to 0 when it completes, and writes grow it, under its readers.
-    if (raw->writable) return m_pages.admit_writer(raw, std::move(reply));
-    if (grow) {
-        if (stale_attr) m_background.invalidate_attr(ino);  // the same pass, before the reply
-        return m_background.grow_size(ino, grow->first, grow->second, std::move(reply));
+    if (raw->writable) return m_pages.admit_writer(raw, opening.version, std::move(reply));
+    if (opening.grow) {
+        if (opening.stale_attr)
+            m_background.invalidate_attr(ino);  // the same pass, before the reply
+        return m_background.grow_size(ino, opening.grow->first, opening.grow->second,
+                                      std::move(reply));
     }
-    if (stale_attr)
+    if (opening.stale_attr)
         return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
     reply();
 }
@@ -327,14 +372,18 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     handle->opener = process_of(ctx->pid);
     // After the commit: Versions::join may wait for another version to end.
     const bool joined_existing = m_versions.shared(attr.ino) != nullptr;
-    if (auto s =
-            m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &handle->version);
+    std::shared_ptr<Version> version;
+    if (auto s = m_versions.join(attr.ino, truncate, handle->opener, std::move(made), &version);
         !s) {
         return reply_error(req, s.error());
     }
     fi->keep_cache = joined_existing;               // as in open() for writing
     m_flights.created(attr.entry, handle->opener);  // single flight: a filler at work
-    if (handle->version) m_flights.writer_opened(attr.entry, handle->opener);
+    if (version) m_flights.writer_opened(attr.entry, handle->opener);
+    {
+        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+        handle->version = version;
+    }
     FileHandle* raw = handle.release();
     // A truncation of a file that had content is unpublished until the writer's close.
     fi->fh = enter_handle(raw, truncate && attr.size > 0);
@@ -363,7 +412,7 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     // no readers and is answered at once. The kernel holds the directory's lock until
     // the reply, so a background notification of a name in this directory waits too,
     // at most PageCache::kWriterWait.
-    m_pages.admit_writer(raw, std::move(reply));
+    m_pages.admit_writer(raw, version, std::move(reply));
 }
 
 void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -376,7 +425,7 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     bool lost = false;
     if (handle->refilling.load(std::memory_order_relaxed)) m_pages.settle(handle);
     {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         follow_shared(handle);
         version = handle->version;
         if (!version && handle->lazy && !handle->snapshot) {
@@ -393,7 +442,7 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     std::string copy;  // a version's bytes, which may change after the lock
     std::string_view slice;
     if (version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         const std::string_view content = version->staged.content();
         copy.assign(content.substr(std::min(static_cast<std::size_t>(off), content.size()), size));
         slice = copy;
@@ -427,7 +476,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
     std::shared_ptr<Version> version;
     bool orphan = false;
     {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         orphan = handle->orphan;
         if (handle->writable) version = handle->version;
     }
@@ -438,7 +487,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
         s = core::fail(EBADF, "not open for writing");
     } else {
         m_pages.close_writer(handle, false, {});  // written again after its close
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
     }
     if (!s) return reply_error(req, s.error());
@@ -496,33 +545,33 @@ void Filesystem::flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     const pid_t tid = fuse_req_ctx(req)->pid;
     std::shared_ptr<Version> version;
     {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         if (handle->writable && !handle->killed) version = handle->version;
     }
     bool dirty = false;
     if (version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         dirty = version->staged.dirty();
     }
     core::Status s;
     bool killed = false;
     if (dirty && killed_by_signal(tid)) {
         killed = true;
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         handle->killed = true;
     } else if (dirty && process_of(tid) == handle->opener) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         s = publish(req, *version);
     }
     if (!killed && version) {  // another thread's FLUSH of a killed writer may mark it meanwhile
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         killed = handle->killed;
     }
     if (s && version && !killed) {
         core::Digest published;
         bool clean = false;
         {
-            std::lock_guard lock(version->mutex);
+            MutexLock lock(version->mutex);
             clean = !version->staged.dirty();
             published = version->staged.stored_digest();
         }
@@ -542,16 +591,16 @@ void Filesystem::fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
         return reply_error(req, {EIO, "this open file was lost with a daemon"});
     std::shared_ptr<Version> version;
     if (handle) {
-        std::lock_guard lock(handle->mutex);
+        MutexLock lock(handle->mutex);
         if (handle->writable) version = handle->version;
     }
     core::Status s;
     if (version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         s = publish(req, *version);
     }
     if (s && version) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         if (!version->staged.dirty()) m_handles.set_unpublished(handle->fh, false);
     }
     if (s) s = m_store.sync();

@@ -42,8 +42,9 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
     : m_store(store),
       m_options(options),
       m_background(store, options.sync_interval_s),
-      m_versions(store, options.max_file_size),
-      m_lookups(m_pages),
+      m_versions(store, options.max_file_size, m_inodes),
+      m_pages(m_inodes),
+      m_lookups(m_inodes),
       m_contents(store, m_pages, m_lookups),
       m_hits(m_background),
       m_flights(store, std::chrono::milliseconds(options.single_flight_ms)),
@@ -56,7 +57,7 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
 }
 
 Filesystem::Dirtying::Dirtying(Filesystem& fs) : m_fs(fs) {
-    std::lock_guard lock(fs.m_handover_mutex);
+    MutexLock lock(fs.m_handover_mutex);
     if (fs.m_handing_over) return;
     ++fs.m_dirtying;
     m_entered = true;
@@ -64,12 +65,12 @@ Filesystem::Dirtying::Dirtying(Filesystem& fs) : m_fs(fs) {
 
 Filesystem::Dirtying::~Dirtying() {
     if (!m_entered) return;
-    std::lock_guard lock(m_fs.m_handover_mutex);
+    MutexLock lock(m_fs.m_handover_mutex);
     --m_fs.m_dirtying;
 }
 
 bool Filesystem::try_hand_over() {
-    std::lock_guard lock(m_handover_mutex);
+    MutexLock lock(m_handover_mutex);
     if (m_dirtying > 0 || m_handles.unpublished() > 0) return false;
     m_handing_over = true;
     return true;
@@ -314,7 +315,7 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         std::shared_ptr<Version> version;
         std::shared_ptr<const std::string> snapshot;
         if (handle) {
-            std::lock_guard lock(handle->mutex);
+            MutexLock lock(handle->mutex);
             follow_shared(handle);
             version = handle->version;
             snapshot = handle->snapshot;
@@ -324,7 +325,7 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         }
         if (!version) version = m_versions.shared(ino);
         if (version) {
-            std::lock_guard lock(version->mutex);
+            MutexLock lock(version->mutex);
             size = version->staged.content().size();
         }
         if (!size) size = m_pages.size(ino);
@@ -356,11 +357,11 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
     if ((to_set & FUSE_SET_ATTR_SIZE) && handle) {
         std::shared_ptr<Version> version;
         {
-            std::lock_guard lock(handle->mutex);
+            MutexLock lock(handle->mutex);
             if (handle->writable) version = handle->version;
         }
         if (version) {  // ftruncate of a file being written: part of its version
-            std::lock_guard lock(version->mutex);
+            MutexLock lock(version->mutex);
             if (auto s = version->staged.truncate(static_cast<std::uint64_t>(attr->st_size)); !s) {
                 return reply_error(req, s.error());
             }

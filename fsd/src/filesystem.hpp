@@ -1,8 +1,9 @@
 // The FUSE filesystem over a kcache store (libfuse3 low-level API).
 //
-// Inode numbers are the store's: stable, never reused, so the daemon keeps no
-// per-inode state and needs no FORGET bookkeeping. State lives in open handles and in
-// the versions writers build:
+// Inode numbers are the store's: stable, never reused, so the daemon translates none;
+// what it keeps per inode (lookup count, orphan, page state, versions) is one record
+// of the inode table (inodes.hpp). State lives in open handles and in the versions
+// writers build:
 // - a reader's handle holds a snapshot of the content it opened (shared between
 //   handles of the same content), so an unlink or eviction never breaks a read;
 // - a writer's handle writes a Version: content in memory (a core::StagedFile) that is
@@ -41,12 +42,13 @@
 // most kWriterWait) until readers of other processes that read the inode through the
 // page cache have closed.
 //
-// The units, each owning one kind of state behind its own mutex (their headers state
-// their contracts):
+// The units, each owning one kind of state (their headers state their contracts):
 // - Filesystem (filesystem.cpp: the operation table, namespace, attributes and
 //   directories; files.cpp: opens, reads, writes, publishing, closes): the handlers,
 //   which compose the units below and reply;
 // - handles.hpp: FileHandle, DirHandle, each field with the lock that guards it;
+// - Inodes (inodes.hpp): the inode table, one record per inode with the parts of the
+//   three units below, behind one mutex;
 // - Versions (versions.hpp): the writer registry, THE RULE;
 // - PageCache (page_cache.hpp): page-cache coherence, the kernel's told attributes,
 //   the writer gate thread;
@@ -70,6 +72,7 @@
 #include "contents.hpp"
 #include "handles.hpp"
 #include "hits.hpp"
+#include "inodes.hpp"
 #include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
@@ -193,16 +196,37 @@ class Filesystem {
     // (unless it is a rewrite whose writer was killed) and ends its lease.
     void leave_version(fuse_req_t req, FileHandle* handle);
     // A read-only handle follows the shared version that grew out of the version it
-    // reads (caller holds handle->mutex).
-    void follow_shared(FileHandle* handle);
-    // Publishes a version's content, first making room under the size bound (caller
-    // holds version.mutex).
-    core::Status publish(fuse_req_t req, Version& version);
+    // reads.
+    void follow_shared(FileHandle* handle) REQUIRES(handle->mutex);
+    // Publishes a version's content, first making room under the size bound.
+    core::Status publish(fuse_req_t req, Version& version) REQUIRES(version.mutex);
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded
     // as told, PageCache::tell_attr) while every caller gets that answer (no writer at
     // work, no page-cache reader of another version, not removed), else 0. Every
     // change of that answer is followed by Background::invalidate_attr.
     double attr_timeout(const core::Attr& a);
+    // OPEN by role. open() reads the inode and hands it to open_orphan (removed since
+    // the kernel looked it up), open_reader (read-only) or, after its snapshot ends,
+    // open_writer (joins the version THE RULE gives it); answer_open puts the handle
+    // into the table and replies, now or once what the reply waits for is done.
+    struct Opening {                                  // what the parts decided, for answer_open
+        std::shared_ptr<const std::string> snapshot;  // FileHandle::snapshot
+        std::shared_ptr<Version> version;             // FileHandle::version
+        // A reader opening another version than the kernel was told of: answered only
+        // once the kernel forgot those attributes (Background::invalidate_attr).
+        bool stale_attr = false;
+        // A refilling reader: answered once the kernel's size is at least its version's
+        // (Background::grow_size): that size and the version's last byte.
+        std::optional<std::pair<std::uint64_t, char>> grow;
+    };
+    void open_orphan(fuse_req_t req, const core::ReadTxn& txn, const Orphan& orphan, bool truncate,
+                     FileHandle& handle, fuse_file_info* fi, Opening& opening);
+    core::Status open_reader(fuse_req_t req, const core::ReadTxn& txn, const core::Attr& attr,
+                             FileHandle& handle, fuse_file_info* fi, Opening& opening);
+    core::Status open_writer(fuse_req_t req, bool truncate, FileHandle& handle, fuse_file_info* fi,
+                             Opening& opening);
+    void answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool truncate,
+                     fuse_file_info* fi, Opening opening);
     // READ without a handle (read-only serving, no OPEN): the stored content.
     void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
@@ -219,13 +243,15 @@ class Filesystem {
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
-    std::mutex m_handover_mutex;  // level 9, a leaf; guards the two below
-    int m_dirtying = 0;           // requests holding a Dirtying
-    bool m_handing_over = false;
+    Mutex m_handover_mutex KCACHE_LEVEL(9);           // a leaf
+    int m_dirtying GUARDED_BY(m_handover_mutex) = 0;  // requests holding a Dirtying
+    bool m_handing_over GUARDED_BY(m_handover_mutex) = false;
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries
 
-    // The units (each guards its own state; lock_order.hpp). Declared in dependency
-    // order: Lookups and Contents refer to the page cache.
+    // The units (lock_order.hpp). Declared in dependency order: Versions, PageCache
+    // and Lookups keep their state per inode in the inode table; Contents refers to
+    // the page cache and the lookups.
+    Inodes m_inodes;
     Versions m_versions;
     PageCache m_pages;
     Lookups m_lookups;

@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,20 +43,23 @@ struct FileHandle {
     // version it reads. Set by PageCache::enter_as_follower. Weak: a version freed once
     // the follower moved on (follow_shared) must not match a new one at its address.
     std::weak_ptr<const Version> followed;
-
-    // ---- guarded by `mutex` (level 1): threads sharing a descriptor call concurrently ----
-    std::mutex mutex;
-    std::shared_ptr<const std::string> snapshot;  // readers that do not read a version
-    // Writers: the version they write (fixed at open; taken by leave_version at
-    // release). Read-only handles: the shared version they read, once they follow one
-    // (follow_shared), else null.
-    std::shared_ptr<Version> version;
-    bool killed = false;  // its writer died by a signal: its close publishes nothing
-    // A writer inherited from a daemon that died with bytes of it unpublished (state.hpp):
-    // WRITE, FLUSH and FSYNC are answered EIO; its entry keeps what was published.
+    // A handle inherited from a daemon that died (state.hpp), set when it is rebuilt: a
+    // writer with bytes unpublished (WRITE, FLUSH and FSYNC are answered EIO; its entry
+    // keeps what was published), or a reader whose version left the db (READ: EIO).
     bool lost = false;
 
-    // ---- guarded by PageCache's mutex (level 7) ----
+    // ---- guarded by `mutex`: threads sharing a descriptor call concurrently ----
+    Mutex mutex KCACHE_LEVEL(1);
+    // Readers that do not read a version.
+    std::shared_ptr<const std::string> snapshot GUARDED_BY(mutex);
+    // Writers: the version they write (set at open; taken by leave_version at
+    // release). Read-only handles: the shared version they read, once they follow one
+    // (follow_shared), else null.
+    std::shared_ptr<Version> version GUARDED_BY(mutex);
+    // Its writer died by a signal: its close publishes nothing.
+    bool killed GUARDED_BY(mutex) = false;
+
+    // ---- guarded by PageCache's mutex (level 7; another object's: not checked) ----
     // A page-cache reader whose open made the kernel drop its pages: its first READ
     // shows the drop is done (PageCache::settle). Written under the page cache's mutex;
     // read anywhere (atomic) to skip that lock on every other READ.
@@ -73,9 +75,10 @@ struct DirHandle {
         core::Ino ino;
         core::FileType type;
     };
-    std::mutex mutex;  // level 1; guards the fields below
-    bool loaded = false;
-    std::vector<Child> children;  // a snapshot: offsets stay stable while the dir changes
+    Mutex mutex KCACHE_LEVEL(1);
+    bool loaded GUARDED_BY(mutex) = false;
+    // A snapshot: offsets stay stable while the dir changes.
+    std::vector<Child> children GUARDED_BY(mutex);
 };
 
 }  // namespace kcache::fsd

@@ -15,14 +15,14 @@ void HitCounter::count_open(pid_t opener, const core::ReadTxn& txn, const core::
     const auto tid = static_cast<std::uint32_t>(opener);
     const std::string by_thread = fmt::format("{}:t{}", attr.entry, tid);
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_seen.count(by_thread)) return;
     }
     const std::uint32_t pid = process_of(static_cast<pid_t>(tid));
     const std::string by_process = fmt::format("{}:{}", attr.entry, pid);
     const bool own = same_compile(pid, entry->populated_by_pid);  // /proc: not under the lock
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_seen.size() >= kMaxSeenPairs) m_seen.clear();  // bounded: may recount after this
         m_seen.insert(by_thread);
         if (own) return;  // its own kernel (or its compile's), not a cache hit

@@ -19,7 +19,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <unordered_set>
 
@@ -62,9 +61,9 @@ class HitCounter {
     static constexpr std::size_t kMaxSeenPairs = 1 << 20;
     Background& m_background;
     HitPairs m_pairs{nullptr, 0};
-    std::mutex m_mutex;  // level 9, a leaf; guards m_seen
-    std::unordered_set<std::string>
-        m_seen;  // (entry, thread) and (entry, process) pairs that counted
+    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    // (entry, thread) and (entry, process) pairs that counted.
+    std::unordered_set<std::string> m_seen GUARDED_BY(m_mutex);
 };
 
 }  // namespace kcache::fsd

@@ -1,49 +1,52 @@
 #include "lookups.hpp"
 
-#include "page_cache.hpp"
-
 namespace kcache::fsd {
 using core::Ino;
 
 void Lookups::remember(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    ++m_lookups[ino];
+    MutexLock lock(m_inodes.mutex);
+    ++m_inodes.at(ino).lookups;
 }
 
 void Lookups::forget(Ino ino, std::uint64_t count) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_lookups.find(ino);
-    if (it == m_lookups.end()) return;
-    if (it->second > count) {
-        it->second -= count;
+    MutexLock lock(m_inodes.mutex);
+    Inode* inode = m_inodes.find(ino);
+    if (!inode || inode->lookups == 0) return;
+    if (inode->lookups > count) {
+        inode->lookups -= count;
         return;
     }
-    m_lookups.erase(it);
-    m_orphans.erase(ino);  // the kernel will not ask for it again
+    inode->lookups = 0;
+    inode->orphan.reset();  // the kernel will not ask for it again
     // Nor its page-cache state (bounded by the kernel's cache), unless a handle uses it.
-    m_pages.forget(ino);
+    if (inode->pages && inode->pages->idle()) inode->pages.reset();
+    m_inodes.prune(ino);
 }
 
 bool Lookups::known(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    return m_lookups.count(ino) > 0;
+    MutexLock lock(m_inodes.mutex);
+    const Inode* inode = m_inodes.find(ino);
+    return inode && inode->lookups > 0;
 }
 
 void Lookups::adopt(Ino ino, const Orphan& orphan) {
-    std::lock_guard lock(m_mutex);
-    if (m_lookups.count(ino)) m_orphans[ino] = orphan;
+    MutexLock lock(m_inodes.mutex);
+    if (Inode* inode = m_inodes.find(ino); inode && inode->lookups > 0) inode->orphan = orphan;
 }
 
 void Lookups::disown(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    m_orphans.erase(ino);
+    MutexLock lock(m_inodes.mutex);
+    if (Inode* inode = m_inodes.find(ino)) {
+        inode->orphan.reset();
+        m_inodes.prune(ino);
+    }
 }
 
 std::optional<Orphan> Lookups::find_orphan(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_orphans.find(ino);
-    if (it == m_orphans.end()) return std::nullopt;
-    return it->second;
+    MutexLock lock(m_inodes.mutex);
+    const Inode* inode = m_inodes.find(ino);
+    if (!inode) return std::nullopt;
+    return inode->orphan;
 }
 
 }  // namespace kcache::fsd

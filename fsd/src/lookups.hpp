@@ -6,37 +6,27 @@
 // it: a file removed (unlink, rename over it) while the kernel still knows its inode
 // stays readable as an *orphan* until the kernel forgets it, as an unlinked inode does
 // on a local disk; and the page-cache state of the inode (dropped at the last FORGET).
+// Both are parts of the inode's record in the inode table (inodes.hpp).
 //
 // Contract: adopt() records an orphan only for an inode the kernel knows; forget()
 // of the last reference drops the inode's orphan and its idle page-cache state.
 // Nothing here fails or touches the db.
 //
-// Locks (lock_order.hpp): m_mutex, level 5; under it forget() takes the page cache's
-// (level 7).
+// Locks (lock_order.hpp): the inode table's, level 5; nothing else.
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <optional>
-#include <string>
-#include <unordered_map>
 
+#include "inodes.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
 
 namespace kcache::fsd {
 
-class PageCache;
-
-struct Orphan {
-    core::Attr attr;  // nlink 0
-    std::shared_ptr<const std::string> content;
-};
-
 class Lookups {
   public:
-    explicit Lookups(PageCache& pages) : m_pages(pages) {}
+    explicit Lookups(Inodes& inodes) : m_inodes(inodes) {}
 
     void remember(core::Ino ino);
     void forget(core::Ino ino, std::uint64_t count);
@@ -48,10 +38,7 @@ class Lookups {
     std::optional<Orphan> find_orphan(core::Ino ino);
 
   private:
-    PageCache& m_pages;
-    std::mutex m_mutex;  // level 5; guards the maps below
-    std::unordered_map<core::Ino, std::uint64_t> m_lookups;
-    std::unordered_map<core::Ino, Orphan> m_orphans;
+    Inodes& m_inodes;
 };
 
 }  // namespace kcache::fsd

@@ -9,13 +9,24 @@
 namespace kcache::fsd {
 using core::Ino;
 
+PageState* PageCache::find(Ino ino) {
+    Inode* inode = m_inodes.find(ino);
+    return inode && inode->pages ? &*inode->pages : nullptr;
+}
+
+PageState& PageCache::at(Ino ino) {
+    Inode& inode = m_inodes.at(ino);
+    if (!inode.pages) inode.pages.emplace();
+    return *inode.pages;
+}
+
 void PageCache::start() {
     m_writer_gate = std::thread([this] { run_writer_gate(); });
 }
 
 void PageCache::stop() {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_inodes.mutex);
         m_writer_gate_stop = true;
     }
     m_writer_gate_wake.notify_all();
@@ -24,9 +35,15 @@ void PageCache::stop() {
 
 PageCache::Use PageCache::enter(FileHandle* reader, const core::Digest& digest, std::uint64_t size,
                                 bool* stale_attr) {
-    std::lock_guard lock(m_mutex);
-    auto [it, inserted] = m_pages.try_emplace(reader->ino, PageState{digest, size, {}, {}, 0});
-    PageState& state = it->second;
+    MutexLock lock(m_inodes.mutex);
+    Inode& inode = m_inodes.at(reader->ino);
+    bool inserted = !inode.pages;
+    if (inserted) {
+        inode.pages.emplace();
+        inode.pages->digest = digest;
+        inode.pages->size = size;
+    }
+    PageState& state = *inode.pages;
     // The kernel may still hold the attributes (the size) of another version, told
     // before it was replaced: it must forget them before this reader reads (open()).
     *stale_attr = state.told && *state.told != digest;
@@ -74,19 +91,18 @@ PageCache::Use PageCache::enter(FileHandle* reader, const core::Digest& digest, 
 }
 
 void PageCache::settle(FileHandle* reader) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_inodes.mutex);
     reader->refilling = false;
-    if (auto it = m_pages.find(reader->ino);
-        it != m_pages.end() && it->second.digest == reader->snapshot_digest &&
-        std::find(it->second.readers.begin(), it->second.readers.end(), reader) !=
-            it->second.readers.end()) {
-        it->second.settled = true;
+    if (PageState* state = find(reader->ino);
+        state && state->digest == reader->snapshot_digest &&
+        std::find(state->readers.begin(), state->readers.end(), reader) != state->readers.end()) {
+        state->settled = true;
     }
 }
 
 void PageCache::enter_as_follower(FileHandle* reader, const std::shared_ptr<Version>& version) {
-    std::lock_guard lock(m_mutex);
-    m_pages[reader->ino].followers.push_back(reader);
+    MutexLock lock(m_inodes.mutex);
+    at(reader->ino).followers.push_back(reader);
     reader->page_cached = true;
     reader->followed = version;
 }
@@ -94,12 +110,12 @@ void PageCache::enter_as_follower(FileHandle* reader, const std::shared_ptr<Vers
 void PageCache::leave(FileHandle* reader) {
     std::vector<std::function<void()>> admitted;
     {
-        std::lock_guard lock(m_mutex);
-        if (auto it = m_pages.find(reader->ino); it != m_pages.end()) {
-            std::erase(it->second.readers, reader);
-            std::erase(it->second.followers, reader);
-            if (reader->lazy && --it->second.lazy == 0) m_lazy_inodes.erase(reader->ino);
-            if (it->second.readers.empty()) it->second.kept.reset();
+        MutexLock lock(m_inodes.mutex);
+        if (PageState* state = find(reader->ino)) {
+            std::erase(state->readers, reader);
+            std::erase(state->followers, reader);
+            if (reader->lazy && --state->lazy == 0) m_lazy_inodes.erase(reader->ino);
+            if (state->readers.empty()) state->kept.reset();
         }
         for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
             std::erase(w->readers, reader);
@@ -114,9 +130,10 @@ void PageCache::leave(FileHandle* reader) {
     for (auto& reply : admitted) reply();  // no lock held: a reply may discard its open
 }
 
-std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(FileHandle* writer) {
-    std::lock_guard lock(m_mutex);
-    PageState& state = m_pages[writer->ino];
+std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(
+    FileHandle* writer, const std::shared_ptr<Version>& version) {
+    MutexLock lock(m_inodes.mutex);
+    PageState& state = at(writer->ino);
     ++state.writers;
     // Writers write through the page cache: once they are gone it holds no known
     // version (several rewrites may have mixed theirs), so the next reader refills it.
@@ -128,37 +145,38 @@ std::vector<std::pair<FileHandle*, pid_t>> PageCache::enter_as_writer(FileHandle
     // Followers of another shared version than the writer's (one that ended): the
     // writer's pages would be read as theirs. Those of its own version read what it writes.
     for (FileHandle* r : state.followers) {
-        if (r->followed.lock() != writer->version) readers.emplace_back(r, r->reader_tid);
+        if (r->followed.lock() != version) readers.emplace_back(r, r->reader_tid);
     }
     return readers;
 }
 
 void PageCache::leave_as_writer(FileHandle* writer) {
-    std::lock_guard lock(m_mutex);
-    if (auto it = m_pages.find(writer->ino); it != m_pages.end()) {
-        if (it->second.writers > 0) --it->second.writers;
-        if (writer->closed_clean && it->second.closed_writers > 0) --it->second.closed_writers;
+    MutexLock lock(m_inodes.mutex);
+    if (PageState* state = find(writer->ino)) {
+        if (state->writers > 0) --state->writers;
+        if (writer->closed_clean && state->closed_writers > 0) --state->closed_writers;
     }
     writer->page_writer = false;
     writer->closed_clean = false;
 }
 
 void PageCache::close_writer(FileHandle* writer, bool clean, const core::Digest& published) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_inodes.mutex);
     if (!writer->page_writer || writer->closed_clean == clean) return;
-    auto it = m_pages.find(writer->ino);
-    if (it == m_pages.end()) return;
+    PageState* state = find(writer->ino);
+    if (!state) return;
     writer->closed_clean = clean;
     if (clean) {
-        ++it->second.closed_writers;
-        it->second.closed_digest = published;
-    } else if (it->second.closed_writers > 0) {
-        --it->second.closed_writers;
+        ++state->closed_writers;
+        state->closed_digest = published;
+    } else if (state->closed_writers > 0) {
+        --state->closed_writers;
     }
 }
 
-void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
-    const auto readers = enter_as_writer(writer);
+void PageCache::admit_writer(FileHandle* writer, const std::shared_ptr<Version>& version,
+                             std::function<void()> reply) {
+    const auto readers = enter_as_writer(writer, version);
     // The writer's own process reading the file it rewrites races with itself, as
     // on a local disk: waiting for it would only stall it. (process_of reads /proc:
     // not under the lock.)
@@ -167,13 +185,13 @@ void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
         if (process_of(tid) != writer->opener) others.push_back(reader);
     }
     if (!others.empty()) {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_inodes.mutex);
         // Some may have closed meanwhile; none entered (the writer is registered).
-        const auto it = m_pages.find(writer->ino);
+        const PageState* state = find(writer->ino);
         std::erase_if(others, [&](FileHandle* r) {
-            if (it == m_pages.end()) return true;
-            const auto& still = it->second.readers;
-            const auto& following = it->second.followers;
+            if (!state) return true;
+            const auto& still = state->readers;
+            const auto& following = state->followers;
             return std::find(still.begin(), still.end(), r) == still.end() &&
                    std::find(following.begin(), following.end(), r) == following.end();
         });
@@ -189,11 +207,11 @@ void PageCache::admit_writer(FileHandle* writer, std::function<void()> reply) {
 }
 
 void PageCache::run_writer_gate() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_inodes.mutex);
     while (!m_writer_gate_stop) {
         auto next = std::chrono::steady_clock::time_point::max();
         for (const WaitingWriter& w : m_waiting_writers) next = std::min(next, w.deadline);
-        m_writer_gate_wake.wait_until(lock, next);
+        m_writer_gate_wake.wait_until(m_inodes.mutex, next);
         std::vector<WaitingWriter> overdue;
         const auto now = std::chrono::steady_clock::now();
         for (auto w = m_waiting_writers.begin(); w != m_waiting_writers.end();) {
@@ -220,65 +238,54 @@ void PageCache::run_writer_gate() {
 }
 
 std::optional<std::uint64_t> PageCache::size(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_pages.find(ino);
-    if (it == m_pages.end() || it->second.readers.empty()) return std::nullopt;
-    return it->second.size;
+    MutexLock lock(m_inodes.mutex);
+    const PageState* state = find(ino);
+    if (!state || state->readers.empty()) return std::nullopt;
+    return state->size;
 }
 
 void PageCache::resize(Ino ino, std::uint64_t size) {
-    std::lock_guard lock(m_mutex);
-    if (auto it = m_pages.find(ino); it != m_pages.end()) it->second.size = size;
+    MutexLock lock(m_inodes.mutex);
+    if (PageState* state = find(ino)) state->size = size;
 }
 
 bool PageCache::tell_attr(const core::Attr& a) {
-    std::lock_guard lock(m_mutex);
-    PageState& state = m_pages[a.ino];  // an empty state is one of no known version (enter)
+    MutexLock lock(m_inodes.mutex);
+    PageState& state = at(a.ino);  // an empty state is one of no known version (enter)
     if (state.writers > 0 || (!state.readers.empty() && state.digest != a.digest)) return false;
     state.told = a.digest;
     return true;
 }
 
-void PageCache::forget(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    if (auto page = m_pages.find(ino); page != m_pages.end() && page->second.readers.empty() &&
-                                       page->second.followers.empty() &&
-                                       page->second.writers == 0) {
-        m_pages.erase(page);
-    }
-}
-
 std::optional<core::Digest> PageCache::unkept_readers(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_pages.find(ino);
-    if (it == m_pages.end() || it->second.readers.empty() || it->second.kept) return std::nullopt;
-    return it->second.digest;
+    MutexLock lock(m_inodes.mutex);
+    const PageState* state = find(ino);
+    if (!state || state->readers.empty() || state->kept) return std::nullopt;
+    return state->digest;
 }
 
 void PageCache::keep(Ino ino, const core::Digest& digest,
                      std::shared_ptr<const std::string> content, bool lazy_only) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_pages.find(ino);
-    if (it == m_pages.end() || it->second.digest != digest) return;
-    if (lazy_only ? (it->second.lazy == 0 || it->second.kept) : it->second.readers.empty()) return;
-    it->second.kept = std::move(content);
+    MutexLock lock(m_inodes.mutex);
+    PageState* state = find(ino);
+    if (!state || state->digest != digest) return;
+    if (lazy_only ? (state->lazy == 0 || state->kept) : state->readers.empty()) return;
+    state->kept = std::move(content);
 }
 
 std::shared_ptr<const std::string> PageCache::kept(Ino ino, const core::Digest& digest) {
-    std::lock_guard lock(m_mutex);
-    if (auto it = m_pages.find(ino);
-        it != m_pages.end() && it->second.kept && it->second.digest == digest) {
-        return it->second.kept;
-    }
+    MutexLock lock(m_inodes.mutex);
+    if (const PageState* state = find(ino); state && state->kept && state->digest == digest)
+        return state->kept;
     return nullptr;
 }
 
 std::vector<std::pair<Ino, core::Digest>> PageCache::unkept_lazy() {
     std::vector<std::pair<Ino, core::Digest>> lazy;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_inodes.mutex);
     for (Ino ino : m_lazy_inodes) {
-        const PageState& state = m_pages.at(ino);
-        if (!state.kept) lazy.emplace_back(ino, state.digest);
+        const PageState* state = find(ino);  // there while it has lazy readers
+        if (state && !state->kept) lazy.emplace_back(ino, state->digest);
     }
     return lazy;
 }

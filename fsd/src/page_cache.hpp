@@ -17,26 +17,27 @@
 // writer gate thread, with no lock held. It also keeps content for lazy readers
 // (PageState::kept) on behalf of Contents, which decides what to keep.
 //
-// Locks (lock_order.hpp): m_mutex, level 7, a leaf. It guards this unit's state and
+// Its state per inode is part of the inode's record in the inode table (inodes.hpp:
+// Inode::pages, a PageState).
+//
+// Locks (lock_order.hpp): the inode table's, level 5. It guards this unit's state and
 // FileHandle::refilling, page_writer and closed_clean.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "inodes.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
 
@@ -47,7 +48,7 @@ struct Version;
 
 class PageCache {
   public:
-    PageCache() = default;
+    explicit PageCache(Inodes& inodes) : m_inodes(inodes) {}
     ~PageCache() { stop(); }
     PageCache(const PageCache&) = delete;
     PageCache& operator=(const PageCache&) = delete;
@@ -80,10 +81,13 @@ class PageCache {
     // lock, which the background thread's notifications of names in it take: such a
     // notification waits with it, at most kWriterWait (only a CREATE of an existing
     // file that others read through the page cache waits at all).
-    void admit_writer(FileHandle* writer, std::function<void()> reply);
+    // `version`: the one the writer writes (FileHandle::version; null for an orphan).
+    void admit_writer(FileHandle* writer, const std::shared_ptr<Version>& version,
+                      std::function<void()> reply);
     // Counts a writer of its inode in (new readers then read directly) and returns the
     // readers already reading through the page cache, with the threads that opened them.
-    std::vector<std::pair<FileHandle*, pid_t>> enter_as_writer(FileHandle* writer);
+    std::vector<std::pair<FileHandle*, pid_t>> enter_as_writer(
+        FileHandle* writer, const std::shared_ptr<Version>& version);
     void leave_as_writer(FileHandle* writer);
     // Marks a page writer as closed with its version published as `published` (or,
     // with `clean` false, written to again): a reader of that version opening before
@@ -99,8 +103,7 @@ class PageCache {
     // has at work: no page writer, no page-cache reader of another version. If so,
     // `a`'s version is recorded as told (PageState::told).
     bool tell_attr(const core::Attr& a);
-    // The kernel forgot `ino`: its state goes unless a handle still uses it.
-    void forget(core::Ino ino);
+    // (The kernel forgetting `ino` drops its idle state: Lookups::forget.)
 
     // ---- content kept for lazy readers (Contents decides; see contents.hpp) ----
     // The version read through the page cache of `ino` while it has readers and
@@ -117,27 +120,6 @@ class PageCache {
     static constexpr auto kWriterWait = std::chrono::seconds(2);
 
   private:
-    struct PageState {
-        core::Digest digest;               // the version whose pages the kernel caches
-        std::uint64_t size = 0;            // its size
-        std::vector<FileHandle*> readers;  // open handles reading through the page cache
-        std::vector<FileHandle*>
-            followers;  // read-only handles reading a shared version's pages (enter_as_follower)
-        std::uint32_t writers = 0;  // open writer handles: no reader enters meanwhile
-        std::uint32_t closed_writers =
-            0;  // of them, closed with their version published (FileHandle::closed_clean)
-        core::Digest closed_digest;  // what the last of them published
-        // The kernel's pages are known to hold only `digest`: a reader that refilled
-        // them (its open made the kernel drop what it held) has sent a READ since.
-        // Until then a new reader refills too: a kept page could still be another
-        // version's, dropped only when the refilling open completes in the kernel.
-        bool settled = false;
-        // The version whose attributes the kernel was last told to keep (tell_attr);
-        // a reader of another one waits for their invalidation (enter).
-        std::optional<core::Digest> told;
-        std::shared_ptr<const std::string> kept;  // `digest`'s content once replaced (Contents)
-        std::uint32_t lazy = 0;  // of `readers`, those that load their content at the first READ
-    };
     struct WaitingWriter {
         FileHandle* writer;
         std::vector<FileHandle*> readers;  // still open: the writer's open waits for them
@@ -146,12 +128,16 @@ class PageCache {
     };
     void run_writer_gate();
 
-    std::mutex m_mutex;  // level 7, a leaf: guards everything below but m_writer_gate
-    std::unordered_map<core::Ino, PageState> m_pages;
-    std::unordered_set<core::Ino> m_lazy_inodes;  // inodes whose PageState::lazy > 0
-    std::vector<WaitingWriter> m_waiting_writers;
-    std::condition_variable m_writer_gate_wake;  // a writer waits, or stop
-    bool m_writer_gate_stop = false;
+    // The page state of `ino`, or null; the record's, made (empty) if needed.
+    PageState* find(core::Ino ino) REQUIRES(m_inodes.mutex);
+    PageState& at(core::Ino ino) REQUIRES(m_inodes.mutex);
+
+    Inodes& m_inodes;
+    // Inodes whose PageState::lazy > 0.
+    std::unordered_set<core::Ino> m_lazy_inodes GUARDED_BY(m_inodes.mutex);
+    std::vector<WaitingWriter> m_waiting_writers GUARDED_BY(m_inodes.mutex);
+    CondVar m_writer_gate_wake;  // a writer waits, or stop
+    bool m_writer_gate_stop GUARDED_BY(m_inodes.mutex) = false;
     std::thread m_writer_gate;  // started and joined by start() and stop() only
 };
 

@@ -4,11 +4,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "lock_order.hpp"
 
 namespace kcache::fsd {
 
@@ -45,8 +46,8 @@ struct Known {
     std::string start_time;
     Caller caller;
 };
-std::mutex g_known_mutex;  // a leaf: guards g_known only
-std::unordered_map<pid_t, Known> g_known;
+Mutex g_known_mutex KCACHE_LEVEL(9);  // a leaf
+std::unordered_map<pid_t, Known> g_known GUARDED_BY(g_known_mutex);
 constexpr std::size_t kMaxKnown = 1 << 14;
 
 std::uint32_t tgid_from_status(pid_t tid) {
@@ -63,7 +64,7 @@ Caller caller_of(pid_t tid) {
     if (fields.size() <= 22) return Caller{static_cast<std::uint32_t>(tid), {}};  // gone already
     const std::string& start_time = fields[21];
     {
-        std::lock_guard lock(g_known_mutex);
+        MutexLock lock(g_known_mutex);
         if (auto it = g_known.find(tid);
             it != g_known.end() && it->second.start_time == start_time) {
             return it->second.caller;
@@ -76,7 +77,7 @@ Caller caller_of(pid_t tid) {
     const auto process =
         caller.pid == static_cast<std::uint32_t>(tid) ? fields : stat_fields(caller.pid);
     if (process.size() > 1) caller.name = process[1];
-    std::lock_guard lock(g_known_mutex);
+    MutexLock lock(g_known_mutex);
     if (g_known.size() >= kMaxKnown) g_known.clear();  // bounded: re-read after this
     g_known[tid] = Known{start_time, caller};
     return caller;

@@ -111,7 +111,7 @@ RemoteTier::~RemoteTier() {
 
 void RemoteTier::start() {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_started || m_stop) return;
         m_started = true;
     }
@@ -125,10 +125,12 @@ void RemoteTier::start() {
 
 void RemoteTier::stop() {
     std::vector<std::function<void()>> answer;
+    bool started = false;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_stop) return;
         m_stop = true;
+        started = m_started;
         for (auto& [name, flight] : m_flights) {
             for (auto& w : flight.waiters) answer.push_back(std::move(w));
             flight.waiters.clear();
@@ -144,12 +146,12 @@ void RemoteTier::stop() {
     for (std::thread& t : m_threads) t.join();
     m_threads.clear();
     record_counts();
-    if (m_started) publish_servers(true);
+    if (started) publish_servers(true);
 }
 
 const std::vector<core::LayoutRule>* RemoteTier::rules(const std::string& text) {
     if (text.empty()) return nullptr;
-    std::lock_guard lock(m_rules_mutex);
+    MutexLock lock(m_rules_mutex);
     if (!m_rules || m_rules_text != text) {
         auto parsed = core::parse_layout_rules(text);
         // The db accepted them (set_config checks): a failure here leaves the built-in rules.
@@ -192,7 +194,7 @@ std::optional<std::string> RemoteTier::candidate(const core::ReadTxn& txn, core:
 
 void RemoteTier::read_through(const std::string& entry, std::function<void()> done) {
     {
-        std::unique_lock lock(m_mutex);
+        MutexLock lock(m_mutex);
         const auto now = Clock::now();
         bool now_answer = m_stop || !m_started;
         if (!now_answer) {
@@ -230,9 +232,9 @@ void RemoteTier::read_through(const std::string& entry, std::function<void()> do
 }
 
 void RemoteTier::run_fetcher() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     for (;;) {
-        m_fetch_wake.wait(lock, [&] { return m_stop || !m_fetch_queue.empty(); });
+        while (!m_stop && m_fetch_queue.empty()) m_fetch_wake.wait(m_mutex);
         if (m_stop) return;
         const std::string entry = std::move(m_fetch_queue.front());
         m_fetch_queue.pop_front();
@@ -293,7 +295,7 @@ void RemoteTier::tag_pulled(const std::vector<std::string>& entries) {
 bool RemoteTier::lease_after_miss(const std::string& entry) {
     bool waiting = false;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto f = m_flights.find(entry);
         if (f == m_flights.end() || f->second.overdue || m_stop) return false;
         if (m_leases.count(entry)) return false;  // ours: this node compiles it
@@ -322,7 +324,7 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
                          got.error().message);
         }
     }
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (waiting && !other) {
         // The holder's lease went (expired, or released) without its manifest: the wait
         // ends without the entry, as at the deadline.
@@ -348,7 +350,7 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
 }
 
 bool RemoteTier::lease_uploaded(const std::string& entry) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     const auto l = m_leases.find(entry);
     if (l == m_leases.end()) return false;
     // How long a compile here takes, lease to upload: the bound of the next leases.
@@ -362,9 +364,9 @@ bool RemoteTier::lease_uploaded(const std::string& entry) {
 }
 
 void RemoteTier::run_lease_keeper() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_stop) {
-        m_lease_wake.wait_for(lock, kLeaseRenew);
+        m_lease_wake.wait_for(m_mutex, kLeaseRenew);
         if (m_stop) return;
         std::vector<std::string> renew;
         const auto now = Clock::now();
@@ -418,7 +420,7 @@ void RemoteTier::run_prefetch() {
                     to_tag.clear();
                 }
             }
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             if (pulled) {
                 remember_pulled(entry);
                 m_prefetched.fetch_add(1);
@@ -443,7 +445,7 @@ void RemoteTier::run_prefetch() {
 }
 
 void RemoteTier::run_timer() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_stop) {
         std::optional<Clock::time_point> next;
         for (const auto& [name, flight] : m_flights) {
@@ -452,9 +454,9 @@ void RemoteTier::run_timer() {
                 next = flight.next_poll;
         }
         if (next) {
-            m_timer_wake.wait_until(lock, *next);
+            m_timer_wake.wait_until(m_mutex, *next);
         } else {
-            m_timer_wake.wait(lock);
+            m_timer_wake.wait(m_mutex);
         }
         if (m_stop) return;
         std::vector<std::function<void()>> answer;
@@ -491,7 +493,7 @@ void RemoteTier::run_timer() {
 }
 
 void RemoteTier::record_counts() {
-    std::lock_guard lock(m_record_mutex);
+    MutexLock lock(m_record_mutex);
     const remote::Counts now = m_remote->counts();
     const remote::Counts delta = minus(now, m_recorded);
     const std::uint64_t queued = m_queued.load(), dropped = m_dropped.load();
@@ -537,7 +539,7 @@ void RemoteTier::record_counts() {
 }
 
 void RemoteTier::publish_servers(bool stopping) {
-    std::lock_guard lock(m_record_mutex);
+    MutexLock lock(m_record_mutex);
     std::vector<remote::ServerState> servers;
     if (!stopping) servers = m_remote->servers();
     std::uint64_t open = 0, half_open = 0;

@@ -71,19 +71,18 @@
 //    stop() sets the gauges to 0 and removes the file.
 // Threads: kFetchers fetchers, one timer (deadlines), one uploader (events, settling,
 // pushes, statistics, breakers), one lease keeper with renewed leases, one prefetcher
-// while a prefetch runs. m_mutex guards the flights,
-// the fetch queue, the miss memo, the pulled set and m_stop; nothing else is locked while it is
-// held, and no callback runs under it. The Remote serializes operations per server itself.
+// while a prefetch runs. m_mutex (level 9, lock_order.hpp) guards the flights, the
+// fetch queue, the miss memo, the pulled set, the leases and m_stop; nothing else is
+// locked while it is held, and no callback runs under it. The Remote serializes
+// operations per server itself.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -96,6 +95,7 @@
 #include "kcache/core/layout.hpp"
 #include "kcache/core/store.hpp"
 #include "kcache/remote/remote.hpp"
+#include "lock_order.hpp"
 
 namespace kcache::fsd {
 
@@ -197,7 +197,7 @@ class RemoteTier {
     void run_prefetch();
     // Publishes the servers' breaker states if they changed (or `stopping`: none).
     void publish_servers(bool stopping);
-    void remember_pulled(const std::string& entry);  // m_mutex held
+    void remember_pulled(const std::string& entry) REQUIRES(m_mutex);
     // True at most once every 10 s (m_last_warning_ns): failures are counted always,
     // logged only then. Any thread; takes no lock.
     bool may_warn();
@@ -216,20 +216,23 @@ class RemoteTier {
     std::unique_ptr<remote::Remote> m_remote;
     const Clock::duration m_deadline;  // of a read-through: connect + one operation
 
-    std::mutex m_mutex;
-    std::condition_variable m_fetch_wake;   // a fetch queued, or stop
-    std::condition_variable m_timer_wake;   // a flight began, or stop
-    std::condition_variable m_upload_wake;  // stop
-    std::condition_variable m_lease_wake;   // stop
-    bool m_stop = false;
-    bool m_started = false;
-    std::unordered_map<std::string, Flight> m_flights;
-    std::deque<std::string> m_fetch_queue;
-    std::unordered_map<std::string, Clock::time_point> m_missed;  // entry -> memo ends
-    std::unordered_set<std::string> m_pulled;                     // pulled here: not uploaded back
-    std::unordered_map<std::string, Lease> m_leases;              // compile leases held here
-    std::deque<Clock::duration> m_lease_times;  // the last kLeaseSamples: taken to uploaded
-    Clock::duration m_lease_bound = kLeaseBoundFirst;
+    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    CondVar m_fetch_wake;           // a fetch queued, or stop
+    CondVar m_timer_wake;           // a flight began, or stop
+    CondVar m_upload_wake;          // stop
+    CondVar m_lease_wake;           // stop
+    bool m_stop GUARDED_BY(m_mutex) = false;
+    bool m_started GUARDED_BY(m_mutex) = false;
+    std::unordered_map<std::string, Flight> m_flights GUARDED_BY(m_mutex);
+    std::deque<std::string> m_fetch_queue GUARDED_BY(m_mutex);
+    // Entry -> when its miss memo ends.
+    std::unordered_map<std::string, Clock::time_point> m_missed GUARDED_BY(m_mutex);
+    std::unordered_set<std::string> m_pulled GUARDED_BY(m_mutex);  // pulled here: not uploaded back
+    // Compile leases held here.
+    std::unordered_map<std::string, Lease> m_leases GUARDED_BY(m_mutex);
+    // The last kLeaseSamples: taken to uploaded.
+    std::deque<Clock::duration> m_lease_times GUARDED_BY(m_mutex);
+    Clock::duration m_lease_bound GUARDED_BY(m_mutex) = kLeaseBoundFirst;
     const std::string m_owner;  // this daemon in lease values: host:pid
     // A pull that found no manifest, with leases on: the lease decided (m_mutex not held).
     // True when the flight goes on waiting (its waiters are kept).
@@ -242,26 +245,30 @@ class RemoteTier {
     bool lease_uploaded(const std::string& entry);
     void run_lease_keeper();
 
-    std::mutex m_rules_mutex;  // the db's layout rules, parsed once per text
-    std::string m_rules_text;
-    std::optional<std::vector<core::LayoutRule>> m_rules;
+    Mutex m_rules_mutex KCACHE_LEVEL(9);  // the db's layout rules, parsed once per text
+    std::string m_rules_text GUARDED_BY(m_rules_mutex);
+    std::optional<std::vector<core::LayoutRule>> m_rules GUARDED_BY(m_rules_mutex);
 
     // Uploader thread only.
     std::unordered_map<core::Ino, Pending> m_pending;
     std::uint64_t m_explained_seq = 0;  // misses asked about up to here (explain_misses)
-    remote::Counts m_recorded;          // what record_counts() already added to the db
+    Mutex m_record_mutex KCACHE_LEVEL(9);  // record_counts() from the uploader and stop()
+    // What record_counts() already added to the db.
+    remote::Counts m_recorded GUARDED_BY(m_record_mutex);
     std::atomic<std::uint64_t> m_queued{0}, m_dropped{0};
-    std::uint64_t m_recorded_queued = 0, m_recorded_dropped = 0;
-    std::mutex m_record_mutex;  // record_counts() from the uploader and stop()
+    std::uint64_t m_recorded_queued GUARDED_BY(m_record_mutex) = 0;
+    std::uint64_t m_recorded_dropped GUARDED_BY(m_record_mutex) = 0;
 
     const std::string m_prefetch_tag;
     const std::string m_job_tag;  // --job-tag: empty when none
     std::atomic<std::uint64_t> m_prefetched{0}, m_prefetched_bytes{0};
-    std::uint64_t m_recorded_prefetched = 0,
-                  m_recorded_prefetched_bytes = 0;  // under m_record_mutex
+    std::uint64_t m_recorded_prefetched GUARDED_BY(m_record_mutex) = 0;
+    std::uint64_t m_recorded_prefetched_bytes GUARDED_BY(m_record_mutex) = 0;
     std::atomic<std::uint64_t> m_lease_waits{0}, m_lease_timeouts{0};
-    std::uint64_t m_recorded_lease_waits = 0, m_recorded_lease_timeouts = 0;  // m_record_mutex
-    std::string m_published_servers;  // what publish_servers() wrote last, under m_record_mutex
+    std::uint64_t m_recorded_lease_waits GUARDED_BY(m_record_mutex) = 0;
+    std::uint64_t m_recorded_lease_timeouts GUARDED_BY(m_record_mutex) = 0;
+    // What publish_servers() wrote last.
+    std::string m_published_servers GUARDED_BY(m_record_mutex);
 
     std::atomic<std::int64_t> m_last_warning_ns{0};  // failures are logged at most every 10 s
 

@@ -26,7 +26,7 @@ void RemoteTier::follow_events(core::EventCursor& events) {
         if (e.entry == 0) return true;
         if (auto entry =
                 txn->entry(e.entry)) {  // pulled here (read through, prefetched): not uploaded back
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             if (m_pulled.count(entry->name)) return true;
         }
         if (auto p = m_pending.find(e.entry); p != m_pending.end()) {
@@ -84,7 +84,7 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
         }
         bool leased = false;  // others may be waiting for it: a shorter settle
         {
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             leased = m_leases.count(entry->name) > 0;
         }
         // Redis keeps an entry's first manifest, so an entry must not go before it is
@@ -101,7 +101,7 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
         }
         bool pulled = false;
         {
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             pulled = m_pulled.erase(entry->name) > 0;
         }
         if (!pulled && entry->files > 0) names.emplace_back(it->first, entry->name);
@@ -118,17 +118,17 @@ void RemoteTier::run_uploader() {
     }
     auto last_record = Clock::now();
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_stop) {
         // While this node holds leases, others may wait for its uploads: look more often.
-        m_upload_wake.wait_for(lock, m_leases.empty() ? kUploadTick : kUploadTickLeased);
+        m_upload_wake.wait_for(m_mutex, m_leases.empty() ? kUploadTick : kUploadTickLeased);
         if (m_stop) break;
         lock.unlock();
         if (uploads) {
             follow_events(events);
             for (const auto& [id, name] : settled()) {
                 {
-                    std::lock_guard stopping(m_mutex);
+                    MutexLock stopping(m_mutex);
                     if (m_stop) break;
                 }
                 auto r = m_remote->push(m_store, name, m_job_tag);  // --job-tag: joins its set

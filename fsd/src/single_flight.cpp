@@ -11,7 +11,7 @@ namespace kcache::fsd {
 
 void SingleFlight::start() {
     if (!enabled()) return;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (m_started || m_stop) return;
     m_started = true;
     m_thread = std::thread([this] { run(); });
@@ -19,7 +19,7 @@ void SingleFlight::start() {
 
 void SingleFlight::stop() {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_stop) return;
         m_stop = true;
     }
@@ -29,7 +29,7 @@ void SingleFlight::stop() {
     // wait(), which sees m_stop.
     std::vector<std::function<void(End)>> answer;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         for (auto it = m_waiters.begin(); it != m_waiters.end();) {
             if (!it->second.registered) {
                 ++it;
@@ -45,7 +45,7 @@ void SingleFlight::stop() {
 
 void SingleFlight::writer_opened(core::Ino entry, std::uint32_t process) {
     if (!enabled() || entry == 0) return;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     if (m_fillers.size() >= kMaxEntries) prune_locked(Clock::now());
     if (m_fillers.size() >= kMaxEntries && !m_fillers.count(entry)) return;  // a bound: no wait
     Filler& f = m_fillers[entry][process];
@@ -56,7 +56,7 @@ void SingleFlight::writer_opened(core::Ino entry, std::uint32_t process) {
 void SingleFlight::writer_closed(core::Ino entry, std::uint32_t process) {
     if (!enabled() || entry == 0) return;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto e = m_fillers.find(entry);
         if (e == m_fillers.end()) return;
         auto f = e->second.find(process);
@@ -70,7 +70,7 @@ void SingleFlight::writer_closed(core::Ino entry, std::uint32_t process) {
 void SingleFlight::created(core::Ino entry, std::uint32_t process) {
     if (!enabled() || entry == 0) return;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_fillers.size() >= kMaxEntries) prune_locked(Clock::now());
         if (m_fillers.size() >= kMaxEntries && !m_fillers.count(entry)) return;
         m_fillers[entry][process].last = Clock::now();
@@ -80,7 +80,7 @@ void SingleFlight::created(core::Ino entry, std::uint32_t process) {
 
 bool SingleFlight::active(core::Ino entry) {
     if (!enabled()) return false;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto e = m_fillers.find(entry);
     if (e == m_fillers.end()) return false;
     const auto now = Clock::now();
@@ -94,7 +94,7 @@ bool SingleFlight::filled_by_other(core::Ino entry, std::uint32_t asker) {
     if (!enabled()) return false;
     std::vector<std::uint32_t> at;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto e = m_fillers.find(entry);
         if (e == m_fillers.end()) return false;
         const auto now = Clock::now();
@@ -118,13 +118,13 @@ bool SingleFlight::filled_by_other(core::Ino entry, std::uint32_t asker) {
 bool SingleFlight::retry_first(pid_t tid, const Awaited& awaited) {
     if (!enabled() || !active(awaited.entry)) return false;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_stop || !m_started) return false;
         if (m_retries.size() >= kMaxRetries) prune_locked(Clock::now());
         if (m_retries.size() >= kMaxRetries) return false;  // a bound: a plain miss
     }
     if (!filled_by_other(awaited.entry, awaited.asker)) return false;  // /proc: not locked
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     Retry& r = m_retries[tid];
     r.awaited = awaited;
     r.waited = false;
@@ -134,7 +134,7 @@ bool SingleFlight::retry_first(pid_t tid, const Awaited& awaited) {
 
 bool SingleFlight::retried(pid_t tid, core::Ino dir, std::string_view name) {
     if (!enabled()) return false;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto r = m_retries.find(tid);
     if (r == m_retries.end()) return false;
     if (r->second.expires <= Clock::now()) {  // an older system call's: not this one's retry
@@ -148,7 +148,7 @@ bool SingleFlight::retried(pid_t tid, core::Ino dir, std::string_view name) {
 
 std::optional<SingleFlight::Awaited> SingleFlight::retrying(pid_t tid, core::Ino ino) {
     if (!enabled()) return std::nullopt;
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto r = m_retries.find(tid);
     if (r == m_retries.end() || r->second.waited || r->second.awaited.dir != ino)
         return std::nullopt;
@@ -165,7 +165,7 @@ bool SingleFlight::wait(fuse_req_t req, Awaited awaited, std::function<void(End)
     if (!enabled()) return false;
     std::uint64_t id = 0;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (!m_started || m_stop || m_waiters.size() >= kMaxWaiters) return false;
         id = ++m_next_id;
         Waiter& w = m_waiters[id];
@@ -181,7 +181,7 @@ bool SingleFlight::wait(fuse_req_t req, Awaited awaited, std::function<void(End)
     fuse_req_interrupt_func(req, &SingleFlight::on_interrupt, this);
     std::function<void(End)> stopped;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto w = m_waiters.find(id);
         if (m_stop) {  // stop() left it to us
             m_by_req.erase(w->second.req);
@@ -202,7 +202,7 @@ bool SingleFlight::wait(fuse_req_t req, Awaited awaited, std::function<void(End)
 void SingleFlight::on_interrupt(fuse_req_t req, void* data) {
     auto* self = static_cast<SingleFlight*>(data);
     {
-        std::lock_guard lock(self->m_mutex);
+        MutexLock lock(self->m_mutex);
         auto id = self->m_by_req.find(req);
         if (id == self->m_by_req.end()) return;  // answered already
         auto w = self->m_waiters.find(id->second);
@@ -221,13 +221,13 @@ void SingleFlight::prune_locked(Clock::time_point now) {
 }
 
 void SingleFlight::run() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     auto last_prune = Clock::now();
     while (!m_stop) {
         if (m_waiters.empty()) {
-            m_wake.wait_for(lock, std::chrono::seconds(1));
+            m_wake.wait_for(m_mutex, std::chrono::seconds(1));
         } else {
-            m_wake.wait_for(lock, kPoll);
+            m_wake.wait_for(m_mutex, kPoll);
         }
         if (m_stop) break;
         auto now = Clock::now();

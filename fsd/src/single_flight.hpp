@@ -54,10 +54,8 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -154,19 +152,21 @@ class SingleFlight {
     bool at_work(const Filler& f, Clock::time_point now) const {
         return f.writers > 0 || now - f.last < kGrace;
     }
-    void prune_locked(Clock::time_point now);
+    void prune_locked(Clock::time_point now) REQUIRES(m_mutex);
 
     core::Store& m_store;
     const std::chrono::milliseconds m_bound;
-    std::mutex m_mutex;  // level 9, a leaf; guards everything below but m_thread
-    std::condition_variable m_wake;
-    bool m_started = false;
-    bool m_stop = false;
-    std::unordered_map<core::Ino, std::unordered_map<std::uint32_t, Filler>> m_fillers;
-    std::unordered_map<pid_t, Retry> m_retries;  // by thread
-    std::uint64_t m_next_id = 0;
-    std::unordered_map<std::uint64_t, Waiter> m_waiters;
-    std::unordered_map<fuse_req_t, std::uint64_t> m_by_req;  // interrupts find their waiter
+    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    CondVar m_wake;
+    bool m_started GUARDED_BY(m_mutex) = false;
+    bool m_stop GUARDED_BY(m_mutex) = false;
+    std::unordered_map<core::Ino, std::unordered_map<std::uint32_t, Filler>> m_fillers
+        GUARDED_BY(m_mutex);
+    std::unordered_map<pid_t, Retry> m_retries GUARDED_BY(m_mutex);  // by thread
+    std::uint64_t m_next_id GUARDED_BY(m_mutex) = 0;
+    std::unordered_map<std::uint64_t, Waiter> m_waiters GUARDED_BY(m_mutex);
+    // Interrupts find their waiter.
+    std::unordered_map<fuse_req_t, std::uint64_t> m_by_req GUARDED_BY(m_mutex);
     std::thread m_thread;
 };
 

@@ -94,7 +94,7 @@ void HandleTable::on_rebuild(RebuildFile file, RebuildDir dir) {
 std::optional<HandleTable::TakenSlot> HandleTable::take_slot() {
     std::uint32_t slot = 0;
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (m_free.empty()) return std::nullopt;
         slot = m_free.back();
         m_free.pop_back();
@@ -153,7 +153,7 @@ void* HandleTable::live_or_rebuild(std::uint64_t fh, HandleKind kind) {
     const std::uint32_t slot = slot_of(fh);
     if (void* p = m_live[slot].load(std::memory_order_acquire)) return p;
     // A slot a predecessor left: rebuilt once, by whichever request comes first.
-    std::lock_guard lock(m_rebuild_mutex);
+    MutexLock lock(m_rebuild_mutex);
     if (void* p = m_live[slot].load(std::memory_order_acquire)) return p;
     void* made = nullptr;
     if (kind == HandleKind::file && m_rebuild_file) {
@@ -180,7 +180,7 @@ void HandleTable::release(std::uint64_t fh, bool counted) {
     if (m_state.records()[slot].unpublished.exchange(0) && counted) --m_unpublished;
     m_live[slot].store(nullptr, std::memory_order_relaxed);
     m_state.records()[slot].kind.store(HandleKind::free, std::memory_order_release);
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_mutex);
     m_free.push_back(slot);
 }
 

@@ -30,12 +30,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "kcache/core/error.hpp"
 #include "kcache/core/types.hpp"
+#include "lock_order.hpp"
 
 namespace kcache::fsd {
 
@@ -127,8 +127,8 @@ class StateFile {
 // freed too).
 //
 // Locks: m_mutex, level 9 (lock_order.hpp), a leaf except that the rebuild callbacks
-// run under m_rebuild_mutex, taken with nothing of ours held (they read the db, join
-// versions). Lookups of a live handle take no lock.
+// run under m_rebuild_mutex, level 0, taken with nothing of ours held (they read the
+// db, join versions). Lookups of a live handle take no lock.
 class HandleTable {
   public:
     using RebuildFile = std::function<FileHandle*(const HandleRecord&)>;
@@ -174,9 +174,9 @@ class HandleTable {
 
     StateFile& m_state;
     std::unique_ptr<std::atomic<void*>[]> m_live;  // by slot; FileHandle* or DirHandle*
-    std::mutex m_mutex;                            // guards m_free
-    std::vector<std::uint32_t> m_free;             // free slots, lowest last
-    std::mutex m_rebuild_mutex;
+    Mutex m_mutex KCACHE_LEVEL(9);
+    std::vector<std::uint32_t> m_free GUARDED_BY(m_mutex);  // free slots, lowest last
+    Mutex m_rebuild_mutex KCACHE_LEVEL(0);
     RebuildFile m_rebuild_file;
     RebuildDir m_rebuild_dir;
     std::size_t m_inherited = 0;

@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
+#include "lock_order.hpp"
 #include "log.hpp"
 #include "resend.hpp"
 
@@ -28,14 +27,14 @@ int g_fd = -1;
 std::atomic<Phase> g_phase{Phase::none};
 std::uint64_t g_replay_unique = 0;         // written before g_phase leaves none
 std::vector<std::uint8_t> g_replay_reply;  // libfuse's reply to the replayed INIT (swallowed)
-std::mutex g_mutex;                        // with g_done: readers wait for the replay
-std::condition_variable g_done;
+Mutex g_mutex KCACHE_LEVEL(9);             // with g_done: readers wait for the replay (a leaf)
+CondVar g_done;
 
 // The kernel's INIT request, read and not yet answered (a first daemon).
-std::mutex g_pending_mutex;
-std::uint64_t g_pending_unique = 0;  // 0: none
-std::uint32_t g_pending_size = 0;
-std::uint8_t g_pending[kMaxInitBytes];
+Mutex g_pending_mutex KCACHE_LEVEL(9);                           // a leaf
+std::uint64_t g_pending_unique GUARDED_BY(g_pending_mutex) = 0;  // 0: none
+std::uint32_t g_pending_size GUARDED_BY(g_pending_mutex) = 0;
+std::uint8_t g_pending[kMaxInitBytes] GUARDED_BY(g_pending_mutex);
 
 std::size_t total_of(const iovec* iov, int count) {
     std::size_t total = 0;
@@ -60,7 +59,7 @@ void request_resend() {
 
 void finish_replay() {
     {
-        std::lock_guard lock(g_mutex);
+        MutexLock lock(g_mutex);
         g_phase = Phase::done;
     }
     g_done.notify_all();
@@ -104,8 +103,8 @@ std::optional<ssize_t> read_replayed(void* buf, size_t len) {
         std::memcpy(buf, g_state->header().init, size);
         return static_cast<ssize_t>(size);
     }
-    std::unique_lock lock(g_mutex);
-    g_done.wait(lock, [] { return g_phase.load() == Phase::done; });
+    MutexLock lock(g_mutex);
+    while (g_phase.load() != Phase::done) g_done.wait(g_mutex);
     return std::nullopt;
 }
 
@@ -140,7 +139,7 @@ ssize_t read(int fd, void* buf, size_t len) {
         if (in->opcode != FUSE_INIT) return n;
         if (g_phase.load() == Phase::done && answer_resent_init(fd, *in)) continue;
         if (g_state && n <= static_cast<ssize_t>(kMaxInitBytes)) {
-            std::lock_guard lock(g_pending_mutex);
+            MutexLock lock(g_pending_mutex);
             g_pending_unique = in->unique;
             g_pending_size = static_cast<std::uint32_t>(n);
             std::memcpy(g_pending, buf, static_cast<std::size_t>(n));
@@ -176,7 +175,7 @@ void record_init(const iovec* iov, int count) {
     if (!g_state || count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return;
     const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
     if (out->unique == 0 || out->error != 0) return;
-    std::lock_guard lock(g_pending_mutex);
+    MutexLock lock(g_pending_mutex);
     if (out->unique != g_pending_unique) return;
     StateHeader& h = g_state->header();
     std::memcpy(h.init, g_pending, g_pending_size);

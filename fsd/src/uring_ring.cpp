@@ -163,7 +163,7 @@ void UringTransport::Ring::serve() {
                 woken = true;
                 std::vector<Entry*> ready;
                 {
-                    std::lock_guard lock(handoff);
+                    MutexLock lock(handoff);
                     ready.swap(handed);
                 }
                 for (Entry* e : ready) {
@@ -246,7 +246,7 @@ void UringTransport::Ring::process(Entry* e) {
 }
 
 void UringTransport::Ring::close_ring() {
-    std::lock_guard lock(handoff);  // a deferred reply writes event_fd under it
+    MutexLock lock(handoff);  // a deferred reply writes event_fd under it
     closed = true;
     handed.clear();
     if (ring_made) io_uring_queue_exit(&ring);

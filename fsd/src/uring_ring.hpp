@@ -8,15 +8,14 @@
 #include <sys/uio.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "fuse_uring_abi.hpp"
+#include "lock_order.hpp"
 #include "uring_transport.hpp"
 
 namespace kcache::fsd {
@@ -94,10 +93,10 @@ struct UringTransport::Ring {
     std::size_t payload_size = 0;
     Entry slots[kMaxEntriesPerThread];
     std::atomic<int> entry_count{0};  // slots[0, entry_count) are made (release/acquire)
-    // Replies written by other threads, for this thread to commit (guarded by handoff).
-    std::mutex handoff;
-    std::vector<Entry*> handed;
-    bool closed = false;  // the ring is gone: replies are refused
+    // Replies written by other threads, for this thread to commit.
+    Mutex handoff KCACHE_LEVEL(9);  // a leaf
+    std::vector<Entry*> handed GUARDED_BY(handoff);
+    bool closed GUARDED_BY(handoff) = false;  // the ring is gone: replies are refused
     std::atomic<bool> stopping{false};
     std::atomic<std::uint64_t> served{0};
     std::thread thread;
@@ -105,20 +104,22 @@ struct UringTransport::Ring {
 
     // The start-up handshake with the thread that answers INIT.
     enum class Phase { making, made, failed, go, abort, registered, register_failed };
-    std::mutex phase_mutex;
-    std::condition_variable phase_changed;
-    Phase phase = Phase::making;
-    std::string error;
+    Mutex phase_mutex KCACHE_LEVEL(9);  // a leaf
+    CondVar phase_changed;
+    Phase phase GUARDED_BY(phase_mutex) = Phase::making;
+    std::string error GUARDED_BY(phase_mutex);  // why it failed
 
     void set_phase(Phase p, std::string why = {}) {
-        std::lock_guard lock(phase_mutex);
+        MutexLock lock(phase_mutex);
         phase = p;
         if (!why.empty()) error = std::move(why);
         phase_changed.notify_all();
     }
-    Phase wait_phase_past(Phase from) {
-        std::unique_lock lock(phase_mutex);
-        phase_changed.wait(lock, [&] { return phase != from; });
+    // The phase after `from`, once there is one (and in *why the error set with it).
+    Phase wait_phase_past(Phase from, std::string* why = nullptr) {
+        MutexLock lock(phase_mutex);
+        while (phase == from) phase_changed.wait(phase_mutex);
+        if (why) *why = error;
         return phase;
     }
 

@@ -196,7 +196,7 @@ struct UringHooks {
         // The wake-up is written under the hand-off lock, which close_ring() closes
         // event_fd under: a write after the close could land in a file that reused its
         // number (ThreadSanitizer found it). An eventfd write does not block.
-        std::lock_guard lock(e->ring->handoff);
+        MutexLock lock(e->ring->handoff);
         if (e->ring->closed) {
             errno = ENOTCONN;
             return -1;
@@ -286,10 +286,11 @@ struct UringHooks {
 
         std::string failure;
         for (auto& r : t.m_rings) {
-            if (r->wait_phase_past(UringTransport::Ring::Phase::making) ==
+            std::string why;
+            if (r->wait_phase_past(UringTransport::Ring::Phase::making, &why) ==
                     UringTransport::Ring::Phase::failed &&
                 failure.empty()) {
-                failure = r->error;
+                failure = why;
             }
         }
         auto abandon = [&t] {
@@ -319,9 +320,10 @@ struct UringHooks {
         for (auto& r : t.m_rings) r->set_phase(UringTransport::Ring::Phase::go);
         int failed = 0;
         for (auto& r : t.m_rings) {
-            if (r->wait_phase_past(UringTransport::Ring::Phase::go) ==
+            std::string why;
+            if (r->wait_phase_past(UringTransport::Ring::Phase::go, &why) ==
                 UringTransport::Ring::Phase::register_failed) {
-                if (failed++ == 0) failure = r->error;
+                if (failed++ == 0) failure = why;
             }
         }
         // Threads that registered keep serving (their entries are the kernel's now);
@@ -368,7 +370,7 @@ void UringTransport::stop() {
     m_stopped = true;
     for (auto& r : m_rings) {
         r->stopping = true;
-        std::lock_guard lock(r->handoff);
+        MutexLock lock(r->handoff);
         if (!r->closed) {
             const std::uint64_t one = 1;
             (void)!::write(r->event_fd, &one, sizeof one);

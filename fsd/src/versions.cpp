@@ -12,40 +12,33 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
     bool truncate_shared = false;
     for (;;) {
         {
-            std::unique_lock lock(m_mutex);
-            auto ending = [&] {
-                auto it = m_versions.find(ino);
-                if (it == m_versions.end()) return false;
-                if (it->second.shared && it->second.shared->ending) return true;
-                return std::any_of(it->second.rewrites.begin(), it->second.rewrites.end(),
-                                   [](const auto& v) { return v->ending; });
-            };
-            m_ended.wait(lock, [&] { return !ending(); });
-            InodeVersions& versions = m_versions[ino];
-            if (versions.shared) {
-                joined = versions.shared;  // an O_TRUNC open truncates it, as on a local disk
+            MutexLock lock(m_inodes.mutex);
+            while (ending(ino)) m_inodes.version_ended.wait(m_inodes.mutex);
+            Inode& inode = m_inodes.at(ino);
+            if (inode.shared) {
+                joined = inode.shared;  // an O_TRUNC open truncates it, as on a local disk
                 truncate_shared = truncate;
-            } else if (!truncate && !versions.rewrites.empty()) {
+            } else if (!truncate && !inode.rewrites.empty()) {
                 // A handle that shares the file meets a rewrite at work: as on a local
                 // disk, they share one file from now on (the newest rewrite's content).
-                joined = versions.rewrites.back();
-                versions.rewrites.pop_back();
+                joined = inode.rewrites.back();
+                inode.rewrites.pop_back();
                 joined->shared = true;
-                versions.shared = joined;
+                inode.shared = joined;
             } else if (made) {
                 joined = std::make_shared<Version>(std::move(*made), !truncate, opener);
                 made.reset();
                 joined->touched = ++m_write_clock;
                 if (truncate)
-                    versions.rewrites.push_back(joined);
+                    inode.rewrites.push_back(joined);
                 else
-                    versions.shared = joined;
+                    inode.shared = joined;
             }
             if (joined) {
                 ++joined->handles;
                 break;
             }
-            if (versions.rewrites.empty() && !versions.shared) m_versions.erase(ino);
+            m_inodes.prune(ino);  // made by at() above
         }
         // A new version: begin it outside the lock (a write transaction), then decide again.
         auto staged = KCACHE_TRY(core::StagedFile::begin(m_store, ino, truncate));
@@ -55,14 +48,22 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
     if (made) (void)made->abandon();  // another handle's version was taken instead
     *out = joined;
     if (truncate_shared) {
-        std::lock_guard lock(joined->mutex);
+        MutexLock lock(joined->mutex);
         if (auto s = joined->staged.truncate(0); !s) return s;
     }
     return {};
 }
 
+bool Versions::ending(Ino ino) {
+    const Inode* inode = m_inodes.find(ino);
+    if (!inode) return false;
+    if (inode->shared && inode->shared->ending) return true;
+    return std::any_of(inode->rewrites.begin(), inode->rewrites.end(),
+                       [](const auto& v) { return v->ending; });
+}
+
 bool Versions::leave(Version& version) {
-    std::lock_guard lock(m_mutex);
+    MutexLock lock(m_inodes.mutex);
     if (--version.handles > 0) return false;
     version.ending = true;  // no handle joins it any more; new ones wait for its end
     return true;
@@ -70,47 +71,47 @@ bool Versions::leave(Version& version) {
 
 void Versions::ended(Ino ino, const std::shared_ptr<Version>& version) {
     {
-        std::lock_guard lock(m_mutex);
-        if (auto it = m_versions.find(ino); it != m_versions.end()) {
-            InodeVersions& versions = it->second;
-            if (versions.shared == version) versions.shared.reset();
-            std::erase(versions.rewrites, version);
-            if (!versions.shared && versions.rewrites.empty()) m_versions.erase(it);
+        MutexLock lock(m_inodes.mutex);
+        if (Inode* inode = m_inodes.find(ino)) {
+            if (inode->shared == version) inode->shared.reset();
+            std::erase(inode->rewrites, version);
+            m_inodes.prune(ino);
         }
         version->ending = false;
     }
-    m_ended.notify_all();
+    m_inodes.version_ended.notify_all();
 }
 
 std::shared_ptr<Version> Versions::shared(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_versions.find(ino);
-    return it == m_versions.end() ? nullptr : it->second.shared;
+    MutexLock lock(m_inodes.mutex);
+    const Inode* inode = m_inodes.find(ino);
+    return inode ? inode->shared : nullptr;
 }
 
 bool Versions::has_rewrite(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    auto it = m_versions.find(ino);
-    return it != m_versions.end() && !it->second.rewrites.empty();
+    MutexLock lock(m_inodes.mutex);
+    const Inode* inode = m_inodes.find(ino);
+    return inode && !inode->rewrites.empty();
 }
 
 bool Versions::at_work(Ino ino) {
-    std::lock_guard lock(m_mutex);
-    return m_versions.count(ino) > 0;
+    MutexLock lock(m_inodes.mutex);
+    const Inode* inode = m_inodes.find(ino);
+    return inode && (inode->shared || !inode->rewrites.empty());
 }
 
 std::optional<std::uint64_t> Versions::rewrite_size(Ino ino, std::uint32_t process) {
     std::shared_ptr<Version> newest;
     {
-        std::lock_guard lock(m_mutex);
-        auto it = m_versions.find(ino);
-        if (it == m_versions.end()) return std::nullopt;
-        for (const auto& v : it->second.rewrites) {
+        MutexLock lock(m_inodes.mutex);
+        const Inode* inode = m_inodes.find(ino);
+        if (!inode) return std::nullopt;
+        for (const auto& v : inode->rewrites) {
             if (v->opener == process && (!newest || v->touched > newest->touched)) newest = v;
         }
     }
     if (!newest) return std::nullopt;
-    std::lock_guard lock(newest->mutex);
+    MutexLock lock(newest->mutex);
     return newest->staged.content().size();
 }
 
@@ -118,22 +119,22 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
     std::vector<std::shared_ptr<Version>> versions;
     std::shared_ptr<Version> shared;
     {
-        std::lock_guard lock(m_mutex);
-        auto it = m_versions.find(ino);
-        if (it == m_versions.end()) return false;
-        shared = it->second.shared;
-        versions = it->second.rewrites;
+        MutexLock lock(m_inodes.mutex);
+        const Inode* inode = m_inodes.find(ino);
+        if (!inode) return false;
+        shared = inode->shared;
+        versions = inode->rewrites;
     }
     // On a local disk a truncate by path cuts the one file every writer shares: the
     // rewrites' staged copies are cut too. A version that ended (its last release
     // published it; it leaves the registry just after) is the stored file now: cutting
     // its staged copy would cut nothing, so the db's content is truncated instead.
     for (const auto& v : versions) {
-        std::lock_guard lock(v->mutex);
+        MutexLock lock(v->mutex);
         if (!v->ended) (void)v->staged.truncate(size);
     }
     if (!shared) return false;
-    std::lock_guard lock(shared->mutex);
+    MutexLock lock(shared->mutex);
     if (shared->ended) return false;
     (void)shared->staged.truncate(size);
     *shared_size = shared->staged.content().size();
@@ -143,7 +144,7 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
 void Versions::apply_live_size(Attr& attr) {
     if (!attr.is_regular()) return;
     if (auto version = shared(attr.ino)) {
-        std::lock_guard lock(version->mutex);
+        MutexLock lock(version->mutex);
         attr.size = version->staged.content().size();
     }
 }

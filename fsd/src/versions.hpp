@@ -10,18 +10,19 @@
 // a write transaction, ENOENT for a file removed meanwhile, or truncating the shared
 // version); nothing else.
 //
-// Locks (lock_order.hpp): m_mutex, level 8, a leaf; Version::mutex, level 2.
+// The registry's state is part of each inode's record in the inode table (inodes.hpp:
+// Inode::shared, Inode::rewrites).
+//
+// Locks (lock_order.hpp): the inode table's, level 5; Version::mutex, level 2.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
+#include "inodes.hpp"
 #include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
@@ -35,11 +36,11 @@ struct Version {
           started_from(staged.stored_digest()),
           shared(is_shared),
           opener(by) {}
-    std::mutex mutex;                 // level 2; guards staged and ended
-    core::StagedFile staged;          // the content, and the write lease while not ended
-    bool ended = false;               // published and lease released by its last handle
+    Mutex mutex KCACHE_LEVEL(2);
+    core::StagedFile staged GUARDED_BY(mutex);  // the content, and the write lease while not ended
+    bool ended GUARDED_BY(mutex) = false;       // published and lease released by its last handle
     const core::Digest started_from;  // the stored version it grew from: its readers follow
-    // Guarded by Versions::m_mutex:
+    // Guarded by the inode table's mutex (another object's: clang cannot name it here):
     std::atomic<bool> shared;  // the inode's shared version (else a private rewrite); read anywhere
     bool ending = false;       // its last handle left: publishing, then out of the registry
     std::uint32_t handles = 0;   // write-capable handles using it
@@ -49,8 +50,8 @@ struct Version {
 
 class Versions {
   public:
-    Versions(core::Store& store, std::uint64_t max_file_size)
-        : m_store(store), m_max_file_size(max_file_size) {}
+    Versions(core::Store& store, std::uint64_t max_file_size, Inodes& inodes)
+        : m_store(store), m_max_file_size(max_file_size), m_inodes(inodes) {}
 
     // Gives a handle of `ino` opened for writing by `opener` (`truncate` for O_TRUNC)
     // its version under THE RULE, in *joined* (set also when truncating a joined
@@ -83,18 +84,13 @@ class Versions {
     void apply_live_size(core::Attr& attr);
 
   private:
-    // The versions being written of one inode (THE RULE).
-    struct InodeVersions {
-        std::shared_ptr<Version> shared;                 // at most one
-        std::vector<std::shared_ptr<Version>> rewrites;  // private O_TRUNC versions, oldest first
-    };
+    // Whether a version of `ino` is ending (its last handle is publishing it).
+    bool ending(core::Ino ino) REQUIRES(m_inodes.mutex);
 
     core::Store& m_store;
     const std::uint64_t m_max_file_size;
-    std::mutex m_mutex;  // level 8, a leaf; guards m_versions and the Version fields so marked
-    std::unordered_map<core::Ino, InodeVersions> m_versions;
-    std::condition_variable m_ended;  // a version of some inode finished ending
-    std::uint64_t m_write_clock = 0;  // under m_mutex
+    Inodes& m_inodes;
+    std::uint64_t m_write_clock GUARDED_BY(m_inodes.mutex) = 0;
 };
 
 }  // namespace kcache::fsd

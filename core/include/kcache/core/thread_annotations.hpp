@@ -1,0 +1,153 @@
+// Clang's thread-safety analysis (-Wthread-safety) for kcache: the attribute macros, and
+// a mutex, a scoped lock and a condition variable that carry them.
+//
+// Why our own types: libstdc++'s std::mutex and std::lock_guard carry no capability
+// attributes, so clang cannot tell which lock a function holds. kcache::Mutex is a
+// std::mutex that says what it is; MutexLock is the scoped lock the analysis follows
+// (also across unlock() and lock() again, for a loop that lets the lock go while it
+// works); CondVar waits on a Mutex the caller holds. After LevelDB's
+// port/thread_annotations.h and clang's documentation ("Thread Safety Analysis").
+//
+// How a unit uses them:
+//   Mutex m_mutex KCACHE_LEVEL(5);          // lock_order.hpp: its place in the order
+//   std::vector<int> m_queue GUARDED_BY(m_mutex);
+//   void drain_locked() REQUIRES(m_mutex);  // called with m_mutex held
+//   ...
+//   MutexLock lock(m_mutex);
+//   while (m_queue.empty()) m_wake.wait(m_mutex);  // no predicate lambdas: clang
+//                                                  // analyzes a lambda on its own
+//
+// Under GCC every macro is empty and the types are plain wrappers: the build is the
+// same, and scripts/check_thread_safety.sh runs clang's analysis over fsd (a CTest test).
+// Contract: as std::mutex and std::condition_variable; nothing here fails otherwise.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#if defined(__clang__)
+#define KCACHE_THREAD_ANNOTATION(x) __attribute__((x))
+#else
+#define KCACHE_THREAD_ANNOTATION(x)
+#endif
+
+// On a type: objects of it are capabilities (locks) named `x` in messages.
+#define CAPABILITY(x) KCACHE_THREAD_ANNOTATION(capability(x))
+// On an RAII type that acquires a capability in its constructor and releases it in
+// its destructor.
+#define SCOPED_CAPABILITY KCACHE_THREAD_ANNOTATION(scoped_lockable)
+// On a field: read and written only with capability `x` held.
+#define GUARDED_BY(x) KCACHE_THREAD_ANNOTATION(guarded_by(x))
+// On a pointer field: the object it points to is guarded by `x` (the pointer is not).
+#define PT_GUARDED_BY(x) KCACHE_THREAD_ANNOTATION(pt_guarded_by(x))
+// On a mutex: the order in which it nests with others (checked under
+// -Wthread-safety-beta in clang 14; lock_order.hpp chains the levels).
+#define ACQUIRED_BEFORE(...) KCACHE_THREAD_ANNOTATION(acquired_before(__VA_ARGS__))
+#define ACQUIRED_AFTER(...) KCACHE_THREAD_ANNOTATION(acquired_after(__VA_ARGS__))
+// On a function: its caller holds the capabilities exclusively (REQUIRES) or at least
+// shared (REQUIRES_SHARED).
+#define REQUIRES(...) KCACHE_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+#define REQUIRES_SHARED(...) KCACHE_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
+// On a function: it takes (ACQUIRE) or lets go of (RELEASE) the capabilities, or takes
+// them when it returns `ret` (TRY_ACQUIRE).
+#define ACQUIRE(...) KCACHE_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
+#define RELEASE(...) KCACHE_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define TRY_ACQUIRE(...) KCACHE_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
+// On a function: its caller must not hold the capabilities (it takes them itself).
+// Checked only under -Wthread-safety-negative, which kcache does not use: documentation.
+#define EXCLUDES(...) KCACHE_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
+// On a function: asserts at run time that the capability is held; the analysis takes
+// it as held from here.
+#define ASSERT_CAPABILITY(x) KCACHE_THREAD_ANNOTATION(assert_capability(x))
+// On a function: it returns a reference to the capability `x`.
+#define RETURN_CAPABILITY(x) KCACHE_THREAD_ANNOTATION(lock_returned(x))
+// On a function whose locking the analysis cannot follow; say why at each use.
+#define NO_THREAD_SAFETY_ANALYSIS KCACHE_THREAD_ANNOTATION(no_thread_safety_analysis)
+
+namespace kcache {
+
+class CondVar;
+
+// A std::mutex the analysis knows. Not recursive; lock() by a thread that holds it is
+// undefined behaviour, as for std::mutex.
+class CAPABILITY("mutex") Mutex {
+  public:
+    Mutex() = default;
+    Mutex(const Mutex&) = delete;
+    Mutex& operator=(const Mutex&) = delete;
+
+    void lock() ACQUIRE() { m_mutex.lock(); }
+    void unlock() RELEASE() { m_mutex.unlock(); }
+    bool try_lock() TRY_ACQUIRE(true) { return m_mutex.try_lock(); }
+    // For the analysis only: the caller holds this mutex (a callback the holder runs).
+    void assert_held() const ASSERT_CAPABILITY(this) {}
+
+  private:
+    friend class CondVar;
+    std::mutex m_mutex;
+};
+
+// Holds a Mutex for its scope (std::lock_guard), and may let it go and take it again
+// within it (std::unique_lock's unlock() and lock()).
+class SCOPED_CAPABILITY MutexLock {
+  public:
+    explicit MutexLock(Mutex& mutex) ACQUIRE(mutex) : m_mutex(mutex) { m_mutex.lock(); }
+    ~MutexLock() RELEASE() {
+        if (m_held) m_mutex.unlock();
+    }
+    MutexLock(const MutexLock&) = delete;
+    MutexLock& operator=(const MutexLock&) = delete;
+
+    void unlock() RELEASE() {
+        m_mutex.unlock();
+        m_held = false;
+    }
+    void lock() ACQUIRE() {
+        m_mutex.lock();
+        m_held = true;
+    }
+
+  private:
+    Mutex& m_mutex;
+    bool m_held = true;
+};
+
+// A condition variable waited on with a Mutex held (the caller's MutexLock). Write the
+// predicate as a loop at the caller, where the analysis sees the lock:
+//   while (!ready) wake.wait(mutex);
+class CondVar {
+  public:
+    CondVar() = default;
+    CondVar(const CondVar&) = delete;
+    CondVar& operator=(const CondVar&) = delete;
+
+    // Lets `mutex` go until notified (or spuriously), then holds it again.
+    void wait(Mutex& mutex) REQUIRES(mutex) {
+        std::unique_lock<std::mutex> lock(mutex.m_mutex, std::adopt_lock);
+        m_cv.wait(lock);
+        lock.release();  // still held: the caller's MutexLock lets it go
+    }
+    // As wait(), until `deadline` at the latest; false when it passed.
+    template <class Clock, class Duration>
+    bool wait_until(Mutex& mutex, const std::chrono::time_point<Clock, Duration>& deadline)
+        REQUIRES(mutex) {
+        std::unique_lock<std::mutex> lock(mutex.m_mutex, std::adopt_lock);
+        const bool notified = m_cv.wait_until(lock, deadline) == std::cv_status::no_timeout;
+        lock.release();
+        return notified;
+    }
+    // As wait(), for `timeout` at most; false when it passed.
+    template <class Rep, class Period>
+    bool wait_for(Mutex& mutex, const std::chrono::duration<Rep, Period>& timeout) REQUIRES(mutex) {
+        return wait_until(mutex, std::chrono::steady_clock::now() + timeout);
+    }
+
+    void notify_one() { m_cv.notify_one(); }
+    void notify_all() { m_cv.notify_all(); }
+
+  private:
+    std::condition_variable m_cv;
+};
+
+}  // namespace kcache
