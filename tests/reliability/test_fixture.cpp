@@ -4,6 +4,7 @@
 // the FLUSH of its close; a blocking waitpid for it never returns, nor does anything
 // reading the test's output pipe that child holds (CTest). The fixture bounds every
 // wait and aborts the connection of its mount as the last resort.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -35,6 +36,28 @@ char process_state(pid_t pid) {
     const auto close = line.rfind(')');
     if (close == std::string::npos || close + 2 >= line.size()) return 0;
     return line[close + 2];
+}
+
+// True when every thread of `pid` is stopped (state T): none can still take a request
+// off the connection, which a thread blocked in read() of /dev/fuse does for a while
+// after SIGSTOP was sent.
+bool all_threads_stopped(pid_t pid) {
+    const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+    DIR* dir = ::opendir(tasks.c_str());
+    if (dir == nullptr) return false;
+    bool stopped = true, any = false;
+    while (const dirent* e = ::readdir(dir)) {
+        if (e->d_name[0] == '.') continue;
+        std::ifstream in(tasks + "/" + e->d_name + "/stat");
+        std::string line;
+        if (!std::getline(in, line)) continue;
+        const auto close = line.rfind(')');
+        any = true;
+        if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
+            stopped = false;
+    }
+    ::closedir(dir);
+    return any && stopped;
 }
 
 bool gone(pid_t pid) {
@@ -91,6 +114,7 @@ TEST_CASE("fixture: tearing down a mount whose daemon is stopped ends, with the 
         // The daemon stops answering; the holder is killed and, closing its file on the
         // way out, waits for the FLUSH's answer in D state.
         ::kill(shared.daemon, SIGSTOP);
+        if (!wait_until([&] { return all_threads_stopped(shared.daemon); }, 20)) return 5;
         ::kill(holder.pid(), SIGKILL);
         wait_until([&] { return process_state(holder.pid()) == 'D'; }, 10);
         shared.holder_state = process_state(holder.pid());
