@@ -46,7 +46,9 @@ std::string_view file_kind(std::string_view name) {
     return "other";
 }
 
-bool completes_entry(std::string_view name) { return file_kind(name) == "group"; }
+bool completes_entry(std::string_view name) {
+    return file_kind(name) == "group";
+}
 
 Producer producer_of(std::string_view name) {
     // .source: the first file Triton writes into an entry (its kernel's IR before any

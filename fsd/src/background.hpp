@@ -91,7 +91,7 @@ class Background {
     std::thread m_thread;
     Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
     CondVar m_wake;
-    std::thread m_classifier;  // run_classifier(); stop() joins it
+    std::thread m_classifier;   // run_classifier(); stop() joins it
     CondVar m_classifier_wake;  // stop
     bool m_stop GUARDED_BY(m_mutex) = false;
     std::vector<core::Ino> m_inodes_to_invalidate GUARDED_BY(m_mutex);

@@ -127,7 +127,8 @@ std::string check_state(int fd) {
     const std::string target = n > 0 ? std::string(link, static_cast<std::size_t>(n)) : "";
     const std::string want = std::string("/memfd:") + kStateMemfdName;
     if (target.rfind(want, 0) != 0)
-        return fmt::format("not kcache-fsd's state memfd (it is {})", target.empty() ? "?" : target);
+        return fmt::format("not kcache-fsd's state memfd (it is {})",
+                           target.empty() ? "?" : target);
     struct stat st {};
     if (::fstat(fd, &st) != 0) return fmt::format("fstat: {}", std::strerror(errno));
     // An older keeper's memfd may end after the handle records (no hit pairs):
@@ -141,8 +142,9 @@ std::string check_state(int fd) {
     const auto* h = static_cast<const StateHeader*>(map);
     std::string why;
     if (h->magic != kStateMagic)
-        why = "the state memfd holds no kcache-fsd state (no magic: its first daemon never "
-              "started)";
+        why =
+            "the state memfd holds no kcache-fsd state (no magic: its first daemon never "
+            "started)";
     else if (h->layout != kLayout || h->slots != kHandleSlots)
         why = fmt::format("the state memfd has layout {} ({} slots), this kcache-fsd reads {} ({})",
                           h->layout, h->slots, kLayout, kHandleSlots);
@@ -153,10 +155,10 @@ std::string check_state(int fd) {
 // Why `fd` is not db/daemon.lock, lockable by this file; "" when it is.
 std::string check_lock(int fd, const std::string& db) {
     const std::string path = db + "/daemon.lock";
-    struct stat got {}, want {};
+    struct stat got {
+    }, want{};
     if (::fstat(fd, &got) != 0) return fmt::format("fstat: {}", std::strerror(errno));
-    if (::stat(path.c_str(), &want) != 0)
-        return fmt::format("{}: {}", path, std::strerror(errno));
+    if (::stat(path.c_str(), &want) != 0) return fmt::format("{}: {}", path, std::strerror(errno));
     if (!S_ISREG(got.st_mode) || got.st_dev != want.st_dev || got.st_ino != want.st_ino)
         return fmt::format("not {} (another file)", path);
     // Held through this open file (ours, shared with systemd's copy) or by nobody.

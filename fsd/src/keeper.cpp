@@ -4,8 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -265,8 +265,9 @@ void Keeper::store_files() {
     if (stored)
         log::info("keeper: systemd's fd store holds the mount's files: a restart takes it over");
     else
-        log::warning("keeper: systemd's fd store did not take the mount's files: a restart of "
-                     "this keeper mounts afresh");
+        log::warning(
+            "keeper: systemd's fd store did not take the mount's files: a restart of "
+            "this keeper mounts afresh");
 }
 
 void Keeper::unmount() {

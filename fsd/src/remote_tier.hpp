@@ -251,7 +251,7 @@ class RemoteTier {
 
     // Uploader thread only.
     std::unordered_map<core::Ino, Pending> m_pending;
-    std::uint64_t m_explained_seq = 0;  // misses asked about up to here (explain_misses)
+    std::uint64_t m_explained_seq = 0;     // misses asked about up to here (explain_misses)
     Mutex m_record_mutex KCACHE_LEVEL(9);  // record_counts() from the uploader and stop()
     // What record_counts() already added to the db.
     remote::Counts m_recorded GUARDED_BY(m_record_mutex);

@@ -1031,7 +1031,7 @@ Forked start_with_files(const std::vector<std::pair<std::string, int>>& files,
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the keeper ends with the test (and its daemon
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);     // the keeper ends with the test (and its daemon
         if (::getppid() != parent) ::_exit(1);  // with it)
         ::setpgid(0, 0);
         // Above every target first, so that no source is overwritten.
@@ -1076,9 +1076,8 @@ void check_refused(const std::vector<std::pair<std::string, int>>& files, const 
     FakeSystemd systemd;
     TempDir dir;
     const std::string log = (dir.path() / "stderr").string();
-    Forked keeper = start_with_files(files, {KCACHE_FSD_PATH, "-f", "--db", db.string(),
-                                            mnt.string()},
-                                     systemd.path(), log);
+    Forked keeper = start_with_files(
+        files, {KCACHE_FSD_PATH, "-f", "--db", db.string(), mnt.string()}, systemd.path(), log);
     const auto code = keeper.wait(20);
     const std::string err = read_text(log);
     INFO("refused: " << fd_named << ": " << reason << "\nkcache-fsd: exit "
@@ -1130,7 +1129,8 @@ TEST_CASE(
     REQUIRE(keeper > 0);
     // Before READY=1, the three files.
     REQUIRE(systemd.receive_until([&] { return systemd.count("READY=1") > 0; }, 15));
-    INFO("messages to systemd: " << systemd.messages.size() << "; log:\n" << cache->daemon_stderr());
+    INFO("messages to systemd: " << systemd.messages.size() << "; log:\n"
+                                 << cache->daemon_stderr());
     REQUIRE(systemd.store.size() == 3);
     REQUIRE(systemd.stored(kFuse) >= 0);
     REQUIRE(systemd.stored(kState) >= 0);
@@ -1143,13 +1143,15 @@ TEST_CASE(
     REQUIRE(write_all(cache->p("work/held.bin"), held) == 0);
     REQUIRE(write_all(cache->p("work/other.bin"), other) == 0);
     for (int i = 0; i < 8; ++i)
-        REQUIRE(write_all(cache->p("r" + std::to_string(i)), random_bytes(20000, static_cast<std::uint64_t>(100 + i))) == 0);
+        REQUIRE(write_all(cache->p("r" + std::to_string(i)),
+                          random_bytes(20000, static_cast<std::uint64_t>(100 + i))) == 0);
     const auto [mount_id, mount_dev] = mount_of(cache->mnt());
     REQUIRE(!mount_id.empty());
 
     // The refused inputs, while the mount is served (they must not touch it).
     {
-        const int fuse = systemd.stored(kFuse), state = systemd.stored(kState), lock = systemd.stored(kLock);
+        const int fuse = systemd.stored(kFuse), state = systemd.stored(kState),
+                  lock = systemd.stored(kLock);
         const fs::path db = cache->db(), mnt = cache->mnt();
         Fd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
         Fd fresh_fuse(::open("/dev/fuse", O_RDWR | O_CLOEXEC));
@@ -1163,8 +1165,8 @@ TEST_CASE(
         Fd foreign(::memfd_create("other", MFD_CLOEXEC));
         REQUIRE_SYS(::ftruncate(foreign.get(), st.st_size));
         TempDir other_db;
-        Fd other_lock(::open((other_db.path() / "daemon.lock").c_str(),
-                             O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+        Fd other_lock(
+            ::open((other_db.path() / "daemon.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
         REQUIRE_SYS(other_lock.get());
         int pipe_fds[2];
         REQUIRE_SYS(::pipe2(pipe_fds, O_CLOEXEC));
@@ -1198,8 +1200,8 @@ TEST_CASE(
     }
 
     // The reader and the holder (which close their copies of systemd's files first).
-    void* mem = ::mmap(nullptr, sizeof(Reads), PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    void* mem =
+        ::mmap(nullptr, sizeof(Reads), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(mem != MAP_FAILED);
     Reads& reads = *new (mem) Reads();
     int go_fds[2], ready_fds[2];
@@ -1286,12 +1288,12 @@ TEST_CASE(
     const auto restart_at = std::chrono::steady_clock::now();
     const double unserved_s = seconds_since(kill_at);
     const std::size_t ready_before = static_cast<std::size_t>(systemd.count("READY=1"));
-    restarted = start_with_files({{kFuse, systemd.stored(kFuse)},
-                                  {kState, systemd.stored(kState)},
-                                  {kLock, systemd.stored(kLock)}},
-                                 {KCACHE_FSD_PATH, "-f", "--db", cache->db().string(),
-                                  cache->mnt().string()},
-                                 systemd.path(), (cache->root() / "daemon.stderr").string());
+    restarted = start_with_files(
+        {{kFuse, systemd.stored(kFuse)},
+         {kState, systemd.stored(kState)},
+         {kLock, systemd.stored(kLock)}},
+        {KCACHE_FSD_PATH, "-f", "--db", cache->db().string(), cache->mnt().string()},
+        systemd.path(), (cache->root() / "daemon.stderr").string());
     INFO("log:\n" << cache->daemon_stderr());
     REQUIRE(systemd.receive_until(
         [&] {

@@ -489,9 +489,8 @@ TEST_CASE(
     require_same(b, kKey1, files);  // read through: the one manifest has all four
 }
 
-TEST_CASE(
-    "fsd remote: a Triton entry is uploaded whole however far apart its stages' files land",
-    "[remote][fsd][lease]") {
+TEST_CASE("fsd remote: a Triton entry is uploaded whole however far apart its stages' files land",
+          "[remote][fsd][lease]") {
     // Triton writes each stage's file when the stage ends (seconds apart for a big
     // kernel) and its group file last, and Redis keeps an entry's first manifest: an
     // entry uploaded at a pause between stages would be the fleet's for good without its
