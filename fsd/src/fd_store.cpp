@@ -23,6 +23,7 @@
 
 #include "log.hpp"
 #include "state.hpp"
+#include "uring_area.hpp"
 
 namespace kcache::fsd::fd_store {
 
@@ -132,11 +133,13 @@ std::string check_state(int fd) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return fmt::format("fstat: {}", std::strerror(errno));
     // An older keeper's memfd may end after the handle records (no hit pairs):
-    // StateFile::map grows it.
+    // StateFile::map grows it. One with io_uring ring entries goes on past them
+    // (uring_area.hpp checks its own header).
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < StateFile::kRecordsEnd || size > StateFile::kSize)
+    const auto largest = static_cast<std::uint64_t>(uring_area::kOffset) + uring_area::kMaxSize;
+    if (size < StateFile::kRecordsEnd || size > largest)
         return fmt::format("the state memfd has {} bytes, this kcache-fsd's has {} to {}",
-                           st.st_size, StateFile::kRecordsEnd, StateFile::kSize);
+                           st.st_size, StateFile::kRecordsEnd, largest);
     void* map = ::mmap(nullptr, sizeof(StateHeader), PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) return fmt::format("mmap: {}", std::strerror(errno));
     const auto* h = static_cast<const StateHeader*>(map);

@@ -45,6 +45,7 @@
 #include "resend.hpp"
 #include "state.hpp"
 #include "takeover.hpp"
+#include "uring_area.hpp"
 #include "uring_transport.hpp"
 
 namespace {
@@ -251,6 +252,10 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+    // A predecessor's ring entries are mapped where it had them before anything else
+    // takes the address (uring_area.hpp): the db's map, threads' stacks.
+    if (inherited && options.io_uring) fsd::uring_area::reserve_inherited(inherited->state_fd);
+
     kcache::core::OpenOptions open;
     open.path = options.db;
     open.create = !options.read_only;
@@ -328,7 +333,9 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);
     // /dev/fuse serves until then, and alone where the kernel does not offer them.
     std::unique_ptr<fsd::UringTransport> uring;
-    if (options.io_uring) uring = fsd::UringTransport::install(session);
+    if (options.io_uring)
+        uring =
+            fsd::UringTransport::install(session, inherited ? inherited->state_fd : -1, mountpoint);
     if (!uring) fsd::takeover::install_plain(session);
     if (remote) remote->start();
     filesystem.start(session);
@@ -391,7 +398,10 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     loop_done = true;
     if (handover.joinable()) handover.join();
     // Handed over: the successor may start now. Its resend brings back what this daemon
-    // read and left unanswered; what the clean-up below waits on may need it.
+    // read and left unanswered; what the clean-up below waits on may need it. The ring
+    // threads end first: the successor answers what their entries hold then, and only
+    // once nobody else can (uring_area.hpp).
+    if (handed_over && uring) uring->stop();
     if (handed_over) (void)!::send(report_fd, "handed over", 11, MSG_NOSIGNAL);
 
     if (uring) uring->stop();       // no handler runs after this; later replies are refused

@@ -11,8 +11,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
+
 #include "log.hpp"
 #include "resend.hpp"
+#include "takeover.hpp"
 #include "uring_ring.hpp"
 
 // What this relies on in the kernel: the list at the head of uring_transport.cpp.
@@ -32,16 +35,26 @@ void UringTransport::Ring::run() {
     if (!make()) return;
     if (wait_phase_past(Phase::made) != Phase::go) return close_ring();
 
-    prep_register(&slots[0]);
+    // What a dead predecessor's entries of this ring held is answered first (its replies
+    // committed again now, its requests redone once the fresh entry is registered).
+    std::vector<Entry*> requests;
+    adopt(requests);
+    Entry* fresh = add_entry();
+    if (!fresh) {
+        set_phase(Phase::register_failed, "no ring entry slot is free");
+        return close_ring();
+    }
+    prep_register(fresh);
     arm_event_read();
-    const int submitted = io_uring_submit(&ring);
+    const int submitted = submit();
     std::string failure;
     if (submitted < 0) failure = fmt::format("io_uring_submit: {}", std::strerror(-submitted));
     // An error of REGISTER is posted at once; a request may already have come too.
     unsigned head;
     io_uring_cqe* cqe;
     io_uring_for_each_cqe(&ring, head, cqe) {
-        if (cqe->user_data != kEventTag && cqe->res < 0 && failure.empty())
+        if (cqe->user_data == reinterpret_cast<std::uint64_t>(fresh) && cqe->res < 0 &&
+            failure.empty())
             failure = fmt::format("FUSE_IO_URING_CMD_REGISTER: {}", std::strerror(-cqe->res));
     }
     if (!failure.empty()) {
@@ -49,6 +62,10 @@ void UringTransport::Ring::run() {
         return close_ring();
     }
     set_phase(Phase::registered);
+    for (Entry* e : requests) {
+        request_from_kernel();
+        process(e, true);
+    }
     serve();
     close_ring();
 }
@@ -75,39 +92,133 @@ bool UringTransport::Ring::make() {
         close_ring();
         return false;
     }
-    if (!add_entry()) {
-        set_phase(Phase::failed, fmt::format("cannot map a ring entry of {} bytes: {}",
-                                             payload_size, std::strerror(errno)));
-        close_ring();
-        return false;
-    }
     set_phase(Phase::made);
     return true;
 }
 
-bool UringTransport::Ring::add_entry() {
-    const int n = entry_count.load(std::memory_order_relaxed);
-    if (n >= kMaxEntriesPerThread) return false;
-    Entry& e = slots[n];
-    e.mapped = kHeaderArea + kPrefixArea + (payload_size + kPage - 1) / kPage * kPage;
-    void* base =
-        mmap(nullptr, e.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return false;
+void UringTransport::Ring::init_entry(Entry& e, std::uint32_t slot) {
     e.ring = this;
-    e.base = static_cast<char*>(base);
+    e.base = uring_area::entry(index, slot);
+    e.record = &uring_area::record(index, slot);
     e.header = reinterpret_cast<abi::ReqHeader*>(e.base);
     e.payload = e.base + kHeaderArea + kPrefixArea;
     e.payload_size = payload_size;
     e.iov[0] = {e.header, sizeof(abi::ReqHeader)};
     e.iov[1] = {e.payload, payload_size};
+}
+
+Entry* UringTransport::Ring::add_entry() {
+    const int n = entry_count.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+        if (slots[i].free) {  // its kernel entry ended empty (adopt)
+            slots[i].free = false;
+            slots[i].dead = false;
+            return &slots[i];
+        }
+    }
+    if (n >= kMaxEntriesPerThread) return nullptr;
+    init_entry(slots[n], static_cast<std::uint32_t>(n));
+    slots[n].free = slots[n].dead = slots[n].adopted = false;
     entry_count.store(n + 1, std::memory_order_release);
-    return true;
+    return &slots[n];
+}
+
+namespace {
+
+enum class Held { nothing, reply, request };
+
+// What a dead daemon's entry holds (uring_area.hpp); puts a request whose reply was
+// being written back as it came, or writes an EIO reply where that cannot be done.
+Held held_by(Entry& e, int qid) {
+    const uring_area::SlotRecord& rec = *e.record;
+    const std::uint64_t unique = e.header->ring_ent_in_out.commit_id;
+    if (unique == 0 || rec.committed.load(std::memory_order_acquire) == unique)
+        return Held::nothing;
+    if (rec.replied.load(std::memory_order_acquire) == unique) return Held::reply;
+    auto* in = reinterpret_cast<fuse_in_header*>(e.header->in_out);
+    const char* prefix = e.base + kHeaderArea;
+    bool whole = true;
+    if (rec.filling.load(std::memory_order_acquire) == unique) {
+        const std::uint32_t saved = rec.saved.load(std::memory_order_relaxed);
+        if (saved == kNotSaved || saved > kSaveCapacity) {
+            whole = false;
+        } else {
+            std::memcpy(in, prefix + kSavedInHeader, sizeof *in);
+            std::memcpy(e.payload, prefix + kSavedPayload, saved);
+            e.header->ring_ent_in_out.payload_sz = rec.payload_sz;
+        }
+    }
+    if (whole && in->unique == unique) return Held::request;
+    log::error(
+        "io_uring: a request (unique {}) the previous daemon held on queue {} cannot be read "
+        "back: answered EIO",
+        unique, qid);
+    auto* out = reinterpret_cast<fuse_out_header*>(e.header->in_out);
+    *out = {};
+    out->len = sizeof *out;
+    out->error = -EIO;
+    out->unique = unique;
+    e.header->ring_ent_in_out.payload_sz = 0;
+    return Held::reply;
+}
+
+}  // namespace
+
+void UringTransport::Ring::adopt(std::vector<Entry*>& requests) {
+    if (!uring_area::inherited()) return;
+    int used = 0;
+    for (std::uint32_t i = 0; i < static_cast<std::uint32_t>(kMaxEntriesPerThread); ++i) {
+        Entry& e = slots[i];
+        init_entry(e, i);
+        e.free = true;
+        const Held h = held_by(e, qid);
+        switch (h) {
+            case Held::nothing:
+                continue;
+            case Held::reply:
+                // Committed again: the kernel takes this command as the entry's own (the
+                // entry is ours from now on), or answers ENOENT if it had the reply.
+                e.request = e.header->ring_ent_in_out.commit_id;
+                e.adopted = true;
+                prep_commit(&e);
+                break;
+            case Held::request:
+                e.request = e.header->ring_ent_in_out.commit_id;
+                e.adopted = true;
+                requests.push_back(&e);
+                break;
+        }
+        e.free = false;
+        used = static_cast<int>(i) + 1;
+    }
+    entry_count.store(used, std::memory_order_release);
+    if (!requests.empty() || used > 0)
+        log::info(
+            "io_uring: queue {} took over {} ring entries of the previous daemon ({} "
+            "requests to answer)",
+            qid, std::count_if(slots, slots + used, [](const Entry& e) { return !e.free; }),
+            requests.size());
+}
+
+int UringTransport::Ring::submit() {
+    const int rc = io_uring_submit(&ring);
+    mark_committed();
+    return rc;
+}
+
+// Once the kernel has consumed the SQEs (io_uring_enter issues a COMMIT_AND_FETCH
+// inline), the commits are done: a successor must not commit them again.
+void UringTransport::Ring::mark_committed() {
+    if (committing.empty() || io_uring_sq_ready(&ring) != 0) return;
+    for (const auto& [e, unique] : committing)
+        e->record->committed.store(unique, std::memory_order_release);
+    committing.clear();
 }
 
 io_uring_sqe* UringTransport::Ring::sqe() {
     io_uring_sqe* s = io_uring_get_sqe(&ring);
     if (!s) {  // full: hand what is queued to the kernel first
-        (void)io_uring_submit(&ring);
+        (void)submit();
         s = io_uring_get_sqe(&ring);
     }
     if (s) std::memset(static_cast<void*>(s), 0, 128);  // a 128-byte SQE (SQE128)
@@ -137,6 +248,7 @@ void UringTransport::Ring::prep_commit(Entry* e) {
     cmd->commit_id = e->request;
     cmd->qid = static_cast<std::uint16_t>(qid);
     io_uring_sqe_set_data(s, e);
+    committing.emplace_back(e, e->request);
 }
 
 void UringTransport::Ring::arm_event_read() {
@@ -149,6 +261,7 @@ void UringTransport::Ring::arm_event_read() {
 void UringTransport::Ring::serve() {
     for (;;) {
         const int rc = io_uring_submit_and_wait(&ring, 1);
+        mark_committed();
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
             log::error("io_uring: ring thread of queue {} stops: {}", qid, std::strerror(-rc));
             return;
@@ -174,6 +287,12 @@ void UringTransport::Ring::serve() {
                 continue;
             }
             auto* e = reinterpret_cast<Entry*>(tag);
+            if (res == -ENOENT && e->adopted) {  // the dead daemon's commit had been done
+                e->adopted = false;
+                e->free = true;
+                continue;
+            }
+            e->adopted = false;
             if (res < 0) {
                 // The kernel ended the entry: the connection is going (ENOTCONN,
                 // ECANCELED), or a commit it refused.
@@ -191,7 +310,7 @@ void UringTransport::Ring::serve() {
     }
 }
 
-void UringTransport::Ring::process(Entry* e) {
+void UringTransport::Ring::process(Entry* e, bool resent) {
     const auto* in = reinterpret_cast<const fuse_in_header*>(e->header->in_out);
     const std::uint32_t payload = e->header->ring_ent_in_out.payload_sz;
     const std::size_t fixed = sizeof(fuse_in_header) + payload;
@@ -223,7 +342,9 @@ void UringTransport::Ring::process(Entry* e) {
     buf.size = reinterpret_cast<const fuse_in_header*>(start)->len;
     buf.mem = start;
     buf.fd = -1;
-    resend::set_current(e->request);  // resend.hpp: the request this thread handles
+    // resend.hpp: the request this thread handles; one a dead daemon held may have been
+    // done (a non-idempotent one is answered as it was), as a resent one.
+    resend::set_current(resent ? e->request | takeover::kResendBit : e->request);
     fuse_session_process_buf(transport->m_session, &buf);
     t_current = nullptr;
     served.fetch_add(1, std::memory_order_relaxed);
@@ -232,10 +353,10 @@ void UringTransport::Ring::process(Entry* e) {
     // with its request. Keep one entry of this thread free for the kernel.
     const int n = entry_count.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
-        if (!slots[i].busy && !slots[i].dead) return;
+        if (!slots[i].busy && !slots[i].dead && !slots[i].free) return;
     }
-    if (add_entry()) {
-        prep_register(&slots[n]);
+    if (Entry* more = add_entry()) {
+        prep_register(more);
     } else if (!warned_full) {
         warned_full = true;
         log::warning(
@@ -245,12 +366,14 @@ void UringTransport::Ring::process(Entry* e) {
     }
 }
 
+// The io_uring itself stays open until the Ring is destroyed, after this thread has
+// ended: the thread's exit cancels its entries that wait for a request, and what the
+// kernel had queued for them runs first, while a ring closed first would end that work
+// before the request is copied to its entry.
 void UringTransport::Ring::close_ring() {
     MutexLock lock(handoff);  // a deferred reply writes event_fd under it
     closed = true;
     handed.clear();
-    if (ring_made) io_uring_queue_exit(&ring);
-    ring_made = false;
     if (event_fd >= 0) close(event_fd);
     event_fd = -1;
 }

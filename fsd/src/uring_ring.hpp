@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fuse_uring_abi.hpp"
 #include "lock_order.hpp"
+#include "uring_area.hpp"
 #include "uring_transport.hpp"
 
 namespace kcache::fsd {
@@ -28,11 +30,17 @@ namespace abi = uring_abi;
 
 constexpr std::uint64_t kEventTag = 1;  // user_data of the eventfd read (entries are pointers)
 constexpr std::size_t kPage = 4096;
-// An entry's mapping: the header page, a page in which a request's fuse_in_header and
-// op header are put back in front of its payload (libfuse wants /dev/fuse's layout:
-// one contiguous buffer), then the payload.
+// An entry's memory (in the ring area, uring_area.hpp): the header page; the prefix page,
+// which starts with what a reply overwrites of its request, saved (the fuse_in_header
+// at kSavedInHeader, the head of the payload at kSavedPayload) and ends with the
+// request's fuse_in_header and op header put back in front of its payload (libfuse
+// wants /dev/fuse's layout: one contiguous buffer); then the payload.
 constexpr std::size_t kHeaderArea = kPage;
 constexpr std::size_t kPrefixArea = kPage;
+constexpr std::size_t kSavedInHeader = 0;
+constexpr std::size_t kSavedPayload = 64;
+constexpr std::size_t kSaveCapacity = kPrefixArea - kSavedPayload - 40 - abi::kOpInOutSize;
+constexpr std::uint32_t kNotSaved = ~std::uint32_t{0};
 constexpr unsigned kRingDepth = 2 * UringTransport::kMaxEntriesPerThread + 8;
 
 inline thread_local Entry* t_current = nullptr;  // the entry this ring thread is handling
@@ -63,8 +71,8 @@ inline void request_from_kernel() {}
 
 struct Entry {
     UringTransport::Ring* ring = nullptr;
-    char* base = nullptr;  // the mapping (kHeaderArea + kPrefixArea + payload_size)
-    std::size_t mapped = 0;
+    char* base = nullptr;  // in the ring area: kHeaderArea + kPrefixArea + payload_size
+    uring_area::SlotRecord* record = nullptr;  // what a successor reads of it (uring_area.hpp)
     uring_abi::ReqHeader* header = nullptr;
     char* payload = nullptr;
     std::size_t payload_size = 0;
@@ -74,18 +82,17 @@ struct Entry {
     bool busy = false;            // holds a request whose reply is not committed
     bool dead = false;            // the kernel ended it (teardown)
     bool replied_inline = false;  // answered during fuse_session_process_buf
+    bool free = false;            // its kernel entry ended empty: the slot may be reused
+    bool adopted = false;         // a dead daemon's, committed again: ENOENT is no error
     // The unique of the request whose reply has not been claimed yet; 0 otherwise.
     // The reply's writer claims it (compare-exchange), from any thread.
     std::atomic<std::uint64_t> awaiting{0};
-
-    ~Entry() {
-        if (base) munmap(base, mapped);
-    }
 };
 
 struct UringTransport::Ring {
     UringTransport* transport = nullptr;
     int qid = 0;
+    std::uint32_t index = 0;  // in the transport's rings: its slots in the ring area
     io_uring ring{};
     bool ring_made = false;
     int event_fd = -1;
@@ -101,6 +108,9 @@ struct UringTransport::Ring {
     std::atomic<std::uint64_t> served{0};
     std::thread thread;
     bool warned_full = false;
+    // Commits handed to the ring and not yet seen consumed by the kernel (owner thread):
+    // marked `committed` in their records once they are (mark_committed).
+    std::vector<std::pair<Entry*, std::uint64_t>> committing;
 
     // The start-up handshake with the thread that answers INIT.
     enum class Phase { making, made, failed, go, abort, registered, register_failed };
@@ -123,15 +133,22 @@ struct UringTransport::Ring {
         return phase;
     }
 
+    ~Ring() {
+        if (ring_made) io_uring_queue_exit(&ring);  // after its thread ended (uring_ring.cpp)
+    }
     void run();
     bool make();
-    bool add_entry();
+    Entry* add_entry();
+    void adopt(std::vector<Entry*>& requests);
+    int submit();
+    void mark_committed();
     io_uring_sqe* sqe();
     void prep_register(Entry* e);
     void prep_commit(Entry* e);
     void arm_event_read();
-    void process(Entry* e);
+    void process(Entry* e, bool resent = false);
     void serve();
+    void init_entry(Entry& e, std::uint32_t slot);
     void close_ring();
 };
 

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 
 #include "log.hpp"
 #include "takeover.hpp"
+#include "uring_area.hpp"
 #include "uring_ring.hpp"
 
 // What this relies on in the kernel (fs/fuse/dev_uring.c, Linux 6.14 to 6.18):
@@ -92,6 +94,35 @@ std::string not_offered_reason() {
 }
 
 }  // namespace
+
+// A successor's rings are registered: the requests callers made while no entry was
+// free (between the predecessor's death and now) wait in their CPU's queue, and the
+// kernel hands them out only when an entry of that queue commits (fs/fuse/dev_uring.c:
+// registering fetches nothing). So one request is asked for from every CPU: it goes to
+// the free entry, and its commit fetches the first waiting one, whose commit fetches the
+// next. A statfs of the mount always reaches the daemon. From a thread of its own, as a
+// caller: the ring threads serve it; it ends with the daemon at the latest.
+static void fetch_queued(const std::string& mountpoint, const std::vector<int>& cpus) {
+    sigset_t all, old;  // no signals (as the ring threads, below)
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    try {
+        std::thread([mountpoint, cpus] {
+            for (int cpu : cpus) {
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(cpu, &set);
+                if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0) continue;
+                struct statfs st {};
+                (void)::statfs(mountpoint.c_str(), &st);
+            }
+        }).detach();
+    } catch (const std::system_error& e) {
+        log::warning("io_uring: cannot start the thread that fetches queued requests: {}",
+                     e.what());
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
 
 struct UringHooks {
     static ssize_t read(int fd, void* buf, size_t len, void*) {
@@ -185,7 +216,7 @@ struct UringHooks {
             e->replied_inline = true;
             e->busy = false;
             e->ring->prep_commit(e);
-            if (const int rc = io_uring_submit(&e->ring->ring); rc < 0) {
+            if (const int rc = e->ring->submit(); rc < 0) {
                 log::error("io_uring: submitting a reply on queue {}: {}", e->ring->qid,
                            std::strerror(-rc));
                 errno = -rc;
@@ -211,10 +242,26 @@ struct UringHooks {
     }
 
     // Writes a reply into an entry: the out header into the header buffer, the rest
-    // into the payload buffer.
+    // into the payload buffer. What it overwrites of the request is saved first, and
+    // the entry's record says how far it got (uring_area.hpp: a successor answers it).
     static void fill(Entry& e, const iovec* iov, int count, std::size_t total) {
+        uring_area::SlotRecord& rec = *e.record;
+        const std::uint64_t unique = e.request;
+        const std::uint32_t request_payload = e.header->ring_ent_in_out.payload_sz;
+        std::size_t payload = total - iov[0].iov_len;
+        const std::size_t overwritten = std::min<std::size_t>(payload, request_payload);
+        char* prefix = e.base + kHeaderArea;
+        std::memcpy(prefix + kSavedInHeader, e.header->in_out, sizeof(fuse_in_header));
+        if (overwritten <= kSaveCapacity) {
+            std::memcpy(prefix + kSavedPayload, e.payload, overwritten);
+            rec.saved.store(static_cast<std::uint32_t>(overwritten), std::memory_order_relaxed);
+        } else {
+            rec.saved.store(kNotSaved, std::memory_order_relaxed);
+        }
+        rec.payload_sz = request_payload;
+        rec.filling.store(unique, std::memory_order_release);
+
         std::memcpy(e.header->in_out, iov[0].iov_base, sizeof(fuse_out_header));
-        const std::size_t payload = total - iov[0].iov_len;
         if (payload > e.payload_size) {
             // Cannot happen (a reply is never larger than max_write or a page-sized
             // request allows); if it did, the caller gets EIO rather than a cut reply.
@@ -223,15 +270,16 @@ struct UringHooks {
             auto* out = reinterpret_cast<fuse_out_header*>(e.header->in_out);
             out->error = -EIO;
             out->len = sizeof(fuse_out_header);
-            e.header->ring_ent_in_out.payload_sz = 0;
-            return;
-        }
-        char* to = e.payload;
-        for (int i = 1; i < count; ++i) {
-            std::memmove(to, iov[i].iov_base, iov[i].iov_len);
-            to += iov[i].iov_len;
+            payload = 0;
+        } else {
+            char* to = e.payload;
+            for (int i = 1; i < count; ++i) {
+                std::memmove(to, iov[i].iov_base, iov[i].iov_len);
+                to += iov[i].iov_len;
+            }
         }
         e.header->ring_ent_in_out.payload_sz = static_cast<std::uint32_t>(payload);
+        rec.replied.store(unique, std::memory_order_release);
     }
 
     // The INIT reply: when the kernel offers FUSE over io_uring, the rings are made
@@ -261,6 +309,16 @@ struct UringHooks {
                 "over /dev/fuse");
             return write_init(fd, iov, count);
         }
+        uring_area::Geometry geometry;
+        geometry.rings = static_cast<std::uint32_t>(cpus.size() * UringTransport::kThreadsPerQueue);
+        geometry.per_ring = UringTransport::kMaxEntriesPerThread;
+        geometry.entry_size =
+            kHeaderArea + kPrefixArea + (payload_size + kPage - 1) / kPage * kPage;
+        geometry.payload_size = payload_size;
+        if (auto made = uring_area::create(t.m_state_fd, geometry); !made) {
+            log::warning("--io-uring: {}: serving over /dev/fuse", made.error().message);
+            return write_init(fd, iov, count);
+        }
         // The ring threads take no signals: SIGTERM and the like must reach libfuse's
         // loop (its handler ends the session), and an io_uring wait would swallow them.
         sigset_t all, old;
@@ -271,6 +329,7 @@ struct UringHooks {
                 auto ring = std::make_unique<UringTransport::Ring>();
                 ring->transport = &t;
                 ring->qid = static_cast<int>(q);
+                ring->index = static_cast<std::uint32_t>(t.m_rings.size());
                 ring->payload_size = payload_size;
                 t.m_rings.push_back(std::move(ring));
                 UringTransport::Ring* r = t.m_rings.back().get();
@@ -338,13 +397,15 @@ struct UringHooks {
                 "serving over io_uring: {} queues x {} entries (a thread each, more "
                 "while replies are deferred; {} KiB payload)",
                 cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
+            if (takeover::resuming()) fetch_queued(t.m_mountpoint, cpus);
         }
         return written;
     }
 };
 
-std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session) {
-    std::unique_ptr<UringTransport> t(new UringTransport(session));
+std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session, int state_fd,
+                                                        std::string mountpoint) {
+    std::unique_ptr<UringTransport> t(new UringTransport(session, state_fd, std::move(mountpoint)));
     fuse_custom_io io{};
     io.read = &UringHooks::read;
     io.writev = &UringHooks::writev;
@@ -357,8 +418,11 @@ std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session) {
     return t;
 }
 
-UringTransport::UringTransport(fuse_session* session)
-    : m_session(session), m_fd(fuse_session_fd(session)) {}
+UringTransport::UringTransport(fuse_session* session, int state_fd, std::string mountpoint)
+    : m_session(session),
+      m_fd(fuse_session_fd(session)),
+      m_state_fd(state_fd),
+      m_mountpoint(std::move(mountpoint)) {}
 
 UringTransport::~UringTransport() {
     stop();

@@ -61,6 +61,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kcache::fsd {
@@ -70,9 +71,14 @@ class UringTransport {
     static constexpr int kThreadsPerQueue = 2;
     static constexpr int kMaxEntriesPerThread = 32;
 
-    // Installs the custom io on a mounted session; one per process. Returns nullptr
-    // (after logging why) if the session refuses it: then /dev/fuse serves alone.
-    static std::unique_ptr<UringTransport> install(fuse_session* session);
+    // Installs the custom io on a mounted session; one per process. `state_fd`: the
+    // keeper's state memfd, where the entries' buffers are kept for a successor
+    // (uring_area.hpp; -1: private memory); `mountpoint`: where a successor asks for a
+    // request on every queue once its rings are registered (requests queued while no
+    // entry was free are fetched only by a commit). Returns nullptr (after logging why)
+    // if the session refuses it: then /dev/fuse serves alone.
+    static std::unique_ptr<UringTransport> install(fuse_session* session, int state_fd,
+                                                   std::string mountpoint);
     ~UringTransport();
     UringTransport(const UringTransport&) = delete;
     UringTransport& operator=(const UringTransport&) = delete;
@@ -86,11 +92,13 @@ class UringTransport {
     struct Ring;  // one thread's ring (uring_transport.cpp)
 
   private:
-    explicit UringTransport(fuse_session* session);
+    UringTransport(fuse_session* session, int state_fd, std::string mountpoint);
     friend struct UringHooks;
 
     fuse_session* m_session;
     int m_fd;
+    int m_state_fd;
+    std::string m_mountpoint;
     std::vector<std::unique_ptr<Ring>> m_rings;
     std::atomic<bool> m_serving{false};  // the rings were made and registered
     bool m_stopped = false;

@@ -213,17 +213,17 @@ int writer(Load& load, const MountedCache& cache, int w) {
     return 0;
 }
 
-// The takeovers over io_uring: the successor registers its rings again (a plain read
-// after a kill works), but a request the dead daemon held in a ring entry is never
-// answered: the kernel neither resends it (FUSE_NOTIFY_RESEND requeues /dev/fuse's
-// processing lists only) nor ends it while the keeper holds the connection open
-// (docs/operations.md, takeover). Under load a client then blocks for good; not
-// covered.
+// The takeovers under load over io_uring: the successor answers what the dead daemon's
+// ring entries hold (fsd/src/uring_area.hpp; the resend and open-files tests below run
+// over io_uring too), but this kernel (6.18) ends with ECANCELED the requests it had
+// handed to an exiting ring thread and not yet copied to it (readers saw 33 of 222,279
+// reads fail so across 5 upgrades), and a kill under load once left a notification
+// waiting for a page lock for good (docs/operations.md). Not covered there yet.
 void skip_over_io_uring() {
     if (io_uring_run())
         skip(
-            "a takeover under load over io_uring does not complete yet (issue 20): see "
-            "docs/operations.md");
+            "over io_uring a takeover under load fails some calls with ECANCELED (issue 20): "
+            "see docs/operations.md");
 }
 
 ProcOptions python_options(double timeout_s) {
@@ -551,7 +551,6 @@ TEST_CASE("takeover: kcache-fsd --upgrade under load: no client sees an error",
 }
 
 TEST_CASE("takeover: open files survive a new daemon", "[reliability][takeover]") {
-    skip_over_io_uring();
     MountedCache cache;
     const pid_t keeper = cache.daemon_pid();
     const std::string a = random_bytes(300000, 1), c = random_bytes(5000, 3);
@@ -662,7 +661,6 @@ struct FaultyMount {
 
 TEST_CASE("takeover: a resent non-idempotent request gets its first answer",
           "[reliability][takeover][resend]") {
-    skip_over_io_uring();
     SECTION("mkdir") {
         FaultyMount m("mkdir");
         m.ok(::mkdir(m.cache->p("d").c_str(), 0755), "mkdir");  // not EEXIST
