@@ -30,7 +30,8 @@ Status hold_blob(WriteTxn& txn, const Digest& digest) {
     if (digest.empty()) return {};
     Tx tx = TxnAccess::tx(txn);
     auto ref = KCACHE_TRY(tx.blob_ref(digest));
-    if (!ref) return fail(ENOENT, fmt::format("blob {}: not in the db, cannot hold it", digest.hex()));
+    if (!ref)
+        return fail(ENOENT, fmt::format("blob {}: not in the db, cannot hold it", digest.hex()));
     const std::uint64_t held = KCACHE_TRY(hold_count(tx, digest));
     records::BlobRef more = *ref;
     ++more.refcount;
@@ -73,8 +74,7 @@ Result<std::uint64_t> clear_holds(WriteTxn& txn) {
     return dropped;
 }
 
-Status for_each_hold(const Txn& txn,
-                     const std::function<bool(const Digest&, std::uint64_t)>& fn) {
+Status for_each_hold(const Txn& txn, const std::function<bool(const Digest&, std::uint64_t)>& fn) {
     Tx tx = TxnAccess::tx(txn);
     return tx.scan_checked(tx.db.meta, kMetaHoldPrefix, kMetaHoldPrefix,
                            [&](std::string_view key, std::string_view value) -> Result<bool> {
@@ -82,7 +82,8 @@ Status for_each_hold(const Txn& txn,
                                if (key.size() != 16) {
                                    return fail(EIO, "meta: a hold record with a bad key");
                                }
-                               const auto count = KCACHE_TRY(records::decode_u64(value, "meta hold"));
+                               const auto count =
+                                   KCACHE_TRY(records::decode_u64(value, "meta hold"));
                                return fn(records::digest_from_key(key), count);
                            });
 }

@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "kcache/core/maintenance.hpp"
 #include "kcache/core/holds.hpp"
+#include "kcache/core/maintenance.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {

@@ -93,7 +93,9 @@ void Filesystem::release_holds(const core::Digest& digest, std::uint64_t count) 
         for (std::uint64_t i = 0; i < count; ++i) KCACHE_TRY(core::release_hold(txn, digest));
         return txn.commit();
     }();
-    if (!s) log::warning("blob {}: its hold for an open file stays: {}", digest.hex(), s.error().message);
+    if (!s)
+        log::warning("blob {}: its hold for an open file stays: {}", digest.hex(),
+                     s.error().message);
 }
 
 void Filesystem::adopt_holds() {

@@ -334,9 +334,11 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
             return n;
         }();
         if (!cleared)
-            fsd::log::warning("cannot clear the holds of a previous mount: {}", cleared.error().message);
+            fsd::log::warning("cannot clear the holds of a previous mount: {}",
+                              cleared.error().message);
         else if (*cleared)
-            fsd::log::info("cleared {} holds on blobs for files a previous mount had open", *cleared);
+            fsd::log::info("cleared {} holds on blobs for files a previous mount had open",
+                           *cleared);
     }
     fsd::takeover::begin(**state, fuse_session_fd(session));
     fsd::resend::attach(**state);

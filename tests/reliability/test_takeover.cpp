@@ -611,7 +611,9 @@ std::uint64_t held_blobs(const fs::path& db) {
     return n;
 }
 
-std::uint64_t blobs_in(const fs::path& db) { return stat_value(cache_stats(db), "blobs"); }
+std::uint64_t blobs_in(const fs::path& db) {
+    return stat_value(cache_stats(db), "blobs");
+}
 
 void check_verify_clean(const fs::path& db) {
     const ProcResult r = run_kcache(db, {"verify"});

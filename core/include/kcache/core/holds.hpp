@@ -32,7 +32,6 @@ Status release_hold(WriteTxn& txn, const Digest& digest);
 // holds kept are freed.
 Result<std::uint64_t> clear_holds(WriteTxn& txn);
 // The holds, in digest order: `fn(digest, count)` returns false to stop.
-Status for_each_hold(const Txn& txn,
-                     const std::function<bool(const Digest&, std::uint64_t)>& fn);
+Status for_each_hold(const Txn& txn, const std::function<bool(const Digest&, std::uint64_t)>& fn);
 
 }  // namespace kcache::core
