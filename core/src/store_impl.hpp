@@ -100,6 +100,7 @@ inline constexpr std::string_view kMetaNextDictionary = "next_dictionary";
 // zstd's dictionary ids below 32768 are reserved for a registrar; kcache's start there.
 inline constexpr std::uint32_t kFirstDictionaryId = 32768;
 inline constexpr std::string_view kMetaMissesSeq = "misses_seq";  // the classifier's position
+inline constexpr std::string_view kMetaHoldPrefix = "hold/";      // holds.cpp: digest key -> count
 
 // The typed view of one transaction. Read methods work on both kinds; write
 // methods require `write` (a WriteTxn) and record the first storage error there.

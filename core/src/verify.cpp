@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/holds.hpp"
 #include "kcache/core/maintenance.hpp"
 #include "store_impl.hpp"
 
@@ -185,6 +186,19 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         problem(
             fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
     }
+
+    // Holds (holds.hpp) are references too. One on a blob that is gone is damage:
+    // the next fresh mount clears it.
+    KCACHE_TRY(for_each_hold(txn, [&](const Digest& digest, std::uint64_t count) {
+        ++report.holds;
+        if (!tx.blob_ref(digest).value_or(std::nullopt)) {
+            problem(fmt::format("hold on blob {}: no such blob (cleared at the next fresh mount)",
+                                digest.hex()));
+        } else {
+            refs[digest] += count;
+        }
+        return true;
+    }));
 
     // 2. Blobs: content matches digest and size, refcounts match references (a
     // segment list holds one per occurrence of a segment: counted first).

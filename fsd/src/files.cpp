@@ -129,6 +129,14 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
             handle->snapshot = content;
         }
         handle->lost = !content;
+        if (content) {  // counted for adopt_holds, which runs once every reader is rebuilt
+            MutexLock lock(m_holds_mutex);
+            bool found = false;
+            for (InheritedHold& h : m_inherited_holds) {
+                if (h.digest == r.digest) found = true, ++h.readers;
+            }
+            if (!found) m_inherited_holds.push_back({r.digest, 0, 1});
+        }
         if (handle->lost)
             log::warning(
                 "inode {}: the version a reader had open is gone from the db: its "
@@ -619,6 +627,7 @@ void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     if (handle->writable) leave_version(req, handle);
     if (handle->page_cached) m_pages.leave(handle);
     if (handle->page_writer) m_pages.leave_as_writer(handle);
+    reader_closed(*handle);
     (void)m_handles.take_file(fi->fh);  // deletes it
     fuse_reply_err(req, 0);
 }

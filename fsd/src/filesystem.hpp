@@ -67,6 +67,7 @@
 #include <functional>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "background.hpp"
 #include "contents.hpp"
@@ -236,6 +237,14 @@ class Filesystem {
     std::uint64_t enter_handle(FileHandle* handle, bool unpublished);
     // A handle a dead daemon left (state.hpp): rebuilt by inode and digest.
     FileHandle* rebuild_file(const HandleRecord& record);
+    // One hold fewer on `digest` (core/holds.hpp), `count` times, in a transaction of
+    // its own; a failure is logged (the next fresh mount clears what is left).
+    void release_holds(const core::Digest& digest, std::uint64_t count);
+    // After a takeover: the holds a predecessor took, each released when the last
+    // rebuilt reader of its blob closes (none left: at once).
+    void adopt_holds();
+    // A reader closed: the holds it was the last inherited reader of go.
+    void reader_closed(const FileHandle& handle);
 
     core::Store& m_store;
     const Options m_options;
@@ -243,6 +252,16 @@ class Filesystem {
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
+    // Holds inherited at a takeover (adopt_holds): blob, holds on it, rebuilt readers
+    // of it not yet closed. Empty after a fresh mount: then release() looks at nothing.
+    struct InheritedHold {
+        core::Digest digest;
+        std::uint64_t holds = 0;
+        std::uint64_t readers = 0;
+    };
+    Mutex m_holds_mutex KCACHE_LEVEL(9);  // a leaf
+    std::vector<InheritedHold> m_inherited_holds GUARDED_BY(m_holds_mutex);
+    std::atomic<bool> m_any_inherited_holds{false};
     Mutex m_handover_mutex KCACHE_LEVEL(9);           // a leaf
     int m_dirtying GUARDED_BY(m_handover_mutex) = 0;  // requests holding a Dirtying
     bool m_handing_over GUARDED_BY(m_handover_mutex) = false;

@@ -43,6 +43,9 @@ struct Version;
 struct Orphan {
     core::Attr attr;  // nlink 0
     std::shared_ptr<const std::string> content;
+    // Its blob is held in the db (core/holds.hpp) for a successor daemon: released when
+    // the kernel forgets the inode (Filesystem::forget).
+    bool held = false;
 };
 
 // Which version of an inode the kernel's page cache holds, and who reads and writes

@@ -29,11 +29,13 @@ class Lookups {
     explicit Lookups(Inodes& inodes) : m_inodes(inodes) {}
 
     void remember(core::Ino ino);
-    void forget(core::Ino ino, std::uint64_t count);
+    // Returns the digest of the orphan that goes with the last reference, if it held
+    // its blob (the caller releases the hold: no I/O here).
+    std::optional<core::Digest> forget(core::Ino ino, std::uint64_t count);
     bool known(core::Ino ino);
 
-    // Records `orphan` of `ino` if the kernel still knows `ino`.
-    void adopt(core::Ino ino, const Orphan& orphan);
+    // Records `orphan` of `ino` if the kernel still knows `ino`; false if it does not.
+    bool adopt(core::Ino ino, const Orphan& orphan);
     void disown(core::Ino ino);
     std::optional<Orphan> find_orphan(core::Ino ino);
 

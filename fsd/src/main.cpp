@@ -38,6 +38,7 @@
 
 #include "fd_store.hpp"
 #include "filesystem.hpp"
+#include "kcache/core/holds.hpp"
 #include "kcache/core/store.hpp"
 #include "keeper.hpp"
 #include "log.hpp"
@@ -328,6 +329,22 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     }
     const bool resuming = (*state)->inherited();
     const std::size_t adopted = resuming ? filesystem.adopt_handles() : 0;
+    if (!resuming && !options.read_only) {
+        // A fresh mount: the kernel knows no open file, so no hold a dead mount's
+        // daemons took for one (core/holds.hpp) can be used again. A takeover keeps them.
+        auto cleared = [&]() -> kcache::core::Result<std::uint64_t> {
+            auto txn = KCACHE_TRY((*store)->write());
+            const std::uint64_t n = KCACHE_TRY(kcache::core::clear_holds(txn));
+            KCACHE_TRY(txn.commit());
+            return n;
+        }();
+        if (!cleared)
+            fsd::log::warning("cannot clear the holds of a previous mount: {}",
+                              cleared.error().message);
+        else if (*cleared)
+            fsd::log::info("cleared {} holds on blobs for files a previous mount had open",
+                           *cleared);
+    }
     fsd::takeover::begin(**state, fuse_session_fd(session));
     fsd::resend::attach(**state);
     // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);

@@ -1,5 +1,7 @@
 #include "core_test_util.hpp"
 
+#include "kcache/core/holds.hpp"
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -362,13 +364,22 @@ void check_consistent(core::Store& store) {
 
     std::uint64_t raw = 0;
     for (const auto& [_, size] : blobs) raw += size;
+    // A blob held for an open file (holds.hpp) that no file names any more is still a
+    // blob; its raw size is verify's to recount (a segmented one is not held here).
+    bool held_alone = false;
+    must(core::for_each_hold(txn,
+                             [&](const core::Digest& d, std::uint64_t) {
+                                 held_alone |= blobs.emplace(std::pair{d.high, d.low}, 0).second;
+                                 return true;
+                             }),
+         "for_each_hold");
     auto stats = must(txn.stats(), "stats");
     CHECK(stats.get(core::Counter::entries) == records);
     CHECK(stats.get(core::Counter::bytes) == bytes);
     CHECK(stats.get(core::Counter::files) == files);
     INFO("blobs: unique digests of non-empty files, and of big files' segments");
     CHECK(stats.get(core::Counter::blobs) == blobs.size());
-    CHECK(stats.get(core::Counter::blob_raw_bytes) == raw);
+    if (!held_alone) CHECK(stats.get(core::Counter::blob_raw_bytes) == raw);
     if (blobs.empty()) CHECK(stats.get(core::Counter::stored_bytes) == 0);
 
     auto report = must(core::verify(store), "verify");

@@ -46,6 +46,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "kcache/core/holds.hpp"
+#include "kcache/core/store.hpp"
 #include "mount_fixture.hpp"
 #include "processes.hpp"
 #include "skip.hpp"
@@ -586,6 +588,157 @@ TEST_CASE("takeover: open files survive a new daemon", "[reliability][takeover]"
     REQUIRE(write_fd(clean.get(), "tail") == 0);
     REQUIRE_SYS(clean.close());
     CHECK(read_all(cache.p("c.bin")) == std::optional<std::string>(c + "moretail"));
+}
+
+// ---- unlinked-but-open files across a takeover (core/holds.hpp) ---------------------
+
+// The holds on blobs in `db` (core/holds.hpp), counted, read through core.
+std::uint64_t held_blobs(const fs::path& db) {
+    kcache::core::OpenOptions options;
+    options.path = db.string();
+    options.create = false;
+    options.read_only = true;
+    auto store = kcache::core::Store::open(options);
+    REQUIRE(store);
+    auto txn = (*store)->read();
+    REQUIRE(txn);
+    std::uint64_t n = 0;
+    REQUIRE(kcache::core::for_each_hold(*txn, [&](const kcache::core::Digest&, std::uint64_t c) {
+        n += c;
+        return true;
+    }));
+    return n;
+}
+
+std::uint64_t blobs_in(const fs::path& db) {
+    return stat_value(cache_stats(db), "blobs");
+}
+
+void check_verify_clean(const fs::path& db) {
+    const ProcResult r = run_kcache(db, {"verify"});
+    INFO("kcache verify: " << r.describe());
+    CHECK(r.exit_code == 0);
+}
+
+enum class Removal { unlink, rename_over };
+enum class Event { kill, upgrade };
+
+// A reader has a file open; another process removes it (unlink, or a rename over it);
+// the serving daemon is replaced (kill -9, or --upgrade). The reader reads the file's
+// content to its end, byte-exact, and closes; then its blob is gone from the db.
+void removed_while_open(Removal removal, Event event) {
+    skip_over_io_uring();
+    MountedCache cache;
+    const pid_t keeper = cache.daemon_pid();
+    // Big enough that the kernel's readahead cannot have read it all before the event:
+    // the new daemon must serve the rest.
+    const std::string content = random_bytes(3 << 20, 20);
+    const std::uint64_t blobs_before = blobs_in(cache.db());
+    fs::create_directories(cache.path("k"));
+    REQUIRE(write_all(cache.p("k/held.bin"), content) == 0);
+
+    Fd reader(::open(cache.p("k/held.bin").c_str(), O_RDONLY));
+    REQUIRE_SYS(reader.get());
+    std::string head(1000, '\0');
+    REQUIRE(::read(reader.get(), head.data(), head.size()) == 1000);
+
+    // Another process removes the file.
+    const std::string replacement = "another version";
+    if (removal == Removal::unlink) {
+        const ProcResult r = run_process({"rm", cache.p("k/held.bin")});
+        REQUIRE(r.exit_code == 0);
+    } else {
+        REQUIRE(write_all(cache.p("k/new.tmp"), replacement) == 0);
+        const ProcResult r = run_process({"mv", cache.p("k/new.tmp"), cache.p("k/held.bin")});
+        REQUIRE(r.exit_code == 0);
+    }
+    CHECK(held_blobs(cache.db()) >= 1);  // taken with the removal
+
+    if (event == Event::kill) {
+        kill_serving_daemon(keeper);
+    } else {
+        const pid_t before = serving_daemon(keeper);
+        const ProcResult r = run_process({KCACHE_FSD_PATH, "--upgrade", cache.mnt().string()});
+        INFO("kcache-fsd --upgrade: " << r.describe());
+        REQUIRE(r.exit_code == 0);
+        REQUIRE(wait_until(
+            [&] {
+                const pid_t now = serving_daemon(keeper);
+                return now > 0 && now != before;
+            },
+            10));
+    }
+    INFO("daemon log:\n" << cache.daemon_stderr());
+
+    const auto rest = read_fd(reader.get());
+    REQUIRE(rest.has_value());
+    CHECK(rest->size() == content.size() - head.size());
+    CHECK((head + *rest == content));
+    check_verify_clean(cache.db());  // with the hold present
+    REQUIRE_SYS(reader.close());
+
+    // The close released the hold: the blob is gone (RELEASE is asynchronous).
+    const std::uint64_t expected = blobs_before + (removal == Removal::rename_over ? 1 : 0);
+    CHECK(wait_until([&] { return held_blobs(cache.db()) == 0; }, 10));
+    CHECK(blobs_in(cache.db()) == expected);
+    if (removal == Removal::rename_over) {
+        CHECK(read_all(cache.p("k/held.bin")) == std::optional<std::string>(replacement));
+    }
+    check_verify_clean(cache.db());
+}
+
+TEST_CASE("takeover: an unlinked file open for reading reads to its end across a kill -9",
+          "[reliability][takeover][holds]") {
+    removed_while_open(Removal::unlink, Event::kill);
+}
+
+TEST_CASE("takeover: a file renamed over while open reads to its end across a kill -9",
+          "[reliability][takeover][holds]") {
+    removed_while_open(Removal::rename_over, Event::kill);
+}
+
+TEST_CASE("takeover: an unlinked file open for reading reads to its end across an upgrade",
+          "[reliability][takeover][holds][upgrade]") {
+    removed_while_open(Removal::unlink, Event::upgrade);
+}
+
+TEST_CASE("takeover: a fresh mount clears the holds a previous mount left",
+          "[reliability][takeover][holds]") {
+    skip_over_io_uring();
+    MountedCache cache;
+    const std::string content = random_bytes(100000, 21);
+    const std::uint64_t blobs_before = blobs_in(cache.db());
+    fs::create_directories(cache.path("k"));
+    REQUIRE(write_all(cache.p("k/stale.bin"), content) == 0);
+    cache.unmount();
+    // What a mount whose keeper died with a reader open leaves: the file removed and
+    // its blob held, in one transaction.
+    {
+        kcache::core::OpenOptions options;
+        options.path = cache.db().string();
+        options.create = false;
+        auto store = kcache::core::Store::open(options);
+        REQUIRE(store);
+        auto txn = (*store)->write();
+        REQUIRE(txn);
+        auto dir = txn->resolve("k");
+        REQUIRE(dir);
+        auto attr = txn->lookup(*dir, "stale.bin");
+        REQUIRE(attr);
+        REQUIRE(kcache::core::hold_blob(*txn, attr->digest));
+        REQUIRE(txn->unlink(*dir, "stale.bin"));
+        REQUIRE(txn->commit());
+    }
+    CHECK(held_blobs(cache.db()) == 1);
+    CHECK(blobs_in(cache.db()) == blobs_before + 1);
+    check_verify_clean(cache.db());  // a hold is a reference
+
+    cache.mount();  // the keeper's first daemon on a new state: a fresh mount
+    INFO("daemon log:\n" << cache.daemon_stderr());
+    CHECK(held_blobs(cache.db()) == 0);
+    CHECK(blobs_in(cache.db()) == blobs_before);
+    CHECK(cache.daemon_stderr().find("cleared 1 holds") != std::string::npos);
+    check_verify_clean(cache.db());
 }
 
 TEST_CASE("takeover: with keeper and daemon killed, kcache-fsd recovers the dead mount",

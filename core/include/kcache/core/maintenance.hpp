@@ -14,6 +14,7 @@ struct VerifyReport {
     std::uint64_t blobs = 0;
     std::uint64_t inodes = 0;
     std::uint64_t entries = 0;
+    std::uint64_t holds = 0;            // blobs held for open files (holds.hpp), not entries
     std::vector<std::string> problems;  // one line each: what is damaged and how
     bool ok() const { return problems.empty(); }
 };
