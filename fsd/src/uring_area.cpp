@@ -59,9 +59,10 @@ void reserve_inherited(int state_fd) {
     const Geometry& g = h.geometry;
     if (g.rings == 0 || g.per_ring == 0 || g.entry_size % kPage != 0 || h.size != size_of(g) ||
         h.size > kMaxSize) {
-        log::warning("io_uring: the ring area left by the previous daemon is not one (size {}): "
-                     "what its ring entries held is not answered",
-                     h.size);
+        log::warning(
+            "io_uring: the ring area left by the previous daemon is not one (size {}): "
+            "what its ring entries held is not answered",
+            h.size);
         return;
     }
     void* want = reinterpret_cast<void*>(h.address);
@@ -89,8 +90,8 @@ core::Status create(int state_fd, const Geometry& g) {
         log::warning(
             "io_uring: the previous daemon's rings had another shape ({} x {} entries of {} "
             "bytes; now {} x {} of {}): the requests its entries held wait until the mount ends",
-            g_reserved.geometry.rings, g_reserved.geometry.per_ring,
-            g_reserved.geometry.entry_size, g.rings, g.per_ring, g.entry_size);
+            g_reserved.geometry.rings, g_reserved.geometry.per_ring, g_reserved.geometry.entry_size,
+            g.rings, g.per_ring, g.entry_size);
         ::munmap(g_reserved.base, g_reserved.size);
         g_reserved = {};
     }

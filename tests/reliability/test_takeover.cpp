@@ -627,7 +627,6 @@ enum class Event { kill, upgrade };
 // the serving daemon is replaced (kill -9, or --upgrade). The reader reads the file's
 // content to its end, byte-exact, and closes; then its blob is gone from the db.
 void removed_while_open(Removal removal, Event event) {
-    skip_over_io_uring();
     MountedCache cache;
     const pid_t keeper = cache.daemon_pid();
     // Big enough that the kernel's readahead cannot have read it all before the event:
@@ -704,7 +703,6 @@ TEST_CASE("takeover: an unlinked file open for reading reads to its end across a
 
 TEST_CASE("takeover: a fresh mount clears the holds a previous mount left",
           "[reliability][takeover][holds]") {
-    skip_over_io_uring();
     MountedCache cache;
     const std::string content = random_bytes(100000, 21);
     const std::uint64_t blobs_before = blobs_in(cache.db());
