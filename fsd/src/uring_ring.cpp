@@ -27,10 +27,7 @@ using namespace uring_detail;
 void UringTransport::Ring::run() {
     // Pinned to its queue's CPU where allowed (requests of that CPU come here); an
     // offline or forbidden CPU leaves it unpinned.
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(qid, &set);
-    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    (void)pin_to_cpu(qid);
 
     if (!make()) return;
     if (wait_phase_past(Phase::made) != Phase::go) return close_ring();

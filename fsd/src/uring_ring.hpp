@@ -5,7 +5,11 @@
 #pragma once
 
 #include <liburing.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/uio.h>
+
+#include <csignal>
 
 #include <atomic>
 #include <cstddef>
@@ -44,6 +48,32 @@ constexpr std::uint32_t kNotSaved = ~std::uint32_t{0};
 constexpr unsigned kRingDepth = 2 * UringTransport::kMaxEntriesPerThread + 8;
 
 inline thread_local Entry* t_current = nullptr;  // the entry this ring thread is handling
+
+// Runs the calling thread on `cpu` only; false where that CPU is offline or forbidden.
+inline bool pin_to_cpu(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+// While it lives, the calling thread blocks every signal, and so do the threads it
+// starts: SIGTERM and the like must reach libfuse's loop (its handler ends the
+// session), and an io_uring wait would swallow them.
+class SignalsBlocked {
+  public:
+    SignalsBlocked() {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &m_old);
+    }
+    ~SignalsBlocked() { pthread_sigmask(SIG_SETMASK, &m_old, nullptr); }
+    SignalsBlocked(const SignalsBlocked&) = delete;
+    SignalsBlocked& operator=(const SignalsBlocked&) = delete;
+
+  private:
+    sigset_t m_old;
+};
 
 // The kernel orders requests after the replies they depend on (a RELEASE after the
 // READ's reply, a READ after the OPEN's). ThreadSanitizer sees that order through

@@ -103,16 +103,11 @@ std::string not_offered_reason() {
 // next. A statfs of the mount always reaches the daemon. From a thread of its own, as a
 // caller: the ring threads serve it; it ends with the daemon at the latest.
 static void fetch_queued(const std::string& mountpoint, const std::vector<int>& cpus) {
-    sigset_t all, old;  // no signals (as the ring threads, below)
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    SignalsBlocked no_signals;  // as the ring threads
     try {
         std::thread([mountpoint, cpus] {
             for (int cpu : cpus) {
-                cpu_set_t set;
-                CPU_ZERO(&set);
-                CPU_SET(cpu, &set);
-                if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0) continue;
+                if (!pin_to_cpu(cpu)) continue;
                 struct statfs st {};
                 (void)::statfs(mountpoint.c_str(), &st);
             }
@@ -121,7 +116,6 @@ static void fetch_queued(const std::string& mountpoint, const std::vector<int>& 
         log::warning("io_uring: cannot start the thread that fetches queued requests: {}",
                      e.what());
     }
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 struct UringHooks {
@@ -319,29 +313,26 @@ struct UringHooks {
             log::warning("--io-uring: {}: serving over /dev/fuse", made.error().message);
             return write_init(fd, iov, count);
         }
-        // The ring threads take no signals: SIGTERM and the like must reach libfuse's
-        // loop (its handler ends the session), and an io_uring wait would swallow them.
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_BLOCK, &all, &old);
-        for (std::size_t q = 0; q < cpus.size(); ++q) {
-            for (int k = 0; k < UringTransport::kThreadsPerQueue; ++k) {
-                auto ring = std::make_unique<UringTransport::Ring>();
-                ring->transport = &t;
-                ring->qid = static_cast<int>(q);
-                ring->index = static_cast<std::uint32_t>(t.m_rings.size());
-                ring->payload_size = payload_size;
-                t.m_rings.push_back(std::move(ring));
-                UringTransport::Ring* r = t.m_rings.back().get();
-                try {
-                    r->thread = std::thread([r] { r->run(); });
-                } catch (const std::system_error& e) {
-                    r->set_phase(UringTransport::Ring::Phase::failed,
-                                 fmt::format("cannot start a thread: {}", e.what()));
+        {
+            SignalsBlocked no_signals;  // the ring threads take none (uring_ring.hpp)
+            for (std::size_t q = 0; q < cpus.size(); ++q) {
+                for (int k = 0; k < UringTransport::kThreadsPerQueue; ++k) {
+                    auto ring = std::make_unique<UringTransport::Ring>();
+                    ring->transport = &t;
+                    ring->qid = static_cast<int>(q);
+                    ring->index = static_cast<std::uint32_t>(t.m_rings.size());
+                    ring->payload_size = payload_size;
+                    t.m_rings.push_back(std::move(ring));
+                    UringTransport::Ring* r = t.m_rings.back().get();
+                    try {
+                        r->thread = std::thread([r] { r->run(); });
+                    } catch (const std::system_error& e) {
+                        r->set_phase(UringTransport::Ring::Phase::failed,
+                                     fmt::format("cannot start a thread: {}", e.what()));
+                    }
                 }
             }
         }
-        pthread_sigmask(SIG_SETMASK, &old, nullptr);
 
         std::string failure;
         for (auto& r : t.m_rings) {
