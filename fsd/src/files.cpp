@@ -131,11 +131,12 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
         handle->lost = !content;
         if (content) {  // counted for adopt_holds, which runs once every reader is rebuilt
             MutexLock lock(m_holds_mutex);
-            bool found = false;
-            for (InheritedHold& h : m_inherited_holds) {
-                if (h.digest == r.digest) found = true, ++h.readers;
-            }
-            if (!found) m_inherited_holds.push_back({r.digest, 0, 1});
+            auto it = std::find_if(m_inherited_holds.begin(), m_inherited_holds.end(),
+                                   [&](const InheritedHold& h) { return h.digest == r.digest; });
+            if (it != m_inherited_holds.end())
+                ++it->readers;
+            else
+                m_inherited_holds.push_back({r.digest, 0, 1});
         }
         if (handle->lost)
             log::warning(
