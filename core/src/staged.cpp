@@ -174,11 +174,12 @@ Status StagedFile::publish(const Origin& origin) {
     return {};
 }
 
-Status StagedFile::commit(const Origin& origin) {
+Status StagedFile::commit(const Origin& origin, const std::function<Status(WriteTxn&)>& first) {
     if (!m_open) return fail(EINVAL, "staged file already published or abandoned");
     if (!m_dirty) return {};
     Digest stored;
     auto s = m_store->update([&](WriteTxn& txn) -> Status {
+        if (first) KCACHE_TRY(first(txn));
         auto w = KCACHE_TRY(store_content(txn, origin));
         stored = w.digest;
         return {};

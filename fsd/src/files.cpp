@@ -79,6 +79,7 @@ void Filesystem::discard_open(FileHandle* handle) {
     }
     if (handle->page_cached) m_pages.leave(handle);
     if (handle->page_writer) m_pages.leave_as_writer(handle);
+    m_holds.closed(*handle);
     if (!m_handles.take_file(handle->fh)) delete handle;  // never entered the table
 }
 
@@ -129,15 +130,7 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
             handle->snapshot = content;
         }
         handle->lost = !content;
-        if (content) {  // counted for adopt_holds, which runs once every reader is rebuilt
-            MutexLock lock(m_holds_mutex);
-            auto it = std::find_if(m_inherited_holds.begin(), m_inherited_holds.end(),
-                                   [&](const InheritedHold& h) { return h.digest == r.digest; });
-            if (it != m_inherited_holds.end())
-                ++it->readers;
-            else
-                m_inherited_holds.push_back({r.digest, 0, 1});
-        }
+        if (content) m_holds.rebuilt(*handle);
         if (handle->lost)
             log::warning(
                 "inode {}: the version a reader had open is gone from the db: its "
@@ -185,6 +178,8 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         dirtying.emplace(*this);
         if (dirtying->refused()) return;  // handing over: the successor answers it
     }
+    std::optional<BlobHolds::ReaderOpen> reading;  // counted before its snapshot
+    if (!handle->writable) reading.emplace(m_holds, ino);
     Opening opening;
     {
         auto txn = m_store.read();
@@ -218,6 +213,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (auto s = open_writer(req, truncate, *handle, fi, opening); !s)
             return reply_error(req, s.error());
     }
+    if (reading) reading->opened(*handle);
     answer_open(req, std::move(handle), truncate, fi, std::move(opening));
 }
 
@@ -524,11 +520,19 @@ core::Status Filesystem::publish(fuse_req_t req, Version& version) {
                                           size, max));
         }
     }
-    // Readers of the stored version that load it lazily (open()) may still need it.
-    m_contents.keep_for_readers(version.staged.ino());
-    auto s = version.staged.commit(req ? kernel::origin_of(req) : core::Origin{});
+    // Readers of the stored version that load it lazily (open()) may still need it,
+    // and a successor rebuilds every reader from the db (blob_holds.hpp).
+    const Ino ino = version.staged.ino();
+    m_contents.keep_for_readers(ino);
+    std::optional<core::Digest> held;
+    auto s = version.staged.commit(req ? kernel::origin_of(req) : core::Origin{},
+                                   [&](core::WriteTxn& txn) -> core::Status {
+                                       held = KCACHE_TRY(m_holds.hold_replaced(txn, ino));
+                                       return {};
+                                   });
     if (!s && s.error().code == ENOENT) return {};  // removed while open: its bytes go nowhere
     if (!s) return s;
+    if (held) m_holds.replaced(ino, *held);
     // A rewrite's pages may be cached by its own process's readers of the old version.
     // A shared version's are the page cache its handles read: nothing is stale, but
     // its attributes (times) changed.
@@ -628,7 +632,7 @@ void Filesystem::release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     if (handle->writable) leave_version(req, handle);
     if (handle->page_cached) m_pages.leave(handle);
     if (handle->page_writer) m_pages.leave_as_writer(handle);
-    reader_closed(*handle);
+    m_holds.closed(*handle);
     (void)m_handles.take_file(fi->fh);  // deletes it
     fuse_reply_err(req, 0);
 }

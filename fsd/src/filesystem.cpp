@@ -47,6 +47,7 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
       m_pages(m_inodes),
       m_lookups(m_inodes),
       m_contents(store, m_pages, m_lookups),
+      m_holds(store, m_inodes),
       m_hits(m_background),
       m_flights(store, std::chrono::milliseconds(options.single_flight_ms)),
       m_own_state(private_state(state)),
@@ -83,62 +84,8 @@ std::size_t Filesystem::adopt_handles() {
     m_no_flights_until_ns = core::steady_ns() + std::int64_t{5'000'000'000} +
                             2 * static_cast<std::int64_t>(m_options.single_flight_ms) * 1'000'000;
     m_handles.rebuild_readers();
-    adopt_holds();
+    m_holds.adopt();
     return m_handles.inherited();
-}
-
-void Filesystem::release_holds(const core::Digest& digest, std::uint64_t count) {
-    auto s = [&]() -> core::Status {
-        auto txn = KCACHE_TRY(m_store.write());
-        for (std::uint64_t i = 0; i < count; ++i) KCACHE_TRY(core::release_hold(txn, digest));
-        return txn.commit();
-    }();
-    if (!s)
-        log::warning("blob {}: its hold for an open file stays: {}", digest.hex(),
-                     s.error().message);
-}
-
-void Filesystem::adopt_holds() {
-    std::vector<InheritedHold> held;
-    if (auto txn = m_store.read()) {
-        (void)core::for_each_hold(*txn, [&](const core::Digest& digest, std::uint64_t count) {
-            held.push_back({digest, count, 0});
-            return true;
-        });
-    }
-    std::vector<InheritedHold> unread;
-    {
-        MutexLock lock(m_holds_mutex);
-        for (InheritedHold& h : held) {
-            for (const InheritedHold& r : m_inherited_holds) {  // rebuilt readers, by digest
-                if (r.digest == h.digest) h.readers = r.readers;
-            }
-        }
-        m_inherited_holds.clear();
-        for (InheritedHold& h : held) (h.readers ? m_inherited_holds : unread).push_back(h);
-        m_any_inherited_holds = !m_inherited_holds.empty();
-    }
-    // Held for a reader that closed, or an orphan no handle had open (a successor
-    // cannot open an orphan: ESTALE): nothing can read them any more.
-    for (const InheritedHold& h : unread) release_holds(h.digest, h.holds);
-}
-
-void Filesystem::reader_closed(const FileHandle& handle) {
-    if (!m_any_inherited_holds.load() || handle.writable) return;
-    std::optional<InheritedHold> last;
-    {
-        MutexLock lock(m_holds_mutex);
-        for (auto it = m_inherited_holds.begin(); it != m_inherited_holds.end(); ++it) {
-            if (!(it->digest == handle.snapshot_digest) || it->readers == 0) continue;
-            if (--it->readers == 0 && it->holds > 0) {
-                last = *it;
-                m_inherited_holds.erase(it);
-            }
-            break;
-        }
-        m_any_inherited_holds = !m_inherited_holds.empty();
-    }
-    if (last) release_holds(last->digest, last->holds);
 }
 
 Filesystem::~Filesystem() {
@@ -191,7 +138,7 @@ void Filesystem::reply_entry(fuse_req_t req, const Attr& stored) {
 
 void Filesystem::forget(fuse_ino_t ino, std::uint64_t count) {
     // The last reference to an orphan: no handle of it is open either (each holds one).
-    if (auto held = m_lookups.forget(ino, count)) release_holds(*held, 1);
+    if (auto held = m_lookups.forget(ino, count)) m_holds.release(*held, 1);
 }
 
 std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn& txn, Ino parent,

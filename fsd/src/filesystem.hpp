@@ -48,12 +48,13 @@
 //   which compose the units below and reply;
 // - handles.hpp: FileHandle, DirHandle, each field with the lock that guards it;
 // - Inodes (inodes.hpp): the inode table, one record per inode with the parts of the
-//   three units below, behind one mutex;
+//   units below, behind one mutex;
 // - Versions (versions.hpp): the writer registry, THE RULE;
 // - PageCache (page_cache.hpp): page-cache coherence, the kernel's told attributes,
 //   the writer gate thread;
 // - Lookups (lookups.hpp): the kernel's lookup references and orphans;
 // - Contents (contents.hpp): snapshots shared by readers, the pin, lazy loading;
+// - BlobHolds (blob_holds.hpp): blobs kept in the db for open readers, for a successor;
 // - HitCounter (hits.hpp): hits and opens;
 // - Background (background.hpp): the one thread that notifies the kernel;
 // - SingleFlight (single_flight.hpp): a lookup inside an entry another compile is
@@ -70,6 +71,7 @@
 #include <vector>
 
 #include "background.hpp"
+#include "blob_holds.hpp"
 #include "contents.hpp"
 #include "handles.hpp"
 #include "hits.hpp"
@@ -237,14 +239,6 @@ class Filesystem {
     std::uint64_t enter_handle(FileHandle* handle, bool unpublished);
     // A handle a dead daemon left (state.hpp): rebuilt by inode and digest.
     FileHandle* rebuild_file(const HandleRecord& record);
-    // One hold fewer on `digest` (core/holds.hpp), `count` times, in a transaction of
-    // its own; a failure is logged (the next fresh mount clears what is left).
-    void release_holds(const core::Digest& digest, std::uint64_t count);
-    // After a takeover: the holds a predecessor took, each released when the last
-    // rebuilt reader of its blob closes (none left: at once).
-    void adopt_holds();
-    // A reader closed: the holds it was the last inherited reader of go.
-    void reader_closed(const FileHandle& handle);
 
     core::Store& m_store;
     const Options m_options;
@@ -252,16 +246,6 @@ class Filesystem {
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
-    // Holds inherited at a takeover (adopt_holds): blob, holds on it, rebuilt readers
-    // of it not yet closed. Empty after a fresh mount: then release() looks at nothing.
-    struct InheritedHold {
-        core::Digest digest;
-        std::uint64_t holds = 0;
-        std::uint64_t readers = 0;
-    };
-    Mutex m_holds_mutex KCACHE_LEVEL(9);  // a leaf
-    std::vector<InheritedHold> m_inherited_holds GUARDED_BY(m_holds_mutex);
-    std::atomic<bool> m_any_inherited_holds{false};
     Mutex m_handover_mutex KCACHE_LEVEL(9);           // a leaf
     int m_dirtying GUARDED_BY(m_handover_mutex) = 0;  // requests holding a Dirtying
     bool m_handing_over GUARDED_BY(m_handover_mutex) = false;
@@ -275,6 +259,7 @@ class Filesystem {
     PageCache m_pages;
     Lookups m_lookups;
     Contents m_contents;
+    BlobHolds m_holds;
     HitCounter m_hits;
     SingleFlight m_flights;
 

@@ -47,6 +47,10 @@ struct FileHandle {
     // writer with bytes unpublished (WRITE, FLUSH and FSYNC are answered EIO; its entry
     // keeps what was published), or a reader whose version left the db (READ: EIO).
     bool lost = false;
+    // A reader counted among its inode's readers (BlobHolds::opened, rebuilt), and one
+    // rebuilt from a dead daemon's handle (counted towards its blob's inherited hold).
+    bool counted_reader = false;
+    bool rebuilt_reader = false;
 
     // ---- guarded by `mutex`: threads sharing a descriptor call concurrently ----
     Mutex mutex KCACHE_LEVEL(1);

@@ -5,7 +5,8 @@
 // A record exists while any part of it holds something: the kernel's lookup
 // references and the orphan they keep alive (Lookups, lookups.hpp), the page cache's
 // state (PageCache, page_cache.hpp), the versions writers build (Versions,
-// versions.hpp). Those units decide what their part means; this table only holds the
+// versions.hpp), the readers a held blob is kept for (BlobHolds, blob_holds.hpp).
+// Those units decide what their part means; this table only holds the
 // parts and drops a record once all of them are empty (prune).
 //
 // Why one table: an open, a lookup reply, a getattr or a release touched two or three
@@ -48,6 +49,13 @@ struct Orphan {
     bool held = false;
 };
 
+// A version of an inode that open reader handles read (BlobHolds, blob_holds.hpp).
+struct ReadVersion {
+    core::Digest digest;
+    std::uint32_t readers = 0;  // counted reader handles (FileHandle::counted_reader)
+    bool held = false;          // replaced by a publish, and held in the db for them
+};
+
 // Which version of an inode the kernel's page cache holds, and who reads and writes
 // through it (PageCache, page_cache.hpp, says what each field means for it).
 struct PageState {
@@ -86,8 +94,14 @@ struct Inode {
     // shared version, and private O_TRUNC rewrites, oldest first.
     std::shared_ptr<Version> shared;
     std::vector<std::shared_ptr<Version>> rewrites;
+    // Its readers by version, and read-only opens not yet counted under one (BlobHolds).
+    std::vector<ReadVersion> read_versions;
+    std::uint32_t opening_readers = 0;
 
-    bool empty() const { return lookups == 0 && !orphan && !pages && !shared && rewrites.empty(); }
+    bool empty() const {
+        return lookups == 0 && !orphan && !pages && !shared && rewrites.empty() &&
+               read_versions.empty() && opening_readers == 0;
+    }
 };
 
 class Inodes {

@@ -13,7 +13,8 @@
 //     (LMDB's writer lock), eviction, Contents::keep_for_readers, Background.
 //  3. LMDB's writer lock: an open write transaction (core::WriteTxn, StagedFile
 //     begin and commit, Store::update, Store::evict). Under it a removal records the
-//     orphan it leaves (the inode table) and its content (Contents' snapshots).
+//     orphan it leaves (the inode table) and its content (Contents' snapshots), and a
+//     publish looks for readers of what it replaces (BlobHolds: the inode table).
 //  4. Contents::m_pin_mutex (contents.hpp). Held across renew_pin's scan and swap and
 //     a lazy open's check (pinned); under it: the inode table and the snapshots.
 //  5. Inodes::mutex (inodes.hpp): the inode table, one record per inode with the
@@ -32,7 +33,8 @@
 //     --io-uring, UringTransport's hand-off mutex of each ring (a reply sent from
 //     another thread than the ring's is queued under it; uring_transport.hpp) and its
 //     start-up handshake mutex (only while INIT is answered); HandleTable's free-slot
-//     mutex (state.hpp); Filesystem::m_handover_mutex (an upgrade's gate); takeover's
+//     mutex (state.hpp); Filesystem::m_handover_mutex (an upgrade's gate);
+//     BlobHolds::m_inherited_mutex (the holds a takeover inherited); takeover's
 //     replay and pending-INIT mutexes (takeover.cpp).
 //  0. HandleTable::m_rebuild_mutex (state.hpp), above them all: taken with none of
 //     these held (a handler's first step, looking its handle up); under it a handle

@@ -5,6 +5,7 @@
 
 #include "core_test_util.hpp"
 #include "kcache/core/holds.hpp"
+#include "kcache/core/staged.hpp"
 
 using namespace kcache;
 using namespace kcache::test;
@@ -151,4 +152,41 @@ TEST_CASE("holds: clear_holds (a fresh mount) frees what only holds kept", "[hol
     must_verify(ts.store());
     auto txn = ts.write();
     CHECK(KC_MUST(core::clear_holds(txn)) == 0);
+}
+
+TEST_CASE("holds: a commit that replaces a file's content can hold the old blob with it",
+          "[holds][staged]") {
+    TestStore ts;
+    const core::Digest old_digest = put_file(ts, "k/f", "the version a reader has open");
+    const Ino f = KC_MUST(ts.read().resolve("k/f"));
+    auto staged = KC_MUST(core::StagedFile::begin(ts.store(), f, true));
+    KC_MUST(staged.write(0, "rewritten"));
+
+    SECTION("the hold commits with the new content") {
+        KC_MUST(staged.commit(
+            test_origin(), [&](core::WriteTxn& txn) { return core::hold_blob(txn, old_digest); }));
+        CHECK(ts.get("k/f") == "rewritten");
+        CHECK(has_blob(ts.store(), old_digest));
+        CHECK(holds(ts.store()) == 1);
+        must_verify(ts.store());
+        KC_MUST(ts.store().update(
+            [&](core::WriteTxn& txn) { return core::release_hold(txn, old_digest); }));
+        CHECK_FALSE(has_blob(ts.store(), old_digest));
+    }
+    SECTION("a failure of the first step publishes nothing") {
+        auto s = staged.commit(test_origin(), [&](core::WriteTxn& txn) -> core::Status {
+            KC_MUST(core::hold_blob(txn, old_digest));
+            return core::fail(EIO, "refused");
+        });
+        REQUIRE_FALSE(s);
+        CHECK(s.error().code == EIO);
+        CHECK(staged.dirty());
+        CHECK(ts.get("k/f") == "the version a reader has open");
+        CHECK(holds(ts.store()) == 0);
+        KC_MUST(staged.commit(test_origin()));  // and it can publish later
+        CHECK(ts.get("k/f") == "rewritten");
+        CHECK_FALSE(has_blob(ts.store(), old_digest));
+    }
+    KC_MUST(staged.publish(test_origin()));
+    must_verify(ts.store());
 }

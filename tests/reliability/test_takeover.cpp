@@ -620,12 +620,14 @@ void check_verify_clean(const fs::path& db) {
     CHECK(r.exit_code == 0);
 }
 
-enum class Removal { unlink, rename_over };
+// How the version a reader has open leaves the db: its file unlinked, renamed over, or
+// rewritten in place (O_TRUNC) by another process.
+enum class Removal { unlink, rename_over, rewrite };
 enum class Event { kill, upgrade };
 
-// A reader has a file open; another process removes it (unlink, or a rename over it);
-// the serving daemon is replaced (kill -9, or --upgrade). The reader reads the file's
-// content to its end, byte-exact, and closes; then its blob is gone from the db.
+// A reader has a file open; another process removes it (unlink, or a rename over it)
+// or rewrites it (O_TRUNC); the serving daemon is replaced (kill -9, or --upgrade). The reader
+// reads the file's content to its end, byte-exact, and closes; then its blob is gone from the db.
 void removed_while_open(Removal removal, Event event) {
     MountedCache cache;
     const pid_t keeper = cache.daemon_pid();
@@ -646,12 +648,16 @@ void removed_while_open(Removal removal, Event event) {
     if (removal == Removal::unlink) {
         const ProcResult r = run_process({"rm", cache.p("k/held.bin")});
         REQUIRE(r.exit_code == 0);
-    } else {
+    } else if (removal == Removal::rename_over) {
         REQUIRE(write_all(cache.p("k/new.tmp"), replacement) == 0);
         const ProcResult r = run_process({"mv", cache.p("k/new.tmp"), cache.p("k/held.bin")});
         REQUIRE(r.exit_code == 0);
+    } else {
+        const ProcResult r = run_process(
+            {"sh", "-c", "printf %s \"$1\" > \"$2\"", "sh", replacement, cache.p("k/held.bin")});
+        REQUIRE(r.exit_code == 0);
     }
-    CHECK(held_blobs(cache.db()) >= 1);  // taken with the removal
+    CHECK(held_blobs(cache.db()) >= 1);  // taken with the removal or the publish
 
     if (event == Event::kill) {
         kill_serving_daemon(keeper);
@@ -677,10 +683,10 @@ void removed_while_open(Removal removal, Event event) {
     REQUIRE_SYS(reader.close());
 
     // The close released the hold: the blob is gone (RELEASE is asynchronous).
-    const std::uint64_t expected = blobs_before + (removal == Removal::rename_over ? 1 : 0);
+    const std::uint64_t expected = blobs_before + (removal == Removal::unlink ? 0 : 1);
     CHECK(wait_until([&] { return held_blobs(cache.db()) == 0; }, 10));
     CHECK(blobs_in(cache.db()) == expected);
-    if (removal == Removal::rename_over) {
+    if (removal != Removal::unlink) {
         CHECK(read_all(cache.p("k/held.bin")) == std::optional<std::string>(replacement));
     }
     check_verify_clean(cache.db());
@@ -694,6 +700,18 @@ TEST_CASE("takeover: an unlinked file open for reading reads to its end across a
 TEST_CASE("takeover: a file renamed over while open reads to its end across a kill -9",
           "[reliability][takeover][holds]") {
     removed_while_open(Removal::rename_over, Event::kill);
+}
+
+TEST_CASE(
+    "takeover: a file rewritten with O_TRUNC while open reads its old version across a kill -9",
+    "[reliability][takeover][holds]") {
+    removed_while_open(Removal::rewrite, Event::kill);
+}
+
+TEST_CASE(
+    "takeover: a file rewritten with O_TRUNC while open reads its old version across an upgrade",
+    "[reliability][takeover][holds][upgrade]") {
+    removed_while_open(Removal::rewrite, Event::upgrade);
 }
 
 TEST_CASE("takeover: an unlinked file open for reading reads to its end across an upgrade",

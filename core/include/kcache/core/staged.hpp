@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,7 +53,9 @@ class StagedFile {
     Status publish(WriteTxn& txn, const Origin& origin);
     // Publishes the content and keeps the lease: more writes may follow (close of
     // one of several descriptors, fsync). A no-op when nothing changed since.
-    Status commit(const Origin& origin);
+    // `first`, if set, runs first in the same transaction: what must commit with the
+    // new content or not at all (a hold on the content it replaces, core/holds.hpp).
+    Status commit(const Origin& origin, const std::function<Status(WriteTxn&)>& first = {});
     // Releases the lease without publishing.
     Status abandon();
     // Drops this object without touching the db (its lease was never committed).
