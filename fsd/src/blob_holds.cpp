@@ -119,8 +119,9 @@ core::Result<std::optional<Digest>> BlobHolds::hold_replaced(core::WriteTxn& txn
         if (const Inode* inode = m_inodes.find(ino)) {
             // An open still counting may have read it; a held one is held already.
             const auto& versions = inode->read_versions;
-            auto it = std::find_if(versions.begin(), versions.end(),
-                                   [&](const ReadVersion& v) { return v.digest == stored->digest; });
+            auto it = std::find_if(versions.begin(), versions.end(), [&](const ReadVersion& v) {
+                return v.digest == stored->digest;
+            });
             const bool held = it != versions.end() && it->held;
             read = !held && (inode->opening_readers > 0 || it != versions.end());
         }

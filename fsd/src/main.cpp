@@ -416,9 +416,10 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     if (handover.joinable()) handover.join();
     // Handed over: the successor may start now. Its resend brings back what this daemon
     // read and left unanswered; what the clean-up below waits on may need it. The ring
-    // threads end first: the successor answers what their entries hold then, and only
-    // once nobody else can (uring_area.hpp).
-    if (handed_over && uring) uring->stop();
+    // threads end first, with no entry waiting in the kernel (hand_over): the successor
+    // answers what their entries hold then, and only once nobody else can
+    // (uring_area.hpp).
+    if (handed_over && uring) uring->hand_over();
     if (handed_over) (void)!::send(report_fd, "handed over", 11, MSG_NOSIGNAL);
 
     if (uring) uring->stop();       // no handler runs after this; later replies are refused

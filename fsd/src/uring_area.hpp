@@ -22,10 +22,12 @@
 //   the request's fuse_in_header and the head of its payload: before it does, fill()
 //   saves what it overwrites (`filling`, `saved`), so a reply cut short by the death
 //   leaves the request whole.
-// Not covered: a request the kernel had handed to an entry of an exiting ring thread and
-// not yet copied to it is ended with ECANCELED by the kernel (seen on 6.18 under load:
-// its caller gets the error). Entries that ended empty are never used by the kernel
-// again: their slots are reused.
+// A request the kernel hands to an entry of a ring thread that is ending, and has not
+// copied to it yet, is ended with ECANCELED by the kernel (6.18): its caller gets the
+// error. An upgrade avoids it: the rings keep what comes and their threads end only
+// once no entry waits in the kernel (UringTransport::hand_over), so every request is
+// in an entry or still queued for the successor. A kill -9 cannot (seen under load).
+// Entries that ended empty are never used by the kernel again: their slots are reused.
 //
 // Layout at kOffset of the memfd: a Header, the SlotRecords (rings x per_ring), then the
 // entries' buffers, each entry_size bytes: a page with the ReqHeader, a page whose start
@@ -34,8 +36,10 @@
 // private memory and there is nothing to inherit.
 //
 // Thread safety: set up once, before the ring threads start (create); a slot's buffer
-// and record are written by the thread that owns the slot's entry, read by a successor
-// only after its predecessor died (the keeper's waitpid orders them).
+// and record are written by the thread that owns the slot's entry (or, for a deferred
+// reply, by the replying thread under the ring's hand-off lock, never once the ring is
+// closed), and read by a successor only after its predecessor died (the keeper's
+// waitpid orders them) or, at an upgrade, closed its rings and said "handed over".
 #pragma once
 
 #include <sys/types.h>

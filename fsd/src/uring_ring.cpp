@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include <algorithm>
+#include <optional>
+#include <system_error>
 
 #include "log.hpp"
 #include "resend.hpp"
@@ -59,10 +61,7 @@ void UringTransport::Ring::run() {
         return close_ring();
     }
     set_phase(Phase::registered);
-    for (Entry* e : requests) {
-        request_from_kernel();
-        process(e, true);
-    }
+    for (Entry* e : requests) redo(e);
     serve();
     close_ring();
 }
@@ -230,6 +229,7 @@ void UringTransport::Ring::prep_register(Entry* e) {
     auto* cmd = reinterpret_cast<abi::CmdReq*>(s->cmd);
     cmd->qid = static_cast<std::uint16_t>(qid);
     io_uring_sqe_set_data(s, e);
+    armed.fetch_add(1, std::memory_order_relaxed);
 }
 
 void UringTransport::Ring::prep_commit(Entry* e) {
@@ -246,6 +246,7 @@ void UringTransport::Ring::prep_commit(Entry* e) {
     cmd->qid = static_cast<std::uint16_t>(qid);
     io_uring_sqe_set_data(s, e);
     committing.emplace_back(e, e->request);
+    armed.fetch_add(1, std::memory_order_relaxed);
 }
 
 void UringTransport::Ring::arm_event_read() {
@@ -284,6 +285,7 @@ void UringTransport::Ring::serve() {
                 continue;
             }
             auto* e = reinterpret_cast<Entry*>(tag);
+            armed.fetch_sub(1, std::memory_order_release);  // its command is done
             if (res == -ENOENT && e->adopted) {  // the dead daemon's commit had been done
                 e->adopted = false;
                 e->free = true;
@@ -300,6 +302,14 @@ void UringTransport::Ring::serve() {
                                  std::strerror(-res));
                 continue;
             }
+            if (draining.load(std::memory_order_acquire)) {
+                // Kept, unanswered, in its entry: the successor reads it there and
+                // answers it (Ring::adopt), as a dead daemon's.
+                e->request = reinterpret_cast<const fuse_in_header*>(e->header->in_out)->unique;
+                e->busy = true;
+                ++kept;
+                continue;
+            }
             request_from_kernel();
             process(e);
         }
@@ -307,7 +317,10 @@ void UringTransport::Ring::serve() {
     }
 }
 
-void UringTransport::Ring::process(Entry* e, bool resent) {
+// The request in `e` laid out as /dev/fuse gives it (fuse_in_header, op header,
+// payload in one buffer, in front of the payload), marked as awaiting its reply; or,
+// when it does not add up, answered EIO at once (nullopt).
+std::optional<fuse_buf> UringTransport::Ring::prepare(Entry* e) {
     const auto* in = reinterpret_cast<const fuse_in_header*>(e->header->in_out);
     const std::uint32_t payload = e->header->ring_ent_in_out.payload_sz;
     const std::size_t fixed = sizeof(fuse_in_header) + payload;
@@ -325,24 +338,54 @@ void UringTransport::Ring::process(Entry* e, bool resent) {
         out->error = -EIO;
         out->unique = unique;
         e->header->ring_ent_in_out.payload_sz = 0;
-        return prep_commit(e);
+        prep_commit(e);
+        return std::nullopt;
     }
-    // /dev/fuse's layout: fuse_in_header, op header, payload in one buffer.
     char* start = e->payload - op_len - sizeof(fuse_in_header);
     std::memcpy(start + sizeof(fuse_in_header), e->header->op_in, op_len);
     std::memcpy(start, in, sizeof(fuse_in_header));
     e->busy = true;
     e->replied_inline = false;
     e->awaiting.store(e->request, std::memory_order_release);
-    t_current = e;
     fuse_buf buf{};
     buf.size = reinterpret_cast<const fuse_in_header*>(start)->len;
     buf.mem = start;
     buf.fd = -1;
+    return buf;
+}
+
+// A dead or handed-over predecessor's request, redone on a thread of its own (joined by
+// stop): one may wait for another (a writer's open for the RELEASE of the version
+// before it, both in this ring's entries), and this thread must serve meanwhile. Its
+// reply takes the deferred way (hand_to_ring). As a resent one (resend.hpp): a
+// non-idempotent request the predecessor did is answered as it was.
+void UringTransport::Ring::redo(Entry* e) {
+    auto buf = prepare(e);
+    if (!buf) return;
+    try {
+        redoers.emplace_back([this, e, buf = *buf] {
+            SignalsBlocked no_signals;
+            request_from_kernel();
+            resend::set_current(e->request | takeover::kResendBit);
+            fuse_session_process_buf(transport->m_session, &buf);
+            served.fetch_add(1, std::memory_order_relaxed);
+        });
+    } catch (const std::system_error& err) {
+        log::warning("io_uring: cannot start a thread for a resent request ({}): done here",
+                     err.what());
+        e->awaiting.store(0, std::memory_order_relaxed);
+        process(e, true);
+    }
+}
+
+void UringTransport::Ring::process(Entry* e, bool resent) {
+    auto buf = prepare(e);
+    if (!buf) return;
+    t_current = e;
     // resend.hpp: the request this thread handles; one a dead daemon held may have been
     // done (a non-idempotent one is answered as it was), as a resent one.
     resend::set_current(resent ? e->request | takeover::kResendBit : e->request);
-    fuse_session_process_buf(transport->m_session, &buf);
+    fuse_session_process_buf(transport->m_session, &*buf);
     t_current = nullptr;
     served.fetch_add(1, std::memory_order_relaxed);
     if (e->replied_inline) return;  // and committed

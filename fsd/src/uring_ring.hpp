@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -135,8 +136,17 @@ struct UringTransport::Ring {
     std::vector<Entry*> handed GUARDED_BY(handoff);
     bool closed GUARDED_BY(handoff) = false;  // the ring is gone: replies are refused
     std::atomic<bool> stopping{false};
+    // An upgrade hands the rings over (UringTransport::hand_over): requests that come
+    // are kept for the successor, not served.
+    std::atomic<bool> draining{false};
+    // Entries whose command waits in the kernel for a request (registered or committed,
+    // its completion not yet seen); written by the owner thread only.
+    std::atomic<int> armed{0};
+    std::uint64_t kept = 0;  // requests kept for the successor (owner thread)
     std::atomic<std::uint64_t> served{0};
     std::thread thread;
+    // Threads redoing a predecessor's requests (redo); joined by stop() after `thread`.
+    std::vector<std::thread> redoers;
     bool warned_full = false;
     // Commits handed to the ring and not yet seen consumed by the kernel (owner thread):
     // marked `committed` in their records once they are (mark_committed).
@@ -176,7 +186,9 @@ struct UringTransport::Ring {
     void prep_register(Entry* e);
     void prep_commit(Entry* e);
     void arm_event_read();
+    std::optional<fuse_buf> prepare(Entry* e);
     void process(Entry* e, bool resent = false);
+    void redo(Entry* e);
     void serve();
     void init_entry(Entry& e, std::uint32_t slot);
     void close_ring();

@@ -12,10 +12,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -49,6 +51,9 @@ namespace {
 using namespace uring_detail;
 
 std::atomic<UringTransport*> g_transport{nullptr};
+
+// hand_over asks again for a queue whose entries still wait after this long.
+constexpr auto kAskAgain = std::chrono::milliseconds(20);
 
 // The INIT exchange, seen by the hooks (one per process: one session).
 std::atomic<bool> g_init_seen{false};
@@ -203,33 +208,40 @@ struct UringHooks {
 
         std::size_t total = 0;
         for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+        if (!inline_reply) return hand_to_ring(*e, iov, count, total);
+        // On the entry's thread: committed now, as a write to /dev/fuse would be: when
+        // fuse_reply_* returns the kernel has the reply (the daemon orders notifications
+        // after replies).
         fill(*e, iov, count, total);
-        if (inline_reply) {
-            // Committed now, as a write to /dev/fuse would be: when fuse_reply_* returns
-            // the kernel has the reply (the daemon orders notifications after replies).
-            e->replied_inline = true;
-            e->busy = false;
-            e->ring->prep_commit(e);
-            if (const int rc = e->ring->submit(); rc < 0) {
-                log::error("io_uring: submitting a reply on queue {}: {}", e->ring->qid,
-                           std::strerror(-rc));
-                errno = -rc;
-                return -1;
-            }
-            return static_cast<ssize_t>(total);
+        e->replied_inline = true;
+        e->busy = false;
+        e->ring->prep_commit(e);
+        if (const int rc = e->ring->submit(); rc < 0) {
+            log::error("io_uring: submitting a reply on queue {}: {}", e->ring->qid,
+                       std::strerror(-rc));
+            errno = -rc;
+            return -1;
         }
-        // The wake-up is written under the hand-off lock, which close_ring() closes
-        // event_fd under: a write after the close could land in a file that reused its
-        // number (ThreadSanitizer found it). An eventfd write does not block.
-        MutexLock lock(e->ring->handoff);
-        if (e->ring->closed) {
+        return static_cast<ssize_t>(total);
+    }
+
+    // A reply from another thread than the entry's: filled and handed to the ring's
+    // thread to commit, under the hand-off lock, which close_ring() closes the ring
+    // under. Refused once closed, before anything is written: an upgrade's successor
+    // reads the entries while this daemon may still be ending (a late fill would tear
+    // the request it redoes), and a wake-up after the close could land in a file that
+    // reused event_fd's number (ThreadSanitizer found it). An eventfd write does not block.
+    static ssize_t hand_to_ring(Entry& e, const iovec* iov, int count, std::size_t total) {
+        MutexLock lock(e.ring->handoff);
+        if (e.ring->closed) {
             errno = ENOTCONN;
             return -1;
         }
-        e->ring->handed.push_back(e);
+        fill(e, iov, count, total);
+        e.ring->handed.push_back(&e);
         const std::uint64_t one = 1;
-        if (::write(e->ring->event_fd, &one, sizeof one) != sizeof one) {
-            log::error("io_uring: cannot wake ring thread {}: {}", e->ring->qid,
+        if (::write(e.ring->event_fd, &one, sizeof one) != sizeof one) {
+            log::error("io_uring: cannot wake ring thread {}: {}", e.ring->qid,
                        std::strerror(errno));
         }
         return static_cast<ssize_t>(total);
@@ -431,10 +443,67 @@ void UringTransport::stop() {
             (void)!::write(r->event_fd, &one, sizeof one);
         }
     }
+    std::uint64_t kept = 0;
     for (auto& r : m_rings) {
         if (r->thread.joinable()) r->thread.join();
+        kept += r->kept;                                // written by its thread, now ended
+        for (auto& redoer : r->redoers) redoer.join();  // started by that thread
     }
-    if (m_serving) log::info("io_uring served {} requests", served());
+    if (m_serving)
+        log::info("io_uring served {} requests ({} kept for a successor)", served(), kept);
+}
+
+void UringTransport::hand_over() {
+    if (m_stopped || !m_serving.load(std::memory_order_acquire)) return stop();
+    for (auto& r : m_rings) r->draining.store(true, std::memory_order_release);
+    SignalsBlocked no_signals;  // the statfs threads, as the ring threads
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::seconds(2);
+    std::map<int, std::chrono::steady_clock::time_point> asked;  // by queue
+    std::size_t asks = 0;
+    bool drained = false;
+    while (!drained && std::chrono::steady_clock::now() < deadline) {
+        std::map<int, int> waiting;  // entries waiting in the kernel, by queue
+        for (const auto& r : m_rings) waiting[r->qid] += r->armed.load(std::memory_order_acquire);
+        drained = true;
+        const auto now = std::chrono::steady_clock::now();
+        for (const auto& [qid, n] : waiting) {
+            if (n <= 0) continue;
+            drained = false;
+            // Asked again while some stay armed: a request may have gone elsewhere
+            // (every one lands somewhere: an extra one waits for the successor).
+            if (auto it = asked.find(qid); it != asked.end() && now - it->second < kAskAgain)
+                continue;
+            asked[qid] = now;
+            for (int i = 0; i < n; ++i) {
+                try {
+                    std::thread([mountpoint = m_mountpoint, cpu = qid] {
+                        if (!pin_to_cpu(cpu)) return;
+                        struct statfs st {};
+                        (void)::statfs(mountpoint.c_str(), &st);
+                    }).detach();
+                    ++asks;
+                } catch (const std::system_error& e) {
+                    log::warning("io_uring: cannot start a thread to fill an entry: {}", e.what());
+                }
+            }
+        }
+        if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (drained) {
+        log::info(
+            "upgrade: the rings keep every request that came for the successor ({} statfs "
+            "asked, {:.1f} ms)",
+            asks, ms);
+    } else {
+        log::warning(
+            "upgrade: ring entries still wait in the kernel after {:.0f} ms: a request it hands "
+            "them as their threads end fails with ECANCELED",
+            ms);
+    }
+    stop();
 }
 
 std::uint64_t UringTransport::served() const {

@@ -30,6 +30,10 @@
 // request that thread is handling while another thread sits idle. Several threads per
 // queue so that a handler that blocks (the LMDB writer lock, a version's end) does
 // not stall its CPU's other requests.
+// A successor redoes each request its predecessor's entries held on a thread of its
+// own (Ring::redo, joined by stop()): such requests come in a burst, and one may wait
+// for another held in the same ring (a writer's open for the RELEASE of the version
+// before it) while the ring's thread must go on serving.
 // The extra entries are needed: with one entry per thread and no more, the soak
 // deadlocked (a queue's entries all held by deferred replies that wait, through a
 // notification blocked on a directory lock, for a request queued behind them). Known
@@ -86,6 +90,15 @@ class UringTransport {
     // Ends the ring threads (after the session loop has returned) and logs how many
     // requests the rings served. Idempotent.
     void stop();
+    // An upgrade's stop (after the session loop has returned, before the keeper is told
+    // "handed over"): the rings stop serving and keep what comes in their entries for
+    // the successor, until no entry of theirs waits in the kernel for a request (the
+    // mount's own statfs from each queue's CPU fills the idle ones; each waits for the
+    // successor's answer); then stop(). Why: the kernel ends with ECANCELED a request it
+    // hands to an entry whose thread is exiting (uring_area.hpp), so no thread may exit
+    // with an entry waiting. Bounded (2 s: a queue whose CPU this daemon may not run on
+    // cannot be filled): then stop() as it stands, logged.
+    void hand_over();
     // Requests the rings have served so far (0: /dev/fuse served everything).
     std::uint64_t served() const;
 
