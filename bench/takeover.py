@@ -18,9 +18,10 @@ ROUNDS rounds, the median time of a hit (open+read+close of a stored file), a st
 N calls each; the ratio keeper/no-keeper (the keeper is off the request path, so it
 should be within noise).
 Usage: bench/takeover.py [--fsd build/fsd/kcache-fsd] [--kills 10] [--upgrades 5]
-       [--threads 4] [--calls 2000] [--rounds 3]
+       [--threads 4] [--calls 2000] [--rounds 3] [--io-uring]
 """
 import argparse
+import errno
 import os
 import shutil
 import signal
@@ -48,12 +49,13 @@ def children(pid):
 
 
 class Mount:
-    def __init__(self, fsd, root, keeper=True):
+    def __init__(self, fsd, root, keeper=True, io_uring=False):
         self.root = root
         self.db = os.path.join(root, 'db')
         self.mnt = os.path.join(root, 'mnt')
         os.makedirs(self.mnt, exist_ok=True)
-        args = [fsd, '-f', '--db', self.db] + ([] if keeper else ['--no-keeper']) + [self.mnt]
+        args = [fsd, '-f', '--db', self.db] + ([] if keeper else ['--no-keeper'])
+        args += (['--io-uring'] if io_uring else []) + [self.mnt]
         self.log = open(os.path.join(root, 'fsd.log'), 'ab')
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
         deadline = time.time() + 10
@@ -83,6 +85,7 @@ def events_figures(m, fsd, n_events, threads, kind):
         with open(os.path.join(m.mnt, f'h{i}', 'kernel.bin'), 'wb') as f:
             f.write(os.urandom(16384 + i * 97))
     calls = []  # (start, end) of every read, all threads
+    failed = {}  # errno name -> count
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -92,8 +95,13 @@ def events_figures(m, fsd, n_events, threads, kind):
         while not stop.is_set():
             path = os.path.join(m.mnt, f'h{i % entries}', 'kernel.bin')
             start = time.monotonic()
-            with open(path, 'rb') as f:
-                f.read()
+            try:
+                with open(path, 'rb') as f:
+                    f.read()
+            except OSError as e:
+                with lock:
+                    name = errno.errorcode.get(e.errno, str(e.errno))
+                    failed[name] = failed.get(name, 0) + 1
             mine.append((start, time.monotonic()))
             i += threads
         with lock:
@@ -126,7 +134,7 @@ def events_figures(m, fsd, n_events, threads, kind):
         first.append(first_end - t)
         # The calls in flight at the event, or started before service was back.
         stalls += [e - s for (s, e) in calls if s <= first_end and e >= t]
-    return len(calls), stalls, first
+    return len(calls), failed, stalls, first
 
 
 def ms(x):
@@ -174,24 +182,27 @@ def main():
     ap.add_argument('--threads', type=int, default=4)
     ap.add_argument('--calls', type=int, default=2000)
     ap.add_argument('--rounds', type=int, default=3)
+    ap.add_argument('--io-uring', action='store_true',
+                    help='serve over FUSE over io_uring (the fuse module enable_uring=Y)')
     a = ap.parse_args()
     fsd = os.path.abspath(a.fsd)
     base = tempfile.mkdtemp(prefix='kcache-bench-takeover-')
     try:
         for kind, n in (('kill', a.kills), ('upgrade', a.upgrades)):
-            m = Mount(fsd, os.path.join(base, kind))
+            m = Mount(fsd, os.path.join(base, kind), io_uring=a.io_uring)
             try:
-                total, stalls, first = events_figures(m, fsd, n, a.threads, kind)
+                total, failed, stalls, first = events_figures(m, fsd, n, a.threads, kind)
             finally:
                 m.stop()
-            print(f'{kind} x{n} ({a.threads} reader threads, {total} reads, 0 failed): '
+            failures = ', '.join(f'{c} {name}' for name, c in sorted(failed.items())) or '0'
+            print(f'{kind} x{n} ({a.threads} reader threads, {total} reads, {failures} failed): '
                   f'stall median {ms(statistics.median(stalls))}, p99 {ms(percentile(stalls, 99))}, '
                   f'max {ms(max(stalls))}; service back after: median '
                   f'{ms(statistics.median(first))}, max {ms(max(first))}')
         results = {True: [], False: []}
         for r in range(a.rounds):
             for keeper in ((True, False) if r % 2 == 0 else (False, True)):
-                m = Mount(fsd, os.path.join(base, f'lat{r}{int(keeper)}'), keeper)
+                m = Mount(fsd, os.path.join(base, f'lat{r}{int(keeper)}'), keeper, a.io_uring)
                 try:
                     results[keeper].append(latency_round(m, a.calls))
                 finally:

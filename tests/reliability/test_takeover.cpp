@@ -280,13 +280,17 @@ struct LoadFigures {
     std::size_t stores = 0, store_eio = 0, compiles = 0, compile_eio = 0;
 };
 
+// What run_load runs: readers, writers and real Triton compiles, or the readers alone.
+enum class Traffic { full, reads };
+
 // Runs the load while `event(k)` happens `events` times, 1-3 s apart, then checks
 // every read, store and compile and the statistics. `exact_hits`: no event lost a
 // counted hit (an upgrade flushes; a kill may lose those not flushed yet), so hits
 // equal the (entry, process) pairs that read, else they are at most those; no store
 // or compile may then fail with EIO either.
 LoadFigures run_load(MountedCache& cache, int events, const std::function<void(int)>& event,
-                     std::uint64_t seed, bool exact_hits) {
+                     std::uint64_t seed, bool exact_hits, Traffic traffic = Traffic::full) {
+    const bool full = traffic == Traffic::full;
     const auto started = std::chrono::steady_clock::now();
     const pid_t keeper = cache.daemon_pid();
     REQUIRE(keeper > 0);
@@ -308,10 +312,10 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
     for (int r = 0; r < kReaders; ++r)
         children.push_back(
             std::make_unique<Child>([&, r] { return reader(load, cache, r, seed); }));
-    for (int w = 0; w < kWriters; ++w)
+    for (int w = 0; full && w < kWriters; ++w)
         children.push_back(std::make_unique<Child>([&, w] { return writer(load, cache, w); }));
     std::vector<fs::path> triton_results;
-    for (int t = 0; t < kTritonWorkers; ++t) {
+    for (int t = 0; full && t < kTritonWorkers; ++t) {
         triton_results.push_back(cache.root() / ("triton" + std::to_string(t) + ".json"));
         children.push_back(std::make_unique<Child>([&, t, out = triton_results.back()] {
             const ProcResult r =
@@ -384,7 +388,7 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
                 if (kernel.at("outcome") == "ok") first_round_ok.push_back(kernel.at("label"));
         }
     }
-    CHECK(figures.compiles > 0);
+    if (full) CHECK(figures.compiles > 0);
     if (exact_hits) CHECK(figures.compile_eio == 0);
 
     // The statistics agree with the entries, and each (entry, process) pair that read
@@ -419,7 +423,7 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
     CHECK(stat_value(after_new, "hits") == stat_value(settled, "hits") + kHits);
 
     // A fresh Triton process loads the first round from the mount: no compile stage.
-    {
+    if (full) {
         INFO("first round " << first_round_dir);
         REQUIRE_FALSE(first_round_ok.empty());
         std::string labels;
@@ -458,7 +462,7 @@ LoadFigures run_load(MountedCache& cache, int events, const std::function<void(i
             }
         }
     }
-    CHECK(figures.stores > 0);
+    if (full) CHECK(figures.stores > 0);
     if (exact_hits) CHECK(figures.store_eio == 0);
     CHECK(serving_daemon(keeper) > 0);  // the same keeper serves on
     const ProcResult v = run_kcache(cache.db(), {"verify"});
@@ -512,9 +516,9 @@ TEST_CASE("takeover: kill -9 of the serving daemon under load costs a pause, nev
         cache, kills, [&](int) { kill_serving_daemon(keeper); }, seed, false);
 }
 
-TEST_CASE("takeover: kcache-fsd --upgrade under load: no client sees an error",
-          "[reliability][takeover][upgrade]") {
-    require_triton();
+// 5 upgrades under run_load's traffic, each to a binary built separately: no client
+// sees an error. Over io_uring each upgrade drains its rings (UringTransport::hand_over).
+void upgrades_under_load(Traffic traffic) {
     // The keeper runs from a path of ours; each upgrade installs the other of two
     // different builds over it (kcache-fsd-next has a marker object linked in).
     const std::string marker = "kcache-fsd-next: a second build of kcache-fsd";
@@ -545,13 +549,13 @@ TEST_CASE("takeover: kcache-fsd --upgrade under load: no client sees an error",
                 },
                 10));
         },
-        0x5eedull, true);
-    CHECK(figures.compiles > 0);
+        0x5eedull, true, traffic);
+    if (traffic == Traffic::full) CHECK(figures.compiles > 0);
     const std::string log = cache.daemon_stderr();
     CHECK(log.find("handed the mount over") != std::string::npos);
     if (io_uring_run()) {
         // Every upgrade filled its rings' idle entries before their threads ended, so
-        // the kernel handed no request to an ending thread (UringTransport::hand_over).
+        // the kernel handed no request to an ending thread.
         INFO("daemon log:\n" << log);
         std::size_t drained = 0;
         const std::string line = "the rings keep every request that came for the successor";
@@ -560,6 +564,26 @@ TEST_CASE("takeover: kcache-fsd --upgrade under load: no client sees an error",
         CHECK(drained == 5);
         CHECK(log.find("ring entries still wait in the kernel") == std::string::npos);
     }
+}
+
+TEST_CASE("takeover: kcache-fsd --upgrade under load: no client sees an error",
+          "[reliability][takeover][upgrade]") {
+    // Over io_uring this load (mkdirs, renames, Triton) stalls the mount about once in 15
+    // runs with or without an upgrade: every ring thread idle, opens waiting for the
+    // background thread, which waits in a name notification for a directory lock a
+    // LOOKUP holds that no daemon thread answers (docs/operations.md). Not understood yet;
+    // the read load below covers the upgrade over io_uring.
+    if (io_uring_run())
+        skip(
+            "over io_uring this load stalls the mount about once in 15 runs, upgrade or not "
+            "(issue 20, docs/operations.md); the upgrade under a read load runs instead");
+    require_triton();
+    upgrades_under_load(Traffic::full);
+}
+
+TEST_CASE("takeover: kcache-fsd --upgrade under a read load: no read fails",
+          "[reliability][takeover][upgrade]") {
+    upgrades_under_load(Traffic::reads);
 }
 
 TEST_CASE("takeover: open files survive a new daemon", "[reliability][takeover]") {
@@ -1293,9 +1317,9 @@ TEST_CASE(
     using namespace fdstore;
     if (io_uring_run())
         skip(
-            "over io_uring a takeover does not complete under load (see the other takeover "
-            "tests), and rings made by the keeper end with it: the fd store restart is tested "
-            "over /dev/fuse");
+            "over io_uring a kill fails the calls the kernel was handing to the dying ring "
+            "threads with ECANCELED (issue 20; the reader here reads through it): the fd store "
+            "restart is tested over /dev/fuse");
     FakeSystemd systemd;
     std::optional<MountedCache> cache;
     {
