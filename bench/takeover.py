@@ -189,6 +189,8 @@ def main():
     base = tempfile.mkdtemp(prefix='kcache-bench-takeover-')
     try:
         for kind, n in (('kill', a.kills), ('upgrade', a.upgrades)):
+            if n == 0:
+                continue
             m = Mount(fsd, os.path.join(base, kind), io_uring=a.io_uring)
             try:
                 total, failed, stalls, first = events_figures(m, fsd, n, a.threads, kind)

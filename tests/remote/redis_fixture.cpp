@@ -216,4 +216,15 @@ std::string random_bytes(std::size_t n, std::uint32_t seed) {
     return bytes;
 }
 
+remote::Options fast_failing_options(const RedisServer& redis) {
+    remote::Options o;
+    o.servers.push_back(redis.endpoint());
+    o.ns = "t";
+    o.op_timeout_ns = 300'000'000;
+    o.connect_timeout_ns = 300'000'000;
+    o.breaker_threshold = 1;
+    o.breaker_cooldown_ns = 100'000'000;
+    return o;
+}
+
 }  // namespace kcache::test

@@ -14,6 +14,7 @@
 
 #include "client.hpp"
 #include "kcache/core/store.hpp"
+#include "kcache/remote/remote.hpp"
 #include "run_program.hpp"
 #include "temp_dir.hpp"
 
@@ -42,6 +43,10 @@ class RedisServer {
     pid_t m_pid = -1;
     std::unique_ptr<remote::Connection> m_conn;
 };
+
+// Options of a client of `redis` that fails fast: 300 ms per command and to connect,
+// its breaker open after one failure for 100 ms; namespace "t".
+remote::Options fast_failing_options(const RedisServer& redis);
 
 // A db in a temp dir, opened through core (with `clock` when given: the misses tests
 // let entries settle without sleeping).

@@ -50,17 +50,6 @@ void fill(TestDb& db) {
     db.put(kEntryB + "/kernel.cubin", kcache::test::random_bytes(40'000, 2));
 }
 
-remote::Options options(const RedisServer& redis) {
-    remote::Options o;
-    o.servers.push_back(redis.endpoint());
-    o.ns = "t";
-    o.op_timeout_ns = 300'000'000;
-    o.connect_timeout_ns = 300'000'000;
-    o.breaker_threshold = 1;
-    o.breaker_cooldown_ns = 100'000'000;
-    return o;
-}
-
 }  // namespace
 
 TEST_CASE("a frozen Redis (SIGSTOP) fails commands within their deadline and SIGCONT recovers",
@@ -123,7 +112,7 @@ TEST_CASE("Redis frozen or killed under a live connection: timeout, open circuit
     RedisServer redis;
     TestDb a, b;
     fill(a);
-    auto r = remote::Remote::create(options(redis));
+    auto r = remote::Remote::create(fast_failing_options(redis));
     REQUIRE(r);
     REQUIRE((*r)->push(a.store(), kEntryA)->outcome == remote::Outcome::uploaded);
     REQUIRE((*r)->push(a.store(), kEntryB)->outcome == remote::Outcome::uploaded);
@@ -258,7 +247,7 @@ TEST_CASE(
     const core::Digest shared = core::digest_of(blobs[shared1]);
     REQUIRE(redis.command({"DEL", proto::chunk_key("t", shared, 0)}).integer == 1);
 
-    auto made = remote::Remote::create(options(redis));
+    auto made = remote::Remote::create(fast_failing_options(redis));
     REQUIRE(made);
     remote::Remote& r = **made;
     std::vector<std::string> seen;
@@ -417,7 +406,7 @@ TEST_CASE("a bundle and a manifest with the same bad name are refused with the s
     INFO(imported.error().message);
     CHECK(imported.error().message.ends_with(": " + why));
 
-    auto r = remote::Remote::create(options(redis));
+    auto r = remote::Remote::create(fast_failing_options(redis));
     REQUIRE(r);
     auto pulled = (*r)->pull(b.store(), kEntryA);
     REQUIRE(pulled);

@@ -84,19 +84,8 @@ core::Miss miss_of(TestDb& db, const std::string& name) {
     return **m;
 }
 
-remote::Options options(const RedisServer& redis) {
-    remote::Options o;
-    o.servers.push_back(redis.endpoint());
-    o.ns = "t";
-    o.op_timeout_ns = 300'000'000;
-    o.connect_timeout_ns = 300'000'000;
-    o.breaker_threshold = 1;
-    o.breaker_cooldown_ns = 100'000'000;
-    return o;
-}
-
 std::unique_ptr<remote::Remote> make_remote(const RedisServer& redis) {
-    auto r = remote::Remote::create(options(redis));
+    auto r = remote::Remote::create(fast_failing_options(redis));
     REQUIRE(r);
     return std::move(*r);
 }
