@@ -11,12 +11,18 @@ using core::Ino;
 
 namespace {
 
-ReadVersion& version_of(Inode& inode, const Digest& digest) {
+// The record of `digest` among the versions the readers of `inode` read; null if none.
+ReadVersion* find_version(Inode& inode, const Digest& digest) {
     auto& versions = inode.read_versions;
     auto it = std::find_if(versions.begin(), versions.end(),
                            [&](const ReadVersion& v) { return v.digest == digest; });
-    if (it != versions.end()) return *it;
-    return versions.emplace_back(ReadVersion{digest});
+    return it == versions.end() ? nullptr : &*it;
+}
+
+// The same, made (no readers, not held) when there is none.
+ReadVersion& version_of(Inode& inode, const Digest& digest) {
+    if (ReadVersion* found = find_version(inode, digest)) return *found;
+    return inode.read_versions.emplace_back(ReadVersion{digest});
 }
 
 }  // namespace
@@ -86,9 +92,8 @@ void BlobHolds::closed(const FileHandle& handle) {
         {
             MutexLock lock(m_inodes.mutex);
             if (Inode* inode = m_inodes.find(handle.ino)) {
-                for (ReadVersion& v : inode->read_versions) {
-                    if (v.digest == handle.snapshot_digest && v.readers > 0) --v.readers;
-                }
+                ReadVersion* version = find_version(*inode, handle.snapshot_digest);
+                if (version && version->readers > 0) --version->readers;
                 gone = unread(handle.ino);
             }
         }
@@ -116,14 +121,11 @@ core::Result<std::optional<Digest>> BlobHolds::hold_replaced(core::WriteTxn& txn
     bool read = false;
     {
         MutexLock lock(m_inodes.mutex);
-        if (const Inode* inode = m_inodes.find(ino)) {
+        if (Inode* inode = m_inodes.find(ino)) {
             // An open still counting may have read it; a held one is held already.
-            const auto& versions = inode->read_versions;
-            auto it = std::find_if(versions.begin(), versions.end(), [&](const ReadVersion& v) {
-                return v.digest == stored->digest;
-            });
-            const bool held = it != versions.end() && it->held;
-            read = !held && (inode->opening_readers > 0 || it != versions.end());
+            const ReadVersion* version = find_version(*inode, stored->digest);
+            const bool held = version && version->held;
+            read = !held && (inode->opening_readers > 0 || version);
         }
     }
     if (!read) return std::nullopt;

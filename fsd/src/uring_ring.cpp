@@ -305,8 +305,6 @@ void UringTransport::Ring::serve() {
             if (draining.load(std::memory_order_acquire)) {
                 // Kept, unanswered, in its entry: the successor reads it there and
                 // answers it (Ring::adopt), as a dead daemon's.
-                e->request = reinterpret_cast<const fuse_in_header*>(e->header->in_out)->unique;
-                e->busy = true;
                 ++kept;
                 continue;
             }
@@ -354,40 +352,45 @@ std::optional<fuse_buf> UringTransport::Ring::prepare(Entry* e) {
     return buf;
 }
 
+// Hands a prepared request to libfuse on the calling thread, as `unique` for resend.hpp
+// (with the resend bit: a predecessor's, which may have been done; a non-idempotent one
+// is then answered as it was).
+void UringTransport::Ring::dispatch(fuse_buf buf, std::uint64_t unique) {
+    resend::set_current(unique);
+    fuse_session_process_buf(transport->m_session, &buf);
+    served.fetch_add(1, std::memory_order_relaxed);
+}
+
 // A dead or handed-over predecessor's request, redone on a thread of its own (joined by
 // stop): one may wait for another (a writer's open for the RELEASE of the version
 // before it, both in this ring's entries), and this thread must serve meanwhile. Its
-// reply takes the deferred way (hand_to_ring). As a resent one (resend.hpp): a
-// non-idempotent request the predecessor did is answered as it was.
+// reply takes the deferred way (hand_to_ring), also when no thread can be started and
+// it is redone here.
 void UringTransport::Ring::redo(Entry* e) {
     auto buf = prepare(e);
     if (!buf) return;
+    auto redo_it = [this, buf = *buf, unique = e->request | takeover::kResendBit] {
+        request_from_kernel();
+        dispatch(buf, unique);
+    };
     try {
-        redoers.emplace_back([this, e, buf = *buf] {
+        redoers.emplace_back([redo_it] {
             SignalsBlocked no_signals;
-            request_from_kernel();
-            resend::set_current(e->request | takeover::kResendBit);
-            fuse_session_process_buf(transport->m_session, &buf);
-            served.fetch_add(1, std::memory_order_relaxed);
+            redo_it();
         });
     } catch (const std::system_error& err) {
         log::warning("io_uring: cannot start a thread for a resent request ({}): done here",
                      err.what());
-        e->awaiting.store(0, std::memory_order_relaxed);
-        process(e, true);
+        redo_it();
     }
 }
 
-void UringTransport::Ring::process(Entry* e, bool resent) {
+void UringTransport::Ring::process(Entry* e) {
     auto buf = prepare(e);
     if (!buf) return;
     t_current = e;
-    // resend.hpp: the request this thread handles; one a dead daemon held may have been
-    // done (a non-idempotent one is answered as it was), as a resent one.
-    resend::set_current(resent ? e->request | takeover::kResendBit : e->request);
-    fuse_session_process_buf(transport->m_session, &*buf);
+    dispatch(*buf, e->request);
     t_current = nullptr;
-    served.fetch_add(1, std::memory_order_relaxed);
     if (e->replied_inline) return;  // and committed
     // The reply was deferred (or written from another thread already): the entry stays
     // with its request. Keep one entry of this thread free for the kernel.

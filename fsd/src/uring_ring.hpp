@@ -187,7 +187,8 @@ struct UringTransport::Ring {
     void prep_commit(Entry* e);
     void arm_event_read();
     std::optional<fuse_buf> prepare(Entry* e);
-    void process(Entry* e, bool resent = false);
+    void dispatch(fuse_buf buf, std::uint64_t unique);
+    void process(Entry* e);
     void redo(Entry* e);
     void serve();
     void init_entry(Entry& e, std::uint32_t slot);

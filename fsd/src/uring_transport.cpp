@@ -100,27 +100,33 @@ std::string not_offered_reason() {
 
 }  // namespace
 
+// A statfs of the mount, from a thread of its own pinned to `cpu`, as a caller: the
+// request goes to that CPU's queue (a statfs always reaches the daemon), and the thread
+// ends once it is answered (by this daemon or, at an upgrade, its successor). The
+// caller blocks every signal first (SignalsBlocked), as the ring threads do.
+static bool ask_from_cpu(const std::string& mountpoint, int cpu) {
+    try {
+        std::thread([mountpoint, cpu] {
+            if (!pin_to_cpu(cpu)) return;
+            struct statfs st {};
+            (void)::statfs(mountpoint.c_str(), &st);
+        }).detach();
+        return true;
+    } catch (const std::system_error& e) {
+        log::warning("io_uring: cannot start a thread to ask for a request: {}", e.what());
+        return false;
+    }
+}
+
 // A successor's rings are registered: the requests callers made while no entry was
 // free (between the predecessor's death and now) wait in their CPU's queue, and the
 // kernel hands them out only when an entry of that queue commits (fs/fuse/dev_uring.c:
 // registering fetches nothing). So one request is asked for from every CPU: it goes to
 // the free entry, and its commit fetches the first waiting one, whose commit fetches the
-// next. A statfs of the mount always reaches the daemon. From a thread of its own, as a
-// caller: the ring threads serve it; it ends with the daemon at the latest.
+// next.
 static void fetch_queued(const std::string& mountpoint, const std::vector<int>& cpus) {
     SignalsBlocked no_signals;  // as the ring threads
-    try {
-        std::thread([mountpoint, cpus] {
-            for (int cpu : cpus) {
-                if (!pin_to_cpu(cpu)) continue;
-                struct statfs st {};
-                (void)::statfs(mountpoint.c_str(), &st);
-            }
-        }).detach();
-    } catch (const std::system_error& e) {
-        log::warning("io_uring: cannot start the thread that fetches queued requests: {}",
-                     e.what());
-    }
+    for (int cpu : cpus) (void)ask_from_cpu(mountpoint, cpu);
 }
 
 struct UringHooks {
@@ -475,18 +481,7 @@ void UringTransport::hand_over() {
             if (auto it = asked.find(qid); it != asked.end() && now - it->second < kAskAgain)
                 continue;
             asked[qid] = now;
-            for (int i = 0; i < n; ++i) {
-                try {
-                    std::thread([mountpoint = m_mountpoint, cpu = qid] {
-                        if (!pin_to_cpu(cpu)) return;
-                        struct statfs st {};
-                        (void)::statfs(mountpoint.c_str(), &st);
-                    }).detach();
-                    ++asks;
-                } catch (const std::system_error& e) {
-                    log::warning("io_uring: cannot start a thread to fill an entry: {}", e.what());
-                }
-            }
+            for (int i = 0; i < n; ++i) asks += ask_from_cpu(m_mountpoint, qid) ? 1 : 0;
         }
         if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
