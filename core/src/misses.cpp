@@ -179,7 +179,18 @@ std::size_t differing_lines(std::string_view a, std::string_view b) {
     return n;
 }
 
-Status compare_impl(const Side& mine, const Side& theirs, Miss& out, std::size_t* distance);
+// How far another entry is from a missed one, to pick the closest: the metadata fields
+// that differ first (the key's inputs as the compiler wrote them), then the IR lines
+// that differ (which follow from those inputs). Not their sum: one field apart must win
+// over none apart with a line or two more (a different block size at the same warps
+// against the same block size at other warps, with IR a few lines apart).
+struct Distance {
+    std::size_t fields = 0;
+    std::size_t lines = 0;
+    auto operator<=>(const Distance&) const = default;
+};
+
+Status compare_impl(const Side& mine, const Side& theirs, Miss& out, Distance* distance);
 
 // IR files in the order a compile produces them, so the first difference named is the
 // one nearest the key's inputs: source, then Triton's stages, then anything else.
@@ -502,8 +513,8 @@ struct Other {
 // The closest of `others` (newest first) to `mine`, compared in full, on top of `base`:
 // by digests and metadata fields, one that holds this entry's binary (unstable) first,
 // else the fewest differing fields, then files, the newest on a tie; the best
-// kCandidates of them are compared in full and the one with the fewest differing
-// fields and lines is kept. nullopt when `others` is empty.
+// kCandidates of them are compared in full and the closest by Distance is kept. nullopt when
+// `others` is empty.
 Result<std::optional<Miss>> closest(const Side& mine, const std::vector<Other>& others,
                                     const Miss& base) {
     const auto my_metadata = KCACHE_TRY(metadata_of(mine));
@@ -521,7 +532,7 @@ Result<std::optional<Miss>> closest(const Side& mine, const std::vector<Other>& 
         return std::tie(a.score, a.order) < std::tie(b.score, b.order);
     });
     std::optional<Miss> best;
-    std::size_t best_distance = 0;
+    Distance best_distance;
     for (std::size_t i = 0; i < candidates.size() && i < kCandidates; ++i) {
         if (std::get<0>(candidates[i].score) != std::get<0>(candidates[0].score))
             break;  // unstable wins
@@ -529,7 +540,7 @@ Result<std::optional<Miss>> closest(const Side& mine, const std::vector<Other>& 
         Miss candidate = base;
         candidate.compared = other.ino;
         candidate.compared_name = other.name;
-        std::size_t distance = 0;
+        Distance distance;
         KCACHE_TRY(compare_impl(mine, other.side, candidate, &distance));
         if (!best || distance < best_distance) {
             best = std::move(candidate);
@@ -757,8 +768,7 @@ Status compare_entries(const Txn& txn, const EntryInfo& missed, const EntryInfo&
 
 namespace {
 
-Status compare_impl(const Side& mine_side, const Side& their_side, Miss& out,
-                    std::size_t* distance) {
+Status compare_impl(const Side& mine_side, const Side& their_side, Miss& out, Distance* distance) {
     std::size_t differing = 0;
     out.fields.clear();
     out.lines.clear();
@@ -856,7 +866,7 @@ Status compare_impl(const Side& mine_side, const Side& their_side, Miss& out,
         if (out.lines.size() >= kMaxLineFiles) break;
         out.lines.push_back(std::move(l));
     }
-    if (distance) *distance = differing + out.fields.size();
+    if (distance) *distance = {out.fields.size(), differing};
     out.cause = out.same_binary.empty() ? MissCause::changed_key : MissCause::unstable_key;
     if (out.cause == MissCause::unstable_key && out.fields.empty() && out.lines.empty()) {
         out.note =

@@ -147,6 +147,24 @@ TEST_CASE("misses: Triton's family is its metadata name, and each cause has its 
         CHECK(m.compared_name == triton_name('G'));  // one line differs, not a field too
         CHECK(m.fields.empty());
     }
+    SECTION("a member whose fields are the same is closer than one fewer lines apart") {
+        // As Triton's real output: BLOCK 256 at 4 warps is a few lines further from the
+        // 4-warp base than from the 8-warp entry (258 against 259 lines plus the field).
+        TritonKernel k8 = base;
+        k8.num_warps = 8;
+        k8.ttir += "// one\n// two\n";
+        k8.cubin = "8 warps";
+        put_triton(s, 'G', k8);
+        TritonKernel k4 = base;
+        k4.ttir += "// one\n// two\n// three\n";
+        k4.cubin = "4 warps, 3 lines more";
+        put_triton(s, 'H', k4);
+        CHECK(classify(s) == 2);
+        auto m = miss_of(s, triton_name('H'));
+        CHECK(m.cause == core::MissCause::changed_key);
+        CHECK(m.compared_name == triton_name('B'));  // 3 lines, against 1 line and a field
+        CHECK(m.fields.empty());
+    }
 }
 
 TEST_CASE("misses: an evicted entry compiled again is a capacity miss, with when and why",
