@@ -61,6 +61,9 @@ void UringTransport::Ring::run() {
         return close_ring();
     }
     set_phase(Phase::registered);
+    // As register_entry does for every later entry: a predecessor's callers, or callers
+    // that came before this queue had an entry, may wait in the kernel's queue.
+    (void)ask_from_cpu(transport->m_mountpoint, qid);
     for (Entry* e : requests) redo(e);
     serve();
     close_ring();
@@ -68,11 +71,17 @@ void UringTransport::Ring::run() {
 
 bool UringTransport::Ring::make() {
     io_uring_params params{};
-    // One thread submits (it alone touches the SQ) and completions are run when it
-    // waits: the kernel's work of handing it a request runs in its own context.
-    params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    // One thread submits (it alone touches the SQ); the kernel's work of handing it a
+    // request runs at its next transition into the kernel (COOP_TASKRUN), not by an
+    // interrupt. Not DEFER_TASKRUN, which runs that work only when the thread waits:
+    // after a kill -9 it could then run only once the whole process had ended, and the
+    // process could not end while its notification thread waited on a directory lock
+    // held by a caller whose request was in that work: the callers waited for ever (2
+    // of 2 runs). With COOP_TASKRUN each dying thread runs it as it exits, and the
+    // kernel ends such a request with ECANCELED (docs/operations.md).
+    params.flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN;
     int rc = io_uring_queue_init_params(kRingDepth, &ring, &params);
-    if (rc == -EINVAL) {  // a kernel without DEFER_TASKRUN
+    if (rc == -EINVAL) {  // a kernel without COOP_TASKRUN or SINGLE_ISSUER (before 6.0)
         params = {};
         params.flags = IORING_SETUP_SQE128;
         rc = io_uring_queue_init_params(kRingDepth, &ring, &params);
@@ -230,6 +239,21 @@ void UringTransport::Ring::prep_register(Entry* e) {
     cmd->qid = static_cast<std::uint16_t>(qid);
     io_uring_sqe_set_data(s, e);
     armed.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A new entry for this thread, registered now. The kernel hands a request waiting in
+// its CPU's queue (one that came while every entry of the queue was busy) only to an
+// entry that commits, never to one that registers (fs/fuse/dev_uring.c,
+// fuse_uring_do_register), so such a request would wait for the next commit on the
+// queue; if its caller holds a directory lock that a deferred reply's notification
+// waits for, that commit never comes. So a request of our own is asked for on the
+// queue (a statfs from its CPU): it takes the fresh entry, and its commit fetches the
+// first waiting request, whose commit fetches the next.
+void UringTransport::Ring::register_entry(Entry* e) {
+    prep_register(e);
+    if (const int rc = submit(); rc < 0)
+        log::error("io_uring: registering an entry on queue {}: {}", qid, std::strerror(-rc));
+    (void)ask_from_cpu(transport->m_mountpoint, qid);
 }
 
 void UringTransport::Ring::prep_commit(Entry* e) {
@@ -399,7 +423,7 @@ void UringTransport::Ring::process(Entry* e) {
         if (!slots[i].busy && !slots[i].dead && !slots[i].free) return;
     }
     if (Entry* more = add_entry()) {
-        prep_register(more);
+        register_entry(more);
     } else if (!warned_full) {
         warned_full = true;
         log::warning(

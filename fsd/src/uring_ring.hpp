@@ -58,6 +58,13 @@ inline bool pin_to_cpu(int cpu) {
     return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
 }
 
+// A statfs of the mount from a thread of its own pinned to `cpu`, as a caller: the
+// request goes to that CPU's queue (a statfs always reaches the daemon), and the thread
+// ends once it is answered (by this daemon or, at an upgrade, its successor). Call it
+// with every signal blocked (SignalsBlocked): the thread inherits the mask. False where
+// no thread could be started (logged).
+bool ask_from_cpu(const std::string& mountpoint, int cpu);
+
 // While it lives, the calling thread blocks every signal, and so do the threads it
 // starts: SIGTERM and the like must reach libfuse's loop (its handler ends the
 // session), and an io_uring wait would swallow them.
@@ -184,6 +191,7 @@ struct UringTransport::Ring {
     void mark_committed();
     io_uring_sqe* sqe();
     void prep_register(Entry* e);
+    void register_entry(Entry* e);
     void prep_commit(Entry* e);
     void arm_event_read();
     std::optional<fuse_buf> prepare(Entry* e);

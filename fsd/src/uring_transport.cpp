@@ -100,11 +100,9 @@ std::string not_offered_reason() {
 
 }  // namespace
 
-// A statfs of the mount, from a thread of its own pinned to `cpu`, as a caller: the
-// request goes to that CPU's queue (a statfs always reaches the daemon), and the thread
-// ends once it is answered (by this daemon or, at an upgrade, its successor). The
-// caller blocks every signal first (SignalsBlocked), as the ring threads do.
-static bool ask_from_cpu(const std::string& mountpoint, int cpu) {
+namespace uring_detail {
+
+bool ask_from_cpu(const std::string& mountpoint, int cpu) {
     try {
         std::thread([mountpoint, cpu] {
             if (!pin_to_cpu(cpu)) return;
@@ -118,16 +116,7 @@ static bool ask_from_cpu(const std::string& mountpoint, int cpu) {
     }
 }
 
-// A successor's rings are registered: the requests callers made while no entry was
-// free (between the predecessor's death and now) wait in their CPU's queue, and the
-// kernel hands them out only when an entry of that queue commits (fs/fuse/dev_uring.c:
-// registering fetches nothing). So one request is asked for from every CPU: it goes to
-// the free entry, and its commit fetches the first waiting one, whose commit fetches the
-// next.
-static void fetch_queued(const std::string& mountpoint, const std::vector<int>& cpus) {
-    SignalsBlocked no_signals;  // as the ring threads
-    for (int cpu : cpus) (void)ask_from_cpu(mountpoint, cpu);
-}
+}  // namespace uring_detail
 
 struct UringHooks {
     static ssize_t read(int fd, void* buf, size_t len, void*) {
@@ -406,7 +395,6 @@ struct UringHooks {
                 "serving over io_uring: {} queues x {} entries (a thread each, more "
                 "while replies are deferred; {} KiB payload)",
                 cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
-            if (takeover::resuming()) fetch_queued(t.m_mountpoint, cpus);
         }
         return written;
     }

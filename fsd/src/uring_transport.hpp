@@ -77,10 +77,10 @@ class UringTransport {
 
     // Installs the custom io on a mounted session; one per process. `state_fd`: the
     // keeper's state memfd, where the entries' buffers are kept for a successor
-    // (uring_area.hpp; -1: private memory); `mountpoint`: where a successor asks for a
-    // request on every queue once its rings are registered (requests queued while no
-    // entry was free are fetched only by a commit). Returns nullptr (after logging why)
-    // if the session refuses it: then /dev/fuse serves alone.
+    // (uring_area.hpp; -1: private memory); `mountpoint`: where a ring asks for a
+    // request on its queue whenever it registers an entry (Ring::register_entry:
+    // requests queued while no entry was free are fetched only by a commit). Returns nullptr (after
+    // logging why) if the session refuses it: then /dev/fuse serves alone.
     static std::unique_ptr<UringTransport> install(fuse_session* session, int state_fd,
                                                    std::string mountpoint);
     ~UringTransport();

@@ -161,13 +161,11 @@ bool fusermount_unmount(const fs::path& mnt, bool lazy) {
 
 }  // namespace
 
-namespace {
 std::size_t count_occurrences(const std::string& text, const std::string& what) {
     std::size_t n = 0;
     for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
     return n;
 }
-}  // namespace
 
 bool io_uring_run() {
     const char* v = std::getenv("KCACHE_TEST_IO_URING");

@@ -83,6 +83,9 @@ void require_fuse();
 // KCACHE_TEST_IO_URING=1 (the `uring` CTest label): every MountedCache mounts with
 // --io-uring and requires that the rings serve (it skips where enable_uring is off).
 bool io_uring_run();
+
+// How many times `what` occurs in `text` (a line in a daemon's log).
+std::size_t count_occurrences(const std::string& text, const std::string& what);
 // True when `path` is the root of a FUSE mount (statfs f_type; may ask the daemon).
 bool is_fuse_mount(const fs::path& path);
 // True when /proc/self/mountinfo lists `path` as a mount point (never asks a daemon).
@@ -264,10 +267,12 @@ class MountedCache {
     int signal_daemon(int sig, double timeout_s = 15);
     // The mount's FUSE connection (fuse_connection_of, read when it was mounted).
     unsigned connection() const { return m_connection.load(); }
+    // The command line mount() runs (binary, -f, --db, the options' args, --io-uring in
+    // an io_uring run, the mountpoint): what a service manager's restart runs again.
+    std::vector<std::string> argv() const;
 
   private:
     void cleanup() noexcept;  // unmount and kill whatever is left; never throws
-    std::vector<std::string> argv() const;
 
     DaemonOptions m_options;
     TempDir m_dir;

@@ -9,8 +9,10 @@ TRITON_CACHE_DIR inside the mount, until the stop file exists.
 
 Round k compiles into MNT/NAMEr<k>. RESULT.json: {"rounds": [{"dir": ..., "kernels":
 [{"label", "hash", "outcome", "stages"}]}]}, outcome "ok", "eio" (an OSError with
-errno EIO, raised anywhere in the compile: a takeover lost a write of it) or
-"error: ..." (anything else). Exit 0 when every compile was ok or eio, 1 otherwise.
+errno EIO, raised anywhere in the compile: a takeover lost a write of it), "canceled"
+(errno ECANCELED: over io_uring, a kill -9 ends the calls the kernel was handing to the
+dying daemon's ring threads; the test decides whether that is allowed) or "error: ..."
+(anything else). Exit 0 when every compile was ok, eio or canceled, 1 otherwise.
 """
 
 import argparse
@@ -26,12 +28,12 @@ import triton_worker  # noqa: E402  (sets Triton up and counts the stages run)
 import triton  # noqa: E402
 
 
-def eio_in(exc):
-    """True when `exc` or an exception it came from is an OSError with errno EIO."""
+def errno_in(exc, code):
+    """True when `exc` or an exception it came from is an OSError with errno `code`."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == errno.EIO:
+        if isinstance(exc, OSError) and exc.errno == code:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -45,8 +47,13 @@ def compile_one(label, spec):
         kernel = triton.compile(src, target=triton_worker.TARGET)
         outcome, key = "ok", kernel.hash
     except Exception as exc:  # noqa: BLE001 (every failure is reported, EIO or not)
-        outcome = "eio" if eio_in(exc) else "error: " + "".join(
-            traceback.format_exception_only(type(exc), exc)).strip()
+        if errno_in(exc, errno.EIO):
+            outcome = "eio"
+        elif errno_in(exc, errno.ECANCELED):
+            outcome = "canceled"
+        else:
+            outcome = "error: " + "".join(
+                traceback.format_exception_only(type(exc), exc)).strip()
         key = None
     return {"label": label, "hash": key, "outcome": outcome,
             "stages": triton_worker.STAGES_RUN[before:]}
@@ -81,7 +88,7 @@ def main():
             save()  # what was done so far survives a kill of this process
         k += 1
     save()
-    bad = [x for r in rounds for x in r["kernels"] if x["outcome"] not in ("ok", "eio")]
+    bad = [x for r in rounds for x in r["kernels"] if x["outcome"] not in ("ok", "eio", "canceled")]
     for x in bad:
         print(f"{x['label']}: {x['outcome']}", file=sys.stderr)
     return 1 if bad else 0
