@@ -38,4 +38,30 @@ inline std::vector<pid_t> children_of(pid_t pid, bool include_zombies = true) {
     return out;
 }
 
+// What `pid`'s threads are doing, for a failure message: a line per thread (tid, name,
+// state) followed by its kernel stack (/proc/PID/task/TID/stack: root only; empty
+// otherwise). "" when the process is gone.
+inline std::string describe_threads(pid_t pid) {
+    const std::string base = "/proc/" + std::to_string(pid) + "/task";
+    DIR* tasks = ::opendir(base.c_str());
+    if (!tasks) return "";
+    std::string out;
+    while (const dirent* e = ::readdir(tasks)) {
+        if (std::atoi(e->d_name) <= 0) continue;
+        const std::string dir = base + "/" + e->d_name;
+        std::ifstream stat_in(dir + "/stat");
+        std::string stat;
+        std::getline(stat_in, stat);
+        const auto open = stat.find('('), close = stat.rfind(')');
+        if (open == std::string::npos || close == std::string::npos || close + 2 >= stat.size())
+            continue;
+        out += "  thread " + std::string(e->d_name) + " " + stat.substr(open, close - open + 1) +
+               " " + stat[close + 2] + "\n";
+        std::ifstream stack_in(dir + "/stack");
+        for (std::string frame; std::getline(stack_in, frame);) out += "      " + frame + "\n";
+    }
+    ::closedir(tasks);
+    return out;
+}
+
 }  // namespace kcache::test
