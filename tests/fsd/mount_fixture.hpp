@@ -165,6 +165,9 @@ ProcResult run_flow(const std::string& script, const std::vector<std::string>& a
 
 // Deterministic content: `n` bytes from a seed, incompressible.
 std::string random_bytes(std::size_t n, std::uint64_t seed);
+// Appends a 16-byte digest of `content` to it, so that a torn or mixed copy of it differs
+// from the whole however it was cut (the crash and soak tests' versions end so).
+void append_digest(std::string& content);
 // Reads a whole file with raw syscalls; nullopt with errno set on failure.
 std::optional<std::string> read_all(const std::string& path);
 // Writes a whole file (open O_CREAT|O_TRUNC, write, close); 0 or the errno of the

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -97,28 +96,13 @@ std::string header_of(const Version& v) {
     return buf;
 }
 
-std::array<std::uint64_t, 2> digest(std::string_view s) {
-    std::uint64_t a = 1469598103934665603ull;
-    std::uint64_t b = 0x9e3779b97f4a7c15ull ^ s.size();
-    for (const char c : s) {
-        const auto u = static_cast<std::uint64_t>(static_cast<unsigned char>(c));
-        a = (a ^ u) * 1099511628211ull;
-        b = (b ^ u) * 0xff51afd7ed558ccdull;
-        b ^= b >> 29;
-    }
-    return {a, b};
-}
-
 std::string content_of(const Version& v) {
     const std::uint64_t seed = (static_cast<std::uint64_t>(v.writer) << 56) ^
                                (static_cast<std::uint64_t>(v.round) << 48) ^
                                (static_cast<std::uint64_t>(v.entry) << 24) ^
                                static_cast<std::uint64_t>(v.file) ^ (v.start_ns * 31);
     std::string out = header_of(v) + random_bytes(v.len, seed);
-    const auto d = digest(out);
-    for (const std::uint64_t word : d) {
-        for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((word >> (8 * i)) & 0xff));
-    }
+    append_digest(out);
     return out;
 }
 

@@ -100,18 +100,6 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
     return std::strtoull(v, nullptr, 0);
 }
 
-std::array<std::uint64_t, 2> digest(std::string_view s) {
-    std::uint64_t a = 1469598103934665603ull;
-    std::uint64_t b = 0x9e3779b97f4a7c15ull ^ s.size();
-    for (const char c : s) {
-        const auto u = static_cast<std::uint64_t>(static_cast<unsigned char>(c));
-        a = (a ^ u) * 1099511628211ull;
-        b = (b ^ u) * 0xff51afd7ed558ccdull;
-        b ^= b >> 29;
-    }
-    return {a, b};
-}
-
 std::string header_of(int writer, std::uint64_t seq, std::size_t len) {
     char buf[128];
     std::snprintf(buf, sizeof buf, "soak writer %d seq %llu len %zu\n", writer,
@@ -122,10 +110,7 @@ std::string header_of(int writer, std::uint64_t seq, std::size_t len) {
 std::string content_of(int writer, std::uint64_t seq, std::size_t len) {
     std::string out = header_of(writer, seq, len) +
                       random_bytes(len, (static_cast<std::uint64_t>(writer) << 48) ^ seq);
-    const auto d = digest(out);
-    for (const std::uint64_t word : d) {
-        for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((word >> (8 * i)) & 0xff));
-    }
+    append_digest(out);
     return out;
 }
 
