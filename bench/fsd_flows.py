@@ -19,6 +19,9 @@ phases right after `kcache` in each round, reading what that round stored. Phase
   hit-c  P fresh native processes (kcache-bench-c-reader) each open, fstat and read
          every file, as nvcc or ccache do
   miss   one process looks up N keys that are absent (os.path.exists)
+  remove one process removes the N entries the round stored (shutil.rmtree each, as
+         a user clearing a cache dir does); at the end of each round, after the
+         read-only daemons have read what the round stored, in the same order
 Round trips: the floor's from its own counters (SIGUSR1 dumps, over the timed
 rounds); kcache-fsd's from a separate, untimed pass with `-d` (libfuse logs every
 request as `unique: N, opcode: NAME (..)`) on a fresh db, parsed here.
@@ -73,7 +76,14 @@ root, n, salt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for i in range(n):
     assert not os.path.exists(os.path.join(root, f"absent{salt}{i:06d}", "k.json"))
 '''
-PHASES = ("store", "hit-py", "hit-c", "miss")
+REMOVE = r'''
+import os, shutil, sys
+root, n, salt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+for i in range(n):
+    shutil.rmtree(os.path.join(root, f"{salt}{i:06d}"))
+'''
+PHASES = ("store", "hit-py", "hit-c", "miss", "remove")
+READS = PHASES[1:4]  # the phases a read-only daemon runs
 WHERE = ("plain", "floor", "kcache", "ro", "uring", "ro-uring")
 READ_ONLY = {"ro": "kcache", "ro-uring": "uring"}  # each follows the daemon whose db it serves
 URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
@@ -97,13 +107,15 @@ def phase_cmds(args, phase, root, salt):
         return [[py, "-c", HIT, root, n, salt]] * args.procs
     if phase == "hit-c":
         return [[args.c_reader, root, n, salt]] * args.procs
+    if phase == "remove":
+        return [[py, "-c", REMOVE, root, n, salt]]
     return [[py, "-c", MISS, root, n, salt]]
 
 
 def files_per_phase(args, phase):
-    """What the round trips are divided by: files stored, files read, keys missed."""
+    """What the round trips are divided by: files stored, files read, keys missed, files removed."""
     return {"store": 3 * args.entries, "hit-py": 3 * args.entries * args.procs,
-            "hit-c": 3 * args.entries * args.procs, "miss": args.entries}[phase]
+            "hit-c": 3 * args.entries * args.procs, "miss": args.entries, "remove": 3 * args.entries}[phase]
 
 
 def wait_mounted(path, proc=None, timeout=10):
@@ -240,15 +252,15 @@ def main():
             for ro, rw in READ_ONLY.items():
                 if rw in order:
                     order.insert(order.index(rw) + 1, ro)
-            for where in order:
-                salt = f"r{r}x"
-                for phase in PHASES:
-                    if where in READ_ONLY and phase == "store":
-                        continue  # read-only
-                    before = floor_counts(floor, counts_file) if where == "floor" else None
-                    results[(phase, where)].append(timed(phase_cmds(args, phase, p[where], salt)))
-                    if where == "floor":
-                        floor_rt[phase] += floor_counts(floor, counts_file) - before
+            salt = f"r{r}x"
+            steps = [(where, phase) for where in order for phase in PHASES[:-1]
+                     if not (where in READ_ONLY and phase == "store")]  # read-only
+            steps += [(where, "remove") for where in order if where not in READ_ONLY]
+            for where, phase in steps:
+                before = floor_counts(floor, counts_file) if where == "floor" else None
+                results[(phase, where)].append(timed(phase_cmds(args, phase, p[where], salt)))
+                if where == "floor":
+                    floor_rt[phase] += floor_counts(floor, counts_file) - before
         if not args.no_count_pass:
             log = os.path.join(work, "kcache-d.log")
             with open(log, "wb") as err:
@@ -256,7 +268,7 @@ def main():
                                                "-d", p["kcache-count"]], stdout=subprocess.DEVNULL, stderr=err)
             wait_mounted(p["kcache-count"], count_proc)
             _, offset = debug_counts(log, 0)  # INIT and the mount's own requests
-            for phase in PHASES:
+            for phase in PHASES[:-1]:  # remove: after the read-only pass below
                 timed(phase_cmds(args, phase, p["kcache-count"], "cx"))
                 kcache_rt[phase], offset = debug_counts(log, offset)
             ro_log = os.path.join(work, "ro-d.log")
@@ -264,10 +276,13 @@ def main():
                 ro_count_proc = subprocess.Popen([args.fsd, "--db", p["db-count"], "--read-only", "-d", p["ro-count"]],
                                                  stdout=subprocess.DEVNULL, stderr=err)
             wait_mounted(p["ro-count"], ro_count_proc)
-            _, offset = debug_counts(ro_log, 0)
-            for phase in PHASES[1:]:  # what the read-write pass stored
+            _, ro_offset = debug_counts(ro_log, 0)
+            for phase in READS:  # what the read-write pass stored
                 timed(phase_cmds(args, phase, p["ro-count"], "cx"))
-                ro_rt[phase], offset = debug_counts(ro_log, offset)
+                ro_rt[phase], ro_offset = debug_counts(ro_log, ro_offset)
+            _, offset = debug_counts(log, offset)  # skip what it logged meanwhile
+            timed(phase_cmds(args, "remove", p["kcache-count"], "cx"))
+            kcache_rt["remove"], offset = debug_counts(log, offset)
     finally:
         unmount(p["ro"])
         unmount(p["kcache"])
@@ -302,11 +317,11 @@ def main():
             for ph in PHASES)
             + ", " + ", ".join(
             f"{ph} ro-uring/plain {statistics.median(results[(ph, 'ro-uring')]) / statistics.median(results[(ph, 'plain')]):.2f}x"
-            for ph in PHASES[1:]))
+            for ph in READS))
 
     per = {ph: files_per_phase(args, ph) for ph in PHASES}
     print("\nFUSE requests per file (store: per file stored; hit: per file read by one process; "
-          "miss: per absent key).\nfloor (fl): its counters over the timed rounds; kcache (kc) and read-only "
+          "miss: per absent key; remove: per file removed).\nfloor (fl): its counters over the timed rounds; kcache (kc) and read-only "
           "(ro): one -d pass"
           + (" (skipped)" if args.no_count_pass else ""))
     ops = sorted({op for ph in PHASES for c in (floor_rt[ph], kcache_rt[ph], ro_rt[ph]) for op, v in c.items() if v})
@@ -318,7 +333,7 @@ def main():
             fl = (sum(floor_rt[ph].values()) if op == "total" else floor_rt[ph][op]) / (per[ph] * args.rounds)
             kc = (sum(kcache_rt[ph].values()) if op == "total" else kcache_rt[ph][op]) / per[ph]
             ro = (sum(ro_rt[ph].values()) if op == "total" else ro_rt[ph][op]) / per[ph]
-            row += f" {fl:10.2f} {kc:10.2f} " + (f"{ro:10.2f}" if ph != "store" else f"{'-':>10}")
+            row += f" {fl:10.2f} {kc:10.2f} " + (f"{ro:10.2f}" if ph in READS else f"{'-':>10}")
         print(f"{op:13}{row}")
     shutil.rmtree(work, ignore_errors=True)
 
