@@ -690,6 +690,16 @@ def scenario_jax(cfg):
         stop = threading.Event()
         half_pairs_seen = []
         evictions = [0]
+        evicted_keys = set()  # every key the evictor removed
+
+        def rewritten_atime(key, caches, atimes):
+            # JAX's get reads <key>-cache, then rewrites <key>-atime, and its put writes
+            # -cache, then -atime; both hold JAX's file lock, which an outside evictor
+            # does not take. An eviction between the two leaves -atime alone once JAX
+            # writes it (on any file system: the cleaner's two unlinks do the same).
+            # JAX ignores it (its scan lists *-cache). So a lone -atime of a key the
+            # evictor removed is JAX's race; a lone -cache, or any other lone file, is not.
+            return key in atimes and key not in caches and key in evicted_keys
 
         def evictor():
             # The mount: `kcache evict` of a random jax entry. The plain directory, as the
@@ -703,13 +713,17 @@ def scenario_jax(cfg):
                         names = [e["name"] for e in json.loads(r.stdout)
                                  if e["name"].startswith("jax/")]
                         if names:
-                            r = run([cfg.kcache, "--db", w.daemon.db, "evict",
-                                     rng.choice(names)], check=False, timeout=30)
-                            evictions[0] += r.returncode == 0
+                            name = rng.choice(names)
+                            r = run([cfg.kcache, "--db", w.daemon.db, "evict", name],
+                                    check=False, timeout=30)
+                            if r.returncode == 0:
+                                evictions[0] += 1
+                                evicted_keys.add(name[len("jax/"):])
                     else:
                         caches, _, _ = jax_pairs(cache_dir)
                         if caches:
                             key = rng.choice(sorted(caches))
+                            evicted_keys.add(key)
                             for suffix in ("-cache", "-atime"):
                                 try:
                                     os.unlink(cache_dir / f"{key}{suffix}")
@@ -730,7 +744,8 @@ def scenario_jax(cfg):
                     first = suspects.setdefault(key, now)
                     if now - first > 2.0 and key not in half_pairs_seen:
                         still = jax_pairs(cache_dir)
-                        if (key in still[0]) != (key in still[1]):
+                        if ((key in still[0]) != (key in still[1]) and
+                                not rewritten_atime(key, *still[:2])):
                             half_pairs_seen.append(key)
                 for key in list(suspects):
                     if key not in caches ^ atimes:
@@ -782,16 +797,22 @@ def scenario_jax(cfg):
         if len(runs) == 2:
             C.equal(runs[0]["results"], runs[1]["results"], "eviction stress: same results")
         caches, atimes, names = jax_pairs(cache_dir)
-        C.equal(sorted(caches ^ atimes), [], "eviction stress: no orphan half-pair at the end")
+        lone_atimes = {k for k in caches ^ atimes if rewritten_atime(k, caches, atimes)}
+        if lone_atimes:
+            log(f"[{w.kind}] JAX rewrote the -atime of {len(lone_atimes)} entry(ies) the "
+                f"evictor had removed (its get or put racing it): {sorted(lone_atimes)}")
+        C.equal(sorted((caches ^ atimes) - lone_atimes), [],
+                "eviction stress: no orphan half-pair at the end (but JAX's own race)")
         C.equal(half_pairs_seen, [], "eviction stress: no half-pair lasting over 2 s")
         if w.daemon:
             ls = w.daemon.ls()
             got = entries_under(ls, "jax/")
-            C.equal(sorted(got), sorted(f"jax/{k}" for k in caches),
-                    "eviction stress: kcache entries == JAX's pairs")
-            C.check(all(e["files"] == 2 for e in got.values()),
-                    "eviction stress: every jax entry holds both files",
-                    str({n: e["files"] for n, e in got.items() if e["files"] != 2}))
+            C.equal(sorted(got), sorted(f"jax/{k}" for k in caches | lone_atimes),
+                    "eviction stress: kcache entries == JAX's pairs and lone -atimes")
+            want_files = lambda n: 1 if n[len("jax/"):] in lone_atimes else 2
+            C.check(all(e["files"] == want_files(n) for n, e in got.items()),
+                    "eviction stress: every jax entry holds both files (a lone -atime one)",
+                    str({n: e["files"] for n, e in got.items() if e["files"] != want_files(n)}))
             C.check(evictions[0] > 0 or w.daemon.stats().get("evicted_entries", 0) > 0,
                     "eviction stress: kcache did evict")
             r = run([cfg.kcache, "--db", w.daemon.db, "verify"], check=False)
