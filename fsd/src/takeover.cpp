@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernel_order.hpp"
 #include "lock_order.hpp"
 #include "log.hpp"
 #include "resend.hpp"
@@ -186,12 +187,15 @@ void record_init(const iovec* iov, int count) {
 namespace {
 
 ssize_t plain_read(int fd, void* buf, size_t len, void*) {
-    return read(fd, buf, len);
+    const ssize_t n = read(fd, buf, len);
+    kernel_order::request_from_kernel();
+    return n;
 }
 
 ssize_t plain_writev(int fd, iovec* iov, int count, void*) {
     if (auto swallowed = swallow_reply(iov, count)) return *swallowed;
     record_init(iov, count);
+    kernel_order::replied_to_kernel();
     return ::writev(fd, iov, count);
 }
 

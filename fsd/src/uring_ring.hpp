@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fuse_uring_abi.hpp"
+#include "kernel_order.hpp"
 #include "lock_order.hpp"
 #include "uring_area.hpp"
 #include "uring_transport.hpp"
@@ -83,27 +84,9 @@ class SignalsBlocked {
     sigset_t m_old;
 };
 
-// The kernel orders requests after the replies they depend on (a RELEASE after the
-// READ's reply, a READ after the OPEN's). ThreadSanitizer sees that order through
-// /dev/fuse, whose read and write it models as acquire and release on the fd, but not
-// through the rings (shared memory and io_uring_enter): without these annotations it
-// reports every handle used on one ring thread and released on another. Every reply
-// handed to the kernel releases, every request taken from it acquires, one object for
-// all (as one /dev/fuse fd is). Nothing without -fsanitize=thread.
-#if defined(__SANITIZE_THREAD__)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-inline char g_kernel_order;
-inline void replied_to_kernel() {
-    __tsan_release(&g_kernel_order);
-}
-inline void request_from_kernel() {
-    __tsan_acquire(&g_kernel_order);
-}
-#else
-inline void replied_to_kernel() {}
-inline void request_from_kernel() {}
-#endif
+// The kernel's order between replies and requests, for ThreadSanitizer (kernel_order.hpp).
+using kernel_order::replied_to_kernel;
+using kernel_order::request_from_kernel;
 
 }  // namespace uring_detail
 

@@ -124,18 +124,15 @@ class CondVar {
 
     // Lets `mutex` go until notified (or spuriously), then holds it again.
     void wait(Mutex& mutex) REQUIRES(mutex) {
-        std::unique_lock<std::mutex> lock(mutex.m_mutex, std::adopt_lock);
-        m_cv.wait(lock);
-        lock.release();  // still held: the caller's MutexLock lets it go
+        Borrowed held(mutex);
+        m_cv.wait(held.lock);
     }
     // As wait(), until `deadline` at the latest; false when it passed.
     template <class Clock, class Duration>
     bool wait_until(Mutex& mutex, const std::chrono::time_point<Clock, Duration>& deadline)
         REQUIRES(mutex) {
-        std::unique_lock<std::mutex> lock(mutex.m_mutex, std::adopt_lock);
-        const bool notified = m_cv.wait_until(lock, deadline) == std::cv_status::no_timeout;
-        lock.release();
-        return notified;
+        Borrowed held(mutex);
+        return m_cv.wait_until(held.lock, deadline) == std::cv_status::no_timeout;
     }
     // As wait(), for `timeout` at most; false when it passed.
     template <class Rep, class Period>
@@ -147,6 +144,18 @@ class CondVar {
     void notify_all() { m_cv.notify_all(); }
 
   private:
+    // The caller's hold of a Mutex lent to std::condition_variable as a unique_lock, and
+    // given back held, never unlocked, however the wait ends: also by unwinding, as when
+    // the thread is cancelled in it (libfuse cancels its workers; glibc holds the mutex
+    // again first). The caller's MutexLock lets it go, once (tests/core/test_locks.cpp).
+    struct Borrowed {
+        explicit Borrowed(Mutex& mutex) : lock(mutex.m_mutex, std::adopt_lock) {}
+        ~Borrowed() { lock.release(); }
+        Borrowed(const Borrowed&) = delete;
+        Borrowed& operator=(const Borrowed&) = delete;
+        std::unique_lock<std::mutex> lock;
+    };
+
     std::condition_variable m_cv;
 };
 

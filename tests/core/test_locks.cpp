@@ -1,0 +1,71 @@
+// kcache::Mutex, MutexLock and CondVar (core/include/kcache/core/thread_annotations.hpp)
+// where the analysis cannot help: a wait that ends by unwinding.
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
+
+#include <catch2/catch.hpp>
+
+#include "kcache/core/thread_annotations.hpp"
+
+namespace {
+
+struct Waiter {
+    kcache::Mutex mutex;
+    kcache::CondVar never;  // nobody notifies it: the wait ends only by cancellation
+    std::atomic<bool> waiting{false};
+    std::atomic<bool> probe{false};      // the waiter, unwinding, asks the test to look
+    std::atomic<bool> looked{false};     // the test has looked
+    std::atomic<bool> held_while_unwinding{false};
+};
+
+// Runs while the waiter's stack unwinds, between CondVar::wait's frame and the
+// waiter's MutexLock: the mutex must still be the waiter's there (the MutexLock lets it
+// go next). The test thread looks, with try_lock, while this waits for it.
+struct LookWhileUnwinding {
+    Waiter& w;
+    ~LookWhileUnwinding() {
+        w.probe = true;
+        while (!w.looked) sched_yield();
+    }
+};
+
+void* wait_forever(void* arg) {
+    auto& w = *static_cast<Waiter*>(arg);
+    kcache::MutexLock lock(w.mutex);
+    LookWhileUnwinding look{w};
+    w.waiting = true;
+    for (;;) w.never.wait(w.mutex);  // a cancellation point
+}
+
+}  // namespace
+
+// libfuse cancels its loop's worker threads when the session ends, and a worker may be
+// waiting on a CondVar then (the daemon's takeover replay). glibc holds the mutex again
+// before the unwinding starts; a wait that unlocked it while unwinding, and a MutexLock
+// that unlocked it once more, would free it under the waiter's scope and could free
+// another thread's hold (ThreadSanitizer reported it as an unlock of an unlocked mutex).
+TEST_CASE("locks: a thread cancelled in CondVar::wait holds its mutex until its MutexLock ends",
+          "[core][locks]") {
+    Waiter w;
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, nullptr, &wait_forever, &w) == 0);
+    while (!w.waiting) sched_yield();
+    {  // the waiter is in the wait (or about to be): it let the mutex go
+        kcache::MutexLock lock(w.mutex);
+    }
+    REQUIRE(pthread_cancel(thread) == 0);
+    while (!w.probe) sched_yield();
+    const bool free_now = w.mutex.try_lock();
+    if (free_now) w.mutex.unlock();
+    w.held_while_unwinding = !free_now;
+    w.looked = true;
+    void* result = nullptr;
+    REQUIRE(pthread_join(thread, &result) == 0);
+    CHECK(result == PTHREAD_CANCELED);
+    CHECK(w.held_while_unwinding);
+    // And once its scope ended, the mutex is free, exactly once.
+    REQUIRE(w.mutex.try_lock());
+    w.mutex.unlock();
+}
