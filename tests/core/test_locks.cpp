@@ -15,8 +15,8 @@ struct Waiter {
     kcache::Mutex mutex;
     kcache::CondVar never;  // nobody notifies it: the wait ends only by cancellation
     std::atomic<bool> waiting{false};
-    std::atomic<bool> probe{false};      // the waiter, unwinding, asks the test to look
-    std::atomic<bool> looked{false};     // the test has looked
+    std::atomic<bool> probe{false};   // the waiter, unwinding, asks the test to look
+    std::atomic<bool> looked{false};  // the test has looked
     std::atomic<bool> held_while_unwinding{false};
 };
 
