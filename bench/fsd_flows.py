@@ -82,8 +82,9 @@ root, n, salt = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for i in range(n):
     shutil.rmtree(os.path.join(root, f"{salt}{i:06d}"))
 '''
-PHASES = ("store", "hit-py", "hit-c", "miss", "remove")
-READS = PHASES[1:4]  # the phases a read-only daemon runs
+READS = ("hit-py", "hit-c", "miss")  # the phases a read-only daemon runs too
+WRITES_FIRST = ("store",) + READS  # each target in turn; then, at the round's end, remove
+PHASES = WRITES_FIRST + ("remove",)
 WHERE = ("plain", "floor", "kcache", "ro", "uring", "ro-uring")
 READ_ONLY = {"ro": "kcache", "ro-uring": "uring"}  # each follows the daemon whose db it serves
 URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
@@ -253,7 +254,7 @@ def main():
                 if rw in order:
                     order.insert(order.index(rw) + 1, ro)
             salt = f"r{r}x"
-            steps = [(where, phase) for where in order for phase in PHASES[:-1]
+            steps = [(where, phase) for where in order for phase in WRITES_FIRST
                      if not (where in READ_ONLY and phase == "store")]  # read-only
             steps += [(where, "remove") for where in order if where not in READ_ONLY]
             for where, phase in steps:
@@ -268,7 +269,7 @@ def main():
                                                "-d", p["kcache-count"]], stdout=subprocess.DEVNULL, stderr=err)
             wait_mounted(p["kcache-count"], count_proc)
             _, offset = debug_counts(log, 0)  # INIT and the mount's own requests
-            for phase in PHASES[:-1]:  # remove: after the read-only pass below
+            for phase in WRITES_FIRST:  # remove: after the read-only pass below
                 timed(phase_cmds(args, phase, p["kcache-count"], "cx"))
                 kcache_rt[phase], offset = debug_counts(log, offset)
             ro_log = os.path.join(work, "ro-d.log")

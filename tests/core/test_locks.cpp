@@ -17,7 +17,6 @@ struct Waiter {
     std::atomic<bool> waiting{false};
     std::atomic<bool> probe{false};   // the waiter, unwinding, asks the test to look
     std::atomic<bool> looked{false};  // the test has looked
-    std::atomic<bool> held_while_unwinding{false};
 };
 
 // Runs while the waiter's stack unwinds, between CondVar::wait's frame and the
@@ -57,14 +56,13 @@ TEST_CASE("locks: a thread cancelled in CondVar::wait holds its mutex until its 
     }
     REQUIRE(pthread_cancel(thread) == 0);
     while (!w.probe) sched_yield();
-    const bool free_now = w.mutex.try_lock();
-    if (free_now) w.mutex.unlock();
-    w.held_while_unwinding = !free_now;
+    const bool held_while_unwinding = !w.mutex.try_lock();
+    if (!held_while_unwinding) w.mutex.unlock();
     w.looked = true;
     void* result = nullptr;
     REQUIRE(pthread_join(thread, &result) == 0);
     CHECK(result == PTHREAD_CANCELED);
-    CHECK(w.held_while_unwinding);
+    CHECK(held_while_unwinding);
     // And once its scope ended, the mutex is free, exactly once.
     REQUIRE(w.mutex.try_lock());
     w.mutex.unlock();
