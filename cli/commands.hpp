@@ -140,6 +140,7 @@ void add_bundle_commands(CLI::App& app, Cli& cli);       // export, import
 void add_inspect_commands(CLI::App& app, Cli& cli);      // inspect-binary
 void add_remote_commands(CLI::App& app, Cli& cli);       // remote push, pull, stats
 void add_misses_commands(CLI::App& app, Cli& cli);       // why, misses
+void add_env_commands(CLI::App& app, Cli& cli);          // env, run
 
 // Sizing from capacity misses (core/misses.hpp), for `kcache stats`.
 nlohmann::json sizing_json(const core::Store& store, const core::Txn& txn);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -149,6 +150,23 @@ nlohmann::json remote_server_states(const core::Store& store) {
     return state;
 }
 
+// The shared tier's statistics (remote_*): kStatistics' by_remote rows.
+bool of_shared_tier(core::Counter c) {
+    const core::StatisticField* f = core::statistic_field(c);
+    return f && (f->counted_by & core::by_remote);
+}
+
+// Whether the db has used a shared tier: one of its statistics is not zero (a counter
+// since the last reset, or a gauge of a running kcache-fsd --remote), or a daemon left
+// its servers' states (`servers`, remote_server_states()).
+bool used_shared_tier(const core::Stats& stats, const nlohmann::json& servers) {
+    if (!servers.is_null()) return true;
+    for (const auto& [counter, value] : stats.values) {
+        if (value != 0 && of_shared_tier(counter)) return true;
+    }
+    return false;
+}
+
 nlohmann::json stats_json(const core::Store& store, const core::Stats& stats,
                           const core::Config& config,
                           const std::vector<core::KindStats>& kind_list) {
@@ -224,12 +242,8 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
     fmt::print("\ncache now\n");
     Table gauges({"", ""}, {false, true});
     // The shared tier's gauges describe the running daemon, not the contents: apart.
-    auto of_daemon = [](core::Counter c) {
-        const core::StatisticField* f = core::statistic_field(c);
-        return f && (f->counted_by & core::by_remote);
-    };
     for (const auto& [counter, value] : stats.values) {
-        if (core::is_gauge(counter) && !of_daemon(counter)) {
+        if (core::is_gauge(counter) && !of_shared_tier(counter)) {
             gauges.add({"  " + core::counter_label(counter), value_of(counter)});
         }
     }
@@ -245,7 +259,7 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
         fmt::print("\n");
         Table remote_gauges({"", ""}, {false, true});
         for (const auto& [counter, value] : stats.values) {
-            if (core::is_gauge(counter) && of_daemon(counter)) {
+            if (core::is_gauge(counter) && of_shared_tier(counter)) {
                 remote_gauges.add({"  " + core::counter_label(counter), value_of(counter)});
             }
         }
@@ -267,11 +281,12 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
 
     print_kinds(kinds);
 
-    fmt::print("\nsince {}\n", stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
-                                              : std::string("the db was created"));
+    const std::string since = stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
+                                             : std::string("the db was created");
+    fmt::print("\nsince {}\n", since);
     Table counters({"", ""}, {false, true});
     for (const auto& [counter, value] : stats.values) {
-        if (core::is_gauge(counter)) continue;
+        if (core::is_gauge(counter) || of_shared_tier(counter)) continue;
         counters.add({"  " + core::counter_label(counter), value_of(counter)});
         if (counter == core::Counter::misses) {
             const auto rate = hit_rate(stats);
@@ -279,6 +294,28 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
         }
     }
     counters.print();
+
+    // The shared tier's counters, under the headings of their groups (as the inspector's
+    // "Shared tier" section), only for a db that has used one: most never do, and a
+    // screenful of zeros would bury the rest. --json has them all, always.
+    if (!used_shared_tier(stats, servers)) return;
+    fmt::print("\nshared tier since {}\n", since);
+    Table remote({"", ""}, {false, true});
+    std::vector<std::string_view> groups;
+    for (const core::StatisticField& f : core::kStatistics) {
+        if (!(f.counted_by & core::by_remote) || core::is_gauge(f.id)) continue;
+        if (std::find(groups.begin(), groups.end(), f.group) == groups.end())
+            groups.push_back(f.group);
+    }
+    for (std::string_view group : groups) {
+        remote.add({"  " + std::string(group), ""});
+        for (const core::StatisticField& f : core::kStatistics) {
+            if (!(f.counted_by & core::by_remote) || core::is_gauge(f.id) || f.group != group)
+                continue;
+            remote.add({"    " + core::counter_label(f.id), value_of(f.id)});
+        }
+    }
+    remote.print();
 }
 
 // Reads the statistics records, the meta record and the classified misses (bounded by

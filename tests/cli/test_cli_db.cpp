@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "cli_harness.hpp"
+#include "kcache/core/statistics.hpp"
 #include "kcache/core/types.hpp"
 
 using kcache::test::CliDb;
@@ -117,6 +118,57 @@ TEST_CASE("stats --json reports counters and gauges of a known set", "[cli]") {
     CHECK(human.out.find("hit rate") != std::string::npos);
     CHECK(human.out.find("60.0%") != std::string::npos);
     CHECK(human.out.find("stored bytes") != std::string::npos);
+}
+
+TEST_CASE("stats shows the shared tier only where the db has used one, --json always", "[cli]") {
+    CliDb db;
+    add_known_set(db);
+    std::vector<const core::StatisticField*> remote_counters;
+    for (const core::StatisticField& f : core::kStatistics) {
+        if ((f.counted_by & core::by_remote) && !core::is_gauge(f.id))
+            remote_counters.push_back(&f);
+    }
+    REQUIRE_FALSE(remote_counters.empty());
+
+    // Never used: not a word of it, but every statistic in --json, zero.
+    auto local = db.run({"stats"});
+    REQUIRE(local.exit_code == 0);
+    CHECK(local.out.find("remote") == std::string::npos);
+    CHECK(local.out.find("shared tier") == std::string::npos);
+    auto json = db.json({"stats", "--json"});
+    for (const core::StatisticField& f : core::kStatistics) {
+        if (!(f.counted_by & core::by_remote)) continue;
+        INFO(f.name);
+        CHECK(json.at(std::string(f.name)) == 0);
+    }
+
+    // Once a remote has counted: every counter of the tier, under its group's heading.
+    REQUIRE(db.store().update([](core::WriteTxn& txn) -> core::Status {
+        KCACHE_TRY(txn.add(core::Counter::remote_hits, 3));
+        return txn.add(core::Counter::remote_bytes_down, 5000);
+    }));
+    auto used = db.run({"stats"});
+    REQUIRE(used.exit_code == 0);
+    const auto section = used.out.find("\nshared tier since the db was created\n");
+    REQUIRE(section != std::string::npos);
+    const std::string tier = used.out.substr(section);
+    CHECK(tier.find("\n  reads\n") != std::string::npos);
+    CHECK(tier.find("\n  failures\n") != std::string::npos);
+    for (const core::StatisticField* f : remote_counters) {
+        INFO(f->name);
+        CHECK(tier.find("    " + core::counter_label(f->id) + " ") != std::string::npos);
+    }
+    CHECK(tier.find("remote hits") < tier.find("remote misses"));
+    CHECK(tier.find("4.9 KiB") != std::string::npos);
+    // The rest lists none of them.
+    CHECK(used.out.substr(0, section).find("remote") == std::string::npos);
+    json = db.json({"stats", "--json"});
+    CHECK(json.at("remote_hits") == 3);
+    CHECK(json.at("remote_bytes_down") == 5000);
+
+    // A reset zeroes them: the section goes until the tier counts again.
+    REQUIRE(db.run({"stats", "--reset"}).exit_code == 0);
+    CHECK(db.run({"stats"}).out.find("shared tier") == std::string::npos);
 }
 
 TEST_CASE("stats --reset zeroes counters but not gauges", "[cli]") {
