@@ -160,6 +160,27 @@ int run_why(const Cli& cli, const WhyOptions& opts) {
     const std::string name = entry_name_of(txn, opts.target);
     auto miss = check(core::find_miss(txn, name));
     if (!miss) {
+        // An entry the shared tier supplied missed nowhere here: say whose compile it is.
+        if (auto entry = txn.find_entry(name); entry && core::is_fleet_entry(*entry)) {
+            const std::string writer = entry->populated_by_name.substr(core::kFleetOrigin.size());
+            if (opts.json) {
+                print_json({{"entry", entry->name},
+                            {"cause", "fleet"},
+                            {"writer", writer},
+                            {"fetched_ns", entry->created_ns},
+                            {"hits", entry->hits}});
+            } else {
+                Table info({"", ""});
+                info.add({"entry", entry->name});
+                info.add({"cause", fmt::format("fleet hit: compiled on {}, pulled from the shared "
+                                               "tier {}: no miss here",
+                                               writer.empty() ? "another node" : writer,
+                                               age_since(*store, entry->created_ns))});
+                info.add({"hits", std::to_string(entry->hits)});
+                info.print();
+            }
+            return kExitOk;
+        }
         const auto pending = check(core::pending_misses(txn));
         throw Failure(fmt::format(
             "no classified miss of {} is kept{}", name,

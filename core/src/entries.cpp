@@ -179,8 +179,10 @@ Status populate(Tx& tx, EntryInfo& entry, const Origin& origin) {
     entry.populated = true;
     entry.populated_by_pid = origin.pid;
     entry.populated_by_name = origin.name.substr(0, 64);
-    if (auto s = tx.add(Counter::misses, 1); !s) return s;
     const auto [parent, name] = event_target(tx, entry);
+    // Fetched from the shared tier: another node compiled it; no miss here.
+    if (origin.fetched) return tx.log(EventKind::import, entry.ino, parent, name);
+    if (auto s = tx.add(Counter::misses, 1); !s) return s;
     return tx.log(EventKind::populate, entry.ino, parent, name);
 }
 
@@ -315,6 +317,9 @@ Status WriteTxn::record_hit(Ino entry_ino) {
     if (auto s = ops::move_in_lru(tx, entry, now); !s) return s;
     if (auto s = tx.put_entry(entry); !s) return s;
     if (auto s = tx.add(Counter::hits, 1); !s) return s;
+    if (is_fleet_entry(entry)) {
+        if (auto s = tx.add(Counter::hits_fleet, 1); !s) return s;
+    }
     const auto [parent, name] = ops::event_target(tx, entry);
     return tx.log(EventKind::hit, entry_ino, parent, name);
 }

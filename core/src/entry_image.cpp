@@ -150,7 +150,7 @@ Result<EntryImage> read_image(const Txn& txn, const EntryInfo& entry, bool conte
 }
 
 Status write_image(WriteTxn& txn, const EntryImage& image, const ImageWrite& how) {
-    const Origin origin = Origin::current();
+    const Origin origin = how.origin ? *how.origin : Origin::current();
     std::unordered_map<std::string, Ino> made;  // relative path -> ino
     const Ino parent_of_entry = KCACHE_TRY(txn.mkdirs(image_dir(image)));
     auto logged = [&](const Attr& attr, std::string_view name) -> Status {

@@ -56,4 +56,13 @@ Status check_link_target(std::string_view link_path, std::string_view target) {
     return {};
 }
 
+std::vector<std::string> ancestor_dirs(std::string_view path) {
+    std::vector<std::string> dirs;
+    for (auto slash = path.find('/'); slash != std::string_view::npos;
+         slash = path.find('/', slash + 1)) {
+        if (slash > 0) dirs.emplace_back(path.substr(0, slash));
+    }
+    return dirs;
+}
+
 }  // namespace kcache::core

@@ -137,6 +137,14 @@ Origin Origin::current() {
     return o;
 }
 
+Origin Origin::fleet(std::string_view writer) {
+    Origin o;
+    o.fetched = true;
+    o.name = std::string(kFleetOrigin);
+    for (const char c : writer.substr(0, 48)) o.name += (c > ' ' && c < 0x7f) ? c : '?';
+    return o;
+}
+
 std::string default_db_path() {
     if (const char* db = std::getenv("KCACHE_DB"); db && *db) return db;
     if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {

@@ -288,18 +288,30 @@ void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, boo
         if (attr.error().code != ENOENT) return reply_error(req, attr.error());
         if (m_flights.enabled() && first_miss(req, *txn, parent, name, &negative_timeout)) return;
         // The shared tier (remote_tier.hpp): a name that could be an entry is fetched
-        // on a tier thread, which answers this request; the kernel keeps such a
-        // negative answer briefly, so an entry another node publishes is found.
+        // on a tier thread, which answers this request; a container the tier holds
+        // entries below is made here, so the compiler's walk goes on to its entry. The
+        // kernel keeps a negative answer briefly, so what another node publishes is found.
         if (m_remote) {
-            if (auto entry = m_remote->candidate(*txn, parent, name)) {
+            using Kind = RemoteTier::Found::Kind;
+            auto found = m_remote->find(*txn, parent, name);
+            if (found.may_appear)
                 negative_timeout = std::min(negative_timeout, RemoteTier::kNegativeTimeoutS);
-                if (read_through) {
-                    txn = core::fail(ENOENT, "");  // no snapshot held while waiting
-                    m_remote->read_through(*entry, [this, req, parent, n = std::string(name)] {
-                        answer_lookup(req, parent, n.c_str(), false, false);
-                    });
-                    return;
-                }
+            if (found.kind == Kind::container) {
+                txn = core::fail(ENOENT, "");
+                return make_container(req, parent, name);
+            }
+            if (read_through && (found.kind == Kind::entry || found.kind == Kind::unknown)) {
+                txn = core::fail(ENOENT, "");  // no snapshot held while waiting
+                auto again = [this, req, parent, n = std::string(name), kind = found.kind] {
+                    // After the containers were read: a container or none; after a
+                    // read-through: the entry or a miss. Never waits twice.
+                    answer_lookup(req, parent, n.c_str(), kind == Kind::unknown, false);
+                };
+                if (found.kind == Kind::entry)
+                    m_remote->read_through(found.name, std::move(again));
+                else
+                    m_remote->when_containers_known(std::move(again));
+                return;
             }
         }
     }
@@ -505,6 +517,21 @@ bool Filesystem::answer_resent(fuse_req_t req, int op, Ino parent, const char* n
         default:
             return false;
     }
+}
+
+void Filesystem::make_container(fuse_req_t req, Ino parent, const char* name) {
+    // As the process whose lookup asked would have made it on its way to a store (its
+    // user, mode 0777 less its umask): the compiler writes below it later. A LOOKUP
+    // carries no umask (FUSE sends one with MKDIR and CREATE only): /proc says it.
+    const mode_t mode = 0777 & ~umask_of(fuse_req_ctx(req)->pid);
+    bool made = false;
+    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) -> core::Result<Attr> {
+        if (auto there = txn.lookup(parent, name)) return there;  // made meanwhile
+        auto dir = txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
+        made = dir.has_value();
+        return dir;
+    });
+    if (made) m_background.count(core::Counter::remote_containers);
 }
 
 void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {

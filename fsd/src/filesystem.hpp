@@ -180,6 +180,10 @@ class Filesystem {
     // resend::Op; rename names its target in new_parent/new_name.
     bool answer_resent(fuse_req_t req, int op, core::Ino parent, const char* name,
                        core::Ino new_parent = 0, const char* new_name = nullptr);
+    // A LOOKUP's answer for a container the shared tier holds entries below
+    // (RemoteTier::Found): makes the directory (or finds the one made meanwhile) and
+    // replies with its entry.
+    void make_container(fuse_req_t req, core::Ino parent, const char* name);
     // Makes a node in one transaction and replies with its entry.
     void make_node(
         fuse_req_t req,

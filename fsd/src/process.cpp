@@ -59,6 +59,16 @@ std::uint32_t tgid_from_status(pid_t tid) {
 
 }  // namespace
 
+mode_t umask_of(pid_t tid, mode_t fallback) {
+    const std::string status = read_proc("/proc/" + std::to_string(tid) + "/status");
+    const auto at = status.find("\nUmask:");
+    if (at == std::string::npos) return fallback;
+    char* end = nullptr;
+    const unsigned long mask = std::strtoul(status.c_str() + at + 7, &end, 8);
+    if (end == status.c_str() + at + 7 || mask > 0777) return fallback;
+    return static_cast<mode_t>(mask);
+}
+
 Caller caller_of(pid_t tid) {
     const auto fields = stat_fields(static_cast<std::uint32_t>(tid));
     if (fields.size() <= 22) return Caller{static_cast<std::uint32_t>(tid), {}};  // gone already

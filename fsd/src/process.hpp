@@ -24,6 +24,9 @@ Caller caller_of(pid_t tid);
 // g++ it runs on the .cpp it wrote) reading what another of them wrote load nothing
 // from the cache. Processes that are gone, or unrelated, are not of one compile.
 bool same_compile(std::uint32_t a, std::uint32_t b);
+// The file mode creation mask of thread `tid` (the Umask line of /proc/<tid>/status,
+// Linux 4.7+); `fallback` when /proc cannot tell (the thread is gone).
+mode_t umask_of(pid_t tid, mode_t fallback = 022);
 // True while thread `tid` is exiting because a signal killed it (SIGKILL, an unhandled
 // SIGTERM ...): the kernel sets PF_EXITING and the exit code before it closes the
 // task's files, so a FLUSH sent by that closing can tell a kill from a normal exit.

@@ -138,6 +138,12 @@ void RemoteTier::stop() {
         }
         m_fetch_queue.clear();
     }
+    {
+        MutexLock lock(m_containers_mutex);
+        m_containers_known = true;  // nothing waits any more: unknown is none from now on
+        for (auto& w : m_container_waiters) answer.push_back(std::move(w));
+        m_container_waiters.clear();
+    }
     m_fetch_wake.notify_all();
     m_timer_wake.notify_all();
     m_upload_wake.notify_all();
@@ -161,35 +167,97 @@ const std::vector<core::LayoutRule>* RemoteTier::rules(const std::string& text) 
     return &*m_rules;
 }
 
-std::optional<std::string> RemoteTier::candidate(const core::ReadTxn& txn, core::Ino parent,
-                                                 std::string_view name) {
-    if (core::is_bookkeeping_name(name)) return std::nullopt;
+RemoteTier::Found RemoteTier::find(const core::ReadTxn& txn, core::Ino parent,
+                                   std::string_view name) {
+    using Kind = Found::Kind;
+    if (core::is_bookkeeping_name(name)) return {};
     auto dir = txn.getattr(parent);
-    if (!dir || !dir->is_dir() || dir->bookkeeping) return std::nullopt;
+    if (!dir || !dir->is_dir() || dir->bookkeeping) return {};
     if (dir->entry != 0) {
         // Inside an entry: only an entry directory with no file yet may be fetched.
         auto entry = txn.entry(dir->entry);
-        if (!entry || entry->kind != core::EntryKind::node || entry->files != 0)
-            return std::nullopt;
-        return entry->name;
+        if (!entry || entry->kind != core::EntryKind::node || entry->files != 0) return {};
+        return {Kind::entry, entry->name, true};
     }
     auto path = txn.path(parent);
-    if (!path) return std::nullopt;
+    if (!path) return {};
+    const std::string full = path->empty() ? std::string(name) : *path + "/" + std::string(name);
     core::LayoutContext context;
     context.ancestors = split_path(*path);
     context.entry_depth = txn.config().entry_depth;
     context.rules = rules(txn.config().layout_rules);
     // Only names a layout rule recognizes: the depth fallback would make every unknown
-    // name a round trip to Redis.
-    const auto as_dir = core::classify(context, name, core::FileType::directory);
-    if (as_dir.placement == core::Placement::entry_dir && as_dir.by_rule) {
-        return path->empty() ? std::string(name) : *path + "/" + std::string(name);
-    }
+    // name a round trip to Redis. A lookup does not say whether it wants a file or a
+    // directory: a name whose stem is shorter than itself (a suffix the layout knows:
+    // Inductor's <key>.py, JAX's <key>-cache) is a file of its stem's entry; compilers
+    // name entry directories by the bare key (Triton's, Inductor's fxgraph/<xx>/<key>).
     const auto as_file = core::classify(context, name, core::FileType::regular);
-    if (as_file.placement == core::Placement::entry_stem && as_file.by_rule) {
-        return path->empty() ? as_file.stem : *path + "/" + as_file.stem;
+    const bool stem_file = as_file.placement == core::Placement::entry_stem && as_file.by_rule;
+    if (stem_file && as_file.stem != name)
+        return {Kind::entry, path->empty() ? as_file.stem : *path + "/" + as_file.stem, true};
+    const auto as_dir = core::classify(context, name, core::FileType::directory);
+    if (as_dir.placement == core::Placement::entry_dir && as_dir.by_rule)
+        return {Kind::entry, full, true};
+    if (stem_file) return {Kind::entry, full, true};
+    // Not an entry: a container the shared tier holds entries below? Memory only.
+    MutexLock lock(m_containers_mutex);
+    if (!m_containers_known) return {Kind::unknown, full, true};
+    if (m_containers.contains(full)) return {Kind::container, full, true};
+    return {Kind::none, {}, true};
+}
+
+void RemoteTier::when_containers_known(std::function<void()> done) {
+    bool started = false;
+    {
+        MutexLock lock(m_mutex);
+        started = m_started && !m_stop;
     }
-    return std::nullopt;
+    if (started) {
+        MutexLock lock(m_containers_mutex);
+        if (!m_containers_known) {
+            m_container_waiters.push_back(std::move(done));
+            return;
+        }
+    }
+    done();
+}
+
+void RemoteTier::sync_containers() {
+    auto count = m_remote->container_count();
+    std::optional<core::Error> failed;
+    if (!count) {
+        failed = count.error();
+    } else if (*count != m_containers_count) {
+        auto paths = m_remote->containers();
+        if (!paths) {
+            failed = paths.error();
+        } else {
+            std::unordered_set<std::string> set;
+            set.reserve(std::min(paths->size(), kMaxContainers));
+            for (std::string& p : *paths) {
+                if (set.size() == kMaxContainers) break;
+                set.insert(std::move(p));
+            }
+            if (paths->size() > kMaxContainers && may_warn())
+                log::warning("remote: {} containers in the shared tier; {} kept (the rest are "
+                             "not read through)",
+                             paths->size(), kMaxContainers);
+            m_containers_count = *count;
+            MutexLock lock(m_containers_mutex);
+            m_containers.swap(set);
+        }
+    }
+    if (failed && may_warn())
+        log::warning("remote: reading the containers: {} (tried again every second; further "
+                     "failures are counted, not logged, for 10 s)",
+                     failed->message);
+    std::vector<std::function<void()>> waiters;
+    {
+        MutexLock lock(m_containers_mutex);
+        m_containers_known = true;
+        waiters.swap(m_container_waiters);
+    }
+    for (auto& done : waiters) done();
 }
 
 void RemoteTier::read_through(const std::string& entry, std::function<void()> done) {

@@ -136,6 +136,9 @@ class RemoteTier {
     static constexpr std::size_t kMaxPulled = 1u << 16;
     static constexpr const char* kServerStateFile = "remote-servers.json";
     static constexpr std::size_t kExplainFamilies = 64;  // families read per pass, at most
+    // Container paths kept in memory (remote.hpp's container set), at most; past it the
+    // rest are not found (logged). Inductor and ccache make a few thousand.
+    static constexpr std::size_t kMaxContainers = 1u << 18;
 
     // Fails (EINVAL) for invalid options, as Remote::create does. Starts no thread.
     // `prefetch_job_tag`: the job whose entries start() prefetches (empty: none).
@@ -154,12 +157,33 @@ class RemoteTier {
     // finishes it first: at most a deadline), records the counts. Idempotent.
     void stop();
 
-    // The entry that a lookup of `name` in `parent`, which the db lacks, could be
-    // fetched as: an entry directory or stem file a compiler's layout rule would form
-    // there, or any name inside an entry directory that has no file yet (Triton's
-    // makedirs(<key>) then probing its files). nullopt otherwise. Reads `txn` only.
-    std::optional<std::string> candidate(const core::ReadTxn& txn, core::Ino parent,
-                                         std::string_view name);
+    // What a lookup of `name` in `parent`, which the db lacks, may find in the shared
+    // tier. Reads `txn` and memory only, never Redis:
+    //  - entry: the entry it could be fetched as (read_through(name)): an entry directory
+    //    or stem file a compiler's layout rule would form there, or any name inside an
+    //    entry directory that has no file yet (Triton's makedirs(<key>) then probing
+    //    its files);
+    //  - container: a directory the shared tier holds entries below (Inductor's
+    //    fxgraph/<xx>/, ccache's <x>/<y>/: `name` is its path), which a node that never
+    //    compiled there lacks. The caller makes it, as the looking-up process would
+    //    have, and answers it; the compiler's next lookup goes on towards the entry;
+    //  - unknown: it could be a container, but the containers were not read from Redis
+    //    yet (just after start): ask again from when_containers_known();
+    //  - none: nothing of the shared tier.
+    // `may_appear`: another node may publish it soon (the kernel should keep a negative
+    // answer for kNegativeTimeoutS only): any name that is not bookkeeping outside an
+    // entry, or a candidate entry.
+    struct Found {
+        enum class Kind : std::uint8_t { none, entry, container, unknown };
+        Kind kind = Kind::none;
+        std::string name;  // entry: its name; container: its path
+        bool may_appear = false;
+    };
+    Found find(const core::ReadTxn& txn, core::Ino parent, std::string_view name);
+    // Runs `done` once the containers were read (or failed to be) for the first time,
+    // or at stop(): at once when they were, else on the uploader thread (its first read
+    // ends within one Redis deadline, or at once with the circuit open).
+    void when_containers_known(std::function<void()> done);
 
     // Fetches `entry` into the db if Redis has it; `done` runs exactly once, on a tier
     // thread or (recent miss, overdue pull, too many pulls, stopped) on the caller's.
@@ -211,6 +235,9 @@ class RemoteTier {
     // One pass of remote::explain_first_misses (uploader thread only; logs a failure).
     void explain_misses();
     const std::vector<core::LayoutRule>* rules(const std::string& text);
+    // Reads the container set when it changed (SCARD; SMEMBERS when the count differs),
+    // and the first time answers when_containers_known()'s waiters (uploader thread only).
+    void sync_containers();
 
     core::Store& m_store;
     std::unique_ptr<remote::Remote> m_remote;
@@ -249,7 +276,14 @@ class RemoteTier {
     std::string m_rules_text GUARDED_BY(m_rules_mutex);
     std::optional<std::vector<core::LayoutRule>> m_rules GUARDED_BY(m_rules_mutex);
 
+    // The shared tier's containers (find()); written by sync_containers().
+    Mutex m_containers_mutex KCACHE_LEVEL(9);  // a leaf
+    std::unordered_set<std::string> m_containers GUARDED_BY(m_containers_mutex);
+    bool m_containers_known GUARDED_BY(m_containers_mutex) = false;  // read once (or failed)
+    std::vector<std::function<void()>> m_container_waiters GUARDED_BY(m_containers_mutex);
+
     // Uploader thread only.
+    std::uint64_t m_containers_count = 0;  // SCARD when m_containers was read
     std::unordered_map<core::Ino, Pending> m_pending;
     std::uint64_t m_explained_seq = 0;     // misses asked about up to here (explain_misses)
     Mutex m_record_mutex KCACHE_LEVEL(9);  // record_counts() from the uploader and stop()

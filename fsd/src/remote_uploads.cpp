@@ -116,6 +116,7 @@ void RemoteTier::run_uploader() {
     if (auto txn = m_store.read()) {  // from now on: `kcache remote push` uploads what is older
         if (auto end = core::EventCursor::at_end(*txn)) events = *end;
     }
+    sync_containers();  // first: lookups below containers wait for it (find())
     auto last_record = Clock::now();
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried
     MutexLock lock(m_mutex);
@@ -164,6 +165,7 @@ void RemoteTier::run_uploader() {
         }
         if (Clock::now() - last_record >= std::chrono::seconds(1)) {
             (void)m_remote->probe();
+            sync_containers();
             explain_misses();
             publish_servers(false);
             record_counts();

@@ -117,6 +117,11 @@ std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint
 std::string job_key(std::string_view ns, std::string_view tag) {
     return prefix(ns, 'j').append(tag);
 }
+std::string containers_key(std::string_view ns) {
+    std::string key = prefix(ns, 'k');
+    key.pop_back();  // kc2:<ns>:k, no trailing ':'
+    return key;
+}
 
 std::string dictionary_key(std::string_view ns, const core::Digest& digest) {
     return prefix(ns, 'd').append(fmt::format("{{{}}}", digest.hex()));

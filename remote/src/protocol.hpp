@@ -14,6 +14,10 @@
 //   kc2:<ns>:d:{<digest hex>}      a trained dictionary, by core::dictionary_digest
 //                                  (written before any frame that needs it, SET NX)
 //   kc2:<ns>:j:<job tag>           set of entry names a job pushed
+//   kc2:<ns>:k                     set of container paths: every directory above an
+//                                  entry pushed ("inductor", "inductor/fxgraph",
+//                                  "inductor/fxgraph/ch"), so that a node that lacks
+//                                  them finds the entries below (kcache-fsd's read-through)
 // where E is 16 hex digits of the XXH3 of the entry's name.
 //
 // Why these hash tags (Redis Cluster puts a key in the slot of the text between its
@@ -28,7 +32,9 @@
 //    namespace, no entry): every blob lands on its own slot, spread over the cluster and
 //    shared by every entry that uses it, while one blob is still read in one pipeline
 //    from one node and dropped in one DEL. Dictionaries take the same shape.
-//  - A job set is untagged: one key, anywhere.
+//  - A job set is untagged: one key, anywhere. So is the container set: one small key
+//    per namespace (a few thousand paths), added to once per new directory and read
+//    by every node about once a second (SCARD; SMEMBERS when it grew).
 // The entry's tag is a digest, not the name itself, because a name may hold '{' or '}'.
 // Values are little-endian with a magic word. Decoding treats every value as hostile:
 // every length is bounds-checked against the value and against fixed limits, and a
@@ -64,6 +70,7 @@ std::string manifest_key(std::string_view ns, std::string_view entry);
 std::string blob_key(std::string_view ns, const core::Digest& digest);
 std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index);
 std::string job_key(std::string_view ns, std::string_view tag);
+std::string containers_key(std::string_view ns);
 std::string lease_key(std::string_view ns, std::string_view entry);
 std::string dictionary_key(std::string_view ns, const core::Digest& digest);
 

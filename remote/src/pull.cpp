@@ -95,6 +95,7 @@ void drop_special_bits(proto::Manifest& m) {
 // The caller commits or drops the transaction.
 Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobContents& blobs) {
     core::ImageWrite how;
+    how.origin = core::Origin::fleet(m.writer);  // compiled there: a hit of the fleet here
     how.content = [&](const core::ImageFile& f) -> std::optional<std::string_view> {
         auto it = blobs.find(f.digest);
         if (it == blobs.end()) return std::nullopt;

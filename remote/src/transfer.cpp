@@ -234,6 +234,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     if (exists.front().type != Reply::Type::integer)
         return tl::unexpected(reply_error(mserver, exists.front(), "EXISTS"));
     if (exists.front().integer == 1) {
+        KCACHE_TRY(record_containers(m.name));
         KCACHE_TRY(add_to_job());
         m_counts.upload_skipped.fetch_add(1);
         result.outcome = Outcome::already_remote;
@@ -254,8 +255,51 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     } else {
         return tl::unexpected(reply_error(mserver, r, "manifest"));
     }
+    KCACHE_TRY(record_containers(m.name));
     KCACHE_TRY(add_to_job());
     return result;
+}
+
+Status Remote::record_containers(std::string_view entry) {
+    Command sadd{"SADD", proto::containers_key(m_options.ns)};
+    {
+        MutexLock lock(m_containers_mutex);
+        for (std::string& dir : core::ancestor_dirs(entry)) {
+            if (!m_containers_recorded.contains(dir)) sadd.push_back(std::move(dir));
+        }
+    }
+    if (sadd.size() == 2) return {};
+    Server& server = shard(sadd[1]);
+    auto replies = KCACHE_TRY(exec(server, {sadd}));
+    if (replies.front().type != Reply::Type::integer)
+        return tl::unexpected(reply_error(server, replies.front(), "container set"));
+    MutexLock lock(m_containers_mutex);
+    if (m_containers_recorded.size() > kMaxContainersRecorded) m_containers_recorded.clear();
+    m_containers_recorded.insert(sadd.begin() + 2, sadd.end());
+    return {};
+}
+
+Result<std::uint64_t> Remote::container_count() {
+    const std::string key = proto::containers_key(m_options.ns);
+    Server& server = shard(key);
+    auto r = KCACHE_TRY(exec(server, {{"SCARD", key}}));
+    if (r.front().type != Reply::Type::integer)
+        return tl::unexpected(reply_error(server, r.front(), "SCARD"));
+    return static_cast<std::uint64_t>(std::max<long long>(r.front().integer, 0));
+}
+
+Result<std::vector<std::string>> Remote::containers() {
+    const std::string key = proto::containers_key(m_options.ns);
+    Server& server = shard(key);
+    auto r = KCACHE_TRY(exec(server, {{"SMEMBERS", key}}));
+    const Reply& set = r.front();
+    if (set.type != Reply::Type::array) return tl::unexpected(reply_error(server, set, "SMEMBERS"));
+    std::vector<std::string> paths;
+    paths.reserve(set.elements.size());
+    for (const Reply& e : set.elements) {
+        if (e.type == Reply::Type::string) paths.push_back(e.str);
+    }
+    return paths;
 }
 
 std::optional<core::FamilyMember> Remote::family_member_of(const core::Txn& txn,

@@ -613,3 +613,108 @@ TEST_CASE("fsd remote: misses: B's miss is explained by the entry A pushed", "[r
     CHECK(stat_of(b, "misses_changed_key") == 1);
     CHECK(stat_of(b, "misses_first") == 0);
 }
+
+namespace {
+
+// Stores `content` at `path` (below the mount's root) as compilers publish a file: the
+// directories above it made as needed (mkdir -p), the file written under a temp name
+// beside it and renamed into place.
+void publish(const MountedCache& m, const std::string& path, const std::string& content) {
+    std::string dir;
+    for (auto slash = path.find('/'); slash != std::string::npos;
+         slash = path.find('/', slash + 1)) {
+        dir = path.substr(0, slash);
+        if (::mkdir(m.p(dir).c_str(), 0755) != 0) REQUIRE(errno == EEXIST);
+    }
+    const std::string tmp = m.p(dir + "/.tmp." + std::to_string(::getpid()));
+    REQUIRE(test::write_all(tmp, content) == 0);
+    REQUIRE_SYS(::rename(tmp.c_str(), m.p(path).c_str()));
+}
+
+bool exists(const MountedCache& m, const std::string& path) {
+    struct stat st {};
+    return ::lstat(m.p(path).c_str(), &st) == 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "fsd remote: a new node reads through the containers between a compiler's directory and "
+    "its entries (Inductor, ccache, JAX), and makes no directory Redis holds nothing below",
+    "[remote][fsd]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis));
+    // One file per entry, in each compiler's layout (core/layout.hpp); the entries sit
+    // below containers a new node has never made.
+    const std::string fx = "inductor/fxgraph/ch/fchx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt";
+    const std::string aot = "inductor/aotautograd/akq6c5yxsqz2hhm4rmq4t6mrj4ocbxgfb3l2mbnjw3rr6cbamu7c";
+    const std::map<std::string, std::string> files = {
+        {fx + "/pmdoqmjylzn4aq2lo5ocb5yvfvwq3jn3fvaaqkzbayjqe7pt4nrs", test::random_bytes(std::size_t{40'000}, std::uint64_t{1})},
+        {aot + "/entry", test::random_bytes(std::size_t{9'000}, std::uint64_t{2})},
+        {"inductor/ba/cbaz3x4npv5ruvmgsbzzoirfpfvqafwrmkzwlr4o7ymh3ykn5q4l.py", "def call(): pass\n"},
+        {"inductor/triton/0/" + kKey1 + "/add_kernel.cubin", test::random_bytes(std::size_t{20'000}, std::uint64_t{3})},
+        {"ccache/4/a/ff1c8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cM", test::random_bytes(std::size_t{3'000}, std::uint64_t{4})},
+        {"ccache/4/a/ff1c8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cR", test::random_bytes(std::size_t{30'000}, std::uint64_t{5})},
+        {"jax/jit_f-4c1f7a3e9b2d5c8a0e6f1b4d7a2c9e5f3b8d1a6c4e7f2b9d-cache", test::random_bytes(std::size_t{7'000}, std::uint64_t{6})},
+    };
+    for (const auto& [path, content] : files) publish(a, path, content);
+    wait_uploads(a, files.size());
+
+    // A new node: an empty db, mounted after A uploaded (as a fleet's new node is).
+    MountedCache b(with_remote(redis));
+    REQUIRE(stat_of(b, "entries") == 0);
+    for (const auto& [path, content] : files) {
+        INFO(path);
+        INFO(b.daemon_stderr());
+        const auto got = test::read_all(b.p(path));
+        REQUIRE(got.has_value());
+        CHECK(*got == content);
+    }
+    // Each entry came from Redis; the containers on the way were made as directories.
+    REQUIRE(test::wait_until([&] { return stat_of(b, "remote_hits") >= files.size(); }, 30));
+    CHECK(stat_of(b, "remote_hits") == files.size());  // ccache's M and R are two entries
+    // Fleet hits: B compiled nothing, so B counts no miss; the hits are the fleet's.
+    REQUIRE(test::wait_until([&] { return stat_of(b, "hits") >= files.size(); }, 30));
+    CHECK(stat_of(b, "misses") == 0);
+    CHECK(stat_of(b, "hits_fleet") == stat_of(b, "hits"));
+    const auto why = test::run_cli({"--db", b.db().string(), "why", fx, "--json"});
+    INFO(why.out << why.err);
+    REQUIRE(why.exit_code == 0);
+    const auto why_json = nlohmann::json::parse(why.out);
+    CHECK(why_json["cause"] == "fleet");
+    CHECK(!why_json["writer"].get<std::string>().empty());
+    struct stat st {};
+    REQUIRE_SYS(::stat(b.p("inductor/fxgraph/ch").c_str(), &st));
+    CHECK(S_ISDIR(st.st_mode));
+    CHECK(st.st_uid == ::getuid());
+    const mode_t umask = ::umask(0);
+    ::umask(umask);
+    CHECK((st.st_mode & 07777) == (0777 & ~umask));  // as the process would have made it
+
+    // Below a container Redis holds nothing under, a lookup is a miss that asks Redis
+    // nothing and makes nothing.
+    const auto misses = stat_of(b, "remote_misses");
+    REQUIRE_FAILS_WITH(::access(b.p("inductor/fxgraph/zz/fzzq2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt").c_str(), F_OK), ENOENT);
+    REQUIRE_FAILS_WITH(::access(b.p("ccache/0/0/00aa8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cM").c_str(), F_OK), ENOENT);
+    CHECK_FALSE(exists(b, "inductor/fxgraph/zz"));
+    CHECK_FALSE(exists(b, "ccache/0"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past a statistics flush
+    CHECK(stat_of(b, "remote_misses") == misses);
+    // inductor, its fxgraph, fxgraph/ch, aotautograd, ba, triton, triton/0; ccache, 4, 4/a; jax
+    CHECK(stat_of(b, "remote_containers") == 11);
+
+    // A container that appears in Redis while B runs is found soon after (the
+    // containers are read again about every second; B's negative answer lasts 1 s).
+    const std::string late = "inductor/fxgraph/qq/fqqx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt/x";
+    REQUIRE_FAILS_WITH(::access(b.p(late).c_str(), F_OK), ENOENT);
+    publish(a, late, "late");
+    wait_uploads(a, files.size() + 1);
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return test::read_all(b.p(late)) == std::string("late"); }, 30));
+    }
+
+    const auto verify = test::run_cli({"--db", b.db().string(), "verify"});
+    INFO(verify.out << verify.err);
+    CHECK(verify.exit_code == 0);
+}

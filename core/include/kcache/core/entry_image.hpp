@@ -76,6 +76,8 @@ Status check_image(const EntryImage& image);
 Result<EntryImage> read_image(const Txn& txn, const EntryInfo& entry, bool contents);
 
 struct ImageWrite {
+    // Who publishes the files (nullopt: this process). A pull passes Origin::fleet.
+    std::optional<Origin> origin;
     // The content of a regular file the image does not carry; null or nullopt: EIO.
     std::function<std::optional<std::string_view>(const ImageFile&)> content;
     // Log an `import` event for the entry's top node(s), so that a daemon learns the

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "kcache/core/error.hpp"
 #include "kcache/core/types.hpp"
@@ -28,5 +30,9 @@ Status check_path(std::string_view path, std::size_t max_length = kMaxPathLength
 // the root, so a mount serving the link never leads a reader or writer out of the
 // cache. EINVAL.
 Status check_link_target(std::string_view link_path, std::string_view target);
+
+// The directories above `path` (a path from the root), from the top down: "a/b/c" gives
+// "a" and "a/b"; a single name gives none. Allocates.
+std::vector<std::string> ancestor_dirs(std::string_view path);
 
 }  // namespace kcache::core

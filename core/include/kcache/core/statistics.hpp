@@ -37,6 +37,7 @@ enum class Counter : std::uint32_t {
     // single flight on one node (kcache-fsd)
     single_flight_waits = 15,
     single_flight_timeouts = 16,
+    hits_fleet = 17,  // of the hits, on entries the shared tier supplied
     // misses by cause (core/misses.hpp), counted when the background classifies them
     misses_first = 20,
     misses_capacity = 21,
@@ -59,6 +60,7 @@ enum class Counter : std::uint32_t {
     remote_prefetched_bytes = 53,
     remote_lease_waits = 54,
     remote_lease_timeouts = 55,
+    remote_containers = 56,
     remote_family_errors = 60,
     // gauges
     entries = 100,
@@ -73,7 +75,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 46;
+inline constexpr std::size_t kStatisticCount = 48;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -150,6 +152,8 @@ inline constexpr StatisticField kStatistics[] = {
      "path walks through an entry directory that waited for another compile filling it"},
     {Counter::single_flight_timeouts, "single_flight_timeouts", Unit::count, StatisticKind::counter, by_daemon,
      "single-flight waits that ended at their bound with the entry still being filled"},
+    {Counter::hits_fleet, "hits_fleet", Unit::count, StatisticKind::counter, by_store,
+     "of the hits, those on entries the shared tier supplied (compiled on another node, pulled here: no miss)"},
     {Counter::misses_first, "misses_first", Unit::count, StatisticKind::counter, by_store,
      "classified misses of a kernel with no entry of its family in the cache, never evicted"},
     {Counter::misses_capacity, "misses_capacity", Unit::count, StatisticKind::counter, by_store,
@@ -190,6 +194,8 @@ inline constexpr StatisticField kStatistics[] = {
      "misses that waited for another node holding the compile lease (kcache-fsd --remote-lease-ms)", "leases"},
     {Counter::remote_lease_timeouts, "remote_lease_timeouts", Unit::count, StatisticKind::counter, by_remote,
      "lease waits that ended without the entry (the lease expired or its time passed): compiled here", "leases"},
+    {Counter::remote_containers, "remote_containers", Unit::count, StatisticKind::counter, by_daemon | by_remote,
+     "directories a lookup made because the shared tier holds entries below them (Inductor's fxgraph/<xx>/, ccache's <x>/<y>/ on a node that never compiled there)", "reads"},
     {Counter::remote_family_errors, "remote_family_errors", Unit::count, StatisticKind::counter, by_remote,
      "family members (misses explained across nodes) not recorded or not read: the push itself succeeded", "failures"},
     {Counter::entries, "entries", Unit::count, StatisticKind::gauge, by_store,

@@ -119,8 +119,16 @@ class Content {
 // Who publishes content; recorded as an entry's populating process.
 struct Origin {
     std::uint32_t pid = 0;
-    std::string name;         // process name (comm)
+    std::string name;  // process name (comm)
+    // Compiled elsewhere and fetched from the shared tier (a pull, a read-through, a
+    // prefetch): the entry it populates is no miss here, since no compile ran; its
+    // populate is logged as an import, and its populating process is pid 0 named
+    // kFleetOrigin + the writer's host (is_fleet_entry).
+    bool fetched = false;
     static Origin current();  // this process
+    // A fetch of what `writer` (the pushing node's host name, as the manifest says) wrote;
+    // any byte outside printable ASCII in it becomes '?', and it is cut to 48 bytes.
+    static Origin fleet(std::string_view writer);
 };
 
 struct SetAttr {

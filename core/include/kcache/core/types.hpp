@@ -139,6 +139,13 @@ struct EntryInfo {
     Producer producer = Producer::unknown;
 };
 
+// An entry the shared tier supplied (Origin::fleet): populated by pid 0 named
+// "fleet:<writer host>". Its hits are hits of the fleet (Counter::hits_fleet).
+inline constexpr std::string_view kFleetOrigin = "fleet:";
+inline bool is_fleet_entry(const EntryInfo& e) {
+    return e.populated_by_pid == 0 && e.populated_by_name.starts_with(kFleetOrigin);
+}
+
 enum class EventKind : std::uint8_t {
     populate = 1,  // an entry's first file was published (a miss)
     hit = 2,

@@ -40,11 +40,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "kcache/core/error.hpp"
 #include "kcache/core/misses.hpp"
 #include "kcache/core/store.hpp"
+#include "kcache/core/thread_annotations.hpp"
 
 namespace kcache::remote {
 
@@ -174,6 +176,15 @@ class Remote {
         const std::vector<std::string>& families);
     // Fetches one entry by name into `store`, verified, in one write transaction.
     Result<EntryResult> pull(core::Store& store, std::string_view entry);
+    // Containers: the directories above the entries pushed (protocol.hpp's container
+    // set), so that a node whose tree lacks them finds the entries below them (kcache-fsd
+    // answers a lookup of one as a directory). push() adds its entry's containers, each
+    // at most once per Remote (a failure fails the push, which is tried again). The set
+    // only grows: an entry evicted from Redis leaves its containers named, which costs a
+    // node an empty directory at most. container_count: SCARD (one cheap round trip to
+    // see whether it grew); containers: SMEMBERS, every path, unsorted.
+    Result<std::uint64_t> container_count();
+    Result<std::vector<std::string>> containers();
     // The entry names of a job's set (sorted).
     Result<std::vector<std::string>> job_entries(std::string_view job_tag);
     // Adds `entries` to a job's set (SADD, in batches): what push() does with its
@@ -190,6 +201,9 @@ class Remote {
     // it has seen the rest of the transaction just written. The one loop behind `kcache
     // remote pull` and kcache-fsd --prefetch-job-tag.
     static constexpr std::size_t kPullBatch = 64;
+    // The containers push() remembers having added (a bound: past it they are forgotten
+    // and added again, which Redis ignores).
+    static constexpr std::size_t kMaxContainersRecorded = 1u << 16;
     PullSummary pull_entries(core::Store& store, const std::vector<std::string>& entries,
                              const PullProgress& progress = {});
     // job_entries() then pull_entries(): an error only when the job's set cannot be read.
@@ -298,6 +312,10 @@ class Remote {
     // Plain servers: fixed once create() returns. A cluster appends the nodes it
     // discovers under m_cluster's mutex (never removes one: a Server& stays valid).
     std::vector<std::unique_ptr<Server>> m_servers;
+    // push(): adds the containers of `entry` that this Remote has not added yet.
+    Status record_containers(std::string_view entry);
+    Mutex m_containers_mutex;
+    std::unordered_set<std::string> m_containers_recorded GUARDED_BY(m_containers_mutex);
     std::unique_ptr<Cluster> m_cluster;  // null for plain servers
     AtomicCounts m_counts;               // Server operations count errors, timeouts and bytes here
 };
