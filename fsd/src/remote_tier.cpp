@@ -239,18 +239,20 @@ void RemoteTier::sync_containers() {
                 set.insert(std::move(p));
             }
             if (paths->size() > kMaxContainers && may_warn())
-                log::warning("remote: {} containers in the shared tier; {} kept (the rest are "
-                             "not read through)",
-                             paths->size(), kMaxContainers);
+                log::warning(
+                    "remote: {} containers in the shared tier; {} kept (the rest are "
+                    "not read through)",
+                    paths->size(), kMaxContainers);
             m_containers_count = *count;
             MutexLock lock(m_containers_mutex);
             m_containers.swap(set);
         }
     }
     if (failed && may_warn())
-        log::warning("remote: reading the containers: {} (tried again every second; further "
-                     "failures are counted, not logged, for 10 s)",
-                     failed->message);
+        log::warning(
+            "remote: reading the containers: {} (tried again every second; further "
+            "failures are counted, not logged, for 10 s)",
+            failed->message);
     std::vector<std::function<void()>> waiters;
     {
         MutexLock lock(m_containers_mutex);

@@ -646,16 +646,24 @@ TEST_CASE(
     MountedCache a(with_remote(redis));
     // One file per entry, in each compiler's layout (core/layout.hpp); the entries sit
     // below containers a new node has never made.
-    const std::string fx = "inductor/fxgraph/ch/fchx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt";
-    const std::string aot = "inductor/aotautograd/akq6c5yxsqz2hhm4rmq4t6mrj4ocbxgfb3l2mbnjw3rr6cbamu7c";
+    const std::string fx =
+        "inductor/fxgraph/ch/fchx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt";
+    const std::string aot =
+        "inductor/aotautograd/akq6c5yxsqz2hhm4rmq4t6mrj4ocbxgfb3l2mbnjw3rr6cbamu7c";
     const std::map<std::string, std::string> files = {
-        {fx + "/pmdoqmjylzn4aq2lo5ocb5yvfvwq3jn3fvaaqkzbayjqe7pt4nrs", test::random_bytes(std::size_t{40'000}, std::uint64_t{1})},
+        {fx + "/pmdoqmjylzn4aq2lo5ocb5yvfvwq3jn3fvaaqkzbayjqe7pt4nrs",
+         test::random_bytes(std::size_t{40'000}, std::uint64_t{1})},
         {aot + "/entry", test::random_bytes(std::size_t{9'000}, std::uint64_t{2})},
-        {"inductor/ba/cbaz3x4npv5ruvmgsbzzoirfpfvqafwrmkzwlr4o7ymh3ykn5q4l.py", "def call(): pass\n"},
-        {"inductor/triton/0/" + kKey1 + "/add_kernel.cubin", test::random_bytes(std::size_t{20'000}, std::uint64_t{3})},
-        {"ccache/4/a/ff1c8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cM", test::random_bytes(std::size_t{3'000}, std::uint64_t{4})},
-        {"ccache/4/a/ff1c8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cR", test::random_bytes(std::size_t{30'000}, std::uint64_t{5})},
-        {"jax/jit_f-4c1f7a3e9b2d5c8a0e6f1b4d7a2c9e5f3b8d1a6c4e7f2b9d-cache", test::random_bytes(std::size_t{7'000}, std::uint64_t{6})},
+        {"inductor/ba/cbaz3x4npv5ruvmgsbzzoirfpfvqafwrmkzwlr4o7ymh3ykn5q4l.py",
+         "def call(): pass\n"},
+        {"inductor/triton/0/" + kKey1 + "/add_kernel.cubin",
+         test::random_bytes(std::size_t{20'000}, std::uint64_t{3})},
+        {"ccache/4/a/ff1c8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cM",
+         test::random_bytes(std::size_t{3'000}, std::uint64_t{4})},
+        {"ccache/4/a/ff1c8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cR",
+         test::random_bytes(std::size_t{30'000}, std::uint64_t{5})},
+        {"jax/jit_f-4c1f7a3e9b2d5c8a0e6f1b4d7a2c9e5f3b8d1a6c4e7f2b9d-cache",
+         test::random_bytes(std::size_t{7'000}, std::uint64_t{6})},
     };
     for (const auto& [path, content] : files) publish(a, path, content);
     wait_uploads(a, files.size());
@@ -694,8 +702,14 @@ TEST_CASE(
     // Below a container Redis holds nothing under, a lookup is a miss that asks Redis
     // nothing and makes nothing.
     const auto misses = stat_of(b, "remote_misses");
-    REQUIRE_FAILS_WITH(::access(b.p("inductor/fxgraph/zz/fzzq2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt").c_str(), F_OK), ENOENT);
-    REQUIRE_FAILS_WITH(::access(b.p("ccache/0/0/00aa8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cM").c_str(), F_OK), ENOENT);
+    REQUIRE_FAILS_WITH(
+        ::access(
+            b.p("inductor/fxgraph/zz/fzzq2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt").c_str(),
+            F_OK),
+        ENOENT);
+    REQUIRE_FAILS_WITH(
+        ::access(b.p("ccache/0/0/00aa8b4d2e9a7c3b5f60d1e2a4b8c7d9e0f1a2b3cM").c_str(), F_OK),
+        ENOENT);
     CHECK_FALSE(exists(b, "inductor/fxgraph/zz"));
     CHECK_FALSE(exists(b, "ccache/0"));
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past a statistics flush
@@ -705,13 +719,15 @@ TEST_CASE(
 
     // A container that appears in Redis while B runs is found soon after (the
     // containers are read again about every second; B's negative answer lasts 1 s).
-    const std::string late = "inductor/fxgraph/qq/fqqx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt/x";
+    const std::string late =
+        "inductor/fxgraph/qq/fqqx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt/x";
     REQUIRE_FAILS_WITH(::access(b.p(late).c_str(), F_OK), ENOENT);
     publish(a, late, "late");
     wait_uploads(a, files.size() + 1);
     {
         INFO(b.daemon_stderr());
-        REQUIRE(test::wait_until([&] { return test::read_all(b.p(late)) == std::string("late"); }, 30));
+        REQUIRE(
+            test::wait_until([&] { return test::read_all(b.p(late)) == std::string("late"); }, 30));
     }
 
     const auto verify = test::run_cli({"--db", b.db().string(), "verify"});
