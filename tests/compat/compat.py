@@ -6,8 +6,8 @@ in the same run, so a failure says whether kcache or the client is at fault.
     compat.py --fsd build/fsd/kcache-fsd --kcache build/cli/kcache \
               [--loader build/loader/libkcache_loader.so] [--python .venv/bin/python] SCENARIO
 
-SCENARIO: triton, inductor, jax, ccache, loader, wave, cutedsl, shared, remote, misses (see the
-functions scenario_*).
+SCENARIO: triton, inductor, jax, ccache, loader, wave, cutedsl, shared, remote, fleet,
+misses (see the functions scenario_*).
 Exit 0: every check passed; 1: a check failed (each failure is printed with where it
 happened: "plain" or "mount"); 77: skipped (no /dev/fuse, no fusermount3, no venv or
 no compiler), with the reason.
@@ -101,12 +101,26 @@ def log(msg):
 
 def run(argv, env=None, cwd=None, timeout=300, check=True):
     start = time.perf_counter()
+    argv = [str(a) for a in argv]
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        r = subprocess.run([str(a) for a in argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=timeout,
-                           start_new_session=True)
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"{argv[:3]} ran past {timeout}s; stderr: {e.stderr}") from None
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # The whole session: a compiler's own children (Triton's ptxas, Inductor's g++,
+        # a stuck FUSE read) hold the output pipes open after the child alone is killed,
+        # and reading them to the end would wait forever.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            err = "(unread: its output stayed open after its session was killed)"
+        raise RuntimeError(f"{argv[:3]} ran past {timeout}s; stderr: {err[-3000:]}") from None
+    r = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     r.seconds = time.perf_counter() - start
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv))} exited {r.returncode}\n"
@@ -1220,6 +1234,364 @@ def _scenario_remote(cfg, redis):
             (n, 0, 0), "node B after unmount: (remote_hits, remote_uploads, remote_corrupt)")
 
 
+# ---- a fleet: every compiler through the shared tier -----------------------------------
+
+class RedisCluster:
+    """A Redis Cluster of this scenario's own on loopback: 3 masters and 3 replicas
+    (redis-server in cluster mode on free ports, joined by `redis-cli --cluster create`,
+    as tests/remote/cluster_fixture.cpp starts one), no persistence, dead with the
+    driver."""
+
+    def __init__(self, directory):
+        server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if not server or not cli:
+            raise Skip("redis-server or redis-cli is not installed "
+                       "(scripts/setup.sh installs them)")
+        self.cli = cli
+        self.dir = Path(directory)
+        self.procs = {}
+        import socket as _socket
+
+        def free(port):
+            with _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                    return True
+                except OSError:
+                    return False
+
+        # Six ports whose cluster bus ports (+10000) are free too, from a random start.
+        self.ports = []
+        port = random.Random(os.getpid() ^ int(time.time())).randrange(20000, 40000)
+        while len(self.ports) < 6 and port < 45000:
+            if free(port) and free(port + 10000):
+                self.ports.append(port)
+            port += 1
+        if len(self.ports) < 6:
+            raise RuntimeError("no six free loopback ports for a Redis Cluster")
+        try:
+            for p in self.ports:
+                d = self.dir / str(p)
+                d.mkdir(parents=True)
+                self.procs[p] = subprocess.Popen(
+                    [server, "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                     "--cluster-config-file", str(d / "nodes.conf"), "--cluster-node-timeout",
+                     "1000", "--save", "", "--appendonly", "no", "--dir", str(d),
+                     "--logfile", str(d / "redis.log"), "--daemonize", "no"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT, preexec_fn=_pdeathsig)
+            deadline = time.time() + 15
+            for p in self.ports:
+                while self.command(p, "PING") != "PONG":
+                    if self.procs[p].poll() is not None or time.time() > deadline:
+                        raise RuntimeError(f"redis-server :{p} did not start: {self.log()}")
+                    time.sleep(0.05)
+            run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                 "--cluster-replicas", "1", "--cluster-yes"], timeout=60)
+            deadline = time.time() + 30
+            while not all("cluster_state:ok" in self.command(p, "CLUSTER", "INFO")
+                          for p in self.ports):
+                if time.time() > deadline:
+                    raise RuntimeError(f"the cluster did not settle: {self.log()}")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+
+    def url(self):
+        return f"redis-cluster://127.0.0.1:{self.ports[0]}"
+
+    def command(self, port, *args):
+        r = subprocess.run([self.cli, "-h", "127.0.0.1", "-p", str(port), *args],
+                           capture_output=True, text=True, timeout=10,
+                           stdin=subprocess.DEVNULL)
+        return r.stdout.strip()
+
+    def keys(self):
+        """Every key of the masters (replicas hold copies)."""
+        out = []
+        for p in self.ports:
+            if "role:master" in self.command(p, "INFO", "replication"):
+                out += self.command(p, "--scan").split()
+        return out
+
+    def log(self):
+        logs = [(p, self.dir / str(p) / "redis.log") for p in self.ports]
+        return "\n".join(f"--- node {p}\n" + f.read_text(errors="replace")[-1500:]
+                         for p, f in logs if f.exists())
+
+    def stop(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs.values():
+            proc.wait()
+
+
+FLEET_COMPILERS = ("triton", "inductor", "jax", "ccache")
+# The Redis Cluster pass repeats all of them: Inductor's compiles are most of a pass's
+# time (about 50 s of its 2 minutes on 2 cores, twice that while B misses), the others
+# add about 15 s, and their entries spread over the cluster's slots too.
+FLEET_CLUSTER_COMPILERS = FLEET_COMPILERS
+FLEET_JAX_FUNCTIONS = 6
+
+
+def wait_remote_counts(daemon, before, want_hits, timeout=15.0):
+    """The daemon adds its remote_* counters to the db every second: waits until
+    remote_hits grew by `want_hits` (bounded), then one more second for the rest; returns
+    the settled statistics."""
+    deadline = time.time() + timeout
+    while daemon._raw_stats().get("remote_hits", 0) - before.get("remote_hits", 0) < want_hits \
+            and time.time() < deadline:
+        time.sleep(0.3)
+    time.sleep(1.2)
+    return daemon.settle()
+
+
+def fleet_ccache_build(project, env):
+    """A's or B's build of the ccache project: (ccache's statistics, the objects, the
+    program's output, seconds); the objects are removed after, as a clean checkout."""
+    start = time.perf_counter()
+    run(["ccache", "-z"], env=env, cwd=project)
+    for s in ("a", "b", "c"):
+        run(["ccache", "gcc", "-O2", "-c", f"{s}.c", "-o", f"{s}.o"], env=env, cwd=project)
+    run(["gcc", "-o", "prog", "a.o", "b.o", "c.o"], env=env, cwd=project)
+    output = run(["./prog"], cwd=project).stdout
+    seconds = time.perf_counter() - start
+    stats = ccache_stats(env, project)
+    objects = {s: (project / f"{s}.o").read_bytes() for s in ("a", "b", "c")}
+    for name in ("a.o", "b.o", "c.o", "prog"):
+        (project / name).unlink()
+    return stats, objects, output, seconds
+
+
+def fleet_compile(cfg, compiler, mnt, project, ccache_env):
+    """One run of `compiler` with its cache directory under `mnt`: (its report, seconds)."""
+    if compiler == "triton":
+        r = worker(cfg, "triton_worker.py", [], {"TRITON_CACHE_DIR": str(mnt / "triton")},
+                   timeout=300)
+    elif compiler == "inductor":
+        r = worker(cfg, "inductor_worker.py", [],
+                   {"TORCHINDUCTOR_CACHE_DIR": str(mnt / "inductor")}, timeout=300)
+    elif compiler == "jax":
+        r = worker(cfg, "jax_worker.py", ["--cache-dir", mnt / "jax", "--count",
+                                          str(FLEET_JAX_FUNCTIONS)], timeout=300)
+    else:
+        stats, objects, output, seconds = fleet_ccache_build(project, ccache_env)
+        return {"stats": stats, "objects": objects, "output": output}, seconds
+    return r, r["wall_seconds"]
+
+
+def fleet_judge_cold(compiler, r):
+    """Node A: the compiler compiled everything (its own counters)."""
+    if compiler == "triton":
+        C.check(len(r["kernels"]) >= 20 and all(k["stages"] for k in r["kernels"]),
+                "triton on A: at least 20 kernels, every one compiled",
+                str([(k["label"], k["stages"]) for k in r["kernels"]]))
+    elif compiler == "inductor":
+        C.check(r["fxgraph_cache_miss"] >= 4 and r["fxgraph_cache_hit"] == 0,
+                "inductor on A: at least 4 FX graphs compiled, none from a cache",
+                str(r["counters"]))
+        C.check(all(r["allclose"].values()), "inductor on A: compiled == eager",
+                str(r["allclose"]))
+    elif compiler == "jax":
+        C.equal((r["misses"], r["hits"], r["errors"]), (r["requests"], 0, []),
+                "jax on A: (misses, hits, errors): every function compiled")
+    else:
+        C.equal((r["stats"].get("cache_miss"), r["output"]), (3, "19\n"),
+                "ccache on A: (misses, program output)")
+
+
+def fleet_judge_warm(compiler, r, cold):
+    """Node B's first run: every compile a hit of the compiler's own cache (its own
+    counters), with the same results as A's. Returns the figure logged for it."""
+    if compiler == "triton":
+        compiled = [k["label"] for k in r["kernels"] if k["stages"]]
+        C.equal(compiled, [], "triton on B: kernels that ran a compile stage (all must be "
+                "Triton cache hits)")
+        C.equal([k["hash"] for k in r["kernels"]], [k["hash"] for k in cold["kernels"]],
+                "triton on B: same kernel hashes as A's")
+        return f"{len(r['kernels']) - len(compiled)} of {len(r['kernels'])} kernels from the cache"
+    if compiler == "inductor":
+        graphs = cold["fxgraph_cache_miss"]
+        C.equal((r["fxgraph_cache_hit"], r["fxgraph_cache_miss"]), (graphs, 0),
+                "inductor on B: FX graph cache (hits, misses)")
+        aot_a = cold["counters"].get("aot_autograd", {})
+        aot_b = r["counters"].get("aot_autograd", {})
+        saved = aot_a.get("autograd_cache_saved", 0)
+        C.equal((aot_b.get("autograd_cache_hit", 0), aot_b.get("autograd_cache_miss", 0)),
+                (saved, 0),
+                f"inductor on B: AOT autograd cache (hits, misses) ({saved} saved on A)")
+        C.equal(r["outputs"], cold["outputs"], "inductor on B: the same outputs as A's")
+        return (f"fxgraph hits {r['fxgraph_cache_hit']}/{graphs}, AOT autograd hits "
+                f"{aot_b.get('autograd_cache_hit', 0)}/{saved}")
+    if compiler == "jax":
+        C.equal((r["hits"], r["misses"], r["errors"]), (r["requests"], 0, []),
+                "jax on B: (hits, misses, errors): every function from JAX's cache")
+        C.equal(r["results"], cold["results"], "jax on B: the same results as A's")
+        return f"cache hits {r['hits']}/{r['requests']}"
+    st = r["stats"]
+    C.equal((st.get("direct_cache_hit"), st.get("cache_miss")), (3, 0),
+            "ccache on B: (direct hits, misses) from ccache --print-stats")
+    C.equal((r["objects"], r["output"]), (cold["objects"], "19\n"),
+            "ccache on B: the same objects as A's, the same program output")
+    return f"direct hits {st.get('direct_cache_hit')}/3"
+
+
+def check_no_restart(daemon, what):
+    """The keeper restarts a serving daemon that died: its log says so."""
+    try:
+        text = daemon.log_path.read_text(errors="replace")
+    except OSError:
+        text = ""
+    died = [line for line in text.splitlines()
+            if "keeper: the serving daemon" in line and "starting another" in line]
+    C.equal(len(died), 0, f"{what}: the serving daemon never died (keeper restarts)")
+    if died:
+        log(f"{what}: first restart: {died[0]}")
+
+
+def fleet_why(daemon, entry):
+    """What `kcache why` says of an entry B pulled from the shared tier: (exit code, text)."""
+    r = run([daemon.cfg.kcache, "--db", daemon.db, "why", entry], check=False)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
+def scenario_fleet(cfg):
+    """A fleet of two nodes: every compiler of the compat suite through the shared tier.
+    Two daemons with separate dbs, the same mount point (A stopped before B starts), first
+    on one redis-server, then on a Redis Cluster (3 masters + 3 replicas). Node A compiles
+    Triton kernels, Inductor models (FX graphs, AOT autograd, modules), JAX functions and
+    a ccache project, and uploads every entry by write-behind. Node B's first run of each
+    compiler hits every entry A made, as the compiler's own counters say (Triton: no
+    compile stage; Inductor: fxgraph and AOT autograd hits; JAX: cache hits; ccache:
+    direct hits), each entry read through: B's remote_hits grow by A's entries of that
+    compiler, B holds the same entries, uploads nothing back, kcache verify finds B's db
+    clean, and `kcache why` on B says a pulled entry came from the shared tier (not a
+    miss). Logged per compiler: A's entries, B's remote hits/misses, wall times."""
+    compilers = list(FLEET_COMPILERS)
+    if not shutil.which("ccache") or not shutil.which("gcc"):
+        log("ccache or gcc is not installed: the fleet runs without ccache")
+        compilers.remove("ccache")
+    redis = RedisServer(Path(cfg.tmp) / "redis")
+    try:
+        fleet_pass(cfg, "redis", redis.url(), compilers)
+    finally:
+        redis.stop()
+    if not shutil.which("redis-cli"):
+        log("redis-cli is not installed: no Redis Cluster pass")
+        return
+    cluster = RedisCluster(Path(cfg.tmp) / "cluster")
+    try:
+        fleet_pass(cfg, "cluster", cluster.url(),
+                   [c for c in compilers if c in FLEET_CLUSTER_COMPILERS])
+    finally:
+        cluster.stop()
+
+
+def fleet_pass(cfg, label, url, compilers):
+    root = Path(cfg.tmp) / f"fleet-{label}"
+    remote_args = ["--remote", url, "--remote-namespace", f"fleet-{label}"]
+    a = Daemon(cfg, root / "nodeA", remote_args)
+    b = Daemon(cfg, root / "nodeB", remote_args)
+    b.mnt = a.mnt  # the same mount point on every node (Triton's group files, ccache's paths)
+    mnt = a.mnt
+    project, ccache_env = ccache_project(root / "project", mnt / "ccache")
+    prefix = {c: f"{c}/" for c in compilers}
+    fig = {c: {} for c in compilers}
+    pass_start = time.perf_counter()
+
+    C.where = f"{label} node A"
+    a.start()
+    cold = {}
+    for c in compilers:
+        cold[c], fig[c]["a_seconds"] = fleet_compile(cfg, c, mnt, project, ccache_env)
+        fleet_judge_cold(c, cold[c])
+    ls_a = a.ls()
+    entries_a = {c: sorted(entries_under(ls_a, prefix[c])) for c in compilers}
+    for c in compilers:
+        fig[c]["a_entries"] = len(entries_a[c])
+        C.check(entries_a[c], f"node A: kcache ls: {c} entries",
+                str(sorted(e["name"] for e in ls_a)))
+        log(f"[{label} A] {c}: {len(entries_a[c])} entries in {fig[c]['a_seconds']:.1f}s")
+    total = sum(len(v) for v in entries_a.values())
+    C.equal(len(ls_a), total, "node A: every entry belongs to one of the compilers")
+    # Write-behind: each entry settles, then goes up (Triton's unmarked ones after 30 s).
+    waited = time.perf_counter()
+    deadline = time.time() + 90
+    while a._raw_stats().get("remote_uploads", 0) < total and time.time() < deadline:
+        time.sleep(0.5)
+    s = a.settle()
+    log(f"[{label} A] uploads: {s.get('remote_uploads', 0)} of {total} entries "
+        f"({s.get('remote_bytes_up', 0)} bytes up), {time.perf_counter() - waited:.1f}s after "
+        "the last compile")
+    C.equal(s.get("remote_uploads", 0), total, "node A: every entry uploaded by write-behind")
+    for key in ("remote_upload_dropped", "remote_errors", "remote_timeouts"):
+        C.equal(s.get(key, 0), 0, f"node A: {key}")
+    C.equal(a.stop(), 0, "node A: the daemon exits 0 at unmount")
+    check_no_restart(a, "node A")
+
+    C.where = f"{label} node B"
+    b.start()
+    C.equal(b.ls(), [], "node B: the db starts empty")
+    before = b.settle()
+    for c in compilers:
+        warm, fig[c]["b_seconds"] = fleet_compile(cfg, c, mnt, project, ccache_env)
+        fig[c]["b_compiler"] = fleet_judge_warm(c, warm, cold[c])
+        s = wait_remote_counts(b, before, len(entries_a[c]))
+        fig[c]["b_remote_hits"] = s.get("remote_hits", 0) - before.get("remote_hits", 0)
+        fig[c]["b_remote_misses"] = s.get("remote_misses", 0) - before.get("remote_misses", 0)
+        fig[c]["b_misses"] = s.get("misses", 0) - before.get("misses", 0)
+        fig[c]["b_hits"] = s.get("hits", 0) - before.get("hits", 0)
+        got = sorted(entries_under(b.ls(), prefix[c]))
+        C.equal(got, entries_a[c], f"{c} on B: kcache ls: the entries A made, no other")
+        C.equal(fig[c]["b_remote_hits"], len(entries_a[c]),
+                f"{c} on B: remote hits (one read-through per entry A made)")
+        C.equal(fig[c]["b_misses"], 0, f"{c} on B: kcache misses (B compiled nothing; an entry "
+                "pulled from the shared tier is no miss)")
+        fleet_hits = s.get("hits_fleet", 0) - before.get("hits_fleet", 0)
+        log(f"[{label} B] {c}: {fig[c]['b_compiler']}; remote hits {fig[c]['b_remote_hits']}, "
+            f"remote misses {fig[c]['b_remote_misses']}, kcache misses {fig[c]['b_misses']}, "
+            f"kcache hits {fig[c]['b_hits']} (of the fleet's {fleet_hits}), "
+            f"{fig[c]['b_seconds']:.1f}s (A: {fig[c]['a_seconds']:.1f}s)")
+        before = s
+    for key in ("remote_errors", "remote_timeouts", "remote_corrupt", "remote_dangling"):
+        C.equal(s.get(key, 0), 0, f"node B: {key}")
+    time.sleep(2.5)  # past the settle time: pulled entries are not uploaded back
+    s = b.settle()
+    C.equal(s.get("remote_uploads", 0), 0, "node B: entries uploaded (B compiled nothing)")
+    r = run([cfg.kcache, "--db", b.db, "verify"], check=False)
+    C.check(r.returncode == 0, "node B: kcache verify finds the db clean", r.stdout + r.stderr)
+    ls_b = {e["name"] for e in b.ls()}
+    for c in compilers:
+        pulled = [n for n in entries_a[c] if n in ls_b]
+        if not pulled:
+            continue
+        code, text = fleet_why(b, pulled[0])
+        lines = text.splitlines()
+        log(f"[{label} B] kcache why {pulled[0]} (exit {code}):\n    " + "\n    ".join(
+            lines[:6] + ([f"... ({len(lines) - 6} more lines)"] if len(lines) > 6 else [])))
+        # A pulled entry is no miss of B's: a cause of a miss (even a changed key compared
+        # with a member in the shared tier) is the wrong answer.
+        cause = next((line for line in lines if line.startswith("cause")), "")
+        C.check(code == 0 and re.search(r"shared tier|fleet|remote", text, re.I) and not
+                re.match(r"cause\s+(first|capacity|changed key|unstable key)", cause),
+                f"{c} on B: kcache why <entry read through> says it came from the shared tier",
+                f"exit {code}: {cause or text[-600:]}")
+    C.equal(b.stop(), 0, "node B: the daemon exits 0 at unmount")
+    check_no_restart(b, "node B")
+
+    log(f"[{label}] {'compiler':9} {'A entries':>9} {'A s':>6} {'B remote hits':>13} "
+        f"{'B remote misses':>15} {'B kcache misses':>15} {'B s':>6}  B's compiler")
+    for c in compilers:
+        f = fig[c]
+        log(f"[{label}] {c:9} {f['a_entries']:>9} {f['a_seconds']:>6.1f} "
+            f"{f.get('b_remote_hits', '-'):>13} {f.get('b_remote_misses', '-'):>15} "
+            f"{f.get('b_misses', '-'):>15} {f.get('b_seconds', 0):>6.1f}  "
+            f"{f.get('b_compiler', '-')}")
+    log(f"[{label}] pass: {time.perf_counter() - pass_start:.1f}s")
+
+
 # ---- misses explained ------------------------------------------------------------------
 
 def wait_classified(daemon, n, timeout=30.0):
@@ -1360,6 +1732,7 @@ SCENARIOS = {
     "cutedsl": (scenario_cutedsl, ["cutlass"]),
     "shared": (scenario_shared, ["triton", "jax", "jaxlib"]),
     "remote": (scenario_remote, ["triton"]),
+    "fleet": (scenario_fleet, ["triton", "torch", "jax", "jaxlib"]),
     "misses": (scenario_misses, ["triton", "jax", "jaxlib"]),
 }
 
