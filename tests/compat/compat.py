@@ -1382,6 +1382,12 @@ def fleet_compile(cfg, compiler, mnt, project, ccache_env):
     return r, r["wall_seconds"]
 
 
+def so_builds(report):
+    """The .so files Inductor built (every process also preprocesses its header: header.i,
+    warm or cold)."""
+    return [t for t in report["cpp_builds"] if t.endswith(".so")]
+
+
 def fleet_judge_cold(compiler, r):
     """Node A: the compiler compiled everything (its own counters)."""
     if compiler == "triton":
@@ -1394,6 +1400,7 @@ def fleet_judge_cold(compiler, r):
                 str(r["counters"]))
         C.check(all(r["allclose"].values()), "inductor on A: compiled == eager",
                 str(r["allclose"]))
+        C.check(so_builds(r), "inductor on A: C++ builds of .so files ran (kernels, wrappers)")
     elif compiler == "jax":
         C.equal((r["misses"], r["hits"], r["errors"]), (r["requests"], 0, []),
                 "jax on A: (misses, hits, errors): every function compiled")
@@ -1422,9 +1429,14 @@ def fleet_judge_warm(compiler, r, cold):
         C.equal((aot_b.get("autograd_cache_hit", 0), aot_b.get("autograd_cache_miss", 0)),
                 (saved, 0),
                 f"inductor on B: AOT autograd cache (hits, misses) ({saved} saved on A)")
+        # An FX graph hit loads its modules' .so files from the cache; one missing there
+        # is built again by g++, a compile the counters above do not show.
+        C.equal(so_builds(r), [], f"inductor on B: .so files built by g++ ({len(so_builds(cold))} "
+                "on A): every one must come from the cache")
         C.equal(r["outputs"], cold["outputs"], "inductor on B: the same outputs as A's")
         return (f"fxgraph hits {r['fxgraph_cache_hit']}/{graphs}, AOT autograd hits "
-                f"{aot_b.get('autograd_cache_hit', 0)}/{saved}")
+                f"{aot_b.get('autograd_cache_hit', 0)}/{saved}, .so built "
+                f"{len(so_builds(r))} (A: {len(so_builds(cold))})")
     if compiler == "jax":
         C.equal((r["hits"], r["misses"], r["errors"]), (r["requests"], 0, []),
                 "jax on B: (hits, misses, errors): every function from JAX's cache")

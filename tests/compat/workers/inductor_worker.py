@@ -1,7 +1,8 @@
 """torch.compile (Inductor, CPU) of a few small models with TORCHINDUCTOR_CACHE_DIR
 taken from the environment; writes a JSON report: Inductor's cache counters (FX graph
-cache hits/misses, AOTAutograd cache), the number of graphs compiled, and the outputs
-(compared by the driver between runs and against eager here).
+cache hits/misses, AOTAutograd cache), the number of graphs compiled, the C++ builds
+that ran (g++: a kernel or wrapper .so that was not in the cache, even on an FX graph
+hit), and the outputs (compared by the driver between runs and against eager here).
 
     python inductor_worker.py --out RESULT.json
 """
@@ -19,6 +20,19 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
+from torch._inductor import cpp_builder  # noqa: E402
+
+CPP_BUILDS = []  # the targets of every C++ build run, in order
+
+_original_build = cpp_builder.CppBuilder.build
+
+
+def _counting_build(self):
+    CPP_BUILDS.append(os.path.basename(self.get_target_file_path()))
+    return _original_build(self)
+
+
+cpp_builder.CppBuilder.build = _counting_build
 
 
 class Mlp(torch.nn.Module):
@@ -87,6 +101,7 @@ def main():
     report["fxgraph_cache_miss"] = inductor.get("fxgraph_cache_miss", 0)
     report["fxgraph_cache_bypass"] = inductor.get("fxgraph_cache_bypass", 0)
     report["unique_graphs"] = counters["stats"].get("unique_graphs", 0)
+    report["cpp_builds"] = CPP_BUILDS
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     return 0
