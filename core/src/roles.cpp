@@ -46,8 +46,12 @@ std::string_view file_kind(std::string_view name) {
     return "other";
 }
 
-bool completes_entry(std::string_view name) {
-    return file_kind(name) == "group";
+void Completion::add(std::string_view name) {
+    if (file_kind(name) == "group") marked = true;
+    m_cpp = m_cpp || name.ends_with(".cpp");
+    m_so = m_so || name.ends_with(".so");
+    expects_mark = expects_mark || m_cpp || producer_of(name) == Producer::triton;
+    marked = marked || (m_cpp && m_so);
 }
 
 Producer producer_of(std::string_view name) {

@@ -37,9 +37,9 @@
 //  - Write-behind: entries changed in the db (populated, a stem member, imported,
 //    renamed: the events log, whoever wrote them) are uploaded once settled (no write
 //    lease, no change for kSettle, kSettleLeased for an entry whose compile lease this
-//    node holds; an entry of a compiler that marks its entries complete, Triton, waits
-//    for the mark (core::completes_entry) up to kSettleUnmarked, and goes at once once
-//    marked if leased), from a queue of at most kMaxQueued entries; more
+//    node holds; an entry whose compiler writes a last file, Triton's group file or
+//    the .so of Inductor's C++ kernel, waits for it (core::Completion) up to
+//    kSettleUnmarked, and goes at once once marked if leased), from a queue of at most kMaxQueued entries; more
 //    are dropped and counted (remote_upload_dropped). Entries this tier pulled are not
 //    uploaded back. An upload that fails is tried again a few times, further apart
 //    each time (kMaxUploadTries), then left to `kcache remote push`. Nothing is
@@ -108,8 +108,8 @@ class RemoteTier {
     // An entry this node holds the compile lease of settles sooner: other nodes wait for
     // it. Its files must come less than this apart (a compiler's burst of writes after
     // its compile; a file held open for writing keeps it unsettled however long).
-    // A compiler that marks its entries complete (core::completes_entry: Triton's group
-    // file, written last) is waited for instead: a leased entry goes once marked, an
+    // A compiler that marks its entries complete (core::Completion: Triton's group file,
+    // the .so g++ builds from Inductor's .cpp) is waited for instead: a leased entry goes once marked, an
     // unmarked one of that compiler after kSettleUnmarked without change.
     static constexpr auto kSettleLeased = std::chrono::milliseconds(300);
     static constexpr auto kSettleUnmarked = std::chrono::seconds(30);
@@ -206,8 +206,8 @@ class RemoteTier {
         std::uint64_t files = 0, bytes = 0;
         std::int64_t last_access_ns = 0;
         Clock::time_point since;
-        // What its files' names said at its last change: it holds the file its compiler
-        // writes last (core::completes_entry); its compiler writes such a file (Triton).
+        // What its files' names said at its last change (core::Completion): it holds the
+        // file its compiler writes last; its compiler writes such a file.
         bool marked = false, markable = false;
         unsigned failures = 0;           // uploads of it that failed so far
         Clock::time_point not_before{};  // after a failure: the next try

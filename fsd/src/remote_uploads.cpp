@@ -3,6 +3,7 @@
 // once it has settled, retrying a failed upload a few times.
 #include <cerrno>
 
+#include "kcache/core/entry_files.hpp"
 #include "kcache/core/roles.hpp"
 #include "log.hpp"
 #include "remote_tier.hpp"
@@ -73,12 +74,13 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
             p.bytes = entry->bytes;
             p.last_access_ns = entry->last_access_ns;
             p.since = now;
-            p.marked = p.markable = false;
-            (void)txn->readdir(it->first, "", [&](const core::DirEntry& d) {
-                p.marked = p.marked || core::completes_entry(d.name);
-                p.markable = p.markable || core::producer_of(d.name) == core::Producer::triton;
-                return true;
-            });
+            core::Completion completion;
+            if (auto files = core::entry_files(*txn, *entry)) {
+                for (const core::EntryFile& f : *files)
+                    completion.add(f.path.substr(f.path.rfind('/') + 1));
+            }
+            p.marked = completion.marked;
+            p.markable = completion.expects_mark;
             ++it;
             continue;
         }

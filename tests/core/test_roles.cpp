@@ -53,11 +53,23 @@ TEST_CASE("roles: Triton group files are not signatures", "[roles]") {
 }
 
 TEST_CASE("roles: Triton's group file, written last, completes its entry", "[roles]") {
-    CHECK(core::completes_entry("__grp__add_kernel.json"));
+    auto completion = [](std::initializer_list<const char*> names) {
+        core::Completion c;
+        for (const char* n : names) c.add(n);
+        return std::pair{c.expects_mark, c.marked};
+    };
+    CHECK(completion({"add_kernel.ttir", "add_kernel.cubin"}) == std::pair{true, false});
+    CHECK(completion({"add_kernel.cubin", "__grp__add_kernel.json"}) == std::pair{true, true});
     for (const char* name : {"add_kernel.json", "add_kernel.cubin", "grp.json", "", "__grp_"}) {
         INFO("'" << name << "'");
-        CHECK_FALSE(core::completes_entry(name));
+        CHECK_FALSE(completion({name}).second);
     }
+    // Inductor's C++ kernel: its .cpp, then the .so g++ builds from it, seconds later.
+    CHECK(completion({"cxyz.cpp"}) == std::pair{true, false});
+    CHECK(completion({"cxyz.so", "cxyz.cpp"}) == std::pair{true, true});
+    // Entries of one file, or a .py module, expect nothing.
+    CHECK(completion({"cxyz.py"}) == std::pair{false, false});
+    CHECK(completion({"cuda_utils.so"}) == std::pair{false, false});
 }
 
 TEST_CASE("roles: anything else is other", "[roles]") {

@@ -734,3 +734,24 @@ TEST_CASE(
     INFO(verify.out << verify.err);
     CHECK(verify.exit_code == 0);
 }
+
+TEST_CASE(
+    "fsd remote: an Inductor C++ kernel is uploaded once g++ wrote its .so, however long after "
+    "its .cpp",
+    "[remote][fsd]") {
+    RedisServer redis;
+    MountedCache a(with_remote(redis));
+    const std::string stem = "inductor/xq/cxqzl4w7rq2u5c5gqk3zj7bd6m2yqg3jv7x4u6h2xw5b3i2n5b4c";
+    const std::string cpp = "extern \"C\" void kernel(const float* in, float* out) {}\n";
+    const std::string so = test::random_bytes(std::size_t{50'000}, std::uint64_t{77});
+    publish(a, stem + ".cpp", cpp);
+    // g++ takes longer than the settle time (1 s without a change) on a real kernel.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    CHECK(stat_of(a, "remote_uploads") == 0);  // waited for: a .cpp without its .so
+    publish(a, stem + ".so", so);
+    wait_uploads(a, 1);
+
+    MountedCache b(with_remote(redis));
+    CHECK(test::read_all(b.p(stem + ".cpp")) == cpp);
+    CHECK(test::read_all(b.p(stem + ".so")) == so);  // in the one upload Redis keeps
+}
