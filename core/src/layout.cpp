@@ -112,6 +112,8 @@ bool is_bookkeeping_name(std::string_view name) {
     if (name.starts_with("tmp")) return true;  // Python's tempfile, CuTe DSL's temp dirs
     if (name.starts_with("_temp_"))
         return true;  // JAX's GFileCache: _temp_<key> renamed into place
+    // Inductor's cpp_builder: g++ runs in <stem>_CxxBuild, removed once the .so is built.
+    if (name.ends_with("_CxxBuild")) return true;
     if (name.ends_with(".lock") || name.ends_with(".lck") || name.ends_with(".lockfile"))
         return true;
     // SQLite's rollback journal, write-ahead log and shared-memory index: made and

@@ -105,7 +105,8 @@ TEST_CASE("layout: names classify as each compiler lays its cache out", "[layout
          {".lockfile", "locks", "lock", "tmp", "stats", "ccache.conf", "CACHEDIR.TAG",
           "tmpa1b2c3d4", "x.json.tmp.pid_12_34", ".1234.5678.tmp", "k.lock", "__pycache__",
           "c9a5f1c2b3d4e5f60718293a4b5c6d7eR.Xy12ab.tmp", "_temp_jit_f-0f3c6e8a1b2d4c5e6f70-cache",
-          "cache-v1.sqlite3-journal", "cache-v1.sqlite3-wal", "cache-v1.sqlite3-shm"}) {
+          "cache-v1.sqlite3-journal", "cache-v1.sqlite3-wal", "cache-v1.sqlite3-shm",
+          "cxqzl4w7rq2u5c5gqk3zj7bd6m2yqg3jv7x4u6h2xw5b3i2n5b4c_CxxBuild"}) {
         INFO(name);
         CHECK(core::is_bookkeeping_name(name));
         CHECK(classify_path({"jax"}, name, D::regular).placement == Placement::bookkeeping);

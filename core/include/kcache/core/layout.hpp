@@ -73,7 +73,8 @@ struct LayoutContext {
 
 Classified classify(const LayoutContext& context, std::string_view name, FileType type);
 
-// Locks, statistics, configuration, temp names and SQLite's journals (see the file comment).
+// Locks, statistics, configuration, temp names (Inductor's <stem>_CxxBuild build directory
+// too) and SQLite's journals (see the file comment).
 bool is_bookkeeping_name(std::string_view name);
 // True when `name` carries a content hash: a run of at least 16 letters and digits
 // with both in it (hex, base32, base64url digests of any compiler).
