@@ -39,11 +39,11 @@
 //    lease, no change for kSettle, kSettleLeased for an entry whose compile lease this
 //    node holds; an entry whose compiler writes a last file, Triton's group file or
 //    the .so of Inductor's C++ kernel, waits for it (core::Completion) up to
-//    kSettleUnmarked, and goes at once once marked if leased), from a queue of at most kMaxQueued entries; more
-//    are dropped and counted (remote_upload_dropped). Entries this tier pulled are not
-//    uploaded back. An upload that fails is tried again a few times, further apart
-//    each time (kMaxUploadTries), then left to `kcache remote push`. Nothing is
-//    uploaded with --remote-read-only.
+//    kSettleUnmarked, and goes at once once marked if leased), from a queue of at most kMaxQueued
+//    entries; more are dropped and counted (remote_upload_dropped). Entries this tier pulled are
+//    not uploaded back. An upload that fails is tried again a few times, further apart each time
+//    (kMaxUploadTries), then left to `kcache remote push`. Nothing is uploaded with
+//    --remote-read-only.
 //  - Prefetch (--prefetch-job-tag T): start() begins one thread that pulls every entry
 //    of job T into the db with Remote::pull_job (what `kcache remote pull --job-tag T`
 //    does), in batches (remote.hpp), while the mount serves: no FUSE thread waits for it
@@ -109,8 +109,8 @@ class RemoteTier {
     // it. Its files must come less than this apart (a compiler's burst of writes after
     // its compile; a file held open for writing keeps it unsettled however long).
     // A compiler that marks its entries complete (core::Completion: Triton's group file,
-    // the .so g++ builds from Inductor's .cpp) is waited for instead: a leased entry goes once marked, an
-    // unmarked one of that compiler after kSettleUnmarked without change.
+    // the .so g++ builds from Inductor's .cpp) is waited for instead: a leased entry goes once
+    // marked, an unmarked one of that compiler after kSettleUnmarked without change.
     static constexpr auto kSettleLeased = std::chrono::milliseconds(300);
     static constexpr auto kSettleUnmarked = std::chrono::seconds(30);
     // How often the uploader looks for settled entries while this node holds leases
