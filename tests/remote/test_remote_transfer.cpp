@@ -1,5 +1,7 @@
 // Two dbs share one Redis: what A pushes, B pulls byte-exact; jobs; big blobs; ACLs.
 
+#include <set>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -241,4 +243,34 @@ TEST_CASE("a pull fetches only the blobs the local db lacks", "[remote]") {
     const std::uint64_t down = b.counter(core::Counter::remote_bytes_down);
     CHECK(down > 0);
     CHECK(down < shared.size() / 4);
+}
+
+TEST_CASE("a push records the containers above its entry, also for an entry already in Redis",
+          "[remote]") {
+    RedisServer redis;
+    TestDb a;
+    const std::string fx =
+        "inductor/fxgraph/ch/fchx2ys3kjbgm5jbn3zpqnhu4lbfw2zrzu3kbxbi7yszgmmu5yjt";
+    a.put(fx + "/pmdoqmjylzn4aq2lo5ocb5yvfvwq3jn3fvaaqkzbayjqe7pt4nrs", "graph");
+    add_jax(a);
+    REQUIRE(a.has_entry(fx));
+    auto push = kc(a, redis, {"push"});
+    INFO(push.out << push.err);
+    REQUIRE(push.exit_code == 0);
+    auto members = [&] {
+        auto r = redis.command({"SMEMBERS", proto::containers_key("test")});
+        std::set<std::string> out;
+        for (const auto& e : r.elements) out.insert(e.str);
+        return out;
+    };
+    const std::set<std::string> want = {"inductor", "inductor/fxgraph", "inductor/fxgraph/ch",
+                                        "jax"};
+    CHECK(members() == want);
+
+    // Entries pushed before the set existed (an older kcache): a push again records them.
+    redis.command({"DEL", proto::containers_key("test")});
+    auto again = kc(a, redis, {"push"});
+    REQUIRE(again.exit_code == 0);
+    CHECK(again.out.find("pushed 0, already remote 2") != std::string::npos);
+    CHECK(members() == want);
 }
