@@ -101,17 +101,30 @@ print(json.dumps(out))
     return [us for us, _ in got], wrong
 
 
-def redis_commands(sock):
+def redis_calls(sock):
+    """INFO commandstats: calls per command ("get", "eval", ...), and "all"."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.connect(sock)
-        s.sendall(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
+        s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
         data = b""
-        while b"total_commands_processed" not in data or not data.endswith(b"\r\n"):
+        while True:
             data += s.recv(65536)
+            if data.startswith(b"$"):
+                head, _, rest = data.partition(b"\r\n")
+                if len(rest) >= int(head[1:]):
+                    break
+    calls = {"all": 0}
     for line in data.decode().splitlines():
-        if line.startswith("total_commands_processed:"):
-            return int(line.split(":")[1])
-    return 0
+        if line.startswith("cmdstat_"):
+            name, _, fields = line[len("cmdstat_"):].partition(":")
+            n = int(fields.split(",")[0].split("=")[1])
+            calls[name] = n
+            calls["all"] += n
+    return calls
+
+
+def calls_between(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
 
 
 def summary(name, us, wrong, n):
@@ -128,6 +141,8 @@ def main():
     ap.add_argument("--kcache", required=True)
     ap.add_argument("--entries", type=int, default=300)
     ap.add_argument("--remote-timeout", default="300ms")
+    ap.add_argument("--lease-ms", default="",
+                    help="node B's --remote-lease-ms (default: the daemon's, renewed leases)")
     ap.add_argument("--dir")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="kcache-fleet-lookup-", dir=args.dir)
@@ -149,7 +164,8 @@ def main():
         a.stop()
         nodes.remove(a)
 
-        b = Node(args, root, "B", url, "lookup", ("--remote-lease-ms", "0"))
+        b_args = ("--remote-lease-ms", args.lease_ms) if args.lease_ms else ()
+        b = Node(args, root, "B", url, "lookup", b_args)
         nodes.append(b)
         plain_dir = os.path.join(root, "P")
         os.makedirs(os.path.join(plain_dir, "mnt"), exist_ok=True)
@@ -166,7 +182,8 @@ def main():
             publish(p_mnt, module_path(k))
 
         print(f"\n{args.entries} Inductor-shaped entries x 2 files; fresh reader process per "
-              f"phase; Redis on a Unix socket; --remote-timeout {args.remote_timeout}")
+              f"phase; Redis on a Unix socket; --remote-timeout {args.remote_timeout}; "
+              f"B's --remote-lease-ms {args.lease_ms or 'default (renewed leases)'}")
         fleet, wrong = timed_reads(b.mnt, rels, True)
         m_fleet = summary("fleet hit", fleet, wrong, len(rels))
         local, wrong = timed_reads(b.mnt, rels, True)
@@ -175,17 +192,17 @@ def main():
         known = [f"inductor/fxgraph/{shard(keys[i % len(keys)])}/f{k}/x" for i, k in
                  enumerate(new_keys)]
         unknown = [f"inductor/fxgraph/z{i % 10}/f{k}/x" for i, k in enumerate(new_keys)]
-        # The daemons' own traffic (SCARD every second, PINGs) over an idle while.
-        c0 = redis_commands(redis.sock)
-        time.sleep(2.0)
-        idle_rate = (redis_commands(redis.sock) - c0) / 2.0
-        c0, t0 = redis_commands(redis.sock), time.monotonic()
+        # Redis commands during each miss phase, by command: a miss below a known
+        # container is one round trip (its manifest's GET; with leases, the lease script
+        # pipelined with it); the lease keeper's renewals (EVAL, once a second per lease
+        # held) and the daemons' SCARD/PING run beside.
+        c0 = redis_calls(redis.sock)
         miss_known, wrong = timed_reads(b.mnt, known, False)
-        c_known = redis_commands(redis.sock) - c0 - idle_rate * (time.monotonic() - t0)
+        c_known = calls_between(c0, redis_calls(redis.sock))
         m_known = summary("miss, known", miss_known, wrong, len(known))
-        c0, t0 = redis_commands(redis.sock), time.monotonic()
+        c0 = redis_calls(redis.sock)
         miss_unknown, wrong = timed_reads(b.mnt, unknown, False)
-        c_unknown = redis_commands(redis.sock) - c0 - idle_rate * (time.monotonic() - t0)
+        c_unknown = calls_between(c0, redis_calls(redis.sock))
         m_unknown = summary("miss, unknown", miss_unknown, wrong, len(unknown))
         plain_known = [f"inductor/fxgraph/{shard(keys[i % 8])}/f{k}/x" for i, k in
                        enumerate(new_keys)]
@@ -197,9 +214,10 @@ def main():
         frozen, wrong = timed_reads(b.mnt, frozen_keys, False)
         summary("frozen", frozen, wrong, len(frozen_keys))
         redis.signal(signal.SIGCONT)
-        print(f"\n  Redis commands per lookup (less {idle_rate:.1f}/s of the daemons' own): "
-              f"miss below a known container {c_known / len(known):.2f}, "
-              f"below an unknown one {c_unknown / len(unknown):.2f}")
+        print(f"\n  Redis commands during {len(known)} misses below known containers: "
+              f"{c_known}; GETs per miss {c_known.get('get', 0) / len(known):.2f}")
+        print(f"  Redis commands during {len(unknown)} misses below unknown containers: "
+              f"{c_unknown}; GETs per miss {c_unknown.get('get', 0) / len(unknown):.2f}")
         s = b.stats()
         print(f"  node B: remote_hits {s.get('remote_hits', 0)}, remote_misses "
               f"{s.get('remote_misses', 0)}, remote_containers {s.get('remote_containers', 0)}, "

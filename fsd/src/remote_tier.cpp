@@ -308,12 +308,18 @@ void RemoteTier::run_fetcher() {
         if (m_stop) return;
         const std::string entry = std::move(m_fetch_queue.front());
         m_fetch_queue.pop_front();
+        // With leases, a miss takes the compile lease in the manifest's round trip (one
+        // round trip a miss); not for an entry whose lease this node holds already.
+        const bool leases = m_remote->options().lease_ms != 0 && !m_remote->options().read_only;
+        std::optional<remote::Remote::LeaseAsk> ask;
+        if (leases && !m_leases.count(entry))
+            ask = remote::Remote::LeaseAsk{m_owner, lease_ttl_ms()};
         lock.unlock();
-        auto result = m_remote->pull(m_store, entry);
+        auto result = m_remote->pull(m_store, entry, ask ? &*ask : nullptr);
         const bool found = result && (result->outcome == remote::Outcome::pulled ||
                                       result->outcome == remote::Outcome::already_local);
         if (result && result->outcome == remote::Outcome::miss &&
-            m_remote->options().lease_ms != 0 && lease_after_miss(entry)) {
+            m_remote->options().lease_ms != 0 && lease_after_miss(entry, result->lease_taken)) {
             m_timer_wake.notify_one();  // its next poll
             lock.lock();
             continue;
@@ -362,7 +368,7 @@ void RemoteTier::tag_pulled(const std::vector<std::string>& entries) {
     }
 }
 
-bool RemoteTier::lease_after_miss(const std::string& entry) {
+bool RemoteTier::lease_after_miss(const std::string& entry, std::optional<bool> taken) {
     bool waiting = false;
     {
         MutexLock lock(m_mutex);
@@ -371,20 +377,19 @@ bool RemoteTier::lease_after_miss(const std::string& entry) {
         if (m_leases.count(entry)) return false;  // ours: this node compiles it
         waiting = f->second.lease_wait;
     }
-    const std::int64_t ttl =
-        renewed_leases() ? remote::Options::kLeaseTtlMs : m_remote->options().lease_ms;
+    const std::int64_t ttl = lease_ttl_ms();
     // A waiter's bound: the lease's time, or (renewed) the longest any holder renews it.
     const auto wait_bound =
         renewed_leases()
             ? kLeaseBoundMax + std::chrono::milliseconds(ttl)
             : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(ttl));
-    bool other = false;  // another node holds the lease
-    bool won = false;
-    if (waiting) {  // a poll: still theirs? If it is gone without a manifest, take it
+    bool other = taken && !*taken;  // another node holds the lease
+    bool won = taken && *taken;     // the pull took it (Remote::LeaseAsk)
+    if (waiting && !taken) {  // a poll: still theirs? If it is gone without a manifest, take it
         auto held = m_remote->lease_held(entry);
         if (held && *held) other = true;
     }
-    if (!other) {
+    if (!other && !won && !taken) {
         auto got = m_remote->acquire_lease(entry, m_owner, ttl);
         if (got) {
             won = *got;

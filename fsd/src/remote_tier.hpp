@@ -13,7 +13,8 @@
 //    for kMissMemo, nor while its overdue pull is still running.
 //  - Compile leases (on by default: remote::Options::kLeaseRenewed; --remote-lease-ms N
 //    for a fixed time, 0 for none): a pull that finds no manifest takes the entry's
-//    lease (Remote::acquire_lease, SET NX PX N; renewed leases: N = kLeaseTtlMs).
+//    lease (SET NX PX N; renewed leases: N = kLeaseTtlMs) in the manifest's round trip
+//    (Remote::LeaseAsk), so a miss costs one round trip.
 //    The winner answers its waiters at once (a miss: this node compiles) and releases
 //    the lease once its upload of the entry succeeded (else it expires). A loser keeps
 //    its waiters: the flight's deadline becomes N from then, and the entry is pulled
@@ -262,8 +263,14 @@ class RemoteTier {
     Clock::duration m_lease_bound GUARDED_BY(m_mutex) = kLeaseBoundFirst;
     const std::string m_owner;  // this daemon in lease values: host:pid
     // A pull that found no manifest, with leases on: the lease decided (m_mutex not held).
-    // True when the flight goes on waiting (its waiters are kept).
-    bool lease_after_miss(const std::string& entry);
+    // `taken`: what the pull's lease step said (Remote::LeaseAsk: true ours, false
+    // another's); nullopt: not asked or undecided, so it is asked here. True when the
+    // flight goes on waiting (its waiters are kept).
+    bool lease_after_miss(const std::string& entry, std::optional<bool> taken);
+    // A lease's time to live: kLeaseTtlMs with renewed leases, else --remote-lease-ms.
+    std::int64_t lease_ttl_ms() const {
+        return renewed_leases() ? remote::Options::kLeaseTtlMs : m_remote->options().lease_ms;
+    }
     bool renewed_leases() const {
         return m_remote->options().lease_ms == remote::Options::kLeaseRenewed;
     }

@@ -401,7 +401,16 @@ void Remote::mark_local(core::Store& store, std::vector<PullItem>& items) {
 // Fetches the manifests of the entries not done yet, one pipeline per server, each
 // decoded and checked (check_manifest) before any blob is fetched; a manifest that fails
 // is dropped from Redis and its entry is done (corrupt), a missing one a miss.
-void Remote::fetch_manifests(std::vector<PullItem>& items) {
+void Remote::fetch_manifests(std::vector<PullItem>& items, const LeaseAsk* lease) {
+    // With a lease asked for: after each GET, a script on the same node (the manifest and
+    // the lease share the entry's hash tag) that takes the lease only while the manifest
+    // is absent: 1 taken, 0 held by another, -1 the manifest is there (nothing taken).
+    static const char* const kLeaseIfMissing =
+        "if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end "
+        "if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
+        "return 0";
+    if (lease && m_options.read_only) lease = nullptr;
+    const std::size_t per_item = lease ? 2 : 1;
     std::map<Server*, std::vector<PullItem*>> by_server;
     for (PullItem& item : items) {
         if (!item.done)
@@ -409,8 +418,15 @@ void Remote::fetch_manifests(std::vector<PullItem>& items) {
     }
     for (auto& [server, asked] : by_server) {
         std::vector<Command> gets;
-        for (const PullItem* item : asked)
-            gets.push_back({"GET", proto::manifest_key(m_options.ns, item->name)});
+        for (const PullItem* item : asked) {
+            const std::string mkey = proto::manifest_key(m_options.ns, item->name);
+            gets.push_back({"GET", mkey});
+            if (lease) {
+                gets.push_back({"EVAL", kLeaseIfMissing, "2", mkey,
+                                proto::lease_key(m_options.ns, item->name), lease->owner,
+                                std::to_string(std::max<std::int64_t>(lease->ttl_ms, 1))});
+            }
+        }
         auto replies = exec(*server, gets);
         if (!replies) {
             for (PullItem* item : asked) item->done = tl::unexpected(replies.error());
@@ -419,10 +435,15 @@ void Remote::fetch_manifests(std::vector<PullItem>& items) {
         std::vector<Command> dels;  // manifests that failed their checks
         for (std::size_t k = 0; k < asked.size(); ++k) {
             PullItem& item = *asked[k];
-            const Reply& mr = (*replies)[k];
+            const Reply& mr = (*replies)[k * per_item];
             if (mr.type == Reply::Type::nil) {
                 m_counts.misses.fetch_add(1);
                 item.result.outcome = Outcome::miss;
+                if (lease) {  // a failed script leaves it undecided: a plain miss
+                    const Reply& lr = (*replies)[k * per_item + 1];
+                    if (lr.type == Reply::Type::integer && lr.integer >= 0)
+                        item.result.lease_taken = lr.integer == 1;
+                }
                 item.done = item.result;
                 continue;
             }
@@ -607,13 +628,14 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
 }
 
 bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& names,
-                          const std::function<bool(std::size_t, Result<EntryResult>)>& each) {
+                          const std::function<bool(std::size_t, Result<EntryResult>)>& each,
+                          const LeaseAsk* lease) {
     for (std::size_t base = 0; base < names.size(); base += kPullBatch) {
         const std::size_t end = std::min(names.size(), base + kPullBatch);
         std::vector<PullItem> items(end - base);
         for (std::size_t i = 0; i < items.size(); ++i) items[i].name = names[base + i];
         mark_local(store, items);
-        fetch_manifests(items);
+        fetch_manifests(items, lease);
         // The blobs, a group of entries at a time (bounded memory), then their writes; each
         // entry is reported once it is written (or failed), in order. False: stopped, after
         // the entries written so far were all reported.
@@ -639,12 +661,15 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
     return true;
 }
 
-Result<EntryResult> Remote::pull(core::Store& store, std::string_view name) {
+Result<EntryResult> Remote::pull(core::Store& store, std::string_view name, const LeaseAsk* lease) {
     std::optional<Result<EntryResult>> out;
-    (void)pull_batches(store, {std::string(name)}, [&](std::size_t, Result<EntryResult> r) {
-        out = std::move(r);
-        return true;
-    });
+    (void)pull_batches(
+        store, {std::string(name)},
+        [&](std::size_t, Result<EntryResult> r) {
+            out = std::move(r);
+            return true;
+        },
+        lease);
     return std::move(*out);
 }
 

@@ -274,3 +274,44 @@ TEST_CASE("a push records the containers above its entry, also for an entry alre
     CHECK(again.out.find("pushed 0, already remote 2") != std::string::npos);
     CHECK(members() == want);
 }
+
+TEST_CASE(
+    "a pull that misses takes the compile lease in the manifest's round trip, never over "
+    "a manifest",
+    "[remote]") {
+    namespace remote = kcache::remote;
+    RedisServer redis;
+    TestDb a, b;
+    add_jax(a);
+    const std::string jax = "jax/" + kJaxKey;
+    auto made = remote::Remote::create(kcache::test::fast_failing_options(redis));
+    REQUIRE(made);
+    remote::Remote& r = **made;
+    const remote::Remote::LeaseAsk mine{"node-b:1", 5000}, theirs{"node-c:2", 5000};
+
+    // A miss: the lease is this caller's now, in one pipeline with the GET.
+    const auto pipelines = redis.calls("get");
+    auto miss = r.pull(b.store(), jax, &mine);
+    REQUIRE(miss);
+    CHECK(miss->outcome == remote::Outcome::miss);
+    REQUIRE(miss->lease_taken.has_value());
+    CHECK(*miss->lease_taken);
+    CHECK(redis.calls("get") == pipelines + 1);  // the manifest's GET, once
+    CHECK(redis.command({"GET", proto::lease_key("t", jax)}).str == "node-b:1");
+    // Another node's miss finds it held.
+    auto other = r.pull(b.store(), jax, &theirs);
+    REQUIRE(other);
+    REQUIRE(other->lease_taken.has_value());
+    CHECK_FALSE(*other->lease_taken);
+    // Without an ask nothing is said of a lease.
+    CHECK_FALSE(r.pull(b.store(), jax)->lease_taken.has_value());
+
+    // Once the manifest is there the pull fetches it and takes no lease.
+    REQUIRE(r.push(a.store(), jax)->outcome == remote::Outcome::uploaded);
+    redis.command({"DEL", proto::lease_key("t", jax)});
+    auto hit = r.pull(b.store(), jax, &theirs);
+    REQUIRE(hit);
+    CHECK(hit->outcome == remote::Outcome::pulled);
+    CHECK_FALSE(hit->lease_taken.has_value());
+    CHECK(redis.command({"EXISTS", proto::lease_key("t", jax)}).integer == 0);
+}

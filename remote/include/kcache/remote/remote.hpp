@@ -125,6 +125,10 @@ std::string_view outcome_name(Outcome o);
 
 struct EntryResult {
     Outcome outcome = Outcome::miss;
+    // pull() with a LeaseAsk, on a miss: true when the caller now holds the entry's
+    // compile lease, false when another does; nullopt: not asked, or not decided (the
+    // lease step failed: a plain miss).
+    std::optional<bool> lease_taken;
     std::uint64_t files = 0;
     std::uint64_t bytes = 0;  // logical bytes of the entry's files
     std::string detail;       // why, for dangling / corrupt
@@ -175,7 +179,16 @@ class Remote {
     Result<std::vector<std::vector<core::FamilyMember>>> family_members(
         const std::vector<std::string>& families);
     // Fetches one entry by name into `store`, verified, in one write transaction.
-    Result<EntryResult> pull(core::Store& store, std::string_view entry);
+    // With `lease`, a miss also takes the entry's compile lease for `lease->owner` unless
+    // another holds it (EntryResult::lease_taken), in the same round trip as the manifest's
+    // GET (a script that takes it only while no manifest is there): kcache-fsd's
+    // read-through, so that a miss costs one round trip. Not with a read-only remote.
+    struct LeaseAsk {
+        std::string owner;
+        std::int64_t ttl_ms = 0;
+    };
+    Result<EntryResult> pull(core::Store& store, std::string_view entry,
+                             const LeaseAsk* lease = nullptr);
     // Containers: the directories above the entries pushed (protocol.hpp's container
     // set), so that a node whose tree lacks them finds the entries below them (kcache-fsd
     // answers a lookup of one as a directory). push() adds its entry's containers, each
@@ -286,11 +299,12 @@ class Remote {
     struct Wanted;    // a blob a batch needs (pull.cpp)
     struct PullItem;  // an entry of a batch (pull.cpp)
     bool pull_batches(core::Store& store, const std::vector<std::string>& names,
-                      const std::function<bool(std::size_t, Result<EntryResult>)>& each);
+                      const std::function<bool(std::size_t, Result<EntryResult>)>& each,
+                      const LeaseAsk* lease = nullptr);
     // A batch's steps: the entries here already, the manifests (decoded and checked as
     // entry images), then a group's blobs and writes (false: `report_through` stopped).
     void mark_local(core::Store& store, std::vector<PullItem>& items);
-    void fetch_manifests(std::vector<PullItem>& items);
+    void fetch_manifests(std::vector<PullItem>& items, const LeaseAsk* lease);
     bool pull_group(core::Store& store, std::vector<PullItem>& items, std::size_t first,
                     std::size_t last, const std::function<bool(std::size_t)>& report_through);
     // Fetches the blobs from their servers, pipelined, each checked against its digest
