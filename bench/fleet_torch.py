@@ -75,6 +75,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import remote_fleet  # noqa: E402  (the redis-server the fleet benchmarks share)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL_FIRST_RUN = 1.2   # a new node's first run / a warm node's run
 GOAL_REMOTE_COLD = 1.05  # a cold compile with --remote / without
@@ -254,26 +257,13 @@ def in_mountinfo(path):
         return any(line.split()[4] == path for line in f)
 
 
-class Redis:
+class Redis(remote_fleet.Redis):
+    """remote_fleet's redis-server, dying with this script, with raw commands."""
+
     def __init__(self, directory):
-        server = shutil.which("redis-server")
-        if not server:
-            sys.exit("redis-server is not installed (scripts/setup.sh installs it)")
-        os.makedirs(directory, exist_ok=True)
-        self.sock = os.path.join(directory, "redis.sock")
-        self.proc = subprocess.Popen(
-            [server, "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", directory,
-             "--logfile", os.path.join(directory, "redis.log"), "--daemonize", "no"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            preexec_fn=_pdeathsig)
+        super().__init__(directory, preexec_fn=_pdeathsig)
         LIVE_REDIS.append(self.proc)
         self.url = f"unix:{self.sock}"
-        end = time.monotonic() + 15
-        while not self.command("PING").startswith(b"+PONG"):
-            if self.proc.poll() is not None or time.monotonic() > end:
-                sys.exit("redis-server did not start")
-            time.sleep(0.05)
 
     def command(self, *argv):
         cmd = f"*{len(argv)}\r\n".encode()

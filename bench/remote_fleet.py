@@ -76,7 +76,7 @@ def log(msg):
 
 
 class Redis:
-    def __init__(self, directory):
+    def __init__(self, directory, preexec_fn=None):
         server = shutil.which("redis-server")
         if not server:
             sys.exit("redis-server is not installed (scripts/setup.sh installs it)")
@@ -86,7 +86,8 @@ class Redis:
             [server, "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", directory,
              "--logfile", os.path.join(directory, "redis.log"), "--daemonize", "no"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            preexec_fn=preexec_fn)
         end = time.monotonic() + 15
         while not self.ping():
             if self.proc.poll() is not None or time.monotonic() > end:
