@@ -389,6 +389,17 @@ ProcResult run_kcache(const fs::path& db, const std::vector<std::string>& args) 
     return run_process(argv, options);
 }
 
+ProcResult run_kcache_settled(const fs::path& db, const std::vector<std::string>& args) {
+    ProcResult r;
+    wait_until(
+        [&] {
+            r = run_kcache(db, args);
+            return r.exit_code == 0 || r.err.find("write in flight") == std::string::npos;
+        },
+        2);
+    return r;
+}
+
 nlohmann::json cache_stats(const fs::path& db) {
     const ProcResult r = run_kcache(db, {"stats", "--json"});
     INFO("kcache stats --json: " << r.describe());

@@ -155,6 +155,10 @@ bool wait_until(const std::function<bool()>& pred, double timeout_s);
 
 // `kcache --db DB ARGS...`
 ProcResult run_kcache(const fs::path& db, const std::vector<std::string>& args);
+// run_kcache, tried again for up to 2 s while it refuses with "write in flight": a
+// writer's RELEASE (which ends its write lease) reaches the daemon after its close()
+// returned, so an evict right after a write may see the lease still held.
+ProcResult run_kcache_settled(const fs::path& db, const std::vector<std::string>& args);
 // `kcache --db DB stats --json`, parsed (REQUIRE: it succeeds).
 nlohmann::json cache_stats(const fs::path& db);
 std::uint64_t stat_value(const nlohmann::json& stats, const std::string& name);

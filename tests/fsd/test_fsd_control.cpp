@@ -34,15 +34,7 @@ void step(const std::string& what, const std::function<int()>& fn, const Mounted
 }
 
 ProcResult kcache_ok(const MountedCache& cache, const std::vector<std::string>& args) {
-    // The writer's RELEASE (ending its write lease) reaches the daemon after close()
-    // returned; allow it a moment rather than fail on "write in flight".
-    ProcResult r;
-    wait_until(
-        [&] {
-            r = run_kcache(cache.db(), args);
-            return r.exit_code == 0 || r.err.find("write in flight") == std::string::npos;
-        },
-        2);
+    const ProcResult r = run_kcache_settled(cache.db(), args);
     INFO("kcache " << args.front() << ": " << r.describe() << "\ndaemon stderr:\n"
                    << cache.daemon_stderr());
     REQUIRE_FALSE(r.timed_out);

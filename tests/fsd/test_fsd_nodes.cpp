@@ -107,7 +107,7 @@ TEST_CASE("evicting an entry removes every name of its linked files", "[fsd][nod
     REQUIRE_SYS(::mkdir(cache.p("k").c_str(), 0755));
     REQUIRE(write_all(cache.p("k/a"), "bytes") == 0);
     REQUIRE_SYS(::link(cache.p("k/a").c_str(), cache.p("k/b").c_str()));
-    const ProcResult evicted = run_kcache(cache.db(), {"evict", "k"});
+    const ProcResult evicted = run_kcache_settled(cache.db(), {"evict", "k"});
     INFO(evicted.describe());
     REQUIRE(evicted.exit_code == 0);
     // The daemon follows the events log: both names leave the kernel's caches.
