@@ -13,6 +13,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -96,6 +98,10 @@ class Keeper {
     bool handed_over();
     // Starts the successor of a daemon that died or is dying; false: gave up.
     bool replace(pid_t old, const std::string& why);
+    // How long to wait before starting the successor of a daemon that died (`why`):
+    // counts a run of short-lived daemons (keeper.hpp, kShortLife); nullopt: a crash
+    // loop, give up.
+    std::optional<std::chrono::milliseconds> restart_delay(pid_t old, const std::string& why);
     // Mounts with libfuse's `arguments`; makes the state memfd. Fails start-up on error.
     void mount(const std::vector<std::string>& arguments);
     // Hands systemd the files a restarted keeper takes over (fd_store.hpp).
@@ -116,6 +122,8 @@ class Keeper {
     int m_state_fd = -1;
     int m_lock_fd = -1;  // the db's daemon.lock, from the first daemon
     pid_t m_daemon = -1;
+    std::chrono::steady_clock::time_point m_ready_at;  // when m_daemon said "ready"
+    int m_short_lives = 0;  // daemons in a row that died within kShortLife of ready
     // The serving daemon's report socket after "ready": "handed over" once it stopped
     // reading requests (an upgrade), before its own clean-up, which may wait on a
     // notification only its successor can unblock.
@@ -138,11 +146,49 @@ bool Keeper::handed_over() {
     return std::string(buf, static_cast<std::size_t>(n)).find("handed over") != std::string::npos;
 }
 
-bool Keeper::replace(pid_t old, const std::string& why) {
-    if (why == "handed the mount over")
-        log::info("keeper: daemon {} handed the mount over; starting {}", old, m_exe);
-    else
+std::optional<std::chrono::milliseconds> Keeper::restart_delay(pid_t old, const std::string& why) {
+    using std::chrono::milliseconds;
+    const auto lived = std::chrono::steady_clock::now() - m_ready_at;
+    m_short_lives = lived < kShortLife ? m_short_lives + 1 : 0;
+    if (m_short_lives == 0) {
         log::error("keeper: the serving daemon (pid {}) {}: starting another", old, why);
+        return milliseconds(0);
+    }
+    const auto lived_ms = std::chrono::duration_cast<milliseconds>(lived).count();
+    if (m_short_lives >= kCrashLoopDeaths) {
+        log::error(
+            "keeper: the serving daemon (pid {}) {}, {} ms after it started: {} daemons in a "
+            "row died within {} ms (a crash loop: is {} broken?): unmounting {}",
+            old, why, lived_ms, m_short_lives, kShortLife.count(), m_exe, m_mountpoint);
+        return std::nullopt;
+    }
+    if (m_short_lives <= kFreeRestarts) {
+        log::error(
+            "keeper: the serving daemon (pid {}) {}, {} ms after it started: starting "
+            "another",
+            old, why, lived_ms);
+        return milliseconds(0);
+    }
+    const milliseconds delay = std::min(
+        kMaxBackoff, kFirstBackoff * (1 << std::min(m_short_lives - kFreeRestarts - 1, 16)));
+    log::error(
+        "keeper: the serving daemon (pid {}) {}, {} ms after it started ({} in a row): "
+        "starting another in {} ms; the mount ends after {} in a row",
+        old, why, lived_ms, m_short_lives, delay.count(), kCrashLoopDeaths);
+    return delay;
+}
+
+bool Keeper::replace(pid_t old, const std::string& why) {
+    if (why == "handed the mount over") {
+        log::info("keeper: daemon {} handed the mount over; starting {}", old, m_exe);
+        m_short_lives = 0;
+    } else {
+        const auto delay = restart_delay(old, why);
+        if (!delay) return false;
+        // Signals wait meanwhile (they are blocked, taken by sigtimedwait): a SIGTERM is
+        // late by one delay at most.
+        if (delay->count() > 0) std::this_thread::sleep_for(*delay);
+    }
     const auto started = std::chrono::steady_clock::now();
     for (int tries = 1;; ++tries) {
         auto failed = start_daemon();
@@ -218,6 +264,7 @@ std::optional<std::string> Keeper::start_daemon() {
         if (message == "ready") break;
     }
     if (message == "ready") {
+        m_ready_at = std::chrono::steady_clock::now();
         if (m_report_fd >= 0) close(m_report_fd);
         m_report_fd = ready[0];
         return std::nullopt;

@@ -7,7 +7,8 @@
 // what runs next), with the two files and a start-up pipe named in $KCACHE_FSD_SERVE.
 // When the daemon dies for any reason but a clean stop, the keeper logs how (the
 // signal, the exit status) and starts another at once, which takes the mount over
-// (takeover.hpp). It does no LMDB work and handles no FUSE request.
+// (takeover.hpp); a crash loop is slowed, then ends the mount (kShortLife below). It does no LMDB
+// work and handles no FUSE request.
 //
 // A daemon is taken for dead as soon as it is dying (its main thread exited): a thread
 // of it may be stuck in the kernel until a request it leaves is answered (a
@@ -27,10 +28,12 @@
 // dead mount recovers it (main.cpp).
 //
 // Exit: 0 once the daemon stopped cleanly (an unmount, SIGTERM) and the mount is gone;
-// 1 when the first daemon could not start (its message went to `fail`), or when
-// kMaxQuickDeaths daemons in a row died before they were ready.
+// 1 when the first daemon could not start (its message went to `fail`), when
+// kQuickDeaths daemons in a row died before they were ready, or after kCrashLoopDeaths
+// short-lived daemons in a row (below).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -43,6 +46,18 @@ namespace kcache::fsd::keeper {
 
 inline constexpr const char* kServeEnv = "KCACHE_FSD_SERVE";
 inline constexpr int kQuickDeaths = 5;
+// A crash loop: a daemon that dies within kShortLife of being ready is a short-lived
+// one (a binary that crashes on its first request, a request that kills every daemon it
+// is resent to). The first kFreeRestarts of a run of them are started again at once
+// (a `kill -9` costs a pause, nothing more); later ones wait kFirstBackoff, doubling up
+// to kMaxBackoff, and the kCrashLoopDeaths-th in a row ends the mount: compilers then
+// see their plain cache directory instead of a mount that never answers. Without this,
+// a broken binary on disk was restarted 140 times a second (a 64 MB log in 18 min).
+inline constexpr std::chrono::milliseconds kShortLife{500};
+inline constexpr int kFreeRestarts = 2;
+inline constexpr std::chrono::milliseconds kFirstBackoff{100};
+inline constexpr std::chrono::milliseconds kMaxBackoff{5000};
+inline constexpr int kCrashLoopDeaths = 10;
 // A daemon that exits with this status handed the mount over (an upgrade).
 inline constexpr int kHandedOver = 75;
 

@@ -566,6 +566,49 @@ TEST_CASE("takeover: kill -9 of the serving daemon under load costs a pause, nev
         kill_cancels_calls());
 }
 
+// A broken kcache-fsd on disk (a half-built binary, a request that kills every daemon
+// it is resent to) is a crash loop: the keeper starts a few at once, then waits longer
+// each time, and ends the mount after keeper::kCrashLoopDeaths (10) short-lived daemons
+// in a row (it used to restart them ~140 times a second, forever).
+TEST_CASE("takeover: a daemon that dies as soon as it is ready ends the mount after a few tries",
+          "[reliability][takeover]") {
+    TempDir bin;
+    const fs::path installed = bin / "kcache-fsd";
+    install_over(KCACHE_FSD_PATH, installed);
+    MountedCache cache(DaemonOptions{.watchdog_s = 120, .binary = installed});
+    // The "binary" installed next says ready to the keeper ($KCACHE_FSD_SERVE names the
+    // start-up socket third) and exits at once, counting its starts.
+    const fs::path starts = bin / "starts";
+    const fs::path script = bin / ".broken";
+    {
+        std::ofstream out(script);
+        out << "#!/bin/bash\n"
+            << "echo started >> '" << starts.string() << "'\n"
+            << "ready=$(echo \"$KCACHE_FSD_SERVE\" | cut -d, -f3)\n"
+            << "eval \"printf ready >&$ready\"\n"
+            << "exit 3\n";
+    }
+    fs::permissions(script, fs::perms::owner_all);
+    fs::rename(script, installed);
+    const pid_t keeper = cache.daemon_pid();
+    const pid_t first = serving_daemon(keeper);
+    REQUIRE(first > 0);
+    // The first daemon lives past keeper::kShortLife (0.5 s): its death is no crash loop.
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    REQUIRE(::kill(first, SIGKILL) == 0);
+    // The keeper gives up and unmounts (exit 1) within the backoff's sum (about 11 s).
+    const int code = cache.signal_daemon(0, 60);
+    const std::string log = cache.daemon_stderr();
+    INFO("keeper's log:\n" << log);
+    CHECK(code == 1);
+    CHECK_FALSE(cache.mounted());
+    const auto started = read_file(starts);
+    const auto count = static_cast<int>(std::count(started.begin(), started.end(), '\n'));
+    CHECK(count == 10);  // keeper::kCrashLoopDeaths (fsd/src/keeper.hpp)
+    CHECK(log.find("a crash loop") != std::string::npos);
+    CHECK(log.find("starting another in 100 ms") != std::string::npos);
+}
+
 // 5 upgrades under run_load's traffic, each to a binary built separately: no client
 // sees an error. Over io_uring each upgrade drains its rings (UringTransport::hand_over).
 void upgrades_under_load(Traffic traffic) {
