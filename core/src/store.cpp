@@ -247,6 +247,14 @@ Status init_schema(Store& store, const OpenOptions& options) {
             return abort(lmdb::error(links_rc, fmt::format("db {}: open table links", impl.path)));
         }
         impl.has_links = links_rc == 0;
+        // The xattrs table (xattrs.hpp) needs no schema change: made by the first
+        // process that opens the db for writing, whatever its schema.
+        const int xattrs_rc = mdb_dbi_open(txn, "xattrs", writable ? MDB_CREATE : 0, &impl.xattrs);
+        if (xattrs_rc != 0 && xattrs_rc != MDB_NOTFOUND) {
+            return abort(
+                lmdb::error(xattrs_rc, fmt::format("db {}: open table xattrs", impl.path)));
+        }
+        impl.has_xattrs = xattrs_rc == 0;
         if (*version < kSchemaVersion && writable) {
             if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
                 return abort(s.error());
@@ -274,6 +282,10 @@ Status init_schema(Store& store, const OpenOptions& options) {
         return abort(lmdb::error(rc, fmt::format("db {}: create table links", impl.path)));
     }
     impl.has_links = true;
+    if (int rc = mdb_dbi_open(txn, "xattrs", MDB_CREATE, &impl.xattrs); rc != 0) {
+        return abort(lmdb::error(rc, fmt::format("db {}: create table xattrs", impl.path)));
+    }
+    impl.has_xattrs = true;
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;

@@ -77,6 +77,13 @@ struct Store::Impl {
     MDB_dbi families = 0;     // family + entry ino -> ""
     bool has_misses = false;  // false: a db before schema 4 opened read-only
 
+    // Extended attributes (xattrs.hpp): inode + name -> value. Added to any db by the
+    // first process that opens it for writing (no schema change: a program without it
+    // ignores the table, and rows it leaves of removed inodes are only garbage: inode
+    // numbers are never reused; `kcache verify` names them).
+    MDB_dbi xattrs = 0;
+    bool has_xattrs = false;  // false: a db without the table opened read-only
+
     ~Impl();
 };
 
@@ -179,6 +186,8 @@ Status left_stem_entry(Tx& tx, Ino entry, const records::Inode& node, EventKind 
 // Removes `ino` (named `name` in `parent`) and everything below it: inodes, dirents,
 // blob references and accounting. Entry records inside it are dropped with `why`.
 Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);
+// xattrs.cpp: removes every extended attribute of `ino` (its inode is going).
+Status drop_xattrs(Tx& tx, Ino ino);
 // links.cpp (schema 4: a node's further names, records::link_key)
 // Removes `name` in `parent`, one of the several names of `node` (nlink > 1): the node
 // keeps the others (its own parent and name pass to a further one when it was those).

@@ -64,6 +64,7 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, std::string_view na
     // The only name is the inode's own (forget_name keeps it so).
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, name)); !s) return s;
     if (auto s = tx.del(tx.db.inodes, records::u64_key(node.ino)); !s) return s;
+    if (auto s = ops::drop_xattrs(tx, node.ino); !s) return s;
     const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
     if ((node.mode & S_IFMT) == S_IFREG) {
         if (node.entry && node.entry != node.ino) {

@@ -186,6 +186,23 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         problem(
             fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
     }
+    // Extended attributes (xattrs.hpp) go with their inode: a row of an inode that is
+    // gone was left by a program that does not know the table (kcache gc removes it).
+    if (tx.db.has_xattrs) {
+        Ino last_orphan = 0;
+        KCACHE_TRY(tx.scan(tx.db.xattrs, {}, {}, [&](std::string_view key, std::string_view) {
+            const Ino ino = records::u64_from_key(key);
+            if (ino != last_orphan &&
+                !tx.get(tx.db.inodes, key.substr(0, 8)).value_or(std::nullopt)) {
+                last_orphan = ino;
+                problem(
+                    fmt::format("extended attributes of inode {}, which does not exist "
+                                "(kcache gc removes them)",
+                                ino));
+            }
+            return true;
+        }));
+    }
 
     // Holds (holds.hpp) are references too. One on a blob that is gone is damage:
     // the next fresh mount clears it.
@@ -406,6 +423,20 @@ Result<GcReport> collect_garbage(Store& store) {
             if (auto d = tx.del(tx.db.leases, key); !d) return d;
         }
         report.stale_leases = dead.size();
+        // Extended attributes of inodes that are gone (verify names them).
+        if (tx.db.has_xattrs) {
+            std::vector<std::string> orphans;
+            auto xattrs =
+                tx.scan(tx.db.xattrs, {}, {}, [&](std::string_view key, std::string_view) {
+                    if (!tx.get(tx.db.inodes, key.substr(0, 8)).value_or(std::nullopt))
+                        orphans.emplace_back(key);
+                    return true;
+                });
+            if (!xattrs) return xattrs;
+            for (const auto& key : orphans) {
+                if (auto d = tx.del(tx.db.xattrs, key); !d) return d;
+            }
+        }
         return {};
     }));
     auto recompressed = KCACHE_TRY(recompress_blobs(store));

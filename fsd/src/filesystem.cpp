@@ -685,6 +685,19 @@ const fuse_lowlevel_ops& Filesystem::operations() {
         t.create = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, fuse_file_info* fi) {
             self(r)->create(r, p, n, m, fi);
         };
+        t.setxattr = [](fuse_req_t r, fuse_ino_t i, const char* n, const char* v, size_t s, int f) {
+            self(r)->setxattr(r, i, n, v, s, f);
+        };
+        t.getxattr = [](fuse_req_t r, fuse_ino_t i, const char* n, size_t s) {
+            self(r)->getxattr(r, i, n, s);
+        };
+        t.listxattr = [](fuse_req_t r, fuse_ino_t i, size_t s) { self(r)->listxattr(r, i, s); };
+        t.removexattr = [](fuse_req_t r, fuse_ino_t i, const char* n) {
+            self(r)->removexattr(r, i, n);
+        };
+        t.fallocate = [](fuse_req_t r, fuse_ino_t i, int m, off_t o, off_t l, fuse_file_info* fi) {
+            self(r)->fallocate(r, i, m, o, l, fi);
+        };
         // No lock operations: the kernel then keeps flock() and fcntl() locks itself,
         // which is right for one mount on one machine.
         return t;

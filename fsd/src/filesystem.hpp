@@ -147,6 +147,16 @@ class Filesystem {
     void releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
     void statfs(fuse_req_t req, fuse_ino_t ino);
     void forget(fuse_ino_t ino, std::uint64_t count);
+    // xattrs.cpp (kcache/core/xattrs.hpp)
+    void setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                  int flags);
+    void getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size);
+    void listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+    void removexattr(fuse_req_t req, fuse_ino_t ino, const char* name);
+    // fallocate.cpp: the modes the kernel passes (0, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE,
+    // ZERO_RANGE) on a handle open for writing; ENOSPC when the room is not there.
+    void fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                   fuse_file_info* fi);
 
   private:
     // Held by a request that may leave bytes unpublished; refused() once handing over
@@ -205,6 +215,9 @@ class Filesystem {
     // A read-only handle follows the shared version that grew out of the version it
     // reads.
     void follow_shared(FileHandle* handle) REQUIRES(handle->mutex);
+    // Whether a file of `size` bytes, `added` of them new, can be stored: EFBIG past
+    // --max-file-size, ENOSPC over the cache's size bound or the db disk's free space.
+    core::Status check_room(std::uint64_t size, std::uint64_t added);
     // Publishes a version's content, first making room under the size bound.
     core::Status publish(fuse_req_t req, Version& version) REQUIRES(version.mutex);
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded

@@ -125,6 +125,9 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_flag("--no-keeper", o.no_keeper,
                  "serve without the keeper process that restarts a daemon that dies (a crash "
                  "then ends the mount)");
+    app.add_flag("--no-xattrs", o.no_xattrs,
+                 "answer no extended-attribute request (EOPNOTSUPP; saves the kernel's "
+                 "security.capability probe before each write)");
     app.add_flag("--read-only", o.read_only,
                  "serve the db read-only (also -o ro): for a db on a read-only filesystem or a "
                  "shared image");

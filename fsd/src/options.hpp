@@ -37,6 +37,10 @@ struct Options {
     // --no-keeper: the daemon mounts and serves in one process, without the keeper that
     // restarts it (keeper.hpp): a crash then ends the mount (ENOTCONN until unmounted).
     bool no_keeper = false;
+    // --no-xattrs: every extended-attribute request is answered ENOSYS, after which the
+    // kernel answers EOPNOTSUPP itself and stops asking for security.capability before
+    // each write (xattrs.cpp). Default: xattrs are kept (kcache/core/xattrs.hpp).
+    bool no_xattrs = false;
     std::vector<std::string> fuse_options;  // -o options that are not ours, for libfuse
     // --remote ... (the CLI's options, remote/settings.hpp); set when a server is named
     // by --remote or $KCACHE_REMOTE: read-through and write-behind (remote_tier.hpp).

@@ -1,0 +1,96 @@
+// Extended attributes on the mount: SETXATTR, GETXATTR, LISTXATTR, REMOVEXATTR over
+// core's xattrs table (kcache/core/xattrs.hpp: namespaces, limits, errors).
+//
+// The kernel checks first what it can: names over 255 bytes (ERANGE) and values over
+// 64 KiB (E2BIG) never arrive; trusted.* needs CAP_SYS_ADMIN; user.* needs a regular file
+// or directory; with default_permissions (implied by allow_other) the owner or write
+// permission. Core applies the limits and namespace rules again for every caller. What
+// the kernel cannot do for a FUSE file system is leave trusted.* out of a listing for
+// unprivileged callers: this does, by the caller's uid (0: root).
+//
+// The kernel asks for security.capability before every write(2) to a file (FUSE clears
+// SB_NOSEC, so file_remove_privs never trusts a cached "no capability"): one GETXATTR
+// round trip per write call, answered from one read transaction. bench/README.md,
+// "Extended attributes and fallocate", measures what that adds to a write; --no-xattrs
+// answers ENOSYS to every attribute request, after which the kernel sends none.
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "filesystem.hpp"
+#include "kcache/core/xattrs.hpp"
+#include "resend.hpp"
+
+namespace kcache::fsd {
+using core::Ino;
+
+namespace {
+
+bool privileged(fuse_req_t req) {
+    return fuse_req_ctx(req)->uid == 0;
+}
+
+}  // namespace
+
+void Filesystem::setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value,
+                          size_t size, int flags) {
+    if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
+    const std::string_view wanted(value, size);
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        // Resent after a takeover (resend.hpp): a change the dead daemon committed
+        // leaves the attribute as asked; the creator of it is told it succeeded.
+        if (resend::resent() && (flags & XATTR_CREATE)) {
+            auto now = core::get_xattr(txn, ino, name);
+            if (now && *now == wanted) return {};
+        }
+        return core::set_xattr(txn, ino, name, wanted, flags);
+    });
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+void Filesystem::getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+    if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto value = core::get_xattr(*txn, ino, name);
+    if (!value) {
+        // Quietly: most of these are the kernel's security.capability probe of a write.
+        return (void)fuse_reply_err(req, value.error().code);
+    }
+    if (size == 0) return (void)fuse_reply_xattr(req, value->size());
+    if (value->size() > size) return (void)fuse_reply_err(req, ERANGE);
+    fuse_reply_buf(req, value->data(), value->size());
+}
+
+void Filesystem::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+    if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    auto names = core::list_xattrs(*txn, ino, privileged(req));
+    if (!names) return reply_error(req, names.error());
+    std::string list;  // each name NUL-terminated, as listxattr(2) returns them
+    for (const auto& name : *names) {
+        list.append(name);
+        list.push_back('\0');
+    }
+    if (size == 0) return (void)fuse_reply_xattr(req, list.size());
+    if (list.size() > size) return (void)fuse_reply_err(req, ERANGE);
+    fuse_reply_buf(req, list.data(), list.size());
+}
+
+void Filesystem::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+    if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
+    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+        auto removed = core::remove_xattr(txn, ino, name);
+        // Resent after a takeover: the dead daemon removed it already.
+        if (!removed && removed.error().code == ENODATA && resend::resent()) return {};
+        return removed;
+    });
+    if (!s) return reply_error(req, s.error());
+    fuse_reply_err(req, 0);
+}
+
+}  // namespace kcache::fsd
