@@ -22,6 +22,8 @@ packages=(
   # the shared tier (remote/): the hiredis client, and redis-server for its tests
   # (redis-cli: the Redis Cluster test joins its nodes with `redis-cli --cluster create`)
   libhiredis-dev redis-server redis-tools
+  openssl  # the CLI that makes the TLS tests' CA and certificates (rediss://)
+  libssl-dev  # OpenSSL 3: TLS to Redis (remote/src/tls.cpp)
   perl  # prove, which runs pjdfstest on the mount (tests/posix)
 )
 

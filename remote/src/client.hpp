@@ -1,12 +1,16 @@
-// A Redis connection over hiredis 0.14 with kcache's own deadlines.
+// A Redis connection with kcache's own deadlines, over TCP, a Unix socket or TLS.
 //
-// hiredis 0.14's blocking mode cannot tell a timeout from an I/O error and its
-// timeouts do not cover the whole exchange, so the socket is non-blocking and every
-// exchange (connect, AUTH/SELECT, one pipeline of commands) runs under one deadline
-// kept here with poll(2). Failures: ETIMEDOUT when the deadline passes, EIO (or the
-// socket's errno) for a connection that fails or closes, EPROTO for a reply hiredis
-// cannot parse. After any failure the connection is unusable (replies may be pending)
-// and must be dropped. Error replies of the server are replies, not failures.
+// hiredis 0.14's blocking mode cannot tell a timeout from an I/O error, its timeouts do
+// not cover the whole exchange, and it has no TLS. So hiredis only opens the socket
+// (non-blocking connect, TCP_NODELAY), formats commands and parses replies (its
+// reader, limited by limit_replies); the connection moves the bytes itself, with
+// send/recv or, for a `rediss://` endpoint, a TlsStream (tls.hpp), and every exchange
+// (connect, TLS handshake, AUTH/SELECT, one pipeline of commands) runs under one
+// deadline kept here with poll(2). Failures: ETIMEDOUT when the deadline passes, EIO (or
+// the socket's errno) for a connection that fails or closes, EPROTO for a reply hiredis
+// cannot parse or a TLS handshake that fails (a certificate refused: never a plaintext
+// fallback). After any failure the connection is unusable (replies may be pending) and
+// must be dropped. Error replies of the server are replies, not failures.
 //
 // Not thread-safe: one thread at a time (Remote::Server's mutex guards it).
 // Internal to kcache_remote; tests use it to reach Redis directly.
@@ -25,6 +29,9 @@ struct redisReply;
 struct redisReader;
 
 namespace kcache::remote {
+
+class TlsContext;  // tls.hpp
+class TlsStream;
 
 using core::steady_ns;  // deadlines below are on this clock
 
@@ -56,10 +63,12 @@ class Connection {
   public:
     // Connects and authenticates (AUTH [user] password when `password` is non-empty)
     // and selects the endpoint's db, all before `deadline_ns` (steady_ns clock).
-    // EACCES when the server refuses the credentials.
+    // EACCES when the server refuses the credentials. A `tls` endpoint needs `tls` (its
+    // handshake is part of the connect, under the same deadline); EINVAL without it.
     static Result<std::unique_ptr<Connection>> open(const Endpoint& endpoint,
                                                     const std::string& password,
-                                                    std::int64_t deadline_ns);
+                                                    std::int64_t deadline_ns,
+                                                    const TlsContext* tls = nullptr);
     ~Connection();
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
@@ -71,10 +80,19 @@ class Connection {
                                     std::uint64_t* received = nullptr);
 
   private:
-    explicit Connection(redisContext* context, std::string name)
-        : m_context(context), m_name(std::move(name)) {}
-    redisContext* m_context = nullptr;
-    std::string m_name;  // the endpoint's id, for messages
+    Connection(redisContext* context, std::string name);
+    // Moves bytes one way: how many, or 0 with `want` set to what poll(2) must wait
+    // for; an error when the connection failed or closed.
+    Result<std::size_t> send_some(const char* data, std::size_t size, short& want);
+    Result<std::size_t> receive_some(char* buffer, std::size_t size, short& want);
+    // Waits until the socket is ready for `events` or the deadline passes (ETIMEDOUT
+    // saying `what`).
+    Status wait(short events, std::int64_t deadline_ns, std::string_view what);
+    redisContext* m_context = nullptr;  // the socket (closed by redisFree) and the reader
+    std::unique_ptr<TlsStream> m_tls;   // rediss://: every byte goes through it
+    std::string m_name;                 // the endpoint's id, for messages
+    std::string m_out;                  // commands formatted, not yet sent
+    std::unique_ptr<char[]> m_in;       // bytes read, before the reader has them
 };
 
 }  // namespace kcache::remote

@@ -14,6 +14,7 @@
 #include "cluster.hpp"
 #include "kcache/remote/remote.hpp"
 #include "server.hpp"
+#include "tls.hpp"
 
 namespace kcache::remote {
 
@@ -57,7 +58,8 @@ std::string Endpoint::id() const {
     if (unix_socket)
         return db ? fmt::format("unix:{}?db={}", path, db) : fmt::format("unix:{}", path);
     const bool v6 = host.find(':') != std::string::npos;
-    return fmt::format("redis://{}{}{}:{}/{}", v6 ? "[" : "", host, v6 ? "]" : "", port, db);
+    return fmt::format("{}://{}{}{}:{}/{}", tls ? "rediss" : "redis", v6 ? "[" : "", host,
+                       v6 ? "]" : "", port, db);
 }
 
 Result<Endpoint> parse_endpoint(std::string_view url) {
@@ -93,9 +95,14 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
         }
         return e;
     }
-    if (!url.starts_with("redis://"))
-        return bad_url(url, "expected redis://[user@]host:port[/db] or unix:/path");
-    std::string_view rest = url.substr(8);
+    if (url.starts_with("rediss://")) {
+        e.tls = true;
+    } else if (!url.starts_with("redis://")) {
+        return bad_url(url,
+                       "expected redis://[user@]host:port[/db], rediss://... (TLS) or "
+                       "unix:/path");
+    }
+    std::string_view rest = url.substr(e.tls ? 9 : 8);
     const std::size_t at = rest.rfind('@');
     if (at != std::string_view::npos) {
         const std::string_view userinfo = rest.substr(0, at);
@@ -138,9 +145,13 @@ Result<Endpoint> parse_endpoint(std::string_view url) {
 
 Result<std::vector<Endpoint>> parse_cluster_url(std::string_view url) {
     constexpr std::string_view kScheme = "redis-cluster://";
-    if (!url.starts_with(kScheme))
-        return bad_url(url, "expected redis-cluster://[user@]host:port[,host:port...]");
-    std::string_view rest = url.substr(kScheme.size());
+    constexpr std::string_view kTlsScheme = "rediss-cluster://";  // TLS to every node
+    const bool tls = url.starts_with(kTlsScheme);
+    if (!tls && !url.starts_with(kScheme))
+        return bad_url(url,
+                       "expected redis-cluster://[user@]host:port[,host:port...] or "
+                       "rediss-cluster://... (TLS)");
+    std::string_view rest = url.substr(tls ? kTlsScheme.size() : kScheme.size());
     std::string user;
     if (const std::size_t at = rest.rfind('@'); at != std::string_view::npos) {
         if (rest.substr(0, at).find(':') != std::string_view::npos) {
@@ -159,7 +170,7 @@ Result<std::vector<Endpoint>> parse_cluster_url(std::string_view url) {
         const std::string_view hostport = rest.substr(0, comma);
         rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
         if (hostport.empty()) return bad_url(url, "an empty node between commas");
-        auto e = parse_endpoint(fmt::format("redis://{}{}", user, hostport));
+        auto e = parse_endpoint(fmt::format("{}://{}{}", tls ? "rediss" : "redis", user, hostport));
         if (!e) return bad_url(url, e.error().message);
         seeds.push_back(std::move(*e));
     }
@@ -204,6 +215,24 @@ Status validate(const Options& o) {
                                                   "TCP and has only db 0",
                                                   e.id()));
         }
+        // The nodes a slot map names are reached as the seeds are: all TLS or none.
+        if (e.tls != o.servers.front().tls) {
+            return core::fail(EINVAL,
+                              "cluster seeds mix rediss-cluster:// (TLS) and "
+                              "redis-cluster:// (plaintext)");
+        }
+    }
+    const bool any_tls =
+        std::any_of(o.servers.begin(), o.servers.end(), [](const Endpoint& e) { return e.tls; });
+    if (o.tls.any() && !any_tls) {
+        return core::fail(EINVAL,
+                          "--remote-tls-ca, --remote-tls-cert and --remote-tls-key are "
+                          "for rediss:// servers, and none is given");
+    }
+    if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
+        return core::fail(EINVAL,
+                          "--remote-tls-cert and --remote-tls-key go together (a client "
+                          "certificate and its private key)");
     }
     return {};
 }
@@ -254,6 +283,11 @@ Result<std::unique_ptr<Remote>> Remote::create(Options options) {
         }
         remote->m_servers.push_back(std::move(server));
     }
+    // One TLS context for every rediss:// connection: its files are read now, so that a
+    // bad one stops start-up instead of failing every connect.
+    const auto& servers = remote->m_options.servers;
+    if (std::any_of(servers.begin(), servers.end(), [](const Endpoint& e) { return e.tls; }))
+        remote->m_tls = KCACHE_TRY(TlsContext::create(remote->m_options.tls));
     if (remote->m_options.cluster) {
         remote->m_cluster = std::make_unique<Cluster>();
         remote->m_cluster->slots.assign(cluster::kSlots, nullptr);
@@ -315,7 +349,7 @@ Result<std::vector<Reply>> Remote::exec_once(Server& server, const std::vector<C
     };
     if (!server.connection) {
         auto conn = Connection::open(server.endpoint, m_options.password,
-                                     now + m_options.connect_timeout_ns);
+                                     now + m_options.connect_timeout_ns, m_tls.get());
         if (!conn) return failed(std::move(conn.error()));
         server.connection = std::move(*conn);
         now = steady_ns();

@@ -53,6 +53,7 @@ Remote::Server* Remote::node(const std::string& host, std::uint16_t port) {
     e.host = host;
     e.port = port;
     e.user = m_options.servers.front().user;
+    e.tls = m_options.servers.front().tls;  // rediss-cluster://: every node over TLS
     const std::string id = e.id();
     {
         std::shared_lock lock(m_cluster->mutex);

@@ -52,7 +52,8 @@ void add_options(CLI::App& app, Settings& s) {
     app.add_option("--remote", s.urls,
                    "redis://[user@]host:port[/db] or unix:/path[?db=N&user=U]; repeat to shard "
                    "over several; or one Redis Cluster: "
-                   "redis-cluster://[user@]host:port[,host:port...] (default: $KCACHE_REMOTE)")
+                   "redis-cluster://[user@]host:port[,host:port...]; rediss:// and "
+                   "rediss-cluster:// for TLS (default: $KCACHE_REMOTE)")
         ->type_name("URL");
     app.add_option("--remote-namespace", s.ns,
                    "keys live under kc2:NS: (default: $KCACHE_REMOTE_NAMESPACE, else 'default')")
@@ -72,6 +73,18 @@ void add_options(CLI::App& app, Settings& s) {
         ->transform(deadline_transform())
         ->type_name("DURATION");
     app.add_flag("--remote-read-only", s.read_only, "never write to the remote");
+    app.add_option("--remote-tls-ca", s.tls_ca,
+                   "rediss://: the CA certificates (PEM) the servers' certificates must chain "
+                   "to (default: $KCACHE_REMOTE_TLS_CA, else the system's store)")
+        ->type_name("FILE");
+    app.add_option("--remote-tls-cert", s.tls_cert,
+                   "rediss://: a client certificate (PEM) for servers that ask for one "
+                   "(tls-auth-clients); with --remote-tls-key (default: $KCACHE_REMOTE_TLS_CERT)")
+        ->type_name("FILE");
+    app.add_option("--remote-tls-key", s.tls_key,
+                   "rediss://: the client certificate's private key (PEM, no passphrase; "
+                   "default: $KCACHE_REMOTE_TLS_KEY)")
+        ->type_name("FILE");
 }
 
 std::vector<std::string> configured_urls(const Settings& s) {
@@ -93,8 +106,11 @@ Result<Options> resolve(const Settings& s) {
     if (urls.empty())
         return core::fail(EINVAL, "no remote server: give --remote URL or set KCACHE_REMOTE");
     Options options;
+    auto is_cluster = [](const std::string& u) {
+        return u.starts_with("redis-cluster://") || u.starts_with("rediss-cluster://");
+    };
     for (const std::string& url : urls) {
-        if (url.starts_with("redis-cluster://")) {
+        if (is_cluster(url)) {
             // Several cluster URLs name seeds of one cluster; plain servers cannot join it.
             options.cluster = true;
             auto seeds = KCACHE_TRY(parse_cluster_url(url));
@@ -104,9 +120,7 @@ Result<Options> resolve(const Settings& s) {
         auto endpoint = KCACHE_TRY(parse_endpoint(url));
         options.servers.push_back(std::move(endpoint));
     }
-    if (options.cluster && !std::all_of(urls.begin(), urls.end(), [](const std::string& u) {
-            return u.starts_with("redis-cluster://");
-        })) {
+    if (options.cluster && !std::all_of(urls.begin(), urls.end(), is_cluster)) {
         return core::fail(EINVAL,
                           "--remote: a redis-cluster:// URL cannot be mixed with plain servers "
                           "(shards are for plain servers; a cluster shards itself)");
@@ -124,6 +138,13 @@ Result<Options> resolve(const Settings& s) {
     options.op_timeout_ns = s.timeout_ns;
     options.connect_timeout_ns = s.connect_timeout_ns;
     options.read_only = s.read_only;
+    auto from_env = [](const std::string& given, const char* var) {
+        const char* value = std::getenv(var);
+        return !given.empty() ? given : (value && *value ? std::string(value) : std::string());
+    };
+    options.tls.ca_file = from_env(s.tls_ca, "KCACHE_REMOTE_TLS_CA");
+    options.tls.cert_file = from_env(s.tls_cert, "KCACHE_REMOTE_TLS_CERT");
+    options.tls.key_file = from_env(s.tls_key, "KCACHE_REMOTE_TLS_KEY");
     KCACHE_TRY(validate(options));
     return options;
 }

@@ -50,15 +50,18 @@
 
 namespace kcache::remote {
 
-struct Reply;  // src/client.hpp
+struct Reply;      // src/client.hpp
+class TlsContext;  // src/tls.hpp
 using core::Result;
 using core::Status;
 
-// One Redis server: `redis://[user@]host:port[/db]` or `unix:/path/to/socket[?db=N]`.
+// One Redis server: `redis://[user@]host:port[/db]`, `rediss://[user@]host:port[/db]`
+// (TLS, verified against Options::tls) or `unix:/path/to/socket[?db=N]`.
 // A password inside the URL (`user:password@`) is refused: it would show in process
 // listings and logs; give it through an environment variable or a file instead.
 struct Endpoint {
     bool unix_socket = false;
+    bool tls = false;  // rediss://: TLS to host:port, the certificate checked against host
     std::string host;  // tcp
     std::uint16_t port = 6379;
     std::string path;  // unix socket
@@ -70,13 +73,23 @@ struct Endpoint {
 };
 Result<Endpoint> parse_endpoint(std::string_view url);
 // The seed nodes of `redis-cluster://[user@]host:port[,host:port...]` (TCP only, db 0:
-// a cluster has no other). EINVAL naming the fault otherwise.
+// a cluster has no other), or of `rediss-cluster://...`: TLS to the seeds and to every
+// node their slot map names. EINVAL naming the fault otherwise.
 Result<std::vector<Endpoint>> parse_cluster_url(std::string_view url);
 
 // The password from the environment variable `env_name` (when non-empty and set) or
 // else the first line of `file` (when non-empty). EINVAL when an explicitly named
 // variable is unset or the file cannot be read; the message never holds the secret.
 Result<std::string> load_password(const std::string& env_name, const std::string& file);
+
+// TLS to `rediss://` servers (remote/src/tls.hpp): the server's certificate must chain
+// to a CA of `ca_file` and name the host its URL names; nothing falls back to plaintext.
+struct TlsOptions {
+    std::string ca_file;    // PEM CA certificates; empty: the system's store
+    std::string cert_file;  // a client certificate (PEM) for servers that ask for one
+    std::string key_file;   // its private key (PEM, no passphrase); with cert_file only
+    bool any() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
+};
 
 struct Options {
     std::vector<Endpoint> servers;  // keys are sharded over them by rendezvous hashing
@@ -87,6 +100,7 @@ struct Options {
     std::int64_t connect_timeout_ns = 1'000'000'000;
     std::int64_t op_timeout_ns = 2'000'000'000;  // one round trip (or one pipeline)
     bool read_only = false;                      // never write (push refused, corrupt blobs kept)
+    TlsOptions tls;                              // for the rediss:// servers
     unsigned breaker_threshold = 2;  // consecutive failures that open a server's circuit
     std::int64_t breaker_cooldown_ns = 5'000'000'000;  // first cool-down; doubles, capped
     std::int64_t oom_pause_ns = 30'000'000'000;        // uploads pause this long after an OOM reply
@@ -101,7 +115,9 @@ struct Options {
     std::int64_t lease_ms = 0;
 };
 // EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]), a
-// non-positive timeout, or a cluster seed that is a unix socket or names a db.
+// non-positive timeout, a cluster seed that is a unix socket or names a db, cluster
+// seeds that mix TLS and plaintext, TLS files without a rediss:// server, or a client
+// certificate without its key (or a key without its certificate).
 Status validate(const Options& options);
 
 // What a Remote has done since it was made. Add them to a db's statistics with
@@ -331,7 +347,10 @@ class Remote {
     Mutex m_containers_mutex;
     std::unordered_set<std::string> m_containers_recorded GUARDED_BY(m_containers_mutex);
     std::unique_ptr<Cluster> m_cluster;  // null for plain servers
-    AtomicCounts m_counts;               // Server operations count errors, timeouts and bytes here
+    // Set once by create() when a server is rediss:// (null otherwise); read-only after,
+    // shared by every connection (OpenSSL's SSL_CTX is safe to share once set up).
+    std::shared_ptr<const TlsContext> m_tls;
+    AtomicCounts m_counts;  // Server operations count errors, timeouts and bytes here
 };
 
 // One pass of explaining misses across nodes (docs/misses.md, "Across nodes"): takes
