@@ -141,6 +141,7 @@ void add_inspect_commands(CLI::App& app, Cli& cli);      // inspect-binary
 void add_remote_commands(CLI::App& app, Cli& cli);       // remote push, pull, stats
 void add_misses_commands(CLI::App& app, Cli& cli);       // why, misses
 void add_env_commands(CLI::App& app, Cli& cli);          // env, run
+void add_keys_commands(CLI::App& app, Cli& cli);         // keys generate, list, trust, revoke
 
 // Sizing from capacity misses (core/misses.hpp), for `kcache stats`.
 nlohmann::json sizing_json(const core::Store& store, const core::Txn& txn);

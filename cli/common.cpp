@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/units.hpp"
+#include "kcache/remote/trust.hpp"
 
 namespace kcache::cli {
 
@@ -186,6 +187,7 @@ nlohmann::json config_json(const core::Config& config) {
 
 nlohmann::json entry_json(const core::Store& store, const core::EntryInfo& entry) {
     const std::int64_t now = store.now_ns();
+    const std::string signer = remote::signer_of(entry);
     return {
         {"name", entry.name},
         {"ino", entry.ino},
@@ -203,6 +205,8 @@ nlohmann::json entry_json(const core::Store& store, const core::EntryInfo& entry
         {"pinned", entry.pinned},
         {"populated", entry.populated},
         {"populated_by", {{"pid", entry.populated_by_pid}, {"name", entry.populated_by_name}}},
+        // the key id that signed an entry the shared tier supplied; null: unsigned or local
+        {"signer", signer.empty() ? nlohmann::json(nullptr) : nlohmann::json(signer)},
     };
 }
 

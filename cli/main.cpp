@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
     add_remote_commands(app, cli);
     add_misses_commands(app, cli);
     add_env_commands(app, cli);
+    add_keys_commands(app, cli);
 
     if (argc <= 1) {
         std::fputs(app.help().c_str(), stderr);

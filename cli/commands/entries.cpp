@@ -12,6 +12,7 @@
 #include "kcache/core/entry_files.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/units.hpp"
+#include "kcache/remote/trust.hpp"
 
 namespace kcache::cli {
 namespace {
@@ -118,6 +119,10 @@ int run_show(const Cli& cli, const ShowOptions& opts) {
     if (entry.populated_by_pid || !entry.populated_by_name.empty()) {
         info.add({"populated by",
                   fmt::format("{} (pid {})", entry.populated_by_name, entry.populated_by_pid)});
+    }
+    if (core::is_fleet_entry(entry)) {
+        const std::string signer = remote::signer_of(entry);
+        info.add({"signer", signer.empty() ? "none (unsigned)" : signer});
     }
     info.print();
     if (files.empty()) return kExitOk;

@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "kcache/core/units.hpp"
+#include "kcache/remote/trust.hpp"
 
 namespace kcache::cli {
 namespace {
@@ -25,7 +26,37 @@ struct EvictOptions {
     std::optional<std::int64_t> older_than_ns;
     std::optional<std::uint64_t> to_size;
     std::optional<std::uint64_t> to_entries;
+    std::string signer;  // --signer KEYID
 };
+
+// Every entry the shared tier supplied signed by `signer` (a key id: what `kcache keys
+// revoke` names), pinned ones too: a revoked key's kernels must not run here. One
+// transaction: all or none.
+int evict_signer(core::Store& store, const std::string& signer) {
+    auto txn = check(store.write());
+    std::vector<core::EntryInfo> signed_by;
+    check(txn.for_each_entry([&](const core::EntryInfo& e) {
+        if (remote::signer_of(e) == signer) signed_by.push_back(e);
+        return true;
+    }));
+    core::EvictReport report;
+    for (const core::EntryInfo& entry : signed_by) {
+        if (entry.pinned)
+            check(txn.set_pinned(entry.ino, false), fmt::format("unpin {}", entry.name));
+        const core::Status status = txn.evict_entry(entry.ino);
+        if (!status && status.error().code == EBUSY) {
+            throw Failure(
+                fmt::format("entry {} has a write in flight; try again later", entry.name));
+        }
+        check(status, fmt::format("evict {}", entry.name));
+        report.entries += 1;
+        report.bytes += entry.bytes;
+    }
+    check(txn.commit());
+    fmt::print("evicted {} signed by {} ({})\n", count(report.entries, "entry", "entries"), signer,
+               core::format_size(report.bytes));
+    return kExitOk;
+}
 
 // All named entries in one transaction: either all are evicted or none is.
 int evict_names(core::Store& store, const std::vector<std::string>& names) {
@@ -57,6 +88,18 @@ int evict_names(core::Store& store, const std::vector<std::string>& names) {
 int run_evict(const Cli& cli, const EvictOptions& opts) {
     const bool by_name = !opts.names.empty();
     const bool by_bound = opts.older_than_ns || opts.to_size || opts.to_entries;
+    if (!opts.signer.empty()) {
+        if (by_name || by_bound) throw UsageError("--signer takes no entry names or bounds");
+        const bool id = opts.signer.size() == 16 &&
+                        opts.signer.find_first_not_of("0123456789abcdef") == std::string::npos;
+        if (!id) {
+            throw UsageError(fmt::format(
+                "--signer: '{}' is no key id (16 hex digits, as `kcache keys list` shows)",
+                opts.signer));
+        }
+        auto store = open_store(cli, Access::write);
+        return evict_signer(*store, opts.signer);
+    }
     if (by_name && by_bound) {
         throw UsageError(
             "give entry names or bounds (--older-than, --to-size, --to-entries), "
@@ -153,6 +196,10 @@ void add_evict_commands(CLI::App& app, Cli& cli) {
             ->transform(size_transform());
         sub->add_option("--to-entries", opts->to_entries, "evict until at most N entries are left")
             ->type_name("N");
+        sub->add_option("--signer", opts->signer,
+                        "evict every entry pulled signed by this key id (a revoked key's), "
+                        "pinned ones too")
+            ->type_name("KEYID");
         on_run(sub, cli, opts, &run_evict);
     }
     {

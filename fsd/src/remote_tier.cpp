@@ -38,6 +38,10 @@ remote::Counts minus(const remote::Counts& a, const remote::Counts& b) {
     d.uploads = a.uploads - b.uploads;
     d.upload_skipped = a.upload_skipped - b.upload_skipped;
     d.family_errors = a.family_errors - b.family_errors;
+    d.rejected_unsigned = a.rejected_unsigned - b.rejected_unsigned;
+    d.rejected_untrusted = a.rejected_untrusted - b.rejected_untrusted;
+    d.rejected_revoked = a.rejected_revoked - b.rejected_revoked;
+    d.rejected_bad = a.rejected_bad - b.rejected_bad;
     return d;
 }
 
@@ -116,6 +120,14 @@ void RemoteTier::start() {
         m_started = true;
     }
     publish_servers(false);
+    if (m_remote->verifying()) {
+        log::info("remote: entries are accepted only when signed by a key of {}",
+                  m_remote->options().trusted_keys);
+    } else {
+        log::warning(
+            "remote: the shared tier is unverified: any entry a writer puts there is accepted "
+            "(give --remote-trusted-keys FILE; docs/operations.md, \"Trust model\")");
+    }
     for (int i = 0; i < kFetchers; ++i) m_threads.emplace_back([this] { run_fetcher(); });
     m_threads.emplace_back([this] { run_timer(); });
     m_threads.emplace_back([this] { run_uploader(); });
@@ -332,7 +344,8 @@ void RemoteTier::run_fetcher() {
                     entry, result.error().message);
             }
         } else if (result->outcome == remote::Outcome::corrupt ||
-                   result->outcome == remote::Outcome::dangling) {
+                   result->outcome == remote::Outcome::dangling ||
+                   result->outcome == remote::Outcome::rejected) {
             log::warning("remote: {} is {} in the shared tier ({}): not stored, a miss", entry,
                          remote::outcome_name(result->outcome), result->detail);
         }
@@ -584,7 +597,8 @@ void RemoteTier::record_counts() {
     const bool any = dq || dd || dp || dpb || dlw || dlt || delta.hits || delta.misses ||
                      delta.errors || delta.timeouts || delta.corrupt || delta.dangling ||
                      delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped ||
-                     delta.family_errors;
+                     delta.family_errors || delta.rejected_unsigned || delta.rejected_untrusted ||
+                     delta.rejected_revoked || delta.rejected_bad;
     if (!any) return;
     if (auto s = remote::record_counts(m_store, delta); !s) {
         log::warning("remote: recording statistics: {}", s.error().message);

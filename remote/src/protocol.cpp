@@ -1,5 +1,6 @@
 #include "protocol.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -15,6 +16,8 @@ using core::ByteReader;
 namespace {
 
 constexpr std::string_view kManifestMagic = "KCM1";
+constexpr std::string_view kSignedManifestMagic = "KCM2";
+constexpr std::uint8_t kEd25519 = 1;  // the signature section's algorithm
 constexpr std::string_view kBlobMagic = "KCB1";
 constexpr std::string_view kFrameMagic = "KCF1";
 constexpr std::string_view kDictionaryMagic = "KCD1";
@@ -157,11 +160,49 @@ std::string encode(const Manifest& m) {
             w.str16(n.target);
         }
     }
+    if (m.signature) {
+        w.u8(kEd25519);
+        w.bytes(m.signature->key);
+        w.bytes(m.signature->signature);
+        w.u32(static_cast<std::uint32_t>(m.signature->sha256.size()));
+        for (const std::string& sha : m.signature->sha256) w.bytes(sha);
+    }
     const core::Digest sum = core::digest_of(body);
     w.u64(sum.high);
     w.u64(sum.low);
-    std::string out(kManifestMagic);
+    std::string out(m.signature ? kSignedManifestMagic : kManifestMagic);
     out += pack(body);
+    return out;
+}
+
+Result<std::string> signed_statement(std::string_view ns, const Manifest& m) {
+    if (!m.signature) return core::fail(EINVAL, "the manifest is not signed");
+    std::string out("kcache signed entry v1");
+    out.push_back('\0');
+    Writer w(out);
+    w.str16(ns);
+    w.str16(m.name);
+    w.u8(static_cast<std::uint8_t>(m.kind));
+    w.str16(m.stem);
+    w.u32(m.dir_mode & 07777);
+    w.str16(m.writer);
+    w.u32(static_cast<std::uint32_t>(m.files.size()));
+    std::size_t regular = 0;
+    for (const Node& n : m.files) {
+        w.str16(n.path);
+        w.u8(static_cast<std::uint8_t>(n.type));
+        w.u32(n.mode & 07777);
+        if (n.type == core::FileType::regular) {
+            if (regular >= m.signature->sha256.size())
+                return core::fail(EINVAL, "the signature has fewer SHA-256s than regular files");
+            w.u64(n.size);
+            w.bytes(m.signature->sha256[regular++]);
+        } else if (n.type == core::FileType::symlink) {
+            w.str16(n.target);
+        }
+    }
+    if (regular != m.signature->sha256.size())
+        return core::fail(EINVAL, "the signature has more SHA-256s than regular files");
     return out;
 }
 
@@ -206,7 +247,8 @@ Result<Node> decode_node(ByteReader& r) {
 }  // namespace
 
 Result<Manifest> decode_manifest(std::string_view value) {
-    if (!value.starts_with(kManifestMagic)) return bad("manifest: bad magic");
+    const bool is_signed = value.starts_with(kSignedManifestMagic);
+    if (!is_signed && !value.starts_with(kManifestMagic)) return bad("manifest: bad magic");
     std::string body;
     if (auto s = unpack(value.substr(kManifestMagic.size()), kMaxManifestBytes, body); !s) {
         return tl::unexpected(core::with_context(s.error(), "manifest"));
@@ -246,6 +288,29 @@ Result<Manifest> decode_manifest(std::string_view value) {
         auto node = decode_node(r);
         if (!node) return tl::unexpected(node.error());
         m.files.push_back(std::move(*node));
+    }
+    if (is_signed) {
+        std::uint8_t algorithm = 0;
+        std::uint32_t shas = 0;
+        Signature sig;
+        if (!r.read(algorithm)) return bad("manifest: truncated signature");
+        if (algorithm != kEd25519) return bad("manifest: unknown signature algorithm");
+        auto key = r.bytes(32);
+        auto signature = r.bytes(64);
+        if (!key || !signature || !r.read(shas)) return bad("manifest: truncated signature");
+        const auto regular = static_cast<std::size_t>(
+            std::count_if(m.files.begin(), m.files.end(),
+                          [](const Node& n) { return n.type == core::FileType::regular; }));
+        if (shas != regular)
+            return bad("manifest: the signature's SHA-256 count is not its regular file count");
+        sig.key.assign(*key);
+        sig.signature.assign(*signature);
+        for (std::uint32_t i = 0; i < shas; ++i) {
+            auto sha = r.bytes(32);
+            if (!sha) return bad("manifest: truncated SHA-256");
+            sig.sha256.emplace_back(*sha);
+        }
+        m.signature = std::move(sig);
     }
     if (!r.at_end()) return bad("manifest: trailing or missing bytes");
     return m;

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,16 +82,41 @@ std::uint32_t chunk_count(std::uint64_t raw_size);
 // the other): its files carry their content (`has_content`, files up to kInlineMax)
 // or name the blob `digest`. The entry directory's time is not carried.
 using Node = core::ImageFile;
+// A signed entry's signature (kcache/remote/trust.hpp): its producer's Ed25519 public
+// key, the signature of signed_statement(), and the SHA-256 of each regular file, in
+// the order of the manifest's files, which the statement binds and the puller checks
+// against the bytes it fetched before any is written.
+struct Signature {
+    std::string key;                  // 32 raw bytes of the public key
+    std::string signature;            // 64 bytes
+    std::vector<std::string> sha256;  // 32 raw bytes each, one per regular file
+};
 struct Manifest : core::EntryImage {
-    std::string writer;  // host (and mount point, from the daemon) that wrote it
+    std::string writer;                  // host (and mount point, from the daemon) that wrote it
+    std::optional<Signature> signature;  // a KCM2 value's; nullopt: unsigned (KCM1)
 };
 
 // The manifest's value: body zstd-compressed, with an XXH3-128 checksum of the body.
+// Magic "KCM1" for an unsigned manifest (as every kcache before signing wrote), "KCM2"
+// for a signed one: the KCM1 body followed by the signature section (key, signature,
+// a count of SHA-256s and the SHA-256s), all under the checksum. A node built before
+// signing reads a KCM2 value as a corrupt manifest (docs/operations.md, "Trust model").
 std::string encode(const Manifest& manifest);
 // EBADMSG naming the fault for anything malformed: bad magic, lengths past the end,
-// counts over the limits, an inlined file whose bytes do not match its digest, or a
-// checksum mismatch. Names, paths and targets are core::check_image's (the puller's).
+// counts over the limits, an inlined file whose bytes do not match its digest, a
+// checksum mismatch, or (KCM2) a signature section of the wrong shape or whose SHA-256
+// count is not the number of regular files. Names, paths and targets are
+// core::check_image's (the puller's). Whether the signature holds is not decode's to say.
 Result<Manifest> decode_manifest(std::string_view value);
+
+// The bytes a producer signs for `manifest` under namespace `ns`: a fixed tag, the
+// namespace, the entry's name, kind, stem, directory mode and writer, then per file its
+// path, type and permission bits, and a regular file's size and SHA-256 (from
+// manifest.signature->sha256) or a symlink's target. Binding the namespace and the name
+// keeps a valid manifest from being replayed under another entry or namespace; the
+// SHA-256s bind the bytes (the XXH3 digests only name the blobs). EINVAL when the
+// signature's SHA-256 count is not the number of regular files.
+Result<std::string> signed_statement(std::string_view ns, const Manifest& manifest);
 
 struct BlobHeader {
     std::uint64_t raw_size = 0;

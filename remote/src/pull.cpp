@@ -91,11 +91,24 @@ void drop_special_bits(proto::Manifest& m) {
     for (core::ImageFile& f : m.files) f.mode &= 0777;
 }
 
+// The writer an entry records (Origin::fleet): the manifest's host, and for a signed
+// entry '#' and its signer's key id (what `kcache show` names and `kcache evict --signer`
+// finds). A '#' in the host is replaced, so that no writer can name a signer it is not:
+// the host is cut so that the id always fits (Origin::fleet keeps 48 bytes).
+std::string recorded_writer(const proto::Manifest& m, std::string_view signer) {
+    std::string host = m.writer.substr(0, signer.empty() ? m.writer.size() : 31);
+    std::replace(host.begin(), host.end(), '#', '?');
+    if (signer.empty()) return host;
+    return host + "#" + std::string(signer);
+}
+
 // Writes the checked manifest's files with their verified contents (core::write_image).
 // The caller commits or drops the transaction.
-Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobContents& blobs) {
+Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobContents& blobs,
+                   std::string_view signer) {
     core::ImageWrite how;
-    how.origin = core::Origin::fleet(m.writer);  // compiled there: a hit of the fleet here
+    // compiled there: a hit of the fleet here
+    how.origin = core::Origin::fleet(recorded_writer(m, signer));
     how.content = [&](const core::ImageFile& f) -> std::optional<std::string_view> {
         auto it = blobs.find(f.digest);
         if (it == blobs.end()) return std::nullopt;
@@ -104,7 +117,93 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
     return core::write_image(txn, m, how);
 }
 
+// The trust policy for a decoded, checked manifest read under `ns` (docs/operations.md,
+// "Trust model"): Rejection::none to go on (then `signer` is the key's id when signed).
+// With a trust file: unsigned, untrusted and revoked keys are refused, then the
+// signature must hold for this namespace and name. Without one: an unsigned entry is
+// taken (the insecure default), a signed one must still hold for its own key.
+Rejection check_signature(const proto::Manifest& m, std::string_view ns, const TrustFile* trust,
+                          std::string& detail, std::string& signer) {
+    if (!m.signature) {
+        if (!trust) return Rejection::none;
+        detail = "the entry is not signed, and only signed entries are trusted here";
+        return Rejection::unsigned_entry;
+    }
+    PublicKey key;
+    std::copy(m.signature->key.begin(), m.signature->key.end(), key.raw.begin());
+    if (trust) {
+        const TrustedKey* known = trust->find(key);
+        if (!known) {
+            detail = fmt::format("signed by key {}, which the trust file does not name", key.id());
+            return Rejection::untrusted;
+        }
+        if (known->revoked) {
+            detail = fmt::format("signed by key {}{}, which the trust file revokes", key.id(),
+                                 known->name.empty() ? "" : " (" + known->name + ")");
+            return Rejection::revoked;
+        }
+    }
+    auto statement = proto::signed_statement(ns, m);
+    if (!statement || !verify_signature(key, *statement, m.signature->signature)) {
+        detail = fmt::format(
+            "the signature of key {} does not hold for entry '{}' in namespace {} (altered "
+            "after signing, or signed for another name or namespace)",
+            key.id(), m.name, ns);
+        return Rejection::bad;
+    }
+    signer = key.id();
+    return Rejection::none;
+}
+
+// Every regular file of a signed manifest against its signed SHA-256, with the bytes
+// about to be written (carried, fetched or local): empty when all match, else which.
+std::string check_contents(const proto::Manifest& m, const BlobContents& blobs) {
+    if (!m.signature) return {};
+    std::size_t k = 0;
+    for (const proto::Node& n : m.files) {
+        if (n.type != core::FileType::regular) continue;
+        std::string_view bytes;
+        if (n.has_content) {
+            bytes = n.content;
+        } else if (n.size != 0) {
+            auto it = blobs.find(n.digest);
+            if (it == blobs.end()) return fmt::format("file {} has no content", n.path);
+            bytes = *it->second;
+        }
+        if (sha256(bytes) != m.signature->sha256[k++]) {
+            return fmt::format(
+                "file {} differs from its signed SHA-256 (swapped under a valid "
+                "manifest)",
+                n.path);
+        }
+    }
+    return {};
+}
+
 }  // namespace
+
+void Remote::reject(PullItem& item, Rejection why, std::string detail) {
+    m_counts.misses.fetch_add(1);
+    switch (why) {
+        case Rejection::unsigned_entry:
+            m_counts.rejected_unsigned.fetch_add(1);
+            break;
+        case Rejection::untrusted:
+            m_counts.rejected_untrusted.fetch_add(1);
+            break;
+        case Rejection::revoked:
+            m_counts.rejected_revoked.fetch_add(1);
+            break;
+        case Rejection::bad:
+        case Rejection::none:
+            m_counts.rejected_bad.fetch_add(1);
+            break;
+    }
+    item.result.outcome = Outcome::rejected;
+    item.result.rejection = why;
+    item.result.detail = fmt::format("{}: {}", rejection_name(why), detail);
+    item.done = item.result;
+}
 
 void Remote::fetch_blobs(std::vector<Wanted*>& blobs) {
     std::map<Server*, std::vector<Wanted*>> by_server;
@@ -464,6 +563,17 @@ void Remote::fetch_manifests(std::vector<PullItem>& items, const LeaseAsk* lease
                 item.done = item.result;
                 continue;
             }
+            {
+                std::string detail, signer;
+                const Rejection why = check_signature(
+                    *manifest, m_options.ns, m_trust ? &*m_trust : nullptr, detail, signer);
+                if (why != Rejection::none) {
+                    // Left in Redis: another node may trust what this one refuses.
+                    reject(item, why, std::move(detail));
+                    continue;
+                }
+                item.result.signer = std::move(signer);
+            }
             for (const proto::Node& n : manifest->files) {
                 if (n.type != core::FileType::regular) continue;
                 ++item.result.files;
@@ -538,6 +648,13 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
             contents[i - first][n.digest] = &w.content;
         }
         if (!bad) {
+            // Signed: every file's bytes against the SHA-256 the key signed, before any
+            // byte of the entry is written.
+            if (std::string fault = check_contents(*item.manifest, contents[i - first]);
+                !fault.empty()) {
+                reject(item, Rejection::bad, std::move(fault));
+                continue;
+            }
             ready.push_back(i);
         } else if (bad->state == Wanted::State::failed) {
             item.done = tl::unexpected(*bad->error);
@@ -591,7 +708,7 @@ bool Remote::pull_group(core::Store& store, std::vector<PullItem>& items, std::s
             if (auto s = core::offer_frame(txn, pulled, ids); !s)
                 return tl::unexpected(core::with_context(s.error(), item.name));
         }
-        if (auto s = write_entry(txn, *item.manifest, contents[i - first]); !s)
+        if (auto s = write_entry(txn, *item.manifest, contents[i - first], item.result.signer); !s)
             return tl::unexpected(core::with_context(s.error(), item.name));
         item.result.outcome = Outcome::pulled;
         return {};

@@ -261,6 +261,24 @@ std::string_view outcome_name(Outcome o) {
             return "dangling";
         case Outcome::corrupt:
             return "corrupt";
+        case Outcome::rejected:
+            return "rejected";
+    }
+    return "unknown";
+}
+
+std::string_view rejection_name(Rejection r) {
+    switch (r) {
+        case Rejection::none:
+            return "none";
+        case Rejection::unsigned_entry:
+            return "unsigned";
+        case Rejection::untrusted:
+            return "untrusted";
+        case Rejection::revoked:
+            return "revoked";
+        case Rejection::bad:
+            return "bad signature";
     }
     return "unknown";
 }
@@ -282,6 +300,17 @@ Result<std::unique_ptr<Remote>> Remote::create(Options options) {
                 return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
         }
         remote->m_servers.push_back(std::move(server));
+    }
+    if (!remote->m_options.signing_key.empty()) {
+        auto key = SigningKey::load(remote->m_options.signing_key);
+        if (!key) return tl::unexpected(core::with_context(key.error(), "--remote-signing-key"));
+        remote->m_signing_key = std::move(*key);
+    }
+    if (!remote->m_options.trusted_keys.empty()) {
+        auto trust = load_trust_file(remote->m_options.trusted_keys);
+        if (!trust)
+            return tl::unexpected(core::with_context(trust.error(), "--remote-trusted-keys"));
+        remote->m_trust = std::move(*trust);
     }
     // One TLS context for every rediss:// connection: its files are read now, so that a
     // bad one stops start-up instead of failing every connect.
@@ -431,6 +460,10 @@ Counts Remote::counts() const {
     c.uploads = m_counts.uploads.load();
     c.upload_skipped = m_counts.upload_skipped.load();
     c.family_errors = m_counts.family_errors.load();
+    c.rejected_unsigned = m_counts.rejected_unsigned.load();
+    c.rejected_untrusted = m_counts.rejected_untrusted.load();
+    c.rejected_revoked = m_counts.rejected_revoked.load();
+    c.rejected_bad = m_counts.rejected_bad.load();
     return c;
 }
 
@@ -466,6 +499,10 @@ Status record_counts(core::Store& store, const Counts& c) {
         {Counter::remote_uploads, c.uploads},
         {Counter::remote_upload_skipped, c.upload_skipped},
         {Counter::remote_family_errors, c.family_errors},
+        {Counter::remote_rejected_unsigned, c.rejected_unsigned},
+        {Counter::remote_rejected_untrusted, c.rejected_untrusted},
+        {Counter::remote_rejected_revoked, c.rejected_revoked},
+        {Counter::remote_rejected_bad, c.rejected_bad},
     };
     return store.update([&](core::WriteTxn& txn) -> Status {
         for (const auto& [counter, delta] : deltas) {

@@ -1,5 +1,7 @@
 #include "kcache/remote/settings.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -85,6 +87,14 @@ void add_options(CLI::App& app, Settings& s) {
                    "rediss://: the client certificate's private key (PEM, no passphrase; "
                    "default: $KCACHE_REMOTE_TLS_KEY)")
         ->type_name("FILE");
+    app.add_option("--remote-signing-key", s.signing_key,
+                   "sign every entry pushed with this private key (kcache keys generate)")
+        ->type_name("FILE");
+    app.add_option("--remote-trusted-keys", s.trusted_keys,
+                   "accept only entries signed by a key this trust file trusts (default: " +
+                       std::string(kDefaultTrustFile) +
+                       " when it exists; 'none': accept unsigned entries, unverified)")
+        ->type_name("FILE");
 }
 
 std::vector<std::string> configured_urls(const Settings& s) {
@@ -145,6 +155,14 @@ Result<Options> resolve(const Settings& s) {
     options.tls.ca_file = from_env(s.tls_ca, "KCACHE_REMOTE_TLS_CA");
     options.tls.cert_file = from_env(s.tls_cert, "KCACHE_REMOTE_TLS_CERT");
     options.tls.key_file = from_env(s.tls_key, "KCACHE_REMOTE_TLS_KEY");
+    options.signing_key = s.signing_key;
+    if (s.trusted_keys.empty()) {
+        struct stat st {};
+        const std::string fallback(kDefaultTrustFile);
+        if (::stat(fallback.c_str(), &st) == 0) options.trusted_keys = fallback;
+    } else if (s.trusted_keys != "none") {
+        options.trusted_keys = s.trusted_keys;
+    }
     KCACHE_TRY(validate(options));
     return options;
 }

@@ -212,11 +212,26 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
         auto txn = KCACHE_TRY(store.read());
         const auto entry = KCACHE_TRY(txn.find_entry(name));
         static_cast<core::EntryImage&>(m) = KCACHE_TRY(core::read_image(txn, entry, true));
+        if (m_signing_key) {
+            // The SHA-256 of every regular file, while the image still carries them all.
+            proto::Signature sig;
+            for (const proto::Node& n : m.files) {
+                if (n.type == core::FileType::regular) sig.sha256.push_back(sha256(n.content));
+            }
+            m.signature = std::move(sig);
+        }
         KCACHE_TRY(collect_outgoing(txn, m, outgoing.blobs, outgoing.dictionaries, result));
         member = family_member_of(txn, entry);
     }
     char host[256] = {};
     if (gethostname(host, sizeof host - 1) == 0) m.writer = host;
+    if (m_signing_key) {
+        const PublicKey& key = m_signing_key->public_key();
+        m.signature->key.assign(reinterpret_cast<const char*>(key.raw.data()), key.raw.size());
+        m.signature->signature =
+            m_signing_key->sign(KCACHE_TRY(proto::signed_statement(m_options.ns, m)));
+        result.signer = key.id();
+    }
 
     const std::string mkey = proto::manifest_key(m_options.ns, m.name);
     Server& mserver = shard(mkey);

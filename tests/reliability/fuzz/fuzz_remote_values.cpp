@@ -10,8 +10,9 @@
 // past the end or allocate without bound. A manifest or blob header that decodes must
 // encode back to a value that decodes to the same thing (what a node pulls is what
 // was pushed), and core::check_image (the rules a bundle's entries meet too) refuses
-// it with EINVAL or takes it; a chunk decodes to at most kChunkBytes and leaves `out`
-// as it was when it fails.
+// it with EINVAL or takes it; a signed manifest (KCM2) keeps its signature section
+// through encode and decode and always has a signed statement; a chunk decodes to at most
+// kChunkBytes and leaves `out` as it was when it fails.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -54,6 +55,12 @@ bool same(const proto::Manifest& a, const proto::Manifest& b) {
             x.content != y.content || x.target != y.target)
             return false;
     }
+    // A signed manifest (KCM2) keeps its key, signature and SHA-256s.
+    if (a.signature.has_value() != b.signature.has_value()) return false;
+    if (a.signature &&
+        (a.signature->key != b.signature->key || a.signature->signature != b.signature->signature ||
+         a.signature->sha256 != b.signature->sha256))
+        return false;
     return true;
 }
 
@@ -95,6 +102,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             if (failed_cleanly(m)) break;
             const auto again = proto::decode_manifest(proto::encode(*m));
             check(again && same(*m, *again), "manifest does not survive encode and decode");
+            // A signed one that decodes has the statement its signer signed: one SHA-256
+            // per regular file, so the puller can always ask whether the signature holds.
+            if (m->signature) {
+                check(m->signature->key.size() == 32 && m->signature->signature.size() == 64,
+                      "a signature section of the wrong shape decoded");
+                check(proto::signed_statement("ns", *m).has_value(),
+                      "a decoded signed manifest has no statement");
+            }
             // The image's checks (a puller's, and a bundle's) take any decoded manifest.
             if (const auto checked = kcache::core::check_image(*m); !checked) {
                 check(checked.error().code == EINVAL && !checked.error().message.empty(),

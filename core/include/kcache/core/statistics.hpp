@@ -62,6 +62,11 @@ enum class Counter : std::uint32_t {
     remote_lease_timeouts = 55,
     remote_containers = 56,
     remote_family_errors = 60,
+    // pulls the trust policy refused (docs/operations.md, "Trust model")
+    remote_rejected_unsigned = 61,
+    remote_rejected_untrusted = 62,
+    remote_rejected_revoked = 63,
+    remote_rejected_bad = 64,
     // gauges
     entries = 100,
     bytes = 101,
@@ -75,7 +80,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 48;
+inline constexpr std::size_t kStatisticCount = 52;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -198,6 +203,14 @@ inline constexpr StatisticField kStatistics[] = {
      "directories a lookup made because the shared tier holds entries below them (Inductor's fxgraph/<xx>/, ccache's <x>/<y>/ on a node that never compiled there)", "reads"},
     {Counter::remote_family_errors, "remote_family_errors", Unit::count, StatisticKind::counter, by_remote,
      "family members (misses explained across nodes) not recorded or not read: the push itself succeeded", "failures"},
+    {Counter::remote_rejected_unsigned, "remote_rejected_unsigned", Unit::count, StatisticKind::counter, by_remote,
+     "entries refused because they carry no signature while a trust file is set (a miss, nothing stored)", "trust"},
+    {Counter::remote_rejected_untrusted, "remote_rejected_untrusted", Unit::count, StatisticKind::counter, by_remote,
+     "entries refused because the key that signed them is not in the trust file (a miss, nothing stored)", "trust"},
+    {Counter::remote_rejected_revoked, "remote_rejected_revoked", Unit::count, StatisticKind::counter, by_remote,
+     "entries refused because the trust file revokes the key that signed them (a miss, nothing stored)", "trust"},
+    {Counter::remote_rejected_bad, "remote_rejected_bad", Unit::count, StatisticKind::counter, by_remote,
+     "entries refused because their signature does not hold for their namespace and name, or a file differs from its signed SHA-256 (a miss, nothing stored)", "trust"},
     {Counter::entries, "entries", Unit::count, StatisticKind::gauge, by_store,
      "entries in the cache now"},
     {Counter::bytes, "bytes", Unit::bytes, StatisticKind::gauge, by_store,

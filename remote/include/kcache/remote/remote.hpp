@@ -47,6 +47,7 @@
 #include "kcache/core/misses.hpp"
 #include "kcache/core/store.hpp"
 #include "kcache/core/thread_annotations.hpp"
+#include "kcache/remote/trust.hpp"
 
 namespace kcache::remote {
 
@@ -113,6 +114,15 @@ struct Options {
     static constexpr std::int64_t kLeaseRenewed = -1;
     static constexpr std::int64_t kLeaseTtlMs = 5000;
     std::int64_t lease_ms = 0;
+    // Signed entries (kcache/remote/trust.hpp; docs/operations.md, "Trust model").
+    // signing_key: a private key file (kcache keys generate): every entry pushed is
+    // signed with it; empty: pushes are unsigned. trusted_keys: a trust file (its rule:
+    // check_trust_file); set, a pull accepts only entries signed by a key it trusts and
+    // whose files match their signed SHA-256s, anything else is a miss with its cause
+    // (Outcome::rejected); empty: every entry is accepted, signed or not (the insecure
+    // default, as before signing; a signed one is still checked against its own key).
+    std::string signing_key;
+    std::string trusted_keys;
 };
 // EINVAL for an empty server list, a bad namespace (1-64 of [A-Za-z0-9._-]), a
 // non-positive timeout, a cluster seed that is a unix socket or names a db, cluster
@@ -126,6 +136,9 @@ struct Counts {
     std::uint64_t hits = 0, misses = 0, errors = 0, timeouts = 0, corrupt = 0, dangling = 0,
                   bytes_up = 0, bytes_down = 0, uploads = 0, upload_skipped = 0,
                   family_errors = 0;  // family members not recorded or not read
+    // pulls refused by the trust policy (Outcome::rejected), by cause
+    std::uint64_t rejected_unsigned = 0, rejected_untrusted = 0, rejected_revoked = 0,
+                  rejected_bad = 0;
 };
 
 enum class Outcome : std::uint8_t {
@@ -136,8 +149,22 @@ enum class Outcome : std::uint8_t {
     miss,            // pull: no manifest
     dangling,        // pull: the manifest names a blob that is gone (a miss)
     corrupt,         // pull: a blob or the manifest failed its check: nothing stored
+    rejected,        // pull: refused by the trust policy (EntryResult::rejection): a miss
 };
 std::string_view outcome_name(Outcome o);
+
+// Why a pull refused an entry (Options::trusted_keys): a miss, nothing stored, the
+// manifest left in Redis (other nodes may trust it).
+enum class Rejection : std::uint8_t {
+    none,
+    unsigned_entry,  // no signature, and a trust file is set
+    untrusted,       // signed by a key the trust file does not name
+    revoked,         // signed by a key the trust file revokes
+    bad,             // the signature does not hold for this namespace and name, or a file's bytes
+                     // differ from its signed SHA-256
+};
+std::string_view rejection_name(
+    Rejection r);  // "unsigned", "untrusted", "revoked", "bad signature"
 
 struct EntryResult {
     Outcome outcome = Outcome::miss;
@@ -146,8 +173,10 @@ struct EntryResult {
     // lease step failed: a plain miss).
     std::optional<bool> lease_taken;
     std::uint64_t files = 0;
-    std::uint64_t bytes = 0;  // logical bytes of the entry's files
-    std::string detail;       // why, for dangling / corrupt
+    std::uint64_t bytes = 0;                // logical bytes of the entry's files
+    std::string detail;                     // why, for dangling / corrupt / rejected
+    Rejection rejection = Rejection::none;  // rejected: the cause
+    std::string signer;  // pushed or pulled signed: the key's id (PublicKey::id()); else empty
 };
 
 // What pull_entries() / pull_job() did, in total.
@@ -262,6 +291,9 @@ class Remote {
     void count_family_error() { m_counts.family_errors.fetch_add(1); }
     std::vector<ServerState> servers();
     const Options& options() const { return m_options; }
+    // Whether pulls check signatures against a trust file (Options::trusted_keys); false:
+    // the tier is unverified (anything any writer puts there is accepted).
+    bool verifying() const { return m_trust.has_value(); }
 
     struct Server;   // a connection, its breaker and its mutex (server.hpp)
     struct Cluster;  // the slot map of a Redis Cluster (server.hpp)
@@ -336,9 +368,15 @@ class Remote {
     struct AtomicCounts {
         std::atomic<std::uint64_t> hits{0}, misses{0}, errors{0}, timeouts{0}, corrupt{0},
             dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0},
-            family_errors{0};
+            family_errors{0}, rejected_unsigned{0}, rejected_untrusted{0}, rejected_revoked{0},
+            rejected_bad{0};
     };
+    // A rejected item's outcome, cause and count (pull.cpp).
+    void reject(PullItem& item, Rejection why, std::string detail);
     Options m_options;
+    // Loaded by create() from Options::signing_key / trusted_keys; fixed afterwards.
+    std::optional<SigningKey> m_signing_key;
+    std::optional<TrustFile> m_trust;
     // Plain servers: fixed once create() returns. A cluster appends the nodes it
     // discovers under m_cluster's mutex (never removes one: a Server& stays valid).
     std::vector<std::unique_ptr<Server>> m_servers;

@@ -27,14 +27,21 @@ struct Settings {
     std::string tls_ca;    // --remote-tls-ca
     std::string tls_cert;  // --remote-tls-cert
     std::string tls_key;   // --remote-tls-key
+    // Signed entries (kcache/remote/trust.hpp). --remote-signing-key: sign every entry
+    // pushed with this private key.
+    std::string signing_key;
+    // --remote-trusted-keys: accept only entries signed by its keys; empty:
+    // kDefaultTrustFile when it exists, else none (unverified); "none": none.
+    std::string trusted_keys;
 };
 
 // "250ms", or a core duration ("2s"; a bare number is seconds); positive, at most a day.
 Result<std::int64_t> parse_deadline(std::string_view text);
 
 // Adds --remote, --remote-namespace, --remote-password-env, --remote-password-file,
-// --remote-timeout, --remote-connect-timeout, --remote-read-only and --remote-tls-ca /
-// -cert / -key to `app`, writing into `settings` (which must outlive the parse).
+// --remote-timeout, --remote-connect-timeout, --remote-read-only, --remote-tls-ca /
+// -cert / -key, --remote-signing-key and --remote-trusted-keys to `app`, writing into
+// `settings` (which must outlive the parse).
 void add_options(CLI::App& app, Settings& settings);
 
 // The servers the settings name: --remote, else $KCACHE_REMOTE (spaces or commas).
