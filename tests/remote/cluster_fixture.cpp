@@ -23,6 +23,8 @@
 #include "cluster.hpp"
 #include "run_program.hpp"
 #include "skip.hpp"
+#include "tls.hpp"
+#include "tls_fixture.hpp"
 
 namespace kcache::test {
 
@@ -51,24 +53,26 @@ bool port_free(std::uint16_t port) {
     return ok;
 }
 
-remote::Endpoint endpoint(std::uint16_t port) {
+remote::Endpoint endpoint(std::uint16_t port, bool tls) {
     remote::Endpoint e;
     e.host = "127.0.0.1";
     e.port = port;
+    e.tls = tls;
     return e;
-}
-
-// One command, or the error (a dead node, a node still starting).
-core::Result<remote::Reply> try_command(std::uint16_t port, const remote::Command& args) {
-    const std::int64_t deadline = remote::steady_ns() + 2'000'000'000;
-    auto conn = KCACHE_TRY(remote::Connection::open(endpoint(port), {}, deadline));
-    auto replies = KCACHE_TRY(conn->exec({args}, deadline));
-    return replies.front();
 }
 
 }  // namespace
 
-RedisCluster::RedisCluster() {
+core::Result<remote::Reply> RedisCluster::try_command(std::uint16_t port,
+                                                      const remote::Command& args) {
+    const std::int64_t deadline = remote::steady_ns() + 2'000'000'000;
+    auto conn = KCACHE_TRY(
+        remote::Connection::open(endpoint(port, m_tls != nullptr), {}, deadline, m_tls.get()));
+    auto replies = KCACHE_TRY(conn->exec({args}, deadline));
+    return replies.front();
+}
+
+RedisCluster::RedisCluster(const TlsCerts* tls) {
     const std::string server = find_program("redis-server");
     const std::string cli = find_program("redis-cli");
     if (server.empty() || cli.empty())
@@ -81,6 +85,12 @@ RedisCluster::RedisCluster() {
         if (port_free(p) && port_free(static_cast<std::uint16_t>(p + 10000))) m_ports.push_back(p);
     }
     REQUIRE(m_ports.size() == 6);
+    if (tls) {
+        auto context = remote::TlsContext::create(tls->options(true));
+        INFO((context ? std::string() : context.error().message));
+        REQUIRE(context.has_value());
+        m_tls = std::move(*context);
+    }
     for (const std::uint16_t port : m_ports) {
         const std::filesystem::path dir = m_dir / std::to_string(port);
         std::filesystem::create_directories(dir);
@@ -105,6 +115,15 @@ RedisCluster::RedisCluster() {
                                          (dir / "redis.log").string(),
                                          "--daemonize",
                                          "no"};
+        if (tls) {
+            // TLS only: the port above moves to tls-port; the cluster bus (port + 10000)
+            // and replication are TLS too, the nodes authenticated by their certificates.
+            args[1] = "--tls-port";
+            args.insert(args.end(), {"--port", "0", "--tls-cluster", "yes", "--tls-replication",
+                                     "yes", "--tls-cert-file", tls->path("server.pem"),
+                                     "--tls-key-file", tls->path("server.key"),
+                                     "--tls-ca-cert-file", tls->ca(), "--tls-auth-clients", "no"});
+        }
         std::vector<char*> argv;
         for (auto& a : args) argv.push_back(a.data());
         argv.push_back(nullptr);
@@ -132,6 +151,7 @@ RedisCluster::RedisCluster() {
     std::vector<std::string> create = {cli, "--cluster", "create"};
     for (const std::uint16_t port : m_ports) create.push_back("127.0.0.1:" + std::to_string(port));
     create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
+    if (tls) create.insert(create.end(), {"--tls", "--cacert", tls->ca()});
     const ProgramResult made = run_program(create, {}, {}, 60);
     INFO(made.out << made.err << logs());
     REQUIRE(made.exit_code == 0);
@@ -146,7 +166,8 @@ RedisCluster::Nodes::~Nodes() {
 }
 
 std::string RedisCluster::url() const {
-    return "redis-cluster://127.0.0.1:" + std::to_string(m_ports.front());
+    return (m_tls ? "rediss-cluster://127.0.0.1:" : "redis-cluster://127.0.0.1:") +
+           std::to_string(m_ports.front());
 }
 
 remote::Reply RedisCluster::command(std::uint16_t port, const remote::Command& args) {

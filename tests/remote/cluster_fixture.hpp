@@ -2,29 +2,39 @@
 // (redis-server in cluster mode on free ports, joined by `redis-cli --cluster create`),
 // in a temp dir, no persistence, a node timeout of 1 s so that a killed master's replica
 // is promoted within a few seconds. Skips the test (exit 77) with a message without
-// redis-server or redis-cli.
+// redis-server or redis-cli. With TlsCerts (tls_fixture.hpp), every node serves TLS only
+// (tls-port, tls-cluster, tls-replication): clients, the cluster bus and replication.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "client.hpp"
 #include "temp_dir.hpp"
 
+namespace kcache::remote {
+class TlsContext;
+}
+
 namespace kcache::test {
+
+class TlsCerts;
 
 class RedisCluster {
   public:
-    RedisCluster();
+    // `tls`: TLS everywhere with these certificates (they must outlive the cluster).
+    explicit RedisCluster(const TlsCerts* tls = nullptr);
     ~RedisCluster();
     RedisCluster(const RedisCluster&) = delete;
     RedisCluster& operator=(const RedisCluster&) = delete;
 
-    // redis-cluster://127.0.0.1:<first node>: one seed; kcache discovers the rest.
+    // redis-cluster://127.0.0.1:<first node> (rediss-cluster:// with TLS): one seed;
+    // kcache discovers the rest.
     std::string url() const;
     const std::vector<std::uint16_t>& ports() const { return m_ports; }
     // One command to one node; REQUIREs a reply within 5 s.
@@ -53,7 +63,10 @@ class RedisCluster {
         Nodes& operator=(const Nodes&) = delete;
         ~Nodes();
     };
+    // One command, or the error (a dead node, a node still starting).
+    core::Result<remote::Reply> try_command(std::uint16_t port, const remote::Command& args);
     TempDir m_dir;
+    std::shared_ptr<const remote::TlsContext> m_tls;  // null: plaintext
     std::vector<std::uint16_t> m_ports;
     Nodes m_pids;
 };
