@@ -25,6 +25,7 @@ packages=(
   openssl  # the CLI that makes the TLS tests' CA and certificates (rediss://)
   libssl-dev  # OpenSSL 3: TLS to Redis (remote/src/tls.cpp)
   perl  # prove, which runs pjdfstest on the mount (tests/posix)
+  xfslibs-dev  # xfs/xfs.h, which fsstress (xfstests, tests/posix/xfstests.py) includes
 )
 
 sudo_cmd=()
