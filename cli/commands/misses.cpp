@@ -6,6 +6,7 @@
 #include "kcache/core/misses.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/units.hpp"
+#include "kcache/remote/trust.hpp"
 
 namespace kcache::cli {
 namespace {
@@ -153,11 +154,40 @@ std::string entry_name_of(const core::Txn& txn, const std::string& target) {
     return find_entry(txn, target).name;
 }
 
+// The shared tier held the entry and a pull refused it (remote/trust.hpp's rejections):
+// the cause in a sentence.
+std::string refused(const core::Store& store, const remote::RejectionRecord& r) {
+    return fmt::format("the shared tier held it and a pull refused it {} ({}): {}",
+                       age_since(store, r.time_ns), r.cause, r.detail);
+}
+nlohmann::json refused_json(const remote::RejectionRecord& r) {
+    return {{"cause", r.cause}, {"detail", r.detail}, {"time_ns", r.time_ns}};
+}
+
 int run_why(const Cli& cli, const WhyOptions& opts) {
     std::unique_ptr<core::Store> store;
     classify_or_tell(cli, opts.classify, store);
     auto txn = check(store->read());
-    const std::string name = entry_name_of(txn, opts.target);
+    std::string name;
+    try {
+        name = entry_name_of(txn, opts.target);
+    } catch (const Failure&) {
+        // Not here at all (nothing compiled it here yet): it may still have been refused.
+        auto r = remote::last_rejection(store->path(), opts.target);
+        if (!r) throw;
+        if (opts.json) {
+            print_json({{"entry", r->entry},
+                        {"cause", "remote_rejected"},
+                        {"remote_rejected", refused_json(*r)}});
+        } else {
+            Table info({"", ""});
+            info.add({"entry", r->entry});
+            info.add({"cause", refused(*store, *r) + "; nothing of it was stored"});
+            info.print();
+        }
+        return kExitOk;
+    }
+    const auto rejection = remote::last_rejection(store->path(), name);
     auto miss = check(core::find_miss(txn, name));
     if (!miss) {
         // An entry the shared tier supplied missed nowhere here: say whose compile it is.
@@ -181,6 +211,16 @@ int run_why(const Cli& cli, const WhyOptions& opts) {
             }
             return kExitOk;
         }
+        if (rejection) {
+            if (opts.json) {
+                print_json({{"entry", name},
+                            {"cause", "remote_rejected"},
+                            {"remote_rejected", refused_json(*rejection)}});
+            } else {
+                fmt::print("{}: {}\n", name, refused(*store, *rejection));
+            }
+            return kExitOk;
+        }
         const auto pending = check(core::pending_misses(txn));
         throw Failure(fmt::format(
             "no classified miss of {} is kept{}", name,
@@ -190,9 +230,13 @@ int run_why(const Cli& cli, const WhyOptions& opts) {
                     : std::string()));
     }
     if (opts.json) {
-        print_json(miss_json(*miss));
+        nlohmann::json out = miss_json(*miss);
+        if (rejection) out["remote_rejected"] = refused_json(*rejection);
+        print_json(out);
     } else {
         print_miss(*store, *miss);
+        // Why the shared tier did not answer it: refused by the trust policy.
+        if (rejection) fmt::print("\nshared tier: {}\n", refused(*store, *rejection));
     }
     return kExitOk;
 }

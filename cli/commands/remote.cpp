@@ -65,7 +65,18 @@ class CountsRecorder {
 };
 
 std::string describe(const remote::EntryResult& r) {
-    return fmt::format("{}, {}", count(r.files, "file", "files"), core::format_size(r.bytes));
+    return fmt::format("{}, {}{}", count(r.files, "file", "files"), core::format_size(r.bytes),
+                       r.signer.empty() ? "" : ", signed by " + r.signer);
+}
+
+// What a pull trusts, in a line (docs/operations.md, "Trust model").
+std::string trust_line(const remote::Remote& r) {
+    if (r.verifying()) {
+        return fmt::format("verified: only entries signed by a key trusted in {}",
+                           r.options().trusted_keys);
+    }
+    return "unverified: entries are accepted from any writer (no trust file; "
+           "--remote-trusted-keys FILE)";
 }
 
 int run_push(const Cli& cli, const PushOptions& opts) {
@@ -111,6 +122,8 @@ int run_pull(const Cli& cli, const PullOptions& opts) {
     auto store = open_store(cli, Access::create);
     auto r = make_remote(*opts.common);
     CountsRecorder recorder(*store, *r);
+    if (!r->verifying())
+        fmt::print(stderr, "kcache: note: the shared tier is {}\n", trust_line(*r));
     // The loop kcache-fsd --prefetch-job-tag runs too (Remote::pull_entries).
     auto report = [](const std::string& name, const core::Result<remote::EntryResult>& result) {
         if (!result) {
@@ -153,6 +166,9 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
         nlohmann::json out;
         for (core::Counter c : kRemoteCounters)
             out[std::string(core::counter_name(c))] = stats.get(c);
+        // null when no server is configured (the counters need none)
+        out["trust"] = r ? nlohmann::json(r->verifying() ? "verified" : "unverified")
+                         : nlohmann::json(nullptr);
         out["servers"] = nlohmann::json::array();
         for (std::size_t i = 0; i < servers.size(); ++i) {
             out["servers"].push_back({{"id", servers[i].id},
@@ -170,6 +186,7 @@ int run_remote_stats(const Cli& cli, const RemoteStatsOptions& opts) {
                                                       : std::to_string(stats.get(c))});
         }
         counters.print();
+        if (r) fmt::print("\ntrust: {}\n", trust_line(*r));
         for (std::size_t i = 0; i < servers.size(); ++i) {
             fmt::print("\nserver {}: {}\n", servers[i].id,
                        pings[i].empty() ? "reachable" : pings[i]);

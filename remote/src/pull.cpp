@@ -760,6 +760,13 @@ bool Remote::pull_batches(core::Store& store, const std::vector<std::string>& na
         bool going = true;
         auto report_through = [&](std::size_t i) {
             for (; reported <= i; ++reported) {
+                const auto& done = *items[reported].done;
+                if (done && done->outcome == Outcome::rejected) {
+                    // For `kcache why`: the entry was there, and refused.
+                    record_rejection(store.path(),
+                                     {store.now_ns(), items[reported].name,
+                                      std::string(rejection_name(done->rejection)), done->detail});
+                }
                 if (!each(base + reported, std::move(*items[reported].done))) going = false;
             }
             return going;

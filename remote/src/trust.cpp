@@ -298,6 +298,64 @@ Status save_trust_file(const std::string& path, const TrustFile& trust) {
     return {};
 }
 
+namespace {
+
+std::string printable(std::string_view text) {
+    std::string out(text.substr(0, 4096));
+    for (char& c : out) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    return out;
+}
+
+}  // namespace
+
+void record_rejection(const std::string& db_path, const RejectionRecord& r) {
+    const std::string path = db_path + "/" + std::string(kRejectionsFile);
+    const std::string line = fmt::format("{}\t{}\t{}\t{}\n", r.time_ns, printable(r.entry),
+                                         printable(r.cause), printable(r.detail));
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    (void)!::write(fd, line.data(), line.size());  // one write: lines do not interleave
+    struct stat st {};
+    const bool over =
+        ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) > kMaxRejectionsBytes;
+    ::close(fd);
+    if (!over) return;
+    // Keep the newest half (whole lines), replacing the file in one rename.
+    std::ifstream in(path);
+    std::stringstream all;
+    all << in.rdbuf();
+    std::string text = all.str();
+    std::size_t from =
+        text.size() > kMaxRejectionsBytes / 2 ? text.size() - kMaxRejectionsBytes / 2 : 0;
+    from = text.find('\n', from);
+    text = from == std::string::npos ? std::string() : text.substr(from + 1);
+    const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+    ::unlink(tmp.c_str());
+    if (write_new_file(tmp, text, 0644) && ::rename(tmp.c_str(), path.c_str()) != 0)
+        ::unlink(tmp.c_str());
+}
+
+std::optional<RejectionRecord> last_rejection(const std::string& db_path, std::string_view entry) {
+    std::ifstream in(db_path + "/" + std::string(kRejectionsFile));
+    std::optional<RejectionRecord> found;
+    for (std::string line; std::getline(in, line);) {
+        const std::size_t a = line.find('\t');
+        const std::size_t b = a == std::string::npos ? a : line.find('\t', a + 1);
+        const std::size_t c = b == std::string::npos ? b : line.find('\t', b + 1);
+        if (c == std::string::npos) continue;
+        if (std::string_view(line).substr(a + 1, b - a - 1) != entry) continue;
+        RejectionRecord r;
+        r.time_ns = std::strtoll(line.c_str(), nullptr, 10);
+        r.entry = line.substr(a + 1, b - a - 1);
+        r.cause = line.substr(b + 1, c - b - 1);
+        r.detail = line.substr(c + 1);
+        found = std::move(r);
+    }
+    return found;
+}
+
 std::string signer_of(const core::EntryInfo& entry) {
     if (!core::is_fleet_entry(entry)) return {};
     const std::string& name = entry.populated_by_name;

@@ -287,6 +287,15 @@ TEST_CASE("poisoning: unsigned, untrusted and revoked entries are misses, nothin
         auto puller = make_remote(redis, "t", {}, trust);
         check_refused(*puller, b, kTriton, remote::Rejection::unsigned_entry,
                       core::Counter::remote_rejected_unsigned);
+        // `kcache why` names the cause, though nothing of the entry is in the db.
+        b.close();
+        auto why = run_cli({"--db", b.path(), "why", kTriton});
+        INFO(why.out << why.err);
+        CHECK(why.exit_code == 0);
+        CHECK(why.out.find("refused") != std::string::npos);
+        CHECK(why.out.find("unsigned") != std::string::npos);
+        auto why_json = run_cli({"--db", b.path(), "why", kTriton, "--json"});
+        CHECK(why_json.out.find("\"remote_rejected\"") != std::string::npos);
         // Left in Redis: a node that trusts unsigned entries still reads it.
         CHECK(redis.command({"EXISTS", proto::manifest_key("t", kTriton)}).integer == 1);
     }
@@ -303,6 +312,13 @@ TEST_CASE("poisoning: unsigned, untrusted and revoked entries are misses, nothin
         auto puller = make_remote(redis, "t", {}, trust);
         check_refused(*puller, b, kTriton, remote::Rejection::revoked,
                       core::Counter::remote_rejected_revoked);
+        // Compiled here since: `kcache why` tells the miss and that the tier refused it.
+        add_entry(b, kTriton, 5);
+        b.close();
+        auto why = run_cli({"--db", b.path(), "why", "--classify", kTriton});
+        INFO(why.out << why.err);
+        CHECK(why.exit_code == 0);
+        CHECK(why.out.find("revoked") != std::string::npos);
     }
 }
 

@@ -104,6 +104,21 @@ Status save_trust_file(const std::string& path, const TrustFile& trust);
 // "fleet:<host>#<key id>" as its populating process); empty when unsigned or not fleet.
 std::string signer_of(const core::EntryInfo& entry);
 
+// The entries a db's pulls refused (Outcome::rejected), for `kcache why`: a file in the
+// db's directory, kRejectionsFile, one line each "<time ns>\t<entry>\t<cause>\t<detail>"
+// (control characters written as '?'), appended by every pull (kcache-fsd's read-through
+// and prefetch, `kcache remote pull`) and cut to its newest half past kMaxRejectionsBytes.
+// Best effort: a failure to write it loses the note, never the pull's outcome.
+inline constexpr std::string_view kRejectionsFile = "remote-rejections";
+inline constexpr std::size_t kMaxRejectionsBytes = std::size_t{1} << 20;
+struct RejectionRecord {
+    std::int64_t time_ns = 0;
+    std::string entry, cause, detail;
+};
+void record_rejection(const std::string& db_path, const RejectionRecord& record);
+// The newest record of `entry`, if any.
+std::optional<RejectionRecord> last_rejection(const std::string& db_path, std::string_view entry);
+
 // Where `kcache keys generate` keeps private keys: $KCACHE_KEYS_DIR, else
 // $XDG_CONFIG_HOME/kcache/keys, else ~/.config/kcache/keys.
 std::string default_keys_dir();
