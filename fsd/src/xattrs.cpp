@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "filesystem.hpp"
 #include "kcache/core/xattrs.hpp"
@@ -30,6 +31,13 @@ namespace {
 
 bool privileged(fuse_req_t req) {
     return fuse_req_ctx(req)->uid == 0;
+}
+
+// ENOENT from core for an inode the kernel still knows: it was removed (unlinked while
+// open, evicted) and its attributes went with it. Like writes to such a file (files.cpp),
+// a change is accepted and dropped, and a read finds none.
+bool removed(const core::Error& error) {
+    return error.code == ENOENT;
 }
 
 }  // namespace
@@ -47,6 +55,7 @@ void Filesystem::setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, cons
         }
         return core::set_xattr(txn, ino, name, wanted, flags);
     });
+    if (!s && removed(s.error())) return (void)fuse_reply_err(req, 0);
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }
@@ -58,7 +67,7 @@ void Filesystem::getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size
     auto value = core::get_xattr(*txn, ino, name);
     if (!value) {
         // Quietly: most of these are the kernel's security.capability probe of a write.
-        return (void)fuse_reply_err(req, value.error().code);
+        return (void)fuse_reply_err(req, removed(value.error()) ? ENODATA : value.error().code);
     }
     if (size == 0) return (void)fuse_reply_xattr(req, value->size());
     if (value->size() > size) return (void)fuse_reply_err(req, ERANGE);
@@ -70,6 +79,7 @@ void Filesystem::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     auto txn = m_store.read();
     if (!txn) return reply_error(req, txn.error());
     auto names = core::list_xattrs(*txn, ino, privileged(req));
+    if (!names && removed(names.error())) names = std::vector<std::string>{};
     if (!names) return reply_error(req, names.error());
     std::string list;  // each name NUL-terminated, as listxattr(2) returns them
     for (const auto& name : *names) {
@@ -84,11 +94,12 @@ void Filesystem::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 void Filesystem::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
     if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto removed = core::remove_xattr(txn, ino, name);
+        auto done = core::remove_xattr(txn, ino, name);
         // Resent after a takeover: the dead daemon removed it already.
-        if (!removed && removed.error().code == ENODATA && resend::resent()) return {};
-        return removed;
+        if (!done && done.error().code == ENODATA && resend::resent()) return {};
+        return done;
     });
+    if (!s && removed(s.error())) return (void)fuse_reply_err(req, ENODATA);
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
 }

@@ -146,7 +146,7 @@ TEST_CASE("xattrs: user attributes are set, read, listed and removed with the ke
     CHECK(read_all(f) == std::optional<std::string>("content"));
 }
 
-TEST_CASE("xattrs: trusted and security attributes for root; a file's own rules for others",
+TEST_CASE("xattrs: trusted and security attributes for root, a file's own rules for others",
           "[fsd][xattrs]") {
     if (::geteuid() != 0) skip("needs root (trusted.* and a check as another user)");
     const passwd* pw = ::getpwnam("nobody");
@@ -254,6 +254,20 @@ TEST_CASE("xattrs: they belong to the inode and go with it (unlink, rename over,
     REQUIRE_SYS(::unlink(a.c_str()));
     CHECK(get(cache.p("k/a2"), "user.x") == "shared");
     REQUIRE_SYS(::unlink(cache.p("k/a2").c_str()));  // the last name: the inode goes
+
+    // A file unlinked while open: its attributes went with its last name; a change is
+    // accepted and dropped, as its writes are (docs/operations.md).
+    {
+        const std::string gone = cache.p("k/gone");
+        REQUIRE(write_all(gone, "g") == 0);
+        REQUIRE_SYS(set(gone, "user.g", "1"));
+        Fd fd(::open(gone.c_str(), O_RDWR));
+        REQUIRE_SYS(fd.get());
+        REQUIRE_SYS(::unlink(gone.c_str()));
+        REQUIRE_FAILS_WITH(::fgetxattr(fd.get(), "user.g", nullptr, 0), ENODATA);
+        CHECK(::flistxattr(fd.get(), nullptr, 0) == 0);
+        REQUIRE_SYS(::fsetxattr(fd.get(), "user.h", "2", 1, 0));
+    }
 
     // A file made again under the name has none.
     REQUIRE(write_all(a, "again") == 0);
