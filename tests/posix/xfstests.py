@@ -244,7 +244,10 @@ def run_differential(args, tools, mount, plain):
     listed = parse_differences(args.differences, fsstress_ops(fsstress))
     name = os.path.basename(args.differences)
     argv = ["-p", "1", "-n", str(args.ops), "-s", str(SEED), "-v", "-V"] + off(listed)
-    print(f"fsstress {' '.join(argv)}: on the mount and on {plain}", flush=True)
+    fs_type = subprocess.run(["stat", "-f", "-c", "%T", plain], stdout=subprocess.PIPE,
+                             text=True).stdout.strip()
+    print(f"fsstress {' '.join(argv)}: on the mount and on {plain} ({fs_type}: the "
+          f"differences {name} lists are against ext4)", flush=True)
     t0 = time.monotonic()
     rc_m, out_m = fsstress_run(fsstress, os.path.join(mount.mnt, "fsstress"), argv, args.timeout)
     t1 = time.monotonic()
