@@ -71,7 +71,9 @@ Result<std::unique_ptr<Connection>> Connection::open(const Endpoint& endpoint,
         for (;;) {
             short want = 0;
             if (KCACHE_TRY(conn->m_tls->handshake(want))) break;
-            KCACHE_TRY(conn->wait(want, deadline_ns, "TLS handshake timed out"));
+            KCACHE_TRY(conn->wait(want, deadline_ns,
+                                  "TLS handshake timed out (no answer: a frozen server, or "
+                                  "a port that does not speak TLS)"));
         }
     }
     std::vector<Command> hello;

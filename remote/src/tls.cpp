@@ -154,9 +154,24 @@ core::Error TlsStream::failure(int ret, const char* what) {
         const long verify = SSL_get_verify_result(m_ssl);
         if (verify != X509_V_OK) {
             ERR_clear_error();
+            std::string why;
+            switch (verify) {
+                case X509_V_ERR_HOSTNAME_MISMATCH:
+                case X509_V_ERR_IP_ADDRESS_MISMATCH:
+                    why = " (it does not name the host of the URL)";
+                    break;
+                case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+                case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
+                case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+                case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+                    why = " (no CA of --remote-tls-ca, or of the system's store, signed it)";
+                    break;
+                default:
+                    break;
+            }
             return {EPROTO, fmt::format("redis {}: TLS handshake: the server's certificate is "
-                                        "refused: {}",
-                                        m_name, X509_verify_cert_error_string(verify))};
+                                        "refused: {}{}",
+                                        m_name, X509_verify_cert_error_string(verify), why)};
         }
     }
     std::string reason;
