@@ -383,9 +383,12 @@ void sqlite_run(const std::string& journal) {
     const std::string db = cache.p("cache-v1.sqlite3");
     const char* txns_env = std::getenv("KCACHE_SQLITE_TXNS");
     const std::string txns = txns_env ? txns_env : "150";
-    const ProcResult w =
-        run_flow("sqlite_writers.py",
-                 {"write", "--db", db, "--procs", "8", "--txns", txns, "--journal", journal}, 500);
+    std::vector<std::string> args{"write",  "--db", db,          "--procs", "8",
+                                  "--txns", txns,   "--journal", journal};
+    // WAL: a writer never sees "database is locked" (the busy timeout is its only wait,
+    // as on a local disk). Rollback-journal mode keeps the retries Triton's backend has.
+    if (journal == "wal") args.push_back("--strict");
+    const ProcResult w = run_flow("sqlite_writers.py", args, 500);
     INFO("write: " << w.describe() << "\n"
                    << w.out << "\ndaemon stderr:\n"
                    << cache.daemon_stderr());
@@ -417,6 +420,33 @@ TEST_CASE("sqlite3: 8 processes committing in rollback-journal mode lose no tran
 TEST_CASE("sqlite3: 8 processes committing in WAL mode lose no transaction",
           "[fsd][shared][sqlite]") {
     sqlite_run("wal");
+}
+
+TEST_CASE("sqlite3 WAL: 5 rounds of 6 processes, a new connection per insert, none locked",
+          "[fsd][shared][sqlite]") {
+    // Issue 33: "database is locked" at once (not after the busy timeout) at a writer's
+    // first row. Each round is a new database: rounds 0, 2, 4 find it made by one
+    // connection (in WAL mode, with its table), rounds 1 and 3 make it themselves
+    // (--fresh: SQLite's own immediate SQLITE_BUSY when two first connections convert a
+    // new database to WAL at once is tried again there, and only there: it happens on
+    // ext4 too). Any other "database is locked", in any round, fails.
+    MountedCache cache;
+    for (int round = 0; round < 5; ++round) {
+        INFO("round " << round);
+        const std::string db = cache.p("wal-" + std::to_string(round) + ".sqlite3");
+        std::vector<std::string> args{"write",  "--db", db,          "--procs", "6",
+                                      "--txns", "40",   "--journal", "wal",     "--strict"};
+        if (round % 2 == 1) args.push_back("--fresh");
+        const ProcResult w = run_flow("sqlite_writers.py", args, 200);
+        INFO("write: " << w.describe() << "\n"
+                       << w.out << "\ndaemon stderr:\n"
+                       << cache.daemon_stderr());
+        REQUIRE(w.exit_code == 0);
+        const ProcResult c =
+            run_flow("sqlite_writers.py", {"check", "--db", db, "--procs", "6", "--txns", "40"});
+        INFO("check: " << c.describe() << "\n" << c.out);
+        CHECK(c.exit_code == 0);
+    }
 }
 
 TEST_CASE("sqlite3: every commit that returned survives a daemon SIGKILL mid-run and a remount",

@@ -5,10 +5,21 @@ Mimics Triton's SQLite cache backend (python/triton/runtime/sqlite_cache.py): on
 database file in the cache directory, a new connection per operation, a busy timeout.
 
   sqlite_writers.py write --db PATH --procs 8 --txns 200 --journal delete|wal [--log DIR]
+                          [--strict] [--fresh]
       Runs PROCS processes; each commits TXNS transactions (one row each, a new
       connection per transaction) and, when --log is given, appends the id of every
       row whose commit returned to LOG/<proc>.log (fsynced: the oracle of what was
       acknowledged). Exits 0 when every process committed every transaction.
+      By default a transaction that fails "database is locked" is tried again (the
+      crash test's writers race a daemon being killed). --strict: never; the busy
+      timeout (60 s) is SQLite's only waiting, as on a local disk, where a writer
+      never sees "database is locked" before it. --fresh: the processes find no
+      database (it is created by whichever gets there first, as Triton's backend
+      does); SQLite itself answers SQLITE_BUSY at once, without its busy handler, to
+      a connection whose "PRAGMA journal_mode=WAL" converts a new database while
+      another does (it would have to upgrade a read lock: deadlock avoidance; seen
+      on ext4 too), so with --strict only that pragma of a process's first
+      connection is tried again. Any other "database is locked" fails the run.
   sqlite_writers.py check --db PATH [--procs 8 --txns 200] [--log DIR]
       Opens the database, runs PRAGMA integrity_check and checks that every row is
       present: all PROCS*TXNS, or (with --log) every id a log records. Prints the
@@ -22,34 +33,62 @@ import sys
 import time
 
 PAYLOAD = 600  # bytes per row: a few rows per page, so pages split and the file grows
+# How many first connections' PRAGMA journal_mode=WAL were tried again (--fresh --strict):
+# shared by the forked writers, printed by cmd_write.
+CONVERSION_RETRIES = multiprocessing.Value("i", 0)
 
 
-def connect(db, journal):
+def set_wal(conn, first_connection, strict):
+    """PRAGMA journal_mode=WAL. The one "database is locked" SQLite answers without
+    waiting on a local disk too is the conversion of a new database by two
+    connections at once: only a process's first connection may see it."""
+    for attempt in range(200):
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode != "wal":
+                raise RuntimeError("journal_mode is %s, not wal" % mode)
+            return
+        except sqlite3.OperationalError as e:
+            if not (strict and first_connection and "locked" in str(e)):
+                raise
+            with CONVERSION_RETRIES.get_lock():
+                CONVERSION_RETRIES.value += 1
+            time.sleep(0.005)
+    raise RuntimeError("PRAGMA journal_mode=WAL stayed busy")
+
+
+def connect(db, journal, first_connection=False, strict=False):
     conn = sqlite3.connect(db, timeout=60, isolation_level=None)
     if journal == "wal":
-        conn.execute("PRAGMA journal_mode=WAL")
+        set_wal(conn, first_connection, strict)
     # FULL: a commit that returned is on disk in both modes (WAL's NORMAL defers to checkpoints).
     conn.execute("PRAGMA synchronous=FULL")
     return conn
 
 
+CREATE_TABLE = "CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, proc INT, n INT, value BLOB)"
+
+
 def create(db, journal):
     conn = connect(db, journal)
     conn.execute("PRAGMA journal_mode=%s" % ("WAL" if journal == "wal" else "DELETE"))
-    conn.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, proc INT, n INT, value BLOB)")
+    conn.execute(CREATE_TABLE)
     conn.close()
 
 
-def writer(db, journal, proc, txns, log_dir):
+def writer(db, journal, proc, txns, log_dir, strict=False, fresh=False):
     log = None
     if log_dir:
         log = open(os.path.join(log_dir, "%d.log" % proc), "a")
     for n in range(txns):
         key = "p%d-t%d" % (proc, n)
         value = (key.encode() * (PAYLOAD // len(key) + 1))[:PAYLOAD]
-        for attempt in range(50):
+        for attempt in range(1 if strict else 50):
             try:
-                conn = connect(db, journal)  # a new connection per operation, as Triton's backend
+                # A new connection per operation, as Triton's backend.
+                conn = connect(db, journal, first_connection=(n == 0), strict=strict)
+                if fresh:
+                    conn.execute(CREATE_TABLE)
                 with conn:
                     conn.execute("BEGIN IMMEDIATE")
                     conn.execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?, ?)", (key, proc, n, value))
@@ -59,6 +98,8 @@ def writer(db, journal, proc, txns, log_dir):
                 conn.close()
                 break
             except sqlite3.OperationalError as e:
+                if strict:
+                    raise
                 # SQLITE_PROTOCOL: a WAL reader lost the race for a read mark too often
                 # under heavy contention; SQLite says to retry.
                 if "locked" in str(e) or "busy" in str(e) or "locking protocol" in str(e):
@@ -76,14 +117,15 @@ def writer(db, journal, proc, txns, log_dir):
 
 def run_writer(args, proc):
     try:
-        sys.exit(writer(args.db, args.journal, proc, args.txns, args.log))
+        sys.exit(writer(args.db, args.journal, proc, args.txns, args.log, args.strict, args.fresh))
     except Exception as e:  # the daemon may be killed under us (crash test)
         sys.stderr.write("writer %d: %s: %s %s\n" % (proc, type(e).__name__, e, getattr(e, "sqlite_errorname", "")))
         sys.exit(3)
 
 
 def cmd_write(args):
-    create(args.db, args.journal)
+    if not args.fresh:
+        create(args.db, args.journal)
     procs = [multiprocessing.Process(target=run_writer, args=(args, p)) for p in range(args.procs)]
     started = time.monotonic()
     for p in procs:
@@ -92,6 +134,8 @@ def cmd_write(args):
         p.join()
     took = time.monotonic() - started
     print("%d processes x %d transactions (%s): %.2f s" % (args.procs, args.txns, args.journal, took))
+    if CONVERSION_RETRIES.value:
+        print("first connections' PRAGMA journal_mode=WAL tried again: %d" % CONVERSION_RETRIES.value)
     for i, p in enumerate(procs):
         if p.exitcode != 0:
             print("writer %d: exit code %s" % (i, p.exitcode))
@@ -126,6 +170,8 @@ def main():
     ap.add_argument("--txns", type=int, default=200)
     ap.add_argument("--journal", choices=["delete", "wal"], default="delete")
     ap.add_argument("--log")
+    ap.add_argument("--strict", action="store_true", help='a "database is locked" fails the run')
+    ap.add_argument("--fresh", action="store_true", help="the writers create the database")
     args = ap.parse_args()
     return cmd_write(args) if args.cmd == "write" else cmd_check(args)
 
