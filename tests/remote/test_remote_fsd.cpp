@@ -755,3 +755,52 @@ TEST_CASE(
     CHECK(test::read_all(b.p(stem + ".cpp")) == cpp);
     CHECK(test::read_all(b.p(stem + ".so")) == so);  // in the one upload Redis keeps
 }
+
+TEST_CASE(
+    "fsd remote: write-behind signs; a reader trusting only another key misses, counted, "
+    "one trusting the signer reads through",
+    "[remote][fsd][trust]") {
+    RedisServer redis;
+    test::TempDir keys;  // 0700, this user's: the trust files' rule holds
+    auto signer = kcache::remote::SigningKey::generate();
+    auto other = kcache::remote::SigningKey::generate();
+    REQUIRE(signer);
+    REQUIRE(other);
+    const std::string key_file = (keys / "a.key").string();
+    REQUIRE(signer->save(key_file));
+    auto trust_file = [&](const std::string& name, const kcache::remote::SigningKey& key) {
+        kcache::remote::TrustFile t;
+        t.keys.push_back({key.public_key(), name, false});
+        const std::string path = (keys / name).string();
+        REQUIRE(kcache::remote::save_trust_file(path, t));
+        return path;
+    };
+    const std::string trusts_other = trust_file("other", *other);
+    const std::string trusts_signer = trust_file("signer", *signer);
+
+    MountedCache a(with_remote(redis, {"--remote-signing-key", key_file}));
+    MountedCache b(with_remote(redis, {"--remote-trusted-keys", trusts_other}));
+    MountedCache c(with_remote(redis, {"--remote-trusted-keys", trusts_signer}));
+    const auto files = triton_files(kKey1, 1);
+    store(a, kKey1, files);
+    wait_uploads(a, 1);
+    CHECK(redis.command({"GET", proto::manifest_key("fsd", kKey1)}).str.starts_with("KCM2"));
+
+    // B's read-through refuses it: a miss (its compiler compiles its own), counted.
+    REQUIRE_FAILS_WITH(::access(b.p(kKey1).c_str(), F_OK), ENOENT);
+    {
+        INFO(b.daemon_stderr());
+        REQUIRE(test::wait_until([&] { return stat_of(b, "remote_rejected_untrusted") >= 1; }, 30));
+    }
+    CHECK(stat_of(b, "remote_hits") == 0);
+    CHECK(test::stat_value(test::cache_stats(b.db()), "entries") == 0);
+
+    // C trusts the signer: it reads through, byte-exact.
+    require_same(c, kKey1, files);
+    REQUIRE(test::wait_until([&] { return stat_of(c, "remote_hits") >= 1; }, 30));
+    CHECK(stat_of(c, "remote_rejected_untrusted") == 0);
+
+    // A, with no trust file, says its tier is unverified.
+    CHECK(a.daemon_stderr().find("unverified") != std::string::npos);
+    CHECK(c.daemon_stderr().find("unverified") == std::string::npos);
+}
