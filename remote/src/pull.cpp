@@ -21,6 +21,7 @@
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "server.hpp"
+#include "signing.hpp"
 
 namespace kcache::remote {
 
@@ -117,11 +118,9 @@ Status write_entry(core::WriteTxn& txn, const proto::Manifest& m, const BlobCont
     return core::write_image(txn, m, how);
 }
 
-// The trust policy for a decoded, checked manifest read under `ns` (docs/operations.md,
-// "Trust model"): Rejection::none to go on (then `signer` is the key's id when signed).
-// With a trust file: unsigned, untrusted and revoked keys are refused, then the
-// signature must hold for this namespace and name. Without one: an unsigned entry is
-// taken (the insecure default), a signed one must still hold for its own key.
+}  // namespace
+
+// signing.hpp
 Rejection check_signature(const proto::Manifest& m, std::string_view ns, const TrustFile* trust,
                           std::string& detail, std::string& signer) {
     if (!m.signature) {
@@ -154,6 +153,8 @@ Rejection check_signature(const proto::Manifest& m, std::string_view ns, const T
     signer = key.id();
     return Rejection::none;
 }
+
+namespace {
 
 // Every regular file of a signed manifest against its signed SHA-256, with the bytes
 // about to be written (carried, fetched or local): empty when all match, else which.

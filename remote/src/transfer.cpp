@@ -21,6 +21,7 @@
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "server.hpp"
+#include "signing.hpp"
 
 namespace kcache::remote {
 
@@ -248,7 +249,22 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     auto exists = KCACHE_TRY(exec(mserver, {{"EXISTS", mkey}}));
     if (exists.front().type != Reply::Type::integer)
         return tl::unexpected(reply_error(mserver, exists.front(), "EXISTS"));
-    if (exists.front().integer == 1) {
+    // A signing pusher replaces a manifest there that its own policy would refuse
+    // (unsigned, bad, or by a key it does not trust or has revoked): else such a
+    // manifest, written first, would keep the name a miss for every verifying reader.
+    // A manifest this pusher would accept stays (first writer wins).
+    bool replace = false;
+    if (exists.front().integer == 1 && m_signing_key) {
+        auto got = KCACHE_TRY(exec(mserver, {{"GET", mkey}}));
+        if (got.front().type == Reply::Type::string) {
+            auto old = proto::decode_manifest(got.front().str);
+            std::string detail, signer;
+            replace = !old || old->name != m.name ||
+                      check_signature(*old, m_options.ns, m_trust ? &*m_trust : nullptr, detail,
+                                      signer) != Rejection::none;
+        }
+    }
+    if (exists.front().integer == 1 && !replace) {
         KCACHE_TRY(record_containers(m.name));
         KCACHE_TRY(add_to_job());
         m_counts.upload_skipped.fetch_add(1);
@@ -258,7 +274,9 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     // Only what the remote lacks is sent.
     KCACHE_TRY(send_blobs(outgoing));
     // Every blob is acknowledged: now the manifest, first writer wins.
-    auto set = KCACHE_TRY(exec(mserver, {{"SET", mkey, proto::encode(m), "NX"}}));
+    Command set_manifest{"SET", mkey, proto::encode(m)};
+    if (!replace) set_manifest.push_back("NX");
+    auto set = KCACHE_TRY(exec(mserver, {set_manifest}));
     const Reply& r = set.front();
     if (r.is_ok()) {
         m_counts.uploads.fetch_add(1);

@@ -491,3 +491,54 @@ TEST_CASE("protocol: signed manifests round-trip, a bad signature section is cor
     CHECK(wrong.error().code == EBADMSG);
     CHECK_FALSE(proto::signed_statement("ns", m));
 }
+
+TEST_CASE("signed push: replaces a manifest its own policy refuses, keeps one it accepts",
+          "[remote][trust]") {
+    RedisServer redis;
+    Keys keys;
+    const remote::SigningKey first = new_key(), second = new_key();
+    const std::string first_key = keys.key_file(first, "first");
+    const std::string second_key = keys.key_file(second, "second");
+    const std::string both = keys.trust_file(
+        {{first.public_key(), "first", false}, {second.public_key(), "second", false}}, "both");
+    TestDb a;
+    add_entry(a, kTriton);
+    auto signer_of_manifest = [&] {
+        const proto::Manifest m = read_manifest(redis, "t", kTriton);
+        REQUIRE(m.signature);
+        return m.signature->key;
+    };
+    auto raw = [](const remote::SigningKey& k) {
+        return std::string(reinterpret_cast<const char*>(k.public_key().raw.data()), 32);
+    };
+
+    // An unsigned manifest got there first: a signed push replaces it.
+    REQUIRE(make_remote(redis, "t")->push(a.store(), kTriton));
+    auto replaced = make_remote(redis, "t", first_key, both)->push(a.store(), kTriton);
+    REQUIRE(replaced);
+    CHECK(replaced->outcome == remote::Outcome::uploaded);
+    CHECK(signer_of_manifest() == raw(first));
+    {
+        TestDb b;
+        const auto result = pull(*make_remote(redis, "t", {}, both), b, kTriton);
+        CHECK(result.outcome == remote::Outcome::pulled);
+        CHECK(result.signer == first.public_key().id());
+    }
+
+    // A manifest signed by a key the pusher trusts stays: first writer wins.
+    auto kept = make_remote(redis, "t", second_key, both)->push(a.store(), kTriton);
+    REQUIRE(kept);
+    CHECK(kept->outcome == remote::Outcome::already_remote);
+    CHECK(signer_of_manifest() == raw(first));
+
+    // Once its key is revoked, a push by a trusted key replaces it.
+    const std::string revoked = keys.trust_file(
+        {{first.public_key(), "first", true}, {second.public_key(), "second", false}}, "revoked");
+    auto again = make_remote(redis, "t", second_key, revoked)->push(a.store(), kTriton);
+    REQUIRE(again);
+    CHECK(again->outcome == remote::Outcome::uploaded);
+    CHECK(signer_of_manifest() == raw(second));
+    TestDb c;
+    CHECK(pull(*make_remote(redis, "t", {}, revoked), c, kTriton).outcome ==
+          remote::Outcome::pulled);
+}

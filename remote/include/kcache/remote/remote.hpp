@@ -209,7 +209,10 @@ class Remote {
     // then the manifest with SET NX (first writer wins), then adds the entry to the
     // job's set when `job_tag` is non-empty. An entry it uploaded whose layout names a
     // family also has its family member recorded (record_family_member, read from the
-    // push's snapshot): a failure there is counted (family_errors), the push succeeds. EROFS when
+    // push's snapshot): a failure there is counted (family_errors), the push succeeds.
+    // With Options::signing_key the manifest is signed (the result names the signer), and
+    // a manifest already there that this node's own policy would refuse (unsigned, bad,
+    // untrusted or revoked under its trust file) is replaced rather than kept. EROFS when
     // read-only, ENOSPC while uploads are paused by an OOM reply, ETIMEDOUT / EIO / EAGAIN (circuit
     // open) on failure.
     Result<EntryResult> push(const core::Store& store, std::string_view entry,
