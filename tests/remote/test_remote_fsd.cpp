@@ -794,6 +794,10 @@ TEST_CASE(
     }
     CHECK(stat_of(b, "remote_hits") == 0);
     CHECK(test::stat_value(test::cache_stats(b.db()), "entries") == 0);
+    // B's compiler compiles its own kernel: B keeps its own bytes, not A's.
+    const auto own = triton_files(kKey1, 9);
+    store(b, kKey1, own);
+    require_same(b, kKey1, own);
 
     // C trusts the signer: it reads through, byte-exact.
     require_same(c, kKey1, files);
