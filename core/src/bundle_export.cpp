@@ -72,6 +72,12 @@ Result<std::pair<Content, Codec>> bundle_form(const Tx& tx, const ImageFile& f,
         if (compressed.empty()) return std::pair{std::move(*raw), Codec::raw};
         return std::pair{Content::owned(std::move(compressed)), Codec::zstd};
     }
+    // Read (and so checked against its digest, kcache/core/integrity.hpp) before its
+    // stored form goes out: a bundle never carries damaged content. Raw content is its
+    // stored form already.
+    auto raw = ops::read_blob(tx, f.digest, f.size);
+    if (!raw) return tl::unexpected(with_context(raw.error(), path));
+    if (r->codec == Codec::raw) return std::pair{std::move(*raw), Codec::raw};
     auto data = ops::stored_form(tx, f.digest, *r);
     if (!data) return tl::unexpected(with_context(data.error(), path));
     return std::pair{std::move(*data), r->codec};

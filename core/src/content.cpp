@@ -14,8 +14,10 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 #include <zstd.h>
 
+#include "kcache/core/integrity.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/staged.hpp"
 #include "store_impl.hpp"
@@ -112,9 +114,10 @@ Status decompress(const Tx& tx, const Digest& digest, const BlobRef& ref, std::s
     }
     // The frame names the dictionary it needs (0: none): it must be the reference's.
     if (ZSTD_getDictID_fromFrame(stored.data(), stored.size()) != ref.dictionary) {
-        return fail(EIO, fmt::format("db {}: blob {} was compressed with another dictionary than "
-                                     "its reference names ({})",
-                                     tx.db.path, digest.hex(), ref.dictionary));
+        return fail(kDamagedContent,
+                    fmt::format("db {}: blob {} was compressed with another dictionary than "
+                                "its reference names ({})",
+                                tx.db.path, digest.hex(), ref.dictionary));
     }
     const std::size_t n =
         dictionary
@@ -123,7 +126,7 @@ Status decompress(const Tx& tx, const Digest& digest, const BlobRef& ref, std::s
             : ZSTD_decompressDCtx(zstd().decompress, raw.data(), raw.size(), stored.data(),
                                   stored.size());
     if (ZSTD_isError(n) || n != raw.size()) {
-        return fail(EIO,
+        return fail(kDamagedContent,
                     fmt::format("db {}: blob {} does not decompress", tx.db.path, digest.hex()));
     }
     return {};
@@ -374,22 +377,69 @@ Result<BlobRef> rewrite_blob(Tx& tx, const Digest& digest, const BlobRef& ref,
     return now;
 }
 
-// The views of a blob's stored chunks, in order, their pages not yet touched.
+namespace {
+
+// LMDB's page size: big values' overflow pages are checked against it.
+std::size_t page_size(const Tx& tx) {
+    MDB_stat st{};
+    return mdb_env_stat(tx.db.env, &st) == 0 ? st.ms_psize : 0;
+}
+
+// A value bigger than half a page lives on overflow pages whose header LMDB trusts when
+// it frees them (an eviction): a page overwritten whole (a torn write, bit rot) has lost
+// it, and LMDB would then abort (an assertion), fail (ENOMEM for a huge page count) or
+// free pages still in use. So a chunk's header is checked before its bytes are: pgno (8
+// bytes), a pad (2), flags (2), the number of pages (4), then the value (lmdb.h does not
+// declare the layout; mdb.c's MDB_page, stable in the 0.9 format). The flags must say
+// overflow (and dirty, for a page this write transaction made) and the count be the
+// value's; the pgno is not checked (LMDB does not tell where its map is). kCorruptDb
+// otherwise. Values inside a leaf page (never at 16 bytes past a page boundary) are not
+// checked here: the structure walk and LMDB cover those.
+Status check_overflow_header(const Tx& tx, std::size_t page, const Digest& digest,
+                             std::uint64_t chunk, std::string_view data) {
+    constexpr std::size_t kHeader = 16;
+    constexpr std::uint16_t kOverflow = 0x04, kDirty = 0x10;
+    const auto at = reinterpret_cast<std::uintptr_t>(data.data());
+    if (page == 0 || data.size() <= page / 2 || (at - kHeader) % page != 0) return {};
+    const char* header = data.data() - kHeader;
+    std::uint16_t flags = 0;
+    std::uint32_t pages = 0;
+    std::memcpy(&flags, header + 10, 2);
+    std::memcpy(&pages, header + 12, 4);
+    const std::uint64_t expected_pages = (kHeader + data.size() + page - 1) / page;
+    if ((flags & ~kDirty) == kOverflow && pages == expected_pages) return {};
+    return fail(kCorruptDb,
+                fmt::format("db {}: blob {} chunk {}: its overflow page is damaged (LMDB's page "
+                            "header reads flags {:#x}, {} pages where {} are)",
+                            tx.db.path, digest.hex(), chunk, flags, pages, expected_pages));
+}
+
+}  // namespace
+
+Status check_chunk_page(const Tx& tx, std::string_view key, std::string_view value) {
+    const Digest digest = records::digest_from_key(key.substr(0, 16));
+    return check_overflow_header(tx, page_size(tx), digest, 0, value);
+}
+
+// The views of a blob's stored chunks, in order, their pages not yet touched (but for
+// the header of each overflow page: check_overflow_header).
 static Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest,
                                                          const BlobRef& ref) {
     const std::uint64_t chunks = records::chunk_count(ref.stored_size);
     std::vector<std::string_view> pieces;
     pieces.reserve(chunks);
+    const std::size_t page = page_size(tx);
     for (std::uint64_t i = 0; i < chunks; ++i) {
         auto data = KCACHE_TRY(
             tx.get(tx.db.blob_data, records::chunk_key(digest, static_cast<std::uint32_t>(i))));
         const std::uint64_t expected =
             std::min<std::uint64_t>(records::kChunkSize, ref.stored_size - i * records::kChunkSize);
         if (!data || data->size() != expected) {
-            return fail(EIO,
+            return fail(kDamagedContent,
                         fmt::format("db {}: blob {} is missing or has the wrong size (chunk {})",
                                     tx.db.path, digest.hex(), i));
         }
+        KCACHE_TRY(check_overflow_header(tx, page, digest, i, *data));
         pieces.push_back(*data);
     }
     return pieces;
@@ -410,8 +460,9 @@ Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Dige
     if (!ref || ref->codec != Codec::segments) return std::nullopt;
     const BlobRef& r = *ref;
     if (r.stored_size != segment_count(r.raw_size) * 16 || r.raw_size < kSegmentedSize) {
-        return fail(EIO, fmt::format("db {}: blob {} has a segment list of the wrong size",
-                                     tx.db.path, digest.hex()));
+        return fail(kDamagedContent,
+                    fmt::format("db {}: blob {} has a segment list of the wrong size", tx.db.path,
+                                digest.hex()));
     }
     auto stored = KCACHE_TRY(stored_form(tx, digest, r));
     const std::string_view list = stored.bytes();
@@ -440,16 +491,51 @@ Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobR
 // The reference of a blob holding `size` bytes, or EIO.
 Result<BlobRef> sized_ref(const Tx& tx, const Digest& digest, std::uint64_t size) {
     auto ref = KCACHE_TRY(tx.blob_ref(digest));
-    if (!ref) return fail(EIO, fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
+    if (!ref)
+        return fail(kDamagedContent,
+                    fmt::format("db {}: blob {} is missing", tx.db.path, digest.hex()));
     if (ref->raw_size != size) {
+        // EIO, as Txn::read_blob promises: the size asked for may be the caller's error.
         return fail(EIO,
                     fmt::format("db {}: blob {} has the wrong size", tx.db.path, digest.hex()));
     }
     return *ref;
 }
 
+// The content check (integrity.hpp): a blob that is no list is keyed by the flat digest
+// of its bytes (a file below kSegmentedSize, a segment, or a big file stored before
+// schema 3), given here in the pieces it is read in. kDamagedContent when they differ.
+Status check_content(const Tx& tx, const Digest& digest,
+                     const std::vector<std::string_view>& pieces) {
+    if (!content_checks()) return {};
+    Digest got;
+    if (pieces.size() == 1) {
+        got = flat_digest_of(pieces.front());
+    } else {
+        XXH3_state_t* state = XXH3_createState();
+        if (!state) return fail(ENOMEM, "no memory for a digest");
+        XXH3_128bits_reset(state);
+        for (const std::string_view piece : pieces)
+            XXH3_128bits_update(state, piece.data(), piece.size());
+        const XXH128_hash_t h = XXH3_128bits_digest(state);
+        XXH3_freeState(state);
+        got = Digest{h.high64, h.low64};
+        if (got.empty()) got.low = 1;  // as flat_digest_of
+    }
+    if (got == digest) return {};
+    return fail(kDamagedContent,
+                fmt::format("db {}: blob {} has damaged content: it does not match its digest",
+                            tx.db.path, digest.hex()));
+}
+
+Status check_content(const Tx& tx, const Digest& digest, std::string_view content) {
+    if (!content_checks() || flat_digest_of(content) == digest) return {};
+    return check_content(tx, digest, std::vector<std::string_view>{content});  // the error
+}
+
 // Calls fn with the pieces of a blob's content in order: zero-copy views of raw
-// chunks, decompressed blobs, a list's segments. Checks sizes, not digests. A
+// chunks, decompressed blobs, a list's segments. Checks sizes and digests (a list's
+// own and each segment's) before fn sees a piece of the blob or segment. A
 // segment is never a list itself (`in_list`).
 Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
                       const std::function<void(std::string_view)>& fn, bool in_list = false) {
@@ -458,9 +544,15 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
     switch (r.codec) {
         case Codec::segments: {
             if (in_list)
-                return fail(EIO,
+                return fail(kDamagedContent,
                             fmt::format("db {}: segment {} is a list", tx.db.path, digest.hex()));
             auto list = KCACHE_TRY(segment_list(tx, digest));
+            if (content_checks() && !(digest_of_segments(*list) == digest)) {
+                return fail(kDamagedContent,
+                            fmt::format("db {}: blob {} has damaged content: its segment list "
+                                        "does not match its digest",
+                                        tx.db.path, digest.hex()));
+            }
             for (std::size_t i = 0; i < list->size(); ++i) {
                 const std::uint64_t seg_size =
                     std::min<std::uint64_t>(kSegmentSize, size - i * kSegmentSize);
@@ -470,6 +562,7 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
         }
         case Codec::zstd: {
             auto raw = KCACHE_TRY(decompressed(tx, digest, r));
+            KCACHE_TRY(check_content(tx, digest, raw));
             fn(raw);
             return {};
         }
@@ -478,6 +571,7 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
     }
     auto pieces = KCACHE_TRY(chunk_views(tx, digest, r));
     if (pieces.size() > 1) prefetch(pieces);
+    KCACHE_TRY(check_content(tx, digest, pieces));
     for (const std::string_view piece : pieces) fn(piece);
     return {};
 }
@@ -487,9 +581,14 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
     if (digest.empty()) return Content::view({});
     auto r = KCACHE_TRY(sized_ref(tx, digest, size));
-    if (r.codec == Codec::raw) return stored_form(tx, digest, r);  // zero-copy when one chunk
+    if (r.codec == Codec::raw) {  // zero-copy when one chunk
+        auto content = KCACHE_TRY(stored_form(tx, digest, r));
+        KCACHE_TRY(check_content(tx, digest, content.bytes()));
+        return content;
+    }
     if (r.codec == Codec::zstd) {
         auto raw = KCACHE_TRY(decompressed(tx, digest, r));
+        KCACHE_TRY(check_content(tx, digest, raw));
         return Content::owned(std::move(raw));
     }
     std::string assembled;

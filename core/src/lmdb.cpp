@@ -18,9 +18,12 @@ int to_errno(int rc) {
         case MDB_TXN_FULL:
         case MDB_PAGE_FULL:
             return ENOSPC;
+        // LMDB's own structure is broken: kCorruptDb (integrity.hpp), which kcache-fsd
+        // answers by setting the db aside. A version mismatch is no damage.
         case MDB_CORRUPTED:
         case MDB_PAGE_NOTFOUND:
         case MDB_INVALID:
+            return EUCLEAN;
         case MDB_VERSION_MISMATCH:
             return EIO;
         case MDB_BAD_VALSIZE:

@@ -21,12 +21,14 @@ std::uint64_t key_be(std::string_view key, std::uint64_t at) {
     return ByteReader(key, "key").be_at<std::uint64_t>(at).value_or(0);
 }
 
+// A record that does not decode is a damaged db (kCorruptDb, kcache/core/integrity.hpp),
+// as a page LMDB finds broken is: kcache-fsd sets such a db aside.
 tl::unexpected<Error> corrupt(std::string_view what) {
-    return fail(EIO, fmt::format("corrupt {} record", what));
+    return fail(EUCLEAN, fmt::format("corrupt {} record", what));
 }
 // A record the reader could not read (too short, or bytes left over).
 tl::unexpected<Error> corrupt(std::string_view what, const Error& why) {
-    return fail(EIO, fmt::format("corrupt {} record: {}", what, why.message));
+    return fail(EUCLEAN, fmt::format("corrupt {} record: {}", what, why.message));
 }
 
 // Inodes and entries gained fields with schema 2 (layouts): format 2 appends them to

@@ -134,8 +134,11 @@ Result<std::shared_ptr<Store::Impl>> open_env(const OpenOptions& options) {
         impl->read_only = true;
     }
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == MDB_CORRUPTED) {
-        return fail(EIO, fmt::format("db {}: data.mdb is corrupt or not an LMDB database ({})",
-                                     path, mdb_strerror(rc)));
+        // kCorruptDb (integrity.hpp) only for damage: an LMDB file of another version is
+        // no reason to set a db aside.
+        return fail(rc == MDB_VERSION_MISMATCH ? EIO : EUCLEAN,
+                    fmt::format("db {}: data.mdb is corrupt or not an LMDB database ({})", path,
+                                mdb_strerror(rc)));
     }
     if (rc != 0) return tl::unexpected(lmdb::error(rc, fmt::format("db {}: open", path)));
     int dead = 0;

@@ -256,6 +256,9 @@ Status release_blob(Tx& tx, const Digest& digest);
 Result<Attr> write_file(Tx& tx, records::Inode& file, std::string_view content,
                         const ContentDigests& digests, const Origin& origin);
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// The header of the overflow page a blob chunk (`key`, `value` of blob_data) lives on, if
+// it lives on one: kCorruptDb when it is not the page's own (content.cpp).
+Status check_chunk_page(const Tx& tx, std::string_view key, std::string_view value);
 // `file` as a regular file whose content may be replaced: EISDIR, EINVAL otherwise.
 Result<records::Inode> writable_file(const Tx& tx, Ino file);
 // A segmented blob's segment digests, in order; nullopt for a blob stored whole.

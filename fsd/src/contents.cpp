@@ -42,12 +42,18 @@ void Contents::keep_for_readers(Ino ino) {
     m_pages.keep(ino, *digest, snapshot(*digest, content->bytes()), false);
 }
 
-std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& digest) {
+std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& digest,
+                                                  core::Error* damage) {
     if (auto live = find_snapshot(digest)) return live;
     if (auto txn = m_store.read()) {
         auto attr = txn->getattr(ino);
         if (attr && attr->digest == digest) {
-            if (auto content = txn->read(ino)) return snapshot(digest, content->bytes());
+            auto content = txn->read(ino);
+            if (content) return snapshot(digest, content->bytes());
+            if (content.error().code == core::kDamagedContent) {
+                if (damage) *damage = content.error();
+                return nullptr;
+            }
         }
     }
     // Removed by this daemon since the open: an orphan.

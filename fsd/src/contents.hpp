@@ -26,6 +26,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "kcache/core/integrity.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
 
@@ -48,8 +49,11 @@ class Contents {
     void keep_for_readers(core::Ino ino);
     // A lazy reader's content (`digest` of `ino`): a live snapshot, the stored one, an
     // orphan, what renew_pin or keep_for_readers kept, or the pin's; null only if
-    // reading failed.
-    std::shared_ptr<const std::string> load(core::Ino ino, const core::Digest& digest);
+    // reading failed. Stored content that does not match its digest
+    // (core::kDamagedContent) is null at once, with the error in *damage when given:
+    // the pin holds the same damaged pages.
+    std::shared_ptr<const std::string> load(core::Ino ino, const core::Digest& digest,
+                                            core::Error* damage = nullptr);
     // The background thread's period: see above.
     void renew_pin();
     // Whether a lazy reader of `digest` of `ino` (already counted lazy by

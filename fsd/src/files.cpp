@@ -181,6 +181,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     std::optional<BlobHolds::ReaderOpen> reading;  // counted before its snapshot
     if (!handle->writable) reading.emplace(m_holds, ino);
     Opening opening;
+    std::optional<core::Error> damage;  // the content did not match its digest
     {
         auto txn = m_store.read();
         if (!txn) return reply_error(req, txn.error());
@@ -197,8 +198,12 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         } else if (attr->is_dir()) {
             return reply_error(req, {EISDIR, "is a directory"});
         } else if (!handle->writable) {
-            if (auto s = open_reader(req, *txn, *attr, *handle, fi, opening); !s)
+            if (auto s = open_reader(req, *txn, *attr, *handle, fi, opening);
+                !s && s.error().code == core::kDamagedContent) {
+                damage = s.error();  // handled once the snapshot ends: it evicts
+            } else if (!s) {
                 return reply_error(req, s.error());
+            }
         } else {
             handle->attr = *attr;
             // A read-write open without O_TRUNC (a database) reads what it opens: it
@@ -208,6 +213,7 @@ void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                 m_hits.count_open(fuse_req_ctx(req)->pid, *txn, *attr);
         }
     }
+    if (damage) return reply_error(req, damaged_content(ino, *damage));
     // Its version is joined with no snapshot held (Versions::join may wait).
     if (handle->writable && !handle->orphan) {
         if (auto s = open_writer(req, truncate, *handle, fi, opening); !s)
@@ -428,18 +434,25 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     std::shared_ptr<Version> version;
     std::shared_ptr<const std::string> shared;  // keeps a reader's snapshot alive for the reply
     bool lost = false;
+    core::Error damage;  // code set: the stored content did not match its digest
     if (handle->refilling.load(std::memory_order_relaxed)) m_pages.settle(handle);
     {
         MutexLock lock(handle->mutex);
         follow_shared(handle);
         version = handle->version;
         if (!version && handle->lazy && !handle->snapshot) {
-            handle->snapshot = m_contents.load(ino, handle->snapshot_digest);
+            handle->snapshot = m_contents.load(ino, handle->snapshot_digest, &damage);
             // renew_pin keeps a version that left the db for its lazy readers; null
             // only if reading it from the pin failed (logged there).
             lost = !handle->snapshot;
         }
         shared = handle->snapshot;
+    }
+    if (lost && damage.code) {
+        // A read in progress: EIO (the kernel has no page to give); the entry is evicted,
+        // so the next open finds nothing (a miss).
+        const core::Error answer = damaged_content(ino, damage);
+        return reply_error(req, {EIO, answer.message});
     }
     if (lost)
         return reply_error(
@@ -463,6 +476,11 @@ void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) 
     auto txn = m_store.read();
     if (!txn) return reply_error(req, txn.error());
     auto content = txn->read(ino);
+    if (!content && content.error().code == core::kDamagedContent) {
+        txn = core::fail(EIO, "released");  // the snapshot ends before the eviction
+        const core::Error answer = damaged_content(ino, content.error());
+        return reply_error(req, {EIO, answer.message});
+    }
     if (!content) return reply_error(req, content.error());
     const std::string_view bytes = content->bytes();
     const std::string_view slice =

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -106,6 +108,12 @@ void Filesystem::start(fuse_session* session) {
 // ---- replies ------------------------------------------------------------------------
 
 void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
+    if (error.code == core::kCorruptDb && !m_options.read_only) db_corrupt(error);
+    if (error.code == core::kDamagedContent || error.code == core::kCorruptDb) {
+        // A caller that did not handle the damage itself (damaged_content): the kernel
+        // and the compiler get EIO, the log the message.
+        return reply_error(req, {EIO, error.message});
+    }
     switch (error.code) {
         case ENOSPC:
             m_background.count(core::Counter::errors_nospc);
@@ -124,6 +132,55 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
         log::error("{}", error.message);
     }
     fuse_reply_err(req, error.code > 0 ? error.code : EIO);
+}
+
+core::Error Filesystem::damaged_content(Ino ino, const core::Error& error) {
+    std::string path = fmt::format("inode {}", ino);
+    std::optional<core::EntryInfo> entry;
+    if (auto txn = m_store.read()) {
+        if (auto p = txn->path(ino)) path = "/" + *p;
+        auto attr = txn->getattr(ino);
+        if (attr && attr->entry) {
+            if (auto e = txn->entry(attr->entry)) entry = std::move(*e);
+        }
+    }
+    m_background.count(core::Counter::damaged_blobs);
+    if (!entry) {
+        log::error(
+            "DAMAGED CONTENT in {} (in no entry): {}; its reads fail with EIO until it "
+            "is rewritten or removed",
+            path, error.message);
+        return {EIO, error.message};
+    }
+    auto evicted = m_store.update([&](core::WriteTxn& txn) { return txn.evict_entry(entry->ino); });
+    if (!evicted && evicted.error().code == ENOENT) return {ESTALE, "evicted: damaged content"};
+    if (!evicted && evicted.error().code == core::kCorruptDb && !m_options.read_only)
+        db_corrupt(evicted.error());
+    if (!evicted) {
+        log::error(
+            "DAMAGED CONTENT in {} (entry {}): {}; the entry is kept ({}): its reads fail "
+            "with EIO until `kcache evict` removes it",
+            path, entry->name, error.message, evicted.error().message);
+        return {EIO, error.message};
+    }
+    log::error(
+        "DAMAGED CONTENT in {} (entry {}): {}; the entry was evicted: its compiler "
+        "compiles it again. `kcache verify` lists any other damage",
+        path, entry->name, error.message);
+    return {ESTALE, "evicted: damaged content"};
+}
+
+void Filesystem::db_corrupt(const core::Error& error) {
+    log::error(
+        "DB CORRUPT: {}; the daemon ends so that its successor sets {} aside and serves a "
+        "fresh db",
+        error.message, m_store.path());
+    const std::string marker = m_store.path() + "/" + kCorruptMarker;
+    if (FILE* f = std::fopen(marker.c_str(), "w")) {
+        std::fputs(error.message.c_str(), f);
+        std::fclose(f);
+    }
+    std::_Exit(kCorruptExit);
 }
 
 void Filesystem::reply_entry(fuse_req_t req, const Attr& stored) {

@@ -89,6 +89,12 @@
 
 namespace kcache::fsd {
 
+// A daemon that finds the db corrupt while serving (Filesystem::db_corrupt) leaves this
+// file in the db directory, holding LMDB's message, and exits with kCorruptExit; the
+// daemon that starts next sets the db aside (main.cpp) and removes it.
+inline constexpr const char* kCorruptMarker = "damaged";
+inline constexpr int kCorruptExit = 76;
+
 class Filesystem {
   public:
     // `state`: the handle table's memory (state.hpp), the keeper's memfd; null: private.
@@ -173,7 +179,22 @@ class Filesystem {
         Filesystem& m_fs;
         bool m_entered = false;
     };
+    // Answers with error.code; damage (core/integrity.hpp) is EIO to the kernel, and
+    // kCorruptDb ends the daemon for a successor that sets the db aside (db_corrupt).
     void reply_error(fuse_req_t req, const core::Error& error);
+    // Content of `ino` that did not match its digest (core::kDamagedContent; `error`
+    // says which blob): counted (damaged_blobs), logged with the file and entry, and
+    // the entry evicted so that the compiler compiles it again. Returns what the
+    // request that found it answers: ESTALE when the entry is gone (an open is then
+    // looked up again and finds nothing: ENOENT, a miss), else EIO (a pinned entry, a
+    // write in flight, a file in no entry). A reader that had opened the file already
+    // keeps what it read; its next READ the kernel has no page for fails with EIO.
+    core::Error damaged_content(core::Ino ino, const core::Error& error);
+    // LMDB reported the db corrupt (core::kCorruptDb) while serving: logged, a marker
+    // left in the db directory (kCorruptMarker) and the daemon ends at once, as a crash
+    // does; the keeper starts a successor, which sets the db aside and serves a fresh
+    // one (main.cpp). Does not return.
+    [[noreturn]] void db_corrupt(const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
     // first when `read_through` (then answered from a tier thread, asynchronously). When
     // `may_wait`, a miss inside an entry another compile is filling is answered ESTALE

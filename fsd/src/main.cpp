@@ -39,6 +39,7 @@
 #include "fd_store.hpp"
 #include "filesystem.hpp"
 #include "kcache/core/holds.hpp"
+#include "kcache/core/integrity.hpp"
 #include "kcache/core/store.hpp"
 #include "keeper.hpp"
 #include "log.hpp"
@@ -227,6 +228,106 @@ kcache::core::Result<int> lock_db_for_daemon(const std::string& db, const std::s
     return fd;  // stays open (and locked) for the life of the daemon
 }
 
+// A daemon that dies of a signal a damaged page can cause (LMDB's assertions abort,
+// a wild read faults) leaves this file in the db directory: its successor then checks
+// the db deeply (check_structure's `deep`) before it serves, and removes it.
+constexpr const char* kCrashMarker = "crashed";
+char g_crash_marker_path[4096];  // set before the handler is installed
+
+extern "C" void on_fatal_signal(int sig) {
+    // Async-signal-safe only: open, write, close; then the default action (SA_RESETHAND).
+    const int fd = ::open(g_crash_marker_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        static const char kText[] = "a serving daemon died of a fatal signal";
+        (void)!::write(fd, kText, sizeof kText - 1);
+        ::close(fd);
+    }
+    raise(sig);
+}
+
+void install_crash_marker(const std::string& db) {
+    const std::string path = db + "/" + kCrashMarker;
+    if (path.size() >= sizeof g_crash_marker_path) return;
+    std::memcpy(g_crash_marker_path, path.c_str(), path.size() + 1);
+    struct sigaction action {};
+    action.sa_handler = on_fatal_signal;
+    action.sa_flags = static_cast<int>(SA_RESETHAND | SA_NODEFER);
+    sigemptyset(&action.sa_mask);
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE}) sigaction(sig, &action, nullptr);
+}
+
+// Why the db at `db` must be set aside (core/integrity.hpp), or nullopt when it is sound
+// (or not there yet). A marker a daemon left on finding it corrupt while serving
+// (Filesystem::db_corrupt) says so; else, when `full` or after a crash (kCrashMarker,
+// then deeply), core::check_structure runs in a forked child, since a page bad enough
+// makes LMDB read outside the map (SIGSEGV, SIGBUS) or abort: such a death is damage
+// too. Errors that are no damage (EACCES, a newer schema ...) are left to the daemon's
+// own open, which reports them.
+std::optional<std::string> db_damage(const std::string& db, bool full, bool read_only) {
+    std::error_code ec;
+    if (!std::filesystem::exists(db + "/data.mdb", ec)) return std::nullopt;
+    const std::string marker = db + "/" + fsd::kCorruptMarker;
+    if (std::ifstream in(marker); in) {
+        std::stringstream reason;
+        reason << in.rdbuf();
+        return "the daemon before found it corrupt: " + reason.str();
+    }
+    const std::string crash_marker = db + "/" + kCrashMarker;
+    const bool deep = std::filesystem::exists(crash_marker, ec);
+    if (!full && !deep) return std::nullopt;
+    std::remove(crash_marker.c_str());  // checked now; a damaged db is moved with it gone
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
+    const pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return std::nullopt;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        kcache::core::OpenOptions open;
+        open.path = db;
+        open.create = false;
+        open.read_only = read_only;
+        auto store = kcache::core::Store::open(open);
+        kcache::core::Status checked;
+        if (!store)
+            checked = tl::unexpected(store.error());
+        else
+            checked = kcache::core::check_structure(**store, deep);
+        if (checked && !read_only) {
+            // A write transaction that is never committed: it takes pages from LMDB's
+            // free list as the daemon's first one will, where a damaged free list page
+            // aborts or faults here rather than there.
+            auto tried = (*store)->update([](kcache::core::WriteTxn& txn) -> Status {
+                KCACHE_TRY(txn.add(kcache::core::Counter::damaged_dbs, 0));
+                KCACHE_TRY(txn.set_config(txn.config()));
+                return fail(ECANCELED, "a trial: never committed");
+            });
+            if (!tried && tried.error().code != ECANCELED) checked = tried;
+        }
+        if (checked) std::_Exit(0);
+        (void)!::write(fds[1], checked.error().message.data(), checked.error().message.size());
+        std::_Exit(checked.error().code == kcache::core::kCorruptDb ? 3 : 4);
+    }
+    close(fds[1]);
+    std::string message;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+        message.append(buf, static_cast<std::size_t>(n));
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (WIFSIGNALED(status)) {
+        return fmt::format("its start-up check died of signal {} ({}): LMDB met a damaged page",
+                           WTERMSIG(status), strsignal(WTERMSIG(status)));
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 3) return message;
+    return std::nullopt;
+}
+
 // libfuse's arguments for the session (and the keeper's mount).
 std::vector<std::string> fuse_arguments(const fsd::Options& options) {
     std::vector<std::string> args{"kcache-fsd", "-o",
@@ -263,7 +364,57 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     open.read_only = options.read_only;
     open.durability = options.durability;
     if (options.entry_depth) open.entry_depth = options.entry_depth;
-    auto store = kcache::core::Store::open(open);
+    // The start-up check (docs/operations.md, "A damaged db"): the whole walk when this
+    // daemon mounts, only the marker of a predecessor that found damage when it takes a
+    // mount over (a kill -9's successor must start at once). A damaged db is set aside
+    // and a fresh one served: a cache is rebuilt by its compilers, a node that cannot
+    // compile is not. Read-only serving changes nothing: it refuses to start instead.
+    // A daemon a keeper starts on a mount another daemon served has the db's lock already.
+    const bool taking_over = inherited && inherited->lock_fd >= 0;
+    std::optional<std::string> damage = db_damage(options.db, !taking_over, options.read_only);
+    auto store = damage ? kcache::core::Result<std::unique_ptr<kcache::core::Store>>(
+                              fail(kcache::core::kCorruptDb, *damage))
+                        : kcache::core::Store::open(open);
+    std::string set_aside;  // where the damaged db went
+    // One daemon per db (lock_db_for_daemon), taken before a set-aside or the first change.
+    std::optional<int> lock_fd;
+    auto take_lock = [&] {
+        if (lock_fd) return;
+        auto lock = lock_db_for_daemon(options.db, mountpoint, inherited ? inherited->lock_fd : -1);
+        if (!lock) startup.fail_startup(lock.error().message);
+        lock_fd = *lock;
+    };
+    // Only a db known to be a kcache db is set aside: one the check found damaged (it
+    // opens only where kcache.lock is), or the one a predecessor served. A data.mdb of
+    // garbage in a directory kcache never used is refused (exit 1), as before.
+    if (!store && store.error().code == kcache::core::kCorruptDb && !options.read_only &&
+        (damage || taking_over)) {
+        take_lock();  // a daemon serving it would keep this one out: nothing is moved then
+        const std::string why = store.error().message;
+        auto aside = kcache::core::set_aside(options.db, kcache::core::system_clock_ns());
+        if (!aside)
+            startup.fail_startup(fmt::format("db {} is damaged ({}) and cannot be set aside: {}",
+                                             options.db, why, aside.error().message));
+        set_aside = *aside;
+        std::remove((options.db + "/" + fsd::kCorruptMarker).c_str());
+        fsd::log::error(
+            "DB DAMAGED: {} ({}); set aside as {} for `kcache verify --db` and a "
+            "person; serving a fresh db",
+            options.db, why, set_aside);
+        store = kcache::core::Store::open(open);
+        if (store) {
+            // The kernel may still know the old db's inode numbers (a takeover): the
+            // fresh one starts far above them (seconds << 24: later set-asides higher).
+            const auto floor =
+                static_cast<std::uint64_t>(kcache::core::system_clock_ns() / 1000000000) << 24;
+            auto marked = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
+                KCACHE_TRY(kcache::core::start_inodes_at(txn, floor));
+                return txn.add(kcache::core::Counter::damaged_dbs, 1);
+            });
+            if (!marked) startup.fail_startup(marked.error().message);
+        }
+    }
+    if (store && !options.read_only) install_crash_marker(options.db);
     if (!store && store.error().code == EROFS) {
         startup.fail_startup(store.error().message +
                              " (serve it read-only with --read-only or -o ro)");
@@ -272,9 +423,8 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     // A read-only daemon changes nothing (no statistics, no eviction): several may
     // serve one db, beside a read-write one, and its filesystem may be read-only.
     if (!options.read_only) {
-        auto lock = lock_db_for_daemon(options.db, mountpoint, inherited ? inherited->lock_fd : -1);
-        if (!lock) startup.fail_startup(lock.error().message);
-        if (inherited && inherited->lock_fd < 0) startup.pass_fd(*lock);
+        take_lock();
+        if (inherited && inherited->lock_fd < 0) startup.pass_fd(*lock_fd);
         // Limits given on the command line become the db's (the CLI sees the same ones).
         auto configured = (*store)->update([&](kcache::core::WriteTxn& txn) -> Status {
             kcache::core::Config config = txn.config();
@@ -364,6 +514,8 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
         fsd::log::info("serving {} at {}{}", options.db, mountpoint,
                        options.read_only ? " read-only" : "");
     }
+    if (!set_aside.empty())
+        fsd::log::error("DB DAMAGED: serving a fresh db; the damaged one is kept at {}", set_aside);
     if (options.remote && !resuming) {
         std::string servers;
         for (const auto& e : options.remote->servers)

@@ -52,6 +52,7 @@ TEST_CASE("statistics table: who counts what", "[stats]") {
         Counter::bytes_read,          Counter::errors_nospc,
         Counter::errors_io,           Counter::errors_other,
         Counter::single_flight_waits, Counter::single_flight_timeouts,
+        Counter::damaged_blobs,       Counter::damaged_dbs,
         Counter::remote_containers};  // made by the daemon's lookups, a shared tier's row
     CHECK(std::vector<Counter>(daemon.begin(), daemon.end()) == expected);
 

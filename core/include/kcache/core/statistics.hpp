@@ -38,6 +38,9 @@ enum class Counter : std::uint32_t {
     single_flight_waits = 15,
     single_flight_timeouts = 16,
     hits_fleet = 17,  // of the hits, on entries the shared tier supplied
+    // damage found while serving (docs/operations.md, "A damaged db")
+    damaged_blobs = 18,
+    damaged_dbs = 19,
     // misses by cause (core/misses.hpp), counted when the background classifies them
     misses_first = 20,
     misses_capacity = 21,
@@ -80,7 +83,7 @@ enum class Counter : std::uint32_t {
     remote_breakers_half_open = 112,
 };
 // The number of enumerators above: kStatistics has one row for each.
-inline constexpr std::size_t kStatisticCount = 52;
+inline constexpr std::size_t kStatisticCount = 54;
 
 // The on-disk rule, which also holds for ids this build does not know.
 inline constexpr bool is_gauge(Counter c) {
@@ -159,6 +162,10 @@ inline constexpr StatisticField kStatistics[] = {
      "single-flight waits that ended at their bound with the entry still being filled"},
     {Counter::hits_fleet, "hits_fleet", Unit::count, StatisticKind::counter, by_store,
      "of the hits, those on entries the shared tier supplied (compiled on another node, pulled here: no miss)"},
+    {Counter::damaged_blobs, "damaged_blobs", Unit::count, StatisticKind::counter, by_daemon,
+     "files whose content did not match its digest when the daemon loaded it: their entry was evicted (a miss)"},
+    {Counter::damaged_dbs, "damaged_dbs", Unit::count, StatisticKind::counter, by_daemon,
+     "dbs LMDB found corrupt, set aside by kcache-fsd for a fresh one (counted in the fresh db)"},
     {Counter::misses_first, "misses_first", Unit::count, StatisticKind::counter, by_store,
      "classified misses of a kernel with no entry of its family in the cache, never evicted"},
     {Counter::misses_capacity, "misses_capacity", Unit::count, StatisticKind::counter, by_store,
