@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "bench_support.hpp"
+#include "kcache/core/integrity.hpp"
 #include "store_ratios.hpp"
 
 #ifndef KCACHE_BENCH_BUILD_TYPE
@@ -274,6 +275,14 @@ void bm_get_kcache(benchmark::State& state, std::size_t size, bool random, bool 
                                                      : 0.0;
 }
 
+// bm_get_kcache with a read transaction per read and the content check off
+// (kcache/core/integrity.hpp): the baseline of what the digest check costs a hit.
+void bm_get_kcache_unchecked(benchmark::State& state, std::size_t size, bool random) {
+    core::set_content_checks(false);
+    bm_get_kcache(state, size, random, true);
+    core::set_content_checks(true);
+}
+
 // open + fstat + read whole file + close, into a reused buffer.
 void bm_get_plain(benchmark::State& state, std::size_t size, bool random) {
     GetFixture& fx = get_fixture(size, random);
@@ -487,6 +496,10 @@ void register_all() {
             const std::string label = size_label(size) + (random ? "-random" : "");
             RegisterBenchmark(("get/kcache-txn-per-read/" + label).c_str(), bm_get_kcache, size,
                               random, true)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+            RegisterBenchmark(("get/kcache-unchecked/" + label).c_str(), bm_get_kcache_unchecked,
+                              size, random)
                 ->UseRealTime()
                 ->Unit(benchmark::kMicrosecond);
             RegisterBenchmark(("get/kcache-one-snapshot/" + label).c_str(), bm_get_kcache, size,

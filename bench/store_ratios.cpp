@@ -46,6 +46,15 @@ void print_ratios(const RatioReporter& r) {
                  "get/plain/" + label, "plain: open+fstat+read+close");
         }
     }
+    // What the digest check (kcache/core/integrity.hpp) costs a hit: the same reads with
+    // the check on (the default) against off.
+    for (const char* kind : {"", "-random"}) {
+        for (std::size_t size : {1024, 8192, 16384}) {
+            const std::string label = size_label(size) + kind;
+            pair("get/" + label + " (digest check)", "get/kcache-txn-per-read/" + label,
+                 "get/kcache-unchecked/" + label, "baseline: the same read, no digest check");
+        }
+    }
     {
         const auto* k = r.find("evict/kcache/none");
         const auto* p = r.find("evict/plain/none");

@@ -137,9 +137,11 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
 core::Error Filesystem::damaged_content(Ino ino, const core::Error& error) {
     std::string path = fmt::format("inode {}", ino);
     std::optional<core::EntryInfo> entry;
+    core::Digest digest;
     if (auto txn = m_store.read()) {
         if (auto p = txn->path(ino)) path = "/" + *p;
         auto attr = txn->getattr(ino);
+        if (attr) digest = attr->digest;
         if (attr && attr->entry) {
             if (auto e = txn->entry(attr->entry)) entry = std::move(*e);
         }
@@ -163,10 +165,31 @@ core::Error Filesystem::damaged_content(Ino ino, const core::Error& error) {
             path, entry->name, error.message, evicted.error().message);
         return {EIO, error.message};
     }
+    // The blob may be shared (identical content is stored once): every entry holding it
+    // is damaged too, and a compiler's new copy of the content would be deduplicated onto
+    // it. So those entries go as well, and with the last reference the blob. A scan of
+    // every entry's files: damage is rare, a loop of compiles onto a damaged blob is not.
+    std::vector<Ino> sharers;
+    if (auto txn = m_store.read();
+        txn && !digest.empty() && txn->has_blob(digest).value_or(false)) {
+        (void)txn->for_each_entry([&](const core::EntryInfo& e) {
+            (void)txn->for_each_entry_file(e, [&](const core::EntryFile& f) {
+                if (!f.attr.is_regular() || !(f.attr.digest == digest)) return true;
+                sharers.push_back(e.ino);
+                return false;
+            });
+            return true;
+        });
+    }
+    std::size_t also = 0;
+    for (const Ino sharer : sharers) {
+        if (m_store.update([&](core::WriteTxn& txn) { return txn.evict_entry(sharer); })) ++also;
+    }
     log::error(
-        "DAMAGED CONTENT in {} (entry {}): {}; the entry was evicted: its compiler "
+        "DAMAGED CONTENT in {} (entry {}): {}; the entry was evicted{}: its compiler "
         "compiles it again. `kcache verify` lists any other damage",
-        path, entry->name, error.message);
+        path, entry->name, error.message,
+        also ? fmt::format(", and {} more that held the same content", also) : "");
     return {ESTALE, "evicted: damaged content"};
 }
 

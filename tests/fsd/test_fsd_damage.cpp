@@ -153,6 +153,7 @@ TEST_CASE("damage: a blob damaged under a live mount is a miss, never its wrong 
     const std::string other = random_bytes(30000, 8);
     REQUIRE(put(c, "k1/data.bin", content) == 0);
     REQUIRE(put(c, "k2/other.bin", other) == 0);
+    REQUIRE(put(c, "k3/same.bin", content) == 0);  // the same blob (stored once)
     c.remount();  // no page of it in the kernel, no copy in the daemon: the open loads it
     std::size_t at = 0;
     std::uint64_t seed = 0;
@@ -184,6 +185,11 @@ TEST_CASE("damage: a blob damaged under a live mount is a miss, never its wrong 
     REQUIRE_FALSE(got);
     CHECK(err == ENOENT);  // a miss: the entry was evicted
     CHECK(read_all(c.p("k2/other.bin")) == other);
+    // The entry that shared the damaged blob went with it: neither it nor a new copy of
+    // the content can meet the damaged bytes again.
+    errno = 0;
+    CHECK_FALSE(read_all(c.p("k3/same.bin")).has_value());
+    CHECK(errno == ENOENT);
     CHECK(count_occurrences(c.daemon_stderr(), "DAMAGED CONTENT in /k1/data.bin") == 1);
     CHECK(wait_until([&] { return stat_value(cache_stats(c.db()), "damaged_blobs") == 1; }, 10));
     // The compiler stores it again, and it reads back right.
