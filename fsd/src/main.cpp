@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -235,17 +236,27 @@ constexpr const char* kCrashMarker = "crashed";
 char g_crash_marker_path[4096];  // set before the handler is installed
 
 extern "C" void on_fatal_signal(int sig) {
-    // Async-signal-safe only: open, write, close; then the default action (SA_RESETHAND).
+    // System calls only: open, write, close, then the signal again.
     const int fd = ::open(g_crash_marker_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
-        static const char kText[] = "a serving daemon died of a fatal signal";
-        (void)!::write(fd, kText, sizeof kText - 1);
+        char text[] = "a serving daemon died of signal 00";
+        text[sizeof text - 3] = static_cast<char>('0' + sig / 10 % 10);
+        text[sizeof text - 2] = static_cast<char>('0' + sig % 10);
+        (void)!::write(fd, text, sizeof text - 1);
         ::close(fd);
     }
+    // Then the default action (SA_RESETHAND): the daemon is not dumpable
+    // (install_crash_marker), so it ends at once, and the keeper logs the signal.
     raise(sig);
 }
 
 void install_crash_marker(const std::string& db) {
+    // Not dumpable: a fault then ends the daemon at once. A core dump first waits for
+    // every thread of the daemon, among them one waiting for a FUSE answer that only a
+    // successor could give, so the daemon never died and the keeper never started one
+    // (seen with pages of data.mdb overwritten under a live mount). libfuse's workers
+    // block every signal, so a fault there takes the default action, not the handler.
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     const std::string path = db + "/" + kCrashMarker;
     if (path.size() >= sizeof g_crash_marker_path) return;
     std::memcpy(g_crash_marker_path, path.c_str(), path.size() + 1);
@@ -266,6 +277,9 @@ void install_crash_marker(const std::string& db) {
 std::optional<std::string> db_damage(const std::string& db, bool full, bool read_only) {
     std::error_code ec;
     if (!std::filesystem::exists(db + "/data.mdb", ec)) return std::nullopt;
+    // Every kcache process that opened the db made its kcache.lock: without one it is no
+    // kcache db (a data.mdb of something else), which is refused, never moved.
+    if (!std::filesystem::exists(db + "/kcache.lock", ec)) return std::nullopt;
     const std::string marker = db + "/" + fsd::kCorruptMarker;
     if (std::ifstream in(marker); in) {
         std::stringstream reason;

@@ -229,11 +229,12 @@ TEST_CASE("damage: a db damaged before a start is set aside and a fresh one serv
         CHECK(fs::exists(aside[0] / "data.mdb"));  // kept for kcache verify and a person
         CHECK(count_occurrences(c.daemon_stderr(), "DB DAMAGED") >= 1);
         CHECK(stat_value(cache_stats(c.db()), "damaged_dbs") == 1);
-        CHECK(run_kcache(aside[0], {"verify"}).exit_code != 0);
+        // (kcache verify on it need not fail: it does not read LMDB's free list, which the
+        // start-up check's trial write does.)
     }
 }
 
-TEST_CASE("damage: a db damaged under a live mount is set aside; the mount serves on",
+TEST_CASE("damage: a db damaged under a live mount is set aside and the mount serves on",
           "[fsd][damage]") {
     MountedCache c;
     const auto written = write_some(c);
