@@ -23,7 +23,7 @@ packages=(
   # (redis-cli: the Redis Cluster test joins its nodes with `redis-cli --cluster create`)
   libhiredis-dev redis-server redis-tools
   openssl  # the CLI that makes the TLS tests' CA and certificates (rediss://)
-  libssl-dev  # OpenSSL 3: TLS to Redis (remote/src/tls.cpp)
+  libssl-dev  # OpenSSL 3: TLS to Redis (remote/src/tls.cpp), signed entries (remote/src/trust.cpp)
   perl  # prove, which runs pjdfstest on the mount (tests/posix)
   xfslibs-dev  # xfs/xfs.h, which fsstress (xfstests, tests/posix/xfstests.py) includes
 )

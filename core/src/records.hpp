@@ -3,7 +3,7 @@
 // Integer keys are big-endian so that LMDB's byte order is numeric order (cursor
 // scans of dirents by parent, of the LRU by time, of events by sequence). Values are
 // little-endian with a leading format version byte. Every decoder checks lengths:
-// a damaged record is an EIO error naming the record, never a crash.
+// a damaged record is a kCorruptDb (EUCLEAN) error naming the record, never a crash.
 #pragma once
 
 #include <cstdint>

@@ -94,6 +94,7 @@ class Keeper {
   private:
     // Starts a daemon and waits until it is ready or dead; its message when it failed.
     std::optional<std::string> start_daemon();
+    bool m_start_crashed = false;  // the last start_daemon() that failed: killed by a signal
     // Whether the daemon reported that it handed the mount over (m_report_fd).
     bool handed_over();
     // Starts the successor of a daemon that died or is dying; false: gave up.
@@ -270,14 +271,15 @@ std::optional<std::string> Keeper::start_daemon() {
         return std::nullopt;
     }
     close(ready[0]);
-    if (message.empty()) message = "the daemon died during start-up";
-    while (!message.empty() && message.back() == '\n') message.pop_back();
-    const std::string prefix = "kcache-fsd: ";
-    if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
     m_daemon = -1;
+    m_start_crashed = WIFSIGNALED(status);
+    if (message.empty()) message = "the daemon died during start-up: it " + describe(status);
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    const std::string prefix = "kcache-fsd: ";
+    if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
     return message;
 }
 
@@ -383,7 +385,14 @@ int Keeper::run(const std::vector<std::string>& arguments,
     } else {
         mount(arguments);
     }
-    if (auto failed = start_daemon()) {
+    auto failed = start_daemon();
+    if (failed && m_start_crashed) {
+        // Killed by a signal while it opened the db: its crash marker makes the next one
+        // set a db it cannot open aside (main.cpp, kStartupCrash), so one more try.
+        log::error("keeper: the first daemon could not start ({}): starting another", *failed);
+        failed = start_daemon();
+    }
+    if (failed) {
         unmount();
         m_startup.fail(*failed);
     }

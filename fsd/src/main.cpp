@@ -72,8 +72,12 @@ class StartupPipe {
             close(fds[1]);
             std::string message;
             char buf[512];
-            for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+            for (;;) {
+                const ssize_t n = ::read(fds[0], buf, sizeof buf);
+                if (n < 0 && errno == EINTR) continue;
+                if (n <= 0) break;
                 message.append(buf, static_cast<std::size_t>(n));
+            }
             if (message == "ready") std::_Exit(0);
             std::fputs(
                 message.empty() ? "kcache-fsd: the daemon died during start-up\n" : message.c_str(),
@@ -234,15 +238,25 @@ kcache::core::Result<int> lock_db_for_daemon(const std::string& db, const std::s
 // the db deeply (check_structure's `deep`) before it serves, and removes it.
 constexpr const char* kCrashMarker = "crashed";
 char g_crash_marker_path[4096];  // set before the handler is installed
+// Set until the daemon is ready: a fault before then is the db's, not chance's (see
+// kStartupCrash).
+volatile sig_atomic_t g_starting = 1;
+// What the marker of a daemon that died before it was ready starts with: its successor
+// sets the db aside at once. The start-up check found nothing and yet opening the db
+// faulted, so it is damaged where the check does not look, and would fault again.
+constexpr std::string_view kStartupCrash = "a starting daemon died";
 
 extern "C" void on_fatal_signal(int sig) {
     // System calls only: open, write, close, then the signal again.
     const int fd = ::open(g_crash_marker_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
-        char text[] = "a serving daemon died of signal 00";
-        text[sizeof text - 3] = static_cast<char>('0' + sig / 10 % 10);
-        text[sizeof text - 2] = static_cast<char>('0' + sig % 10);
-        (void)!::write(fd, text, sizeof text - 1);
+        char serving[] = "a serving daemon died of signal 00";
+        char starting[] = "a starting daemon died of signal 00";
+        char* text = g_starting ? starting : serving;
+        const std::size_t size = g_starting ? sizeof starting : sizeof serving;
+        text[size - 3] = static_cast<char>('0' + sig / 10 % 10);
+        text[size - 2] = static_cast<char>('0' + sig % 10);
+        (void)!::write(fd, text, size - 1);
         ::close(fd);
     }
     // Then the default action (SA_RESETHAND): the daemon is not dumpable
@@ -287,6 +301,12 @@ std::optional<std::string> db_damage(const std::string& db, bool full, bool read
         return "the daemon before found it corrupt: " + reason.str();
     }
     const std::string crash_marker = db + "/" + kCrashMarker;
+    if (std::ifstream in(crash_marker); in) {
+        std::stringstream reason;
+        reason << in.rdbuf();
+        if (reason.str().rfind(kStartupCrash, 0) == 0)
+            return reason.str() + " while it opened the db, after the start-up check passed";
+    }
     const bool deep = std::filesystem::exists(crash_marker, ec);
     if (!full && !deep) return std::nullopt;
     std::remove(crash_marker.c_str());  // checked now; a damaged db is moved with it gone
@@ -386,6 +406,9 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
     // A daemon a keeper starts on a mount another daemon served has the db's lock already.
     const bool taking_over = inherited && inherited->lock_fd >= 0;
     std::optional<std::string> damage = db_damage(options.db, !taking_over, options.read_only);
+    // From here a fault leaves a marker (install_crash_marker): one before "ready" makes
+    // the successor set the db aside (kStartupCrash), one later makes it check deeply.
+    if (!damage && !options.read_only) install_crash_marker(options.db);
     auto store = damage ? kcache::core::Result<std::unique_ptr<kcache::core::Store>>(
                               fail(kcache::core::kCorruptDb, *damage))
                         : kcache::core::Store::open(open);
@@ -428,7 +451,7 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
             if (!marked) startup.fail_startup(marked.error().message);
         }
     }
-    if (store && !options.read_only) install_crash_marker(options.db);
+    if (damage && store && !options.read_only) install_crash_marker(options.db);  // the fresh db
     if (!store && store.error().code == EROFS) {
         startup.fail_startup(store.error().message +
                              " (serve it read-only with --read-only or -o ro)");
@@ -509,6 +532,7 @@ int serve(const fsd::Options& options, const std::string& mountpoint, StartupPip
             fsd::log::info("cleared {} holds on blobs for files a previous mount had open",
                            *cleared);
     }
+    g_starting = 0;  // the db is open and read: a fault from here on is no start-up's
     fsd::takeover::begin(**state, fuse_session_fd(session));
     fsd::resend::attach(**state);
     // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);

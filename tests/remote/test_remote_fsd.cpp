@@ -757,7 +757,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "fsd remote: write-behind signs; a reader trusting only another key misses, counted, "
+    "fsd remote: write-behind signs, a reader trusting only another key misses, counted, "
     "one trusting the signer reads through",
     "[remote][fsd][trust]") {
     RedisServer redis;

@@ -34,7 +34,7 @@ std::uint64_t stat_of(const MountedCache& m, const std::string& name) {
 }  // namespace
 
 TEST_CASE(
-    "fsd remote over TLS: read-through over rediss://; a wrong CA is a miss, counted and "
+    "fsd remote over TLS: read-through over rediss://, a wrong CA is a miss, counted and "
     "logged",
     "[remote][tls][fsd]") {
     TlsCerts certs;

@@ -2,7 +2,7 @@
 // (core/src/records.hpp; built by tests/support/run_fuzz.sh with clang++-14).
 //
 // Input: one selector byte (which decoder, modulo their number), then the record's
-// bytes. A damaged record must decode to an EIO error, never crash. A record that
+// bytes. A damaged record must decode to a kCorruptDb (EUCLEAN) error, never crash. A record that
 // decodes must be exactly what its encoder writes: re-encoding it gives the input back
 // (no trailing bytes accepted, no field silently dropped), so what core reads is what
 // was stored. A decoded producer is also given to producer_name(), as the CLI and GUI
@@ -15,6 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "kcache/core/integrity.hpp"
 #include "kcache/core/roles.hpp"
 #include "kcache/core/types.hpp"
 #include "records.hpp"
@@ -31,11 +32,12 @@ void check(bool condition, const char* what) {
     }
 }
 
-// A decoder's result: an EIO error with a message, or a value whose encoding is `in`.
+// A decoder's result: a kCorruptDb error with a message, or a value whose encoding is `in`.
 template <class T>
 void check_decoded(const core::Result<T>& decoded, std::string_view in, const char* what) {
     if (!decoded) {
-        check(decoded.error().code == EIO && !decoded.error().message.empty(), "error is not EIO");
+        check(decoded.error().code == core::kCorruptDb && !decoded.error().message.empty(),
+              "error is not kCorruptDb (EUCLEAN)");
         return;
     }
     const std::string encoded = records::encode(*decoded);
@@ -103,7 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             if (value)
                 check(records::encode_u64(*value) == in, "u64 does not re-encode to its input");
             else
-                check(value.error().code == EIO, "error is not EIO");
+                check(value.error().code == core::kCorruptDb, "error is not kCorruptDb (EUCLEAN)");
             break;
         }
     }
