@@ -34,7 +34,9 @@ StagedFile::StagedFile(StagedFile&& other) noexcept
       m_stored(other.m_stored),
       m_dirty(other.m_dirty),
       m_open(std::exchange(other.m_open, false)),
-      m_max_size(other.m_max_size) {}
+      m_max_size(other.m_max_size),
+      m_mirror(std::move(other.m_mirror)),
+      m_mirrored(other.m_mirrored) {}
 
 StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
     if (this != &other) {
@@ -47,6 +49,8 @@ StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
         m_dirty = other.m_dirty;
         m_open = std::exchange(other.m_open, false);
         m_max_size = other.m_max_size;
+        m_mirror = std::move(other.m_mirror);
+        m_mirrored = other.m_mirrored;
     }
     return *this;
 }
@@ -112,6 +116,7 @@ Status StagedFile::write(std::uint64_t offset, std::string_view data) {
     }
     std::memcpy(m_content.data() + offset, data.data(), data.size());
     changed(std::min(offset, old_size), end);  // a gap filled with zeros changed too
+    mirror([&](StagedMirror& m) { return m.write(offset, data); });
     return {};
 }
 
@@ -129,7 +134,26 @@ Status StagedFile::truncate(std::uint64_t size) {
     // The segment that now ends the file (cut or extended), and any added after it.
     const std::uint64_t from = std::min(old_size, size) / kSegmentSize * kSegmentSize;
     changed(from, std::max(old_size, size));
+    mirror([&](StagedMirror& m) { return m.resize(size); });
     return {};
+}
+
+void StagedFile::mirror_to(std::shared_ptr<StagedMirror> mirror, bool holds_content) {
+    m_mirror = std::move(mirror);
+    m_mirrored = holds_content;
+    if (m_dirty && !m_mirrored) this->mirror([](StagedMirror&) { return Status{}; });
+}
+
+void StagedFile::mirror(const std::function<Status(StagedMirror&)>& change) {
+    if (!m_mirror) return;
+    Status s = m_mirrored ? change(*m_mirror) : m_mirror->reset(m_content);
+    if (s) {
+        m_mirrored = true;
+        return;
+    }
+    m_mirror->drop(s.error());
+    m_mirror.reset();
+    m_mirrored = false;
 }
 
 // The digests of the staged content: only segments changed since they were last

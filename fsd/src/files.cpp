@@ -92,6 +92,10 @@ std::uint64_t Filesystem::enter_handle(FileHandle* handle, bool unpublished) {
     record.ino = handle->ino;
     record.size = handle->attr.size;
     record.digest = handle->writable ? handle->attr.digest : handle->snapshot_digest;
+    if (handle->writable) {
+        MutexLock lock(handle->mutex);
+        if (handle->version) record.version = handle->version->spill_key();
+    }
     return m_handles.add_file(handle, record);
 }
 
@@ -138,6 +142,24 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
                 r.ino);
         return handle.release();
     }
+    txn.reset();  // Versions::adopt and join are called with nothing held
+    if (r.version && attr) {
+        // Its version changed: its content outlived the dead daemon in a spill file.
+        std::shared_ptr<Version> version;
+        auto adopted = m_versions.adopt(r.ino, r.version, r.opener, &version);
+        if (adopted && *adopted) {
+            MutexLock lock(handle->mutex);  // not shared yet: for the analysis
+            handle->version = std::move(version);
+            if (r.unpublished.load())
+                log::info(
+                    "inode {}: a writer's unpublished bytes were taken over from its spill file",
+                    r.ino);
+            return handle.release();
+        }
+        if (!adopted)
+            log::warning("inode {}: cannot take a writer's spill file over: {}", r.ino,
+                         adopted.error().message);
+    }
     if (r.unpublished.load()) {
         handle->lost = true;
         log::warning(
@@ -146,7 +168,6 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
             r.ino);
         return handle.release();
     }
-    txn.reset();  // Versions::join is called with nothing held
     std::shared_ptr<Version> version;
     auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &version)
                   : core::fail(ENOENT, "removed");

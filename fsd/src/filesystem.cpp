@@ -45,7 +45,9 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
     : m_store(store),
       m_options(options),
       m_background(store, options.sync_interval_s),
-      m_versions(store, options.max_file_size, m_inodes),
+      m_spills(options.read_only || options.db.empty() ? "" : options.db + "/spill",
+               state ? state->header().daemons.load() : 0),
+      m_versions(store, options.max_file_size, m_inodes, m_spills),
       m_pages(m_inodes),
       m_lookups(m_inodes),
       m_contents(store, m_pages, m_lookups),
@@ -58,6 +60,8 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
     m_hits.remember_in(HitPairs(m_state.hit_pairs(), kHitPairSlots));
     m_handles.on_rebuild([this](const HandleRecord& r) { return rebuild_file(r); },
                          [](const HandleRecord&) { return new DirHandle; });
+    // A fresh mount: no handle of a dead mount can be used again, nor its spill files.
+    if (!m_state.inherited()) m_spills.sweep({});
 }
 
 Filesystem::Dirtying::Dirtying(Filesystem& fs) : m_fs(fs) {
@@ -85,8 +89,20 @@ std::size_t Filesystem::adopt_handles() {
     // at once; a few seconds covers them.
     m_no_flights_until_ns = core::steady_ns() + std::int64_t{5'000'000'000} +
                             2 * static_cast<std::int64_t>(m_options.single_flight_ms) * 1'000'000;
-    m_handles.rebuild_readers();
+    m_handles.rebuild_inherited([&](const HandleRecord& r) {
+        return !r.writable || (r.version && m_spills.exists(r.ino, r.version & ~kRewrite));
+    });
     m_holds.adopt();
+    // The spill files of inherited writers stay until their version ends; those no
+    // writer names go.
+    std::set<std::pair<Ino, std::uint32_t>> writers;
+    const HandleRecord* records = m_state.records();
+    for (std::uint32_t s = 0; s < kHandleSlots; ++s) {
+        const HandleRecord& r = records[s];
+        if (r.kind.load(std::memory_order_acquire) == HandleKind::file && r.writable && r.version)
+            writers.emplace(r.ino, r.version & ~kRewrite);
+    }
+    m_spills.sweep(writers);
     return m_handles.inherited();
 }
 

@@ -293,6 +293,7 @@ class Filesystem {
     // and Lookups keep their state per inode in the inode table; Contents refers to
     // the page cache and the lookups.
     Inodes m_inodes;
+    Spills m_spills;  // the writers' spill files (spill.hpp), for m_versions
     Versions m_versions;
     PageCache m_pages;
     Lookups m_lookups;

@@ -115,6 +115,7 @@ std::uint64_t HandleTable::add_file(FileHandle* handle, const HandleRecord& fiel
     r.unpublished.store(fields.unpublished.load(), std::memory_order_relaxed);
     if (fields.unpublished.load()) ++m_unpublished;
     r.opener = fields.opener;
+    r.version = fields.version;
     r.ino = fields.ino;
     r.size = fields.size;
     r.digest = fields.digest;
@@ -131,6 +132,7 @@ std::uint64_t HandleTable::add_dir(DirHandle* handle, core::Ino ino) {
     r.readable = 1;
     r.writable = 0;
     r.unpublished.store(0, std::memory_order_relaxed);
+    r.version = 0;
     r.ino = ino;
     m_live[taken->slot].store(handle, std::memory_order_release);
     r.kind.store(HandleKind::dir, std::memory_order_release);
@@ -159,6 +161,8 @@ void* HandleTable::live_or_rebuild(std::uint64_t fh, HandleKind kind) {
     if (kind == HandleKind::file && m_rebuild_file) {
         FileHandle* h = m_rebuild_file(*r);
         if (h) h->fh = fh;
+        // A writer that kept its unpublished bytes (spill.hpp) counts as this daemon's.
+        if (h && !h->lost && r->unpublished.load()) ++m_unpublished;
         made = h;
     } else if (kind == HandleKind::dir && m_rebuild_dir) {
         made = m_rebuild_dir(*r);
@@ -205,12 +209,12 @@ void HandleTable::set_unpublished(std::uint64_t fh, bool unpublished) {
     if (was != (unpublished ? 1 : 0)) m_unpublished += unpublished ? 1 : -1;
 }
 
-void HandleTable::rebuild_readers() {
+void HandleTable::rebuild_inherited(const std::function<bool(const HandleRecord&)>& now) {
     if (!m_inherited) return;
     HandleRecord* records = m_state.records();
     for (std::uint32_t s = 0; s < kHandleSlots; ++s) {
         HandleRecord& r = records[s];
-        if (r.kind.load(std::memory_order_acquire) != HandleKind::file || r.writable) continue;
+        if (r.kind.load(std::memory_order_acquire) != HandleKind::file || !now(r)) continue;
         (void)file((std::uint64_t{r.generation.load()} << 32) | (s + 1));
     }
 }

@@ -59,10 +59,17 @@ struct HandleRecord {
     // answers its WRITE, FLUSH and FSYNC with EIO.
     std::atomic<std::uint8_t> unpublished{0};
     std::uint32_t opener = 0;  // a writer's process (process.hpp)
+    // A writer's version's spill key (spill.hpp): its content outlives this daemon in
+    // a spill file once it changed. In what was padding: daemons of layout 1 without it
+    // leave 0 (none) and ignore it.
+    std::uint32_t version = 0;
     std::uint64_t ino = 0;
     std::uint64_t size = 0;  // a reader's version: its size and digest
     core::Digest digest;
 };
+
+static_assert(sizeof(HandleRecord) == 48 && offsetof(HandleRecord, ino) == 16,
+              "HandleRecord's layout is kLayout 1's");
 
 // What a non-idempotent request did, recorded in its write transaction before the
 // commit (resend.hpp): the successor that gets the request resent proves from the db
@@ -156,9 +163,10 @@ class HandleTable {
     std::int64_t unpublished() const { return m_unpublished.load(); }
     // Slots a predecessor left in use (counted at construction).
     std::size_t inherited() const { return m_inherited; }
-    // Rebuilds every inherited file handle that reads (the takeover's start: a reader's
-    // version may leave the db before its next READ).
-    void rebuild_readers();
+    // Rebuilds every inherited file handle whose record `now` picks (the takeover's
+    // start: a reader's version may leave the db before its next READ; the writers of
+    // a spilled version must all count in it before one of them closes).
+    void rebuild_inherited(const std::function<bool(const HandleRecord&)>& now);
 
   private:
     // A free slot, its generation advanced (never 0), and the fh naming both; nullopt

@@ -29,6 +29,8 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
                 joined = std::make_shared<Version>(std::move(*made), !truncate, opener);
                 made.reset();
                 joined->touched = ++m_write_clock;
+                joined->spill_id = m_spills.next_id();
+                joined->made_as_rewrite = truncate;
                 if (truncate)
                     inode.rewrites.push_back(joined);
                 else
@@ -47,11 +49,61 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
     }
     if (made) (void)made->abandon();  // another handle's version was taken instead
     *out = joined;
+    MutexLock lock(joined->mutex);
+    // Its first change on (an O_TRUNC at once) outlives this daemon (spill.hpp).
+    if (joined->spill_id && !joined->ended && !joined->staged.mirrored())
+        joined->staged.mirror_to(m_spills.mirror(ino, joined->spill_id));
     if (truncate_shared) {
-        MutexLock lock(joined->mutex);
         if (auto s = joined->staged.truncate(0); !s) return s;
     }
     return {};
+}
+
+core::Result<bool> Versions::adopt(Ino ino, SpillKey key, std::uint32_t opener,
+                                   std::shared_ptr<Version>* adopted) {
+    const std::uint32_t id = key & ~kRewrite;
+    auto find = [&]() REQUIRES(m_inodes.mutex) -> std::shared_ptr<Version> {
+        Inode* inode = m_inodes.find(ino);
+        if (!inode) return nullptr;
+        if (inode->shared && inode->shared->spill_id == id) return inode->shared;
+        for (const auto& v : inode->rewrites)
+            if (v->spill_id == id) return v;
+        return nullptr;
+    };
+    {
+        MutexLock lock(m_inodes.mutex);
+        if (auto v = find()) {  // another handle of it was rebuilt first
+            ++v->handles;
+            *adopted = std::move(v);
+            return true;
+        }
+    }
+    auto spilled = m_spills.load(ino, id);
+    if (!spilled) return false;
+    // Rebuilt as it was: its content from the spill file, the stored one as its start.
+    auto staged = KCACHE_TRY(core::StagedFile::begin(m_store, ino, /*truncate=*/true));
+    staged.set_max_size(m_max_file_size);
+    if (auto s = staged.write(0, spilled->content); !s) {
+        (void)staged.abandon();
+        return tl::unexpected(s.error());
+    }
+    staged.mirror_to(std::move(spilled->mirror), /*holds_content=*/true);
+    const bool rewrite = key & kRewrite;
+    auto version = std::make_shared<Version>(std::move(staged), !rewrite, opener);
+    version->spill_id = id;
+    version->made_as_rewrite = rewrite;
+    MutexLock lock(m_inodes.mutex);  // rebuilds run one at a time (HandleTable)
+    Inode& inode = m_inodes.at(ino);
+    version->touched = ++m_write_clock;
+    if (!rewrite && !inode.shared) {
+        inode.shared = version;
+    } else {
+        version->shared = false;
+        inode.rewrites.push_back(version);
+    }
+    ++version->handles;
+    *adopted = std::move(version);
+    return true;
 }
 
 bool Versions::ending(Ino ino) {
@@ -79,6 +131,7 @@ void Versions::ended(Ino ino, const std::shared_ptr<Version>& version) {
         }
         version->ending = false;
     }
+    if (version->spill_id) m_spills.remove(ino, version->spill_id);  // published, or dropped
     m_inodes.version_ended.notify_all();
 }
 

@@ -26,6 +26,7 @@
 #include "kcache/core/staged.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
+#include "spill.hpp"
 
 namespace kcache::fsd {
 
@@ -46,12 +47,19 @@ struct Version {
     std::uint32_t handles = 0;   // write-capable handles using it
     const std::uint32_t opener;  // rewrites: the process that opened it
     std::uint64_t touched = 0;   // when it was made (m_write_clock): the newest rewrite is promoted
+    // Its spill file's id (spill.hpp), fixed once it is in the registry; 0: none.
+    std::uint32_t spill_id = 0;
+    // As handle records keep it: the id, kRewrite set for a version made as a rewrite.
+    SpillKey spill_key() const {
+        return spill_id ? (spill_id | (made_as_rewrite ? kRewrite : 0)) : 0;
+    }
+    bool made_as_rewrite = false;
 };
 
 class Versions {
   public:
-    Versions(core::Store& store, std::uint64_t max_file_size, Inodes& inodes)
-        : m_store(store), m_max_file_size(max_file_size), m_inodes(inodes) {}
+    Versions(core::Store& store, std::uint64_t max_file_size, Inodes& inodes, Spills& spills)
+        : m_store(store), m_max_file_size(max_file_size), m_inodes(inodes), m_spills(spills) {}
 
     // Gives a handle of `ino` opened for writing by `opener` (`truncate` for O_TRUNC)
     // its version under THE RULE, in *joined* (set also when truncating a joined
@@ -61,6 +69,13 @@ class Versions {
     // lock held and no write transaction open.
     core::Status join(core::Ino ino, bool truncate, std::uint32_t opener,
                       std::optional<core::StagedFile> made, std::shared_ptr<Version>* joined);
+    // A takeover (state.hpp): gives a rebuilt writer of `ino` the version its spill key
+    // names, rebuilt once from its spill file (spill.hpp) by the first of its handles
+    // and joined by the others. False when no spill file holds it (the version never
+    // changed, or its mirror was dropped): the caller joins as after an open. What may
+    // fail: beginning the StagedFile (a write transaction, ENOENT for a removed file).
+    core::Result<bool> adopt(core::Ino ino, SpillKey key, std::uint32_t opener,
+                             std::shared_ptr<Version>* adopted);
     // Takes one handle out of `version`: true when it was the last, and the version is
     // now ending (new handles wait): the caller publishes it, then calls ended().
     bool leave(Version& version);
@@ -90,6 +105,7 @@ class Versions {
     core::Store& m_store;
     const std::uint64_t m_max_file_size;
     Inodes& m_inodes;
+    Spills& m_spills;
     std::uint64_t m_write_clock GUARDED_BY(m_inodes.mutex) = 0;
 };
 

@@ -343,6 +343,11 @@ def run_kills(args, tools, mount, plain):
         for p in differ[:20]:
             print(f"  {p}: mount {mine.get(p)}, plain {theirs.get(p)}")
         print("\n".join(out.splitlines()[-20:]))
+        # What the daemons said about writers they could not carry over.
+        said = [line for line in mount.log().splitlines()
+                if " warning: " in line or (" error: " in line and "keeper:" not in line)]
+        print(f"the daemons' warnings and errors ({len(said)}):")
+        print("\n".join(said[:30]))
         return 1
     print(f"the same tree as without kills: {len(mine)} paths")
     return 0

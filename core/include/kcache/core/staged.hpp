@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,22 @@ namespace kcache::core {
 namespace ops {
 struct ContentDigests;  // content.cpp
 }
+
+// Where a staged file's content is mirrored as it changes, so that it outlives the
+// process holding it (kcache-fsd's spill files, fsd/src/spill.hpp: a writer's bytes
+// survive a crash of the daemon). A StagedFile calls it after each change it made, under
+// whatever guards the StagedFile; reset() carries the whole content (the first change),
+// write() and resize() the later ones. A call that fails drops the mirror: drop() says
+// why, and what it held must not be taken for the content any more. The change itself
+// stands (its content lives on in memory).
+class StagedMirror {
+  public:
+    virtual ~StagedMirror() = default;
+    virtual Status reset(std::string_view content) = 0;
+    virtual Status write(std::uint64_t offset, std::string_view data) = 0;  // may pass the end
+    virtual Status resize(std::uint64_t size) = 0;
+    virtual void drop(const Error& why) = 0;
+};
 
 class StagedFile {
   public:
@@ -46,6 +63,11 @@ class StagedFile {
     // it last published. Readers of that stored version may follow this one.
     const Digest& stored_digest() const { return m_stored; }
     void set_max_size(std::uint64_t max_size) { m_max_size = max_size; }
+    // Mirrors every later change to `mirror` (see StagedMirror), and the content at once
+    // when it differs from the stored one already (an O_TRUNC). `holds_content`: the
+    // mirror holds this content already (it was loaded from it).
+    void mirror_to(std::shared_ptr<StagedMirror> mirror, bool holds_content = false);
+    bool mirrored() const { return m_mirror != nullptr; }  // has a mirror (not dropped)
 
     // Publishes the content and releases the lease in one transaction of its own, or
     // inside `txn` (committed by the caller, e.g. a batch of many files).
@@ -64,6 +86,8 @@ class StagedFile {
   private:
     StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments);
     void changed(std::uint64_t from, std::uint64_t to);  // bytes [from, to) changed
+    // Tells the mirror of a change: `change` once it holds the content, else reset().
+    void mirror(const std::function<Status(StagedMirror&)>& change);
     ops::ContentDigests digests();
     Result<Attr> store_content(WriteTxn& txn, const Origin& origin);
     Store* m_store = nullptr;
@@ -76,6 +100,8 @@ class StagedFile {
     bool m_dirty = false;
     bool m_open = false;  // holds a lease
     std::uint64_t m_max_size = 0;
+    std::shared_ptr<StagedMirror> m_mirror;  // null: none, or dropped
+    bool m_mirrored = false;                 // m_mirror holds the content
 };
 
 }  // namespace kcache::core
