@@ -99,7 +99,7 @@ std::uint64_t Filesystem::enter_handle(FileHandle* handle, bool unpublished) {
     return m_handles.add_file(handle, record);
 }
 
-FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
+FileHandle* Filesystem::rebuild_file(HandleRecord& r) {
     auto handle = std::make_unique<FileHandle>();
     handle->ino = r.ino;
     handle->readable = r.readable;
@@ -171,6 +171,9 @@ FileHandle* Filesystem::rebuild_file(const HandleRecord& r) {
     std::shared_ptr<Version> version;
     auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &version)
                   : core::fail(ENOENT, "removed");
+    // Its spill key is the version it joined now: what it writes from here on is spilled
+    // under that one, and the next successor must find it there.
+    r.version = version ? version->spill_key() : 0;
     {
         MutexLock lock(handle->mutex);  // not shared yet: for the analysis
         handle->version = std::move(version);

@@ -58,7 +58,7 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
       m_state(state ? *state : *m_own_state),
       m_handles(m_state) {
     m_hits.remember_in(HitPairs(m_state.hit_pairs(), kHitPairSlots));
-    m_handles.on_rebuild([this](const HandleRecord& r) { return rebuild_file(r); },
+    m_handles.on_rebuild([this](HandleRecord& r) { return rebuild_file(r); },
                          [](const HandleRecord&) { return new DirHandle; });
     // A fresh mount: no handle of a dead mount can be used again, nor its spill files.
     if (!m_state.inherited()) m_spills.sweep({});

@@ -276,7 +276,7 @@ class Filesystem {
     // `unpublished`: the open itself changed the file (O_TRUNC) and nothing published it.
     std::uint64_t enter_handle(FileHandle* handle, bool unpublished);
     // A handle a dead daemon left (state.hpp): rebuilt by inode and digest.
-    FileHandle* rebuild_file(const HandleRecord& record);
+    FileHandle* rebuild_file(HandleRecord& record);
 
     core::Store& m_store;
     const Options m_options;

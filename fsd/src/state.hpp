@@ -138,7 +138,8 @@ class StateFile {
 // db, join versions). Lookups of a live handle take no lock.
 class HandleTable {
   public:
-    using RebuildFile = std::function<FileHandle*(const HandleRecord&)>;
+    // A file's rebuild may change its record's `version` (the version it joined).
+    using RebuildFile = std::function<FileHandle*(HandleRecord&)>;
     using RebuildDir = std::function<DirHandle*(const HandleRecord&)>;
 
     explicit HandleTable(StateFile& state);

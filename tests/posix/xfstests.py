@@ -145,13 +145,19 @@ class Mount:
             return f.read()
 
     def serving_daemon(self):
-        """The keeper's one child, the daemon serving now; None while there is none."""
+        """The keeper's one child once it serves (the keeper logged it ready); None while
+        there is none. A daemon still starting is left alone: killing every start under
+        load is a crash loop, which the keeper ends by unmounting (keeper.hpp)."""
         try:
             with open(f"/proc/{self.keeper.pid}/task/{self.keeper.pid}/children") as f:
                 kids = [int(p) for p in f.read().split()]
         except OSError:
             return None
-        return kids[0] if len(kids) == 1 else None
+        if len(kids) != 1:
+            return None
+        log = self.log()
+        ready = (f"keeper: daemon {kids[0]} serves ", f"through daemon {kids[0]}\n")
+        return kids[0] if any(r in log for r in ready) else None
 
     def stop(self):  # idempotent
         if self.exit_code is not None:

@@ -757,20 +757,30 @@ TEST_CASE("takeover: writers sharing a file write on across kills, one with no s
     Fd two(::open(cache.p("shared.bin").c_str(), O_RDWR));
     REQUIRE_SYS(one.get());
     REQUIRE_SYS(two.get());
+    // And a writer of another file that writes only after the first kill: rebuilt with
+    // a version of this daemon's, whose spill file the next successor must find.
+    REQUIRE(write_all(cache.p("idle.bin"), "idle writer") == 0);
+    Fd idle(::open(cache.p("idle.bin").c_str(), O_RDWR));
+    REQUIRE_SYS(idle.get());
     REQUIRE(::pwrite(one.get(), "11111", 5, 10) == 5);
     REQUIRE(::pwrite(two.get(), "22222", 5, 199998) == 5);  // past the end: it grows
     kill_serving_daemon(keeper);
     REQUIRE(::pwrite(two.get(), "33333", 5, 100000) == 5);
+    REQUIRE(::pwrite(idle.get(), "IDLE", 4, 0) == 4);
     kill_serving_daemon(keeper);  // again, with the version rebuilt from its spill file
     REQUIRE(::pwrite(one.get(), "44444", 5, 0) == 5);
     {
         const int closed_one = one.close(), err_one = errno;
         const int closed_two = two.close(), err_two = errno;
+        const int closed_idle = idle.close(), err_idle = errno;
         INFO("daemon log:\n" << cache.daemon_stderr());
-        INFO("close: " << std::strerror(err_one) << ", " << std::strerror(err_two));
+        INFO("close: " << std::strerror(err_one) << ", " << std::strerror(err_two) << ", "
+                       << std::strerror(err_idle));
         REQUIRE(closed_one == 0);
         REQUIRE(closed_two == 0);
+        REQUIRE(closed_idle == 0);
     }
+    CHECK(read_all(cache.p("idle.bin")) == std::optional<std::string>("IDLE writer"));
     std::string expected = base;
     expected.replace(10, 5, "11111");
     expected.resize(200003);
