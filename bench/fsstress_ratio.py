@@ -2,6 +2,7 @@
 """fsstress (xfstests) on a kcache mount against a plain directory (issue 33's figure).
 
   bench/fsstress_ratio.py --fsd build/fsd/kcache-fsd [--io-uring] [--seeds 3] [--requests]
+                          [--baseline-fsd OTHER/kcache-fsd]
 
 Builds fsx and fsstress from ../shared/third_party/xfstests (BUILD-HERE.sh, needs
 xfslibs-dev) into a temporary directory, mounts kcache-fsd on a fresh db (allow_other,
@@ -14,7 +15,9 @@ first, and prints each time, the medians and the ratio mount/plain:
 
 The operations tests/posix/fsstress_differences.txt lists (those the mount refuses:
 extended attributes, fallocate, ...) are turned off on both sides, so both do the same
-work. --requests: one more 1 x 3,000 run on a mount started with -d (libfuse's log of
+work. --baseline-fsd: a second kcache-fsd (another build, e.g. before a change) mounted
+on a db of its own and timed in the same rounds, and the ratio mount/baseline (the spill
+files' cost was measured so). --requests: one more 1 x 3,000 run on a mount started with -d (libfuse's log of
 every request; not timed), and the FUSE requests per fsstress operation by opcode.
 Root (fsstress changes owners and makes devices). The figures depend on the machine's
 load: say what else ran.
@@ -92,6 +95,7 @@ def main():
     ap.add_argument("--io-uring", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--requests", action="store_true")
+    ap.add_argument("--baseline-fsd", help="another kcache-fsd, timed beside --fsd")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (fsstress changes owners and makes devices)")
@@ -103,29 +107,43 @@ def main():
         off = [a for op in listed_ops() for a in ("-f", f"{op}=0")]
         db, mnt, plain = (os.path.join(tmp, n) for n in ("db", "mnt", "plain"))
         p = mount(args.fsd, db, mnt, args.io_uring)
+        places = [("mount", mnt), ("plain", plain)]
+        base = None
+        if args.baseline_fsd:
+            bdb, bmnt = os.path.join(tmp, "bdb"), os.path.join(tmp, "bmnt")
+            base = mount(args.baseline_fsd, bdb, bmnt, args.io_uring)
+            places.insert(1, ("baseline", bmnt))
         times = collections.defaultdict(list)
         try:
             for seed in range(1, args.seeds + 1):
                 for name, load, _ in LOADS:
                     argv = load + ["-s", str(seed)] + off
-                    order = [("mount", mnt), ("plain", plain)]
+                    order = list(places)
                     if seed % 2 == 0:
                         order.reverse()
                     for where, d in order:
                         times[(name, where)].append(timed(fsstress, os.path.join(d, f"s{seed}"), argv))
-                    print(f"seed {seed} {name}: mount {times[(name, 'mount')][-1]:.2f} s, plain "
-                          f"{times[(name, 'plain')][-1]:.2f} s", flush=True)
+                    print(f"seed {seed} {name}: " + ", ".join(
+                        f"{where} {times[(name, where)][-1]:.2f} s" for where, _ in places), flush=True)
         finally:
             unmount(p, mnt)
+            if base:
+                unmount(base, bmnt)
         transport = "io_uring" if args.io_uring else "/dev/fuse"
         print(f"\nfsstress on a kcache mount over {transport} against a plain directory on the "
               f"same disk, {args.seeds} seeds, medians (the {len(off) // 2} operations "
               f"fsstress_differences.txt lists turned off on both)")
-        print(f"{'load':12}{'mount s':>10}{'plain s':>10}{'ratio':>8}")
+        with_base = base is not None
+        print(f"{'load':12}{'mount s':>10}{'plain s':>10}{'ratio':>8}" +
+              (f"{'baseline s':>12}{'mount/baseline':>16}" if with_base else ""))
         for name, _, _ in LOADS:
             m = statistics.median(times[(name, "mount")])
             pl = statistics.median(times[(name, "plain")])
-            print(f"{name:12}{m:10.2f}{pl:10.3f}{m / pl:8.1f}x")
+            line = f"{name:12}{m:10.2f}{pl:10.3f}{m / pl:8.1f}x"
+            if with_base:
+                b = statistics.median(times[(name, "baseline")])
+                line += f"{b:12.2f}{m / b:15.2f}x"
+            print(line)
         if args.requests:
             ddb, dmnt = os.path.join(tmp, "ddb"), os.path.join(tmp, "dmnt")
             p = mount(args.fsd, ddb, dmnt, args.io_uring, debug=True)

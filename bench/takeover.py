@@ -8,6 +8,9 @@ and end (monotonic). Then:
   kill     KILLS times, 1 s apart: kill -9 of the serving daemon (the keeper starts
            another, which takes the mount over);
   upgrade  UPGRADES times: kcache-fsd --upgrade MOUNTPOINT.
+WRITERS writer threads meanwhile each keep a file open and write 4 KiB after 4 KiB to
+it, never closing until the end (their bytes are unpublished across every event: a
+spill file keeps them, fsd/src/spill.hpp), then close and check the file's content.
 For each event: the stall the clients saw (the duration of every call in flight at
 the event or started before service was back: median, p99, max over all events),
 and the time from the event until service was back (the first call started after
@@ -18,7 +21,7 @@ ROUNDS rounds, the median time of a hit (open+read+close of a stored file), a st
 N calls each; the ratio keeper/no-keeper (the keeper is off the request path, so it
 should be within noise).
 Usage: bench/takeover.py [--fsd build/fsd/kcache-fsd] [--kills 10] [--upgrades 5]
-       [--threads 4] [--calls 2000] [--rounds 3] [--io-uring]
+       [--threads 4] [--writers 2] [--calls 2000] [--rounds 3] [--io-uring]
 """
 import argparse
 import errno
@@ -78,7 +81,7 @@ def percentile(values, p):
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def events_figures(m, fsd, n_events, threads, kind):
+def events_figures(m, fsd, n_events, threads, kind, writers=0):
     entries = 64
     for i in range(entries):
         os.makedirs(os.path.join(m.mnt, f'h{i}'), exist_ok=True)
@@ -107,7 +110,45 @@ def events_figures(m, fsd, n_events, threads, kind):
         with lock:
             calls.extend(mine)
 
+    writes = []  # (start, end) of every write, all writer threads
+    write_failures = {}  # errno name (or 'content') -> count
+
+    def writer(t):
+        mine, chunk, expected = [], 4096, bytearray()
+        path = os.path.join(m.mnt, f'w{t}', 'growing.bin')
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+
+        def failed(name):
+            with lock:
+                write_failures[name] = write_failures.get(name, 0) + 1
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            return failed(errno.errorcode.get(e.errno, str(e.errno)))
+        n = 0
+        while not stop.is_set() and n < 16384:  # at most 64 MiB a writer
+            data = bytes([(t * 31 + n) % 251]) * chunk
+            start = time.monotonic()
+            try:
+                os.pwrite(fd, data, n * chunk)
+                expected += data
+            except OSError as e:
+                failed(errno.errorcode.get(e.errno, str(e.errno)))
+            mine.append((start, time.monotonic()))
+            n += 1
+            time.sleep(0.001)
+        try:
+            os.close(fd)
+        except OSError as e:
+            failed(errno.errorcode.get(e.errno, str(e.errno)))
+        with open(path, 'rb') as f:
+            if f.read() != bytes(expected):
+                failed('content')
+        with lock:
+            writes.extend(mine)
+
     workers = [threading.Thread(target=reader, args=(t,)) for t in range(threads)]
+    workers += [threading.Thread(target=writer, args=(t,)) for t in range(writers)]
     for w in workers:
         w.start()
     event_times = []
@@ -126,7 +167,7 @@ def events_figures(m, fsd, n_events, threads, kind):
     stop.set()
     for w in workers:
         w.join()
-    stalls, first = [], []
+    stalls, first, write_stalls = [], [], []
     for t in event_times:
         # Service is back when a call that started after the event is answered (calls in
         # flight may still be answered by the old daemon as the signal lands).
@@ -134,7 +175,8 @@ def events_figures(m, fsd, n_events, threads, kind):
         first.append(first_end - t)
         # The calls in flight at the event, or started before service was back.
         stalls += [e - s for (s, e) in calls if s <= first_end and e >= t]
-    return len(calls), failed, stalls, first
+        write_stalls += [e - s for (s, e) in writes if s <= first_end and e >= t]
+    return len(calls), failed, stalls, first, len(writes), write_failures, write_stalls
 
 
 def ms(x):
@@ -180,6 +222,7 @@ def main():
     ap.add_argument('--kills', type=int, default=10)
     ap.add_argument('--upgrades', type=int, default=5)
     ap.add_argument('--threads', type=int, default=4)
+    ap.add_argument('--writers', type=int, default=2)
     ap.add_argument('--calls', type=int, default=2000)
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--io-uring', action='store_true',
@@ -193,7 +236,8 @@ def main():
                 continue
             m = Mount(fsd, os.path.join(base, kind), io_uring=a.io_uring)
             try:
-                total, failed, stalls, first = events_figures(m, fsd, n, a.threads, kind)
+                (total, failed, stalls, first, wtotal, wfailed,
+                 wstalls) = events_figures(m, fsd, n, a.threads, kind, a.writers)
             finally:
                 m.stop()
             failures = ', '.join(f'{c} {name}' for name, c in sorted(failed.items())) or '0'
@@ -201,6 +245,14 @@ def main():
                   f'stall median {ms(statistics.median(stalls))}, p99 {ms(percentile(stalls, 99))}, '
                   f'max {ms(max(stalls))}; service back after: median '
                   f'{ms(statistics.median(first))}, max {ms(max(first))}')
+            if a.writers:
+                wfail = ', '.join(f'{c} {name}' for name, c in sorted(wfailed.items())) or '0'
+                line = (f'  {a.writers} writers with unpublished bytes ({wtotal} writes of 4 KiB, '
+                        f'{wfail} failed)')
+                if wstalls:
+                    line += (f': stall median {ms(statistics.median(wstalls))}, p99 '
+                             f'{ms(percentile(wstalls, 99))}, max {ms(max(wstalls))}')
+                print(line)
         results = {True: [], False: []}
         for r in range(a.rounds):
             for keeper in ((True, False) if r % 2 == 0 else (False, True)):
