@@ -42,6 +42,7 @@ xfslibs-dev, not root, no FUSE, or io_uring asked for where the kernel does not 
 """
 
 import argparse
+import collections
 import difflib
 import fcntl
 import hashlib
@@ -318,16 +319,45 @@ def tree(root):
     return out
 
 
+def first_different_results(killed, plain):
+    """Per fsstress process, the first operation whose result (-v) differs between the
+    run under kills and the one without, with the lines before it."""
+    def by_process(lines):
+        # Inode numbers differ between the two file systems: masked.
+        out = collections.defaultdict(list)
+        for line in lines:
+            proc, sep, _ = line.partition("/")
+            if sep and proc.isdigit():
+                line = re.sub(r"\[-?\d+ (\d+ \d+ \d+ - \d+)\]", r"[ino \1]", line)
+                out[proc].append(re.sub(r"\breal ino \d+", "real ino -", line))
+        return out
+    mine, theirs = by_process(killed), by_process(plain)
+    text = []
+    for proc in sorted(set(mine) | set(theirs), key=int):
+        a, b = mine.get(proc, []), theirs.get(proc, [])
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        if at == len(a) == len(b):
+            continue
+        text.append(f"process {proc}: the first result that differs (operation {at}):")
+        text += [f"    {line}" for line in b[max(0, at - 3):at]]
+        text.append(f"  without kills: {b[at] if at < len(b) else '(none)'}")
+        text.append(f"  under kills:   {a[at] if at < len(a) else '(none)'}")
+    return "\n".join(text) or "every operation's result was the same"
+
+
 def run_kills(args, tools, mount, plain):
     fsstress = os.path.join(tools, "fsstress")
     listed = parse_differences(args.differences, fsstress_ops(fsstress))
-    argv = ["-p", "4", "-n", "2000", "-s", "7"] + off(listed)
+    # -v: every operation's result, so that a difference names the first operation of
+    # each process whose result differed (fsstress ignores most errors and goes on).
+    argv = ["-p", "4", "-n", "2000", "-s", "7", "-v"] + off(listed)
     target = os.path.join(mount.mnt, "fsstress")
     os.makedirs(target)
     print(f"fsstress {' '.join(argv)} on the mount, the serving daemon killed every "
           f"{args.kill_every} s", flush=True)
+    log = tempfile.TemporaryFile("w+")  # a pipe nobody reads meanwhile would fill
     run = subprocess.Popen([fsstress, "-d", target] + argv, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           stdout=log, stderr=subprocess.STDOUT, text=True)
     kills = 0
     deadline = time.monotonic() + args.timeout
     while run.poll() is None and time.monotonic() < deadline:
@@ -338,12 +368,14 @@ def run_kills(args, tools, mount, plain):
             kills += 1
     if run.poll() is None:
         run.kill()
-    out = run.communicate()[0]
+    run.wait()
+    log.seek(0)
+    out = [mask(line) for line in log.read().splitlines()]
     print(f"fsstress exit {run.returncode} after {kills} kills")
     if not in_mountinfo(mount.mnt) or mount.keeper.poll() is not None:
         print(f"the mount ended during the run (the keeper gave up?):\n{mount.log()[-4000:]}")
         return 1
-    rc_p, _ = fsstress_run(fsstress, os.path.join(plain, "fsstress"), argv, args.timeout)
+    rc_p, out_p = fsstress_run(fsstress, os.path.join(plain, "fsstress"), argv, args.timeout)
     if kills == 0:
         print("no kill happened while fsstress ran (it ended first): nothing was checked")
         return 1
@@ -363,13 +395,14 @@ def run_kills(args, tools, mount, plain):
               f"{why}; fsstress and the mount went on, no writer lost its bytes")
         for p in differ[:5]:
             print(f"  {p}: mount {mine.get(p)}, plain {theirs.get(p)}")
+        print(first_different_results(out, out_p))
         return 0
     if run.returncode != 0 or rc_p != 0 or differ:
         print(f"DIFFERENT from the run without kills: {len(differ)} of {len(theirs)} paths "
               f"(fsstress exit {run.returncode}, without kills {rc_p})")
         for p in differ[:20]:
             print(f"  {p}: mount {mine.get(p)}, plain {theirs.get(p)}")
-        print("\n".join(out.splitlines()[-20:]))
+        print(first_different_results(out, out_p))
         # What the daemons said about writers they could not carry over.
         said = [line for line in mount.log().splitlines()
                 if " warning: " in line or (" error: " in line and "keeper:" not in line)]
