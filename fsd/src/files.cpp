@@ -124,10 +124,19 @@ FileHandle* Filesystem::rebuild_file(HandleRecord& r) {
     // The kernel knows the inode while the handle is open: a removal keeps its orphan.
     m_lookups.remember(r.ino);
     if (!r.writable) {
-        auto content = m_contents.load(r.ino, r.digest);
+        // A follower read a version being written (open_reader), so its record names no
+        // version: it reads what the file holds now, as after that version's close, and
+        // follows a shared version rebuilt from a spill file (follow_shared).
+        std::uint64_t size = r.size;
+        if (r.digest.empty() && attr) {
+            handle->snapshot_digest = attr->digest;
+            size = attr->size;
+        }
+        const core::Digest& digest = handle->snapshot_digest;
+        auto content = m_contents.load(r.ino, digest);
         if (!content && txn) {
-            if (auto blob = txn->read_blob(r.digest, r.size))
-                content = m_contents.snapshot(r.digest, blob->bytes());
+            if (auto blob = txn->read_blob(digest, size))
+                content = m_contents.snapshot(digest, blob->bytes());
         }
         {
             MutexLock lock(handle->mutex);  // not shared yet: for the analysis

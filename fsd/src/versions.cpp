@@ -30,7 +30,6 @@ core::Status Versions::join(Ino ino, bool truncate, std::uint32_t opener,
                 made.reset();
                 joined->touched = ++m_write_clock;
                 joined->spill_id = m_spills.next_id();
-                joined->made_as_rewrite = truncate;
                 if (truncate)
                     inode.rewrites.push_back(joined);
                 else
@@ -73,6 +72,14 @@ core::Result<bool> Versions::adopt(Ino ino, SpillKey key, std::uint32_t opener,
     {
         MutexLock lock(m_inodes.mutex);
         if (auto v = find()) {  // another handle of it was rebuilt first
+            // Rebuilt as a rewrite from an older record, while this handle's record says
+            // it was promoted since (a handle that shares the file met it): shared now.
+            Inode& inode = m_inodes.at(ino);
+            if (!(key & kRewrite) && !v->shared && !inode.shared) {
+                std::erase(inode.rewrites, v);
+                v->shared = true;
+                inode.shared = v;
+            }
             ++v->handles;
             *adopted = std::move(v);
             return true;
@@ -91,7 +98,6 @@ core::Result<bool> Versions::adopt(Ino ino, SpillKey key, std::uint32_t opener,
     const bool rewrite = key & kRewrite;
     auto version = std::make_shared<Version>(std::move(staged), !rewrite, opener);
     version->spill_id = id;
-    version->made_as_rewrite = rewrite;
     MutexLock lock(m_inodes.mutex);  // rebuilds run one at a time (HandleTable)
     Inode& inode = m_inodes.at(ino);
     version->touched = ++m_write_clock;

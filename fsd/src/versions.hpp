@@ -49,11 +49,9 @@ struct Version {
     std::uint64_t touched = 0;   // when it was made (m_write_clock): the newest rewrite is promoted
     // Its spill file's id (spill.hpp), fixed once it is in the registry; 0: none.
     std::uint32_t spill_id = 0;
-    // As handle records keep it: the id, kRewrite set for a version made as a rewrite.
-    SpillKey spill_key() const {
-        return spill_id ? (spill_id | (made_as_rewrite ? kRewrite : 0)) : 0;
-    }
-    bool made_as_rewrite = false;
+    // As handle records keep it: the id, kRewrite set while it is a private rewrite (a
+    // rewrite a sharing handle promoted is recorded shared by that handle's record).
+    SpillKey spill_key() const { return spill_id ? (spill_id | (shared ? 0 : kRewrite)) : 0; }
 };
 
 class Versions {

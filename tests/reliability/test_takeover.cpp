@@ -804,6 +804,33 @@ TEST_CASE("takeover: writers sharing a file write on across kills, one with no s
     CHECK(cache.daemon_stderr().find("no longer kept for a successor") != std::string::npos);
 }
 
+TEST_CASE("takeover: a reader opened while a writer writes reads on across a kill",
+          "[reliability][takeover]") {
+    MountedCache cache;
+    const pid_t keeper = cache.daemon_pid();
+    const std::string base = random_bytes(100000, 11);
+    REQUIRE(write_all(cache.p("followed.bin"), base) == 0);
+    Fd writer(::open(cache.p("followed.bin").c_str(), O_RDWR));
+    REQUIRE_SYS(writer.get());
+    REQUIRE(::pwrite(writer.get(), "WRITTEN", 7, 50000) == 7);
+    // Opened while the writer is at work: it reads the writer's version (a follower).
+    Fd reader(::open(cache.p("followed.bin").c_str(), O_RDONLY));
+    REQUIRE_SYS(reader.get());
+    kill_serving_daemon(keeper);
+    std::string expected = base;
+    expected.replace(50000, 7, "WRITTEN");
+    std::string got(expected.size(), '\0');
+    const ssize_t n = ::pread(reader.get(), got.data(), got.size(), 0);
+    INFO("daemon log:\n" << cache.daemon_stderr());
+    REQUIRE(n == static_cast<ssize_t>(expected.size()));  // was 0: an empty version
+    const auto differs = std::mismatch(got.begin(), got.end(), expected.begin());
+    INFO("the first byte that differs: " << (differs.first - got.begin()));
+    CHECK(got == expected);
+    REQUIRE(writer.close() == 0);
+    REQUIRE(reader.close() == 0);
+    CHECK(read_all(cache.p("followed.bin")) == std::optional<std::string>(expected));
+}
+
 TEST_CASE("takeover: a fresh mount removes the spill files a dead mount left",
           "[reliability][takeover]") {
     MountedCache cache;
