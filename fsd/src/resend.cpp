@@ -13,7 +13,8 @@ namespace kcache::fsd::resend {
 namespace {
 
 StateFile* g_state = nullptr;
-Op g_fault = Op::none;  // KCACHE_FSD_FAULT
+Op g_fault = Op::none;             // KCACHE_FSD_FAULT
+bool g_fault_any_outcome = false;  // kill_before_reply: not only after a commit
 
 thread_local std::uint64_t t_unique = 0;
 thread_local Op t_recorded = Op::none;  // by the current request
@@ -25,6 +26,8 @@ Op parse_op(const std::string& name) {
     if (name == "unlink") return Op::unlink;
     if (name == "rmdir") return Op::rmdir;
     if (name == "rename") return Op::rename;
+    if (name == "setxattr") return Op::setxattr;
+    if (name == "removexattr") return Op::removexattr;
     return Op::none;
 }
 
@@ -39,8 +42,11 @@ void attach(StateFile& state) {
     g_state = &state;
     if (const char* fault = std::getenv("KCACHE_FSD_FAULT")) {
         const std::string text(fault);
-        const std::string prefix = "kill_after_commit=";
-        if (text.rfind(prefix, 0) == 0) g_fault = parse_op(text.substr(prefix.size()));
+        for (const std::string prefix : {"kill_after_commit=", "kill_before_reply="}) {
+            if (text.rfind(prefix, 0) != 0) continue;
+            g_fault = parse_op(text.substr(prefix.size()));
+            g_fault_any_outcome = prefix == "kill_before_reply=";
+        }
         if (g_fault == Op::none)
             log::warning("KCACHE_FSD_FAULT={}: not a fault point (ignored)", text);
     }
@@ -77,12 +83,24 @@ std::optional<core::Ino> recorded(Op op) {
     return a.ino;
 }
 
-void after_commit() {
-    if (g_fault == Op::none || t_recorded != g_fault || !g_state) return;
+namespace {
+void kill_at_fault_point(const char* where) {
     std::uint32_t expected = 0;
     if (!g_state->header().fault_fired.compare_exchange_strong(expected, 1)) return;
-    log::warning("KCACHE_FSD_FAULT: killing this daemon after a commit, before its reply");
+    log::warning("KCACHE_FSD_FAULT: killing this daemon {}", where);
     std::raise(SIGKILL);
+}
+}  // namespace
+
+void after_commit() {
+    if (g_fault == Op::none || t_recorded != g_fault || g_fault_any_outcome || !g_state) return;
+    kill_at_fault_point("after a commit, before its reply");
+}
+
+void before_reply(Op op) {
+    if (g_fault == Op::none || op != g_fault || !g_state) return;
+    if (g_fault_any_outcome) return kill_at_fault_point("before a reply");
+    after_commit();
 }
 
 }  // namespace kcache::fsd::resend

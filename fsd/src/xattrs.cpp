@@ -46,15 +46,19 @@ void Filesystem::setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, cons
                           size_t size, int flags) {
     if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
     const std::string_view wanted(value, size);
+    const bool exclusive = (flags & XATTR_CREATE) != 0;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        // Resent after a takeover (resend.hpp): a change the dead daemon committed
-        // leaves the attribute as asked; the creator of it is told it succeeded.
-        if (resend::resent() && (flags & XATTR_CREATE)) {
-            auto now = core::get_xattr(txn, ino, name);
-            if (now && *now == wanted) return {};
+        auto done = core::set_xattr(txn, ino, name, wanted, flags);
+        // Resent after a takeover (resend.hpp): EEXIST because the dead daemon created
+        // it, as its record proves; its creator is told it succeeded.
+        if (!done && done.error().code == EEXIST && exclusive &&
+            resend::recorded(resend::Op::setxattr) == ino) {
+            return {};
         }
-        return core::set_xattr(txn, ino, name, wanted, flags);
+        if (done && exclusive) resend::record(resend::Op::setxattr, ino);
+        return done;
     });
+    resend::before_reply(resend::Op::setxattr);
     if (!s && removed(s.error())) return (void)fuse_reply_err(req, 0);
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);
@@ -95,10 +99,16 @@ void Filesystem::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
     if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
         auto done = core::remove_xattr(txn, ino, name);
-        // Resent after a takeover: the dead daemon removed it already.
-        if (!done && done.error().code == ENODATA && resend::resent()) return {};
+        // Resent after a takeover: ENODATA because the dead daemon removed it, as its
+        // record proves (an attribute that never existed is ENODATA still).
+        if (!done && done.error().code == ENODATA &&
+            resend::recorded(resend::Op::removexattr) == ino) {
+            return {};
+        }
+        if (done) resend::record(resend::Op::removexattr, ino);
         return done;
     });
+    resend::before_reply(resend::Op::removexattr);
     if (!s && removed(s.error())) return (void)fuse_reply_err(req, ENODATA);
     if (!s) return reply_error(req, s.error());
     fuse_reply_err(req, 0);

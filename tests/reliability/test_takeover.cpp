@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -1049,11 +1050,12 @@ TEST_CASE("takeover: with keeper and daemon killed, kcache-fsd recovers the dead
 namespace {
 
 // A mount whose daemon kills itself after the commit of the first `op`, before its
-// reply (KCACHE_FSD_FAULT, fsd/src/resend.hpp); the keeper starts another, which gets
-// the request resent.
+// reply (KCACHE_FSD_FAULT, fsd/src/resend.hpp; with `point` kill_before_reply, before
+// the reply whatever the outcome); the keeper starts another, which gets the request
+// resent.
 struct FaultyMount {
-    explicit FaultyMount(const std::string& op) {
-        ::setenv("KCACHE_FSD_FAULT", ("kill_after_commit=" + op).c_str(), 1);
+    explicit FaultyMount(const std::string& op, const std::string& point = "kill_after_commit") {
+        ::setenv("KCACHE_FSD_FAULT", (point + "=" + op).c_str(), 1);
         cache = std::make_unique<MountedCache>();
         ::unsetenv("KCACHE_FSD_FAULT");
         keeper = cache->daemon_pid();
@@ -1069,7 +1071,7 @@ struct FaultyMount {
     // The daemon died of the fault point and another one serves.
     void check_taken_over() const {
         INFO("daemon log:\n" << cache->daemon_stderr());
-        CHECK(cache->daemon_stderr().find("killing this daemon after a commit") !=
+        CHECK(cache->daemon_stderr().find("KCACHE_FSD_FAULT: killing this daemon") !=
               std::string::npos);
         const pid_t now = serving_daemon(keeper);
         CHECK(now > 0);
@@ -1122,6 +1124,34 @@ TEST_CASE("takeover: a resent non-idempotent request gets its first answer",
         FaultyMount m("rmdir");
         REQUIRE_SYS(::mkdir(m.cache->p("d").c_str(), 0755));
         m.ok(::rmdir(m.cache->p("d").c_str()), "rmdir");  // not ENOENT
+        m.check_taken_over();
+    }
+    SECTION("setxattr XATTR_CREATE") {
+        FaultyMount m("setxattr");
+        REQUIRE(write_all(m.cache->p("f"), "content") == 0);
+        const std::string f = m.cache->p("f");
+        m.ok(::setxattr(f.c_str(), "user.k", "v1", 2, XATTR_CREATE), "setxattr");  // not EEXIST
+        m.check_taken_over();
+        char value[8] = {};
+        CHECK(::getxattr(f.c_str(), "user.k", value, sizeof value) == 2);
+        CHECK(std::string(value) == "v1");
+        REQUIRE_FAILS_WITH(::setxattr(f.c_str(), "user.k", "v2", 2, XATTR_CREATE), EEXIST);
+    }
+    SECTION("removexattr") {
+        FaultyMount m("removexattr");
+        REQUIRE(write_all(m.cache->p("f"), "content") == 0);
+        const std::string f = m.cache->p("f");
+        REQUIRE_SYS(::setxattr(f.c_str(), "user.k", "v", 1, 0));
+        m.ok(::removexattr(f.c_str(), "user.k"), "removexattr");  // not ENODATA
+        m.check_taken_over();
+        REQUIRE_FAILS_WITH(::getxattr(f.c_str(), "user.k", nullptr, 0), ENODATA);
+    }
+    SECTION("removexattr of an attribute that never existed") {
+        // Resent with nothing committed: the redo's ENODATA, not a guessed success.
+        FaultyMount m("removexattr", "kill_before_reply");
+        REQUIRE(write_all(m.cache->p("f"), "content") == 0);
+        const std::string f = m.cache->p("f");
+        REQUIRE_FAILS_WITH(::removexattr(f.c_str(), "user.never"), ENODATA);
         m.check_taken_over();
     }
 }
