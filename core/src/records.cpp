@@ -12,10 +12,6 @@ namespace {
 
 constexpr std::uint8_t kFormat = 1;
 
-void put_be(std::string& out, std::uint64_t v, int n) {
-    for (int i = n - 1; i >= 0; --i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
 // A key's big-endian integer at `at`; 0 when the key is too short (records.hpp).
 std::uint64_t key_be(std::string_view key, std::uint64_t at) {
     return ByteReader(key, "key").be_at<std::uint64_t>(at).value_or(0);
@@ -73,7 +69,7 @@ LinkName decode_link_key(std::string_view key) {
 
 std::string u64_key(std::uint64_t value) {
     std::string key;
-    put_be(key, value, 8);
+    ByteWriter(key).be<std::uint64_t>(value);
     return key;
 }
 
@@ -89,19 +85,19 @@ std::string dirent_key(Ino parent, std::string_view name) {
 
 std::string lru_key(std::int64_t time_ns, Ino entry) {
     std::string key = u64_key(static_cast<std::uint64_t>(time_ns));
-    put_be(key, entry, 8);
+    ByteWriter(key).be<std::uint64_t>(entry);
     return key;
 }
 
 std::string lease_key(Ino file, std::uint32_t pid) {
     std::string key = u64_key(file);
-    put_be(key, pid, 4);
+    ByteWriter(key).be<std::uint32_t>(pid);
     return key;
 }
 
 std::string digest_key(const Digest& digest) {
     std::string key = u64_key(digest.high);
-    put_be(key, digest.low, 8);
+    ByteWriter(key).be<std::uint64_t>(digest.low);
     return key;
 }
 
@@ -112,18 +108,8 @@ Digest digest_from_key(std::string_view key) {
 
 std::string counter_key(Counter counter) {
     std::string key;
-    put_be(key, static_cast<std::uint32_t>(counter), 4);
+    ByteWriter(key).be<std::uint32_t>(static_cast<std::uint32_t>(counter));
     return key;
-}
-
-void Writer::str16(std::string_view s) {
-    u16(static_cast<std::uint16_t>(s.size()));
-    m_out.append(s);
-}
-
-void Writer::str32(std::string_view s) {
-    u32(static_cast<std::uint32_t>(s.size()));
-    m_out.append(s);
 }
 
 Attr Inode::attr() const {
@@ -234,7 +220,7 @@ std::uint64_t footprint(std::uint64_t stored_size) {
 
 std::string chunk_key(const Digest& digest, std::uint32_t index) {
     std::string key = digest_key(digest);
-    put_be(key, index, 4);
+    ByteWriter(key).be<std::uint32_t>(index);
     return key;
 }
 
@@ -279,7 +265,7 @@ Result<BlobRef> decode_blob_ref(std::string_view bytes) {
 
 std::string kind_key(std::uint32_t kind) {
     std::string key("K");
-    put_be(key, kind, 4);
+    ByteWriter(key).be<std::uint32_t>(kind);
     return key;
 }
 
@@ -289,14 +275,14 @@ std::string kind_name_key(std::string_view name) {
 
 std::string dictionary_key(std::uint32_t id) {
     std::string key("D");
-    put_be(key, id, 4);
+    ByteWriter(key).be<std::uint32_t>(id);
     return key;
 }
 
 std::string dictionary_chunk_key(std::uint32_t id, std::uint32_t index) {
     std::string key = dictionary_key(id);
     key[0] = 'B';
-    put_be(key, index, 4);
+    ByteWriter(key).be<std::uint32_t>(index);
     return key;
 }
 

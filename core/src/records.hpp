@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "kcache/core/byte_reader.hpp"
+#include "kcache/core/byte_writer.hpp"
 #include "kcache/core/error.hpp"
 #include "kcache/core/store.hpp"
 #include "kcache/core/types.hpp"
@@ -171,25 +172,10 @@ Result<std::uint64_t> decode_u64(std::string_view bytes, std::string_view what);
 Result<std::uint32_t> decode_u32(std::string_view bytes,
                                  std::string_view what);  // 4 bytes, little-endian
 
-// ---- primitive writer (also used by the bundle format) ----------------------
-class Writer {
-  public:
-    explicit Writer(std::string& out) : m_out(out) {}
-    void u8(std::uint8_t v) { m_out.push_back(static_cast<char>(v)); }
-    void u16(std::uint16_t v) { le(v, 2); }
-    void u32(std::uint32_t v) { le(v, 4); }
-    void u64(std::uint64_t v) { le(v, 8); }
-    void i64(std::int64_t v) { le(static_cast<std::uint64_t>(v), 8); }
-    void str16(std::string_view s);  // u16 length + bytes (s.size() <= 65535)
-    void str32(std::string_view s);  // u32 length + bytes
-    void bytes(std::string_view s) { m_out.append(s); }
-
-  private:
-    void le(std::uint64_t v, int n) {
-        for (int i = 0; i < n; ++i) m_out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-    }
-    std::string& m_out;
-};
+// ---- writing ---------------------------------------------------------------------
+// Records, keys and the bundle format are written with kcache/core/byte_writer.hpp's
+// ByteWriter, the mirror of the ByteReader that reads them back.
+using Writer = ByteWriter;
 
 // Reading is kcache/core/byte_reader.hpp's ByteReader (the one bounds-checked reader
 // of records, bundles and the loader's parsers).

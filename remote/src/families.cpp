@@ -7,6 +7,8 @@
 #include <fmt/core.h>
 
 #include "kcache/core/byte_reader.hpp"
+#include "kcache/core/byte_writer.hpp"
+#include "keys.hpp"
 
 namespace kcache::remote::families {
 namespace {
@@ -17,14 +19,6 @@ tl::unexpected<core::Error> bad(std::string_view what) {
     return core::fail(EBADMSG, fmt::format("corrupt family member: {}", what));
 }
 
-void le(std::string& out, std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void str(std::string& out, std::string_view s, int length_bytes) {
-    le(out, s.size(), length_bytes);
-    out.append(s);
-}
-
 std::string family_tag(std::string_view family) {
     return fmt::format("{{{}}}", core::digest_of(family).hex());
 }
@@ -32,29 +26,28 @@ std::string family_tag(std::string_view family) {
 }  // namespace
 
 std::string member_key(std::string_view ns, std::string_view family) {
-    return fmt::format("kc2:{}:f:{}", ns, family_tag(family));
+    return keys::prefix(ns, keys::kFamilyMembers) + family_tag(family);
 }
 
 std::string order_key(std::string_view ns, std::string_view family) {
-    return fmt::format("kc2:{}:fo:{}", ns, family_tag(family));
+    return keys::prefix(ns, keys::kFamilyOrder) + family_tag(family);
 }
 
 std::string encode_member(const core::FamilyMember& m) {
     std::string out(kMagic);
-    str(out, m.family.substr(0, kMaxNameBytes), 2);
-    str(out, m.host.substr(0, kMaxNameBytes), 2);
-    le(out, static_cast<std::uint64_t>(m.time_ns), 8);
+    core::ByteWriter w(out);
+    w.str16(m.family.substr(0, kMaxNameBytes));
+    w.str16(m.host.substr(0, kMaxNameBytes));
+    w.i64(m.time_ns);
     const std::size_t n = std::min(m.files.size(), core::kMemberMaxFiles);
-    le(out, n, 2);
+    w.u16(static_cast<std::uint16_t>(n));
     for (std::size_t i = 0; i < n; ++i) {
         const core::MemberFile& f = m.files[i];
-        str(out, f.path.substr(0, kMaxPathBytes), 2);
-        out.push_back(static_cast<char>(f.kind));
-        out.push_back(static_cast<char>(f.whole ? 1 : 0));
-        le(out, f.size, 8);
-        le(out, f.digest.high, 8);
-        le(out, f.digest.low, 8);
-        str(out, f.text, 4);
+        w.str16(f.path.substr(0, kMaxPathBytes));
+        w.u8(static_cast<std::uint8_t>(f.kind));
+        w.u8(f.whole ? 1 : 0);
+        w.write(f.size, f.digest.high, f.digest.low);
+        w.str32(f.text);
     }
     return out;
 }

@@ -8,10 +8,13 @@
 #include <zstd.h>
 
 #include "kcache/core/byte_reader.hpp"
+#include "kcache/core/byte_writer.hpp"
 #include "kcache/core/frames.hpp"
+#include "keys.hpp"
 
 namespace kcache::remote::proto {
 using core::ByteReader;
+using core::ByteWriter;
 
 namespace {
 
@@ -29,33 +32,6 @@ tl::unexpected<core::Error> bad(std::string_view what) {
     return core::fail(EBADMSG, fmt::format("corrupt remote value: {}", what));
 }
 
-class Writer {
-  public:
-    explicit Writer(std::string& out) : m_out(out) {}
-    void u8(std::uint8_t v) { m_out.push_back(static_cast<char>(v)); }
-    void le(std::uint64_t v, int bytes) {
-        for (int i = 0; i < bytes; ++i) m_out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-    }
-    void u32(std::uint32_t v) { le(v, 4); }
-    void u64(std::uint64_t v) { le(v, 8); }
-    void bytes(std::string_view b) { m_out.append(b); }
-    void str16(std::string_view s) {
-        le(s.size(), 2);
-        bytes(s);
-    }
-    void str32(std::string_view s) {
-        u32(static_cast<std::uint32_t>(s.size()));
-        bytes(s);
-    }
-
-  private:
-    std::string& m_out;
-};
-
-std::string prefix(std::string_view ns, char kind) {
-    return fmt::format("kc2:{}:{}:", ns, kind);
-}
-
 // The hash tag of an entry's keys (manifest, lease): 16 hex digits of the XXH3 of its
 // name, so that the tag never holds a brace an entry name might contain and spreads
 // entries evenly over the slots.
@@ -66,7 +42,7 @@ std::string entry_tag(std::string_view entry) {
 // zstd when it is smaller, else raw: [codec u8][raw length u32][payload].
 std::string pack(std::string_view raw) {
     std::string out;
-    Writer w(out);
+    ByteWriter w(out);
     std::string compressed(ZSTD_compressBound(raw.size()), '\0');
     const std::size_t n =
         ZSTD_compress(compressed.data(), compressed.size(), raw.data(), raw.size(), kZstdLevel);
@@ -106,28 +82,26 @@ core::Status unpack(std::string_view value, std::size_t limit, std::string& out)
 }  // namespace
 
 std::string manifest_key(std::string_view ns, std::string_view entry) {
-    return prefix(ns, 'm').append(entry_tag(entry)).append(entry);
+    return keys::prefix(ns, keys::kManifest).append(entry_tag(entry)).append(entry);
 }
 std::string lease_key(std::string_view ns, std::string_view entry) {
-    return prefix(ns, 'l').append(entry_tag(entry)).append(entry);
+    return keys::prefix(ns, keys::kLease).append(entry_tag(entry)).append(entry);
 }
 std::string blob_key(std::string_view ns, const core::Digest& digest) {
-    return prefix(ns, 'b').append(fmt::format("{{{}}}", digest.hex()));
+    return keys::prefix(ns, keys::kBlob).append(fmt::format("{{{}}}", digest.hex()));
 }
 std::string chunk_key(std::string_view ns, const core::Digest& digest, std::uint32_t index) {
-    return prefix(ns, 'c').append(fmt::format("{{{}}}:{}", digest.hex(), index));
+    return keys::prefix(ns, keys::kChunk).append(fmt::format("{{{}}}:{}", digest.hex(), index));
 }
 std::string job_key(std::string_view ns, std::string_view tag) {
-    return prefix(ns, 'j').append(tag);
+    return keys::prefix(ns, keys::kJob).append(tag);
 }
 std::string containers_key(std::string_view ns) {
-    std::string key = prefix(ns, 'k');
-    key.pop_back();  // kc2:<ns>:k, no trailing ':'
-    return key;
+    return keys::name(ns, keys::kContainers);  // kc2:<ns>:k, no trailing ':'
 }
 
 std::string dictionary_key(std::string_view ns, const core::Digest& digest) {
-    return prefix(ns, 'd').append(fmt::format("{{{}}}", digest.hex()));
+    return keys::prefix(ns, keys::kDictionary).append(fmt::format("{{{}}}", digest.hex()));
 }
 
 std::uint32_t chunk_count(std::uint64_t raw_size) {
@@ -136,7 +110,7 @@ std::uint32_t chunk_count(std::uint64_t raw_size) {
 
 std::string encode(const Manifest& m) {
     std::string body;
-    Writer w(body);
+    ByteWriter w(body);
     w.str16(m.name);
     w.u8(static_cast<std::uint8_t>(m.kind));
     w.str16(m.stem);
@@ -179,7 +153,7 @@ Result<std::string> signed_statement(std::string_view ns, const Manifest& m) {
     if (!m.signature) return core::fail(EINVAL, "the manifest is not signed");
     std::string out("kcache signed entry v1");
     out.push_back('\0');
-    Writer w(out);
+    ByteWriter w(out);
     w.str16(ns);
     w.str16(m.name);
     w.u8(static_cast<std::uint8_t>(m.kind));
@@ -318,7 +292,7 @@ Result<Manifest> decode_manifest(std::string_view value) {
 
 std::string encode(const BlobHeader& h) {
     std::string out(kBlobMagic);
-    Writer w(out);
+    ByteWriter w(out);
     w.u64(h.raw_size);
     w.u32(h.chunks);
     return out;
@@ -356,7 +330,7 @@ bool is_frame(std::string_view value) {
 std::string encode_frame(std::uint64_t raw_size, const core::Digest& dictionary,
                          std::string_view frame) {
     std::string out(kFrameMagic);
-    Writer w(out);
+    ByteWriter w(out);
     w.u64(raw_size);
     w.u64(dictionary.high);
     w.u64(dictionary.low);

@@ -9,6 +9,7 @@
 
 #include "core_test_util.hpp"
 #include "kcache/core/byte_reader.hpp"
+#include "kcache/core/byte_writer.hpp"
 #include "records.hpp"
 
 using kcache::core::ByteReader;
@@ -182,4 +183,44 @@ TEST_CASE("byte reader: records decoders report a short record as the reader's e
     CHECK(records::u64_from_key("abc") == 0);
     CHECK(records::u64_from_key(records::u64_key(7)) == 7);
     CHECK(records::digest_from_key("short").empty());
+}
+
+// ByteWriter (kcache/core/byte_writer.hpp) writes what ByteReader reads back: the same
+// widths, byte orders and length prefixes.
+TEST_CASE("byte writer: what it writes the reader reads back, byte for byte", "[byte_reader]") {
+    enum class Tag : std::uint8_t { a = 7 };
+    std::string out("x");  // what the string held stays
+    kcache::core::ByteWriter w(out);
+    w.u8(0x01);
+    w.u16(0x0302);
+    w.u32(0x07060504u);
+    w.i64(-2);
+    w.be<std::uint32_t>(0x0a0b0c0du);
+    w.write(Tag::a, std::uint16_t{0xbeef}, std::int32_t{-1});
+    w.str16("ab");
+    w.str32("");
+    w.bytes("z");
+    CHECK(out == std::string("x\x01\x02\x03\x04\x05\x06\x07"
+                             "\xfe\xff\xff\xff\xff\xff\xff\xff"
+                             "\x0a\x0b\x0c\x0d\x07\xef\xbe\xff\xff\xff\xff"
+                             "\x02\x00"
+                             "ab\x00\x00\x00\x00z",
+                             36));
+    ByteReader r(std::string_view(out).substr(1), "t");
+    std::uint8_t a = 0;
+    std::uint16_t b = 0;
+    std::uint32_t c = 0;
+    std::int64_t d = 0;
+    REQUIRE(r.read(a, b, c, d));
+    CHECK((a == 0x01 && b == 0x0302 && c == 0x07060504u && d == -2));
+    CHECK(*r.be<std::uint32_t>() == 0x0a0b0c0du);
+    Tag t{};
+    std::uint16_t e = 0;
+    std::int32_t f = 0;
+    REQUIRE(r.read(t, e, f));
+    CHECK((t == Tag::a && e == 0xbeef && f == -1));
+    CHECK(*r.str16() == "ab");
+    CHECK(*r.str32() == "");
+    CHECK(*r.bytes(1) == "z");
+    CHECK(r.expect_end());
 }
