@@ -13,7 +13,7 @@ const char* const kOpNames[kOps] = {
     "RMDIR",    "RENAME",    "RENAME2",      "OPEN",     "READ",     "WRITE",       "STATFS",
     "RELEASE",  "FSYNC",     "FLUSH",        "OPENDIR",  "READDIR",  "READDIRPLUS", "RELEASEDIR",
     "FSYNCDIR", "CREATE",    "IOCTL",        "GETXATTR", "SETXATTR", "LISTXATTR",   "REMOVEXATTR",
-    "ACCESS",   "FALLOCATE", "LSEEK"};
+    "ACCESS",   "FALLOCATE", "LSEEK",        "MKNOD",    "LINK",     "SYMLINK",     "READLINK"};
 std::atomic<unsigned long long> g_counts[kOps];  // relaxed increments: no cost worth measuring
 std::string g_counts_path;
 

@@ -38,6 +38,10 @@ enum Op {
     ACCESS,
     FALLOCATE,
     LSEEK,
+    MKNOD,
+    LINK,
+    SYMLINK,
+    READLINK,
     kOps
 };
 

@@ -12,7 +12,9 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include <linux/falloc.h>
 #include <pthread.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 #include <atomic>
 #include <cerrno>
@@ -50,7 +52,10 @@ struct Node {
     timespec atime{}, mtime{}, ctime{};
     // A file's bytes. Copy-on-write: a read takes a reference under the lock and
     // replies without it; a writer copies first if a read still holds the old bytes.
+    // A symlink's target is its data (its size is the target's length, as stat says).
     std::shared_ptr<std::string> data = std::make_shared<std::string>();
+    std::map<std::string, std::string> xattrs;
+    dev_t rdev = 0;                              // mknod: a device's number
     std::map<std::string, fuse_ino_t> children;  // directories
     std::uint64_t lookups = 0;                   // the kernel's references (freed by FORGET)
     unsigned opens = 0;
@@ -96,6 +101,7 @@ struct stat to_stat(const Node& n) {
     st.st_ino = n.ino;
     st.st_mode = n.mode;
     st.st_nlink = n.nlink;
+    st.st_rdev = n.rdev;
     st.st_uid = n.uid;
     st.st_gid = n.gid;
     st.st_size = static_cast<off_t>(n.data->size());
@@ -130,7 +136,7 @@ void unlink_child(Node& dir, std::map<std::string, fuse_ino_t>::iterator it) {
     dir.mtime = dir.ctime = now();
     if (!child) return;
     if (S_ISDIR(child->mode)) --dir.nlink;
-    child->nlink = 0;  // no hard links here: one name per node
+    child->nlink = S_ISDIR(child->mode) ? 0 : child->nlink - 1;  // files may have more names
     child->ctime = now();
     maybe_free(child);
 }
@@ -302,6 +308,147 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
         ++to->nlink;
     }
     from->mtime = from->ctime = to->mtime = to->ctime = now();
+    lock.unlock();
+    fuse_reply_err(req, 0);
+}
+
+// A new name for a new node (mknod, symlink); the caller holds the lock.
+void reply_new_node(fuse_req_t req, std::unique_lock<std::mutex>& lock, fuse_ino_t parent,
+                    const char* name, mode_t mode, dev_t rdev, const char* target) {
+    Node* dir = node(parent);
+    if (!dir || !S_ISDIR(dir->mode)) return (void)fuse_reply_err(req, ENOENT);
+    if (dir->children.count(name)) return (void)fuse_reply_err(req, EEXIST);
+    Node& n = make_node(mode, fuse_req_ctx(req));
+    n.rdev = rdev;
+    if (target) *n.data = target;
+    dir->children.emplace(name, n.ino);
+    dir->mtime = dir->ctime = n.ctime;
+    const fuse_entry_param e = entry_of(n);
+    lock.unlock();
+    fuse_reply_entry(req, &e);
+}
+
+void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+    count(MKNOD);
+    std::unique_lock lock(g_mutex);
+    reply_new_node(req, lock, parent, name, mode, rdev, nullptr);
+}
+
+void op_symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+    count(SYMLINK);
+    std::unique_lock lock(g_mutex);
+    reply_new_node(req, lock, parent, name, S_IFLNK | 0777, 0, target);
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+    count(READLINK);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    if (!n || !S_ISLNK(n->mode)) return (void)fuse_reply_err(req, n ? EINVAL : ENOENT);
+    const std::string target = *n->data;
+    lock.unlock();
+    fuse_reply_readlink(req, target.c_str());
+}
+
+void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+    count(LINK);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    Node* dir = node(newparent);
+    if (!n || !dir || !S_ISDIR(dir->mode)) return (void)fuse_reply_err(req, ENOENT);
+    if (S_ISDIR(n->mode)) return (void)fuse_reply_err(req, EPERM);
+    if (dir->children.count(newname)) return (void)fuse_reply_err(req, EEXIST);
+    dir->children.emplace(newname, n->ino);
+    ++n->nlink;
+    n->ctime = dir->mtime = dir->ctime = now();
+    const fuse_entry_param e = entry_of(*n);
+    lock.unlock();
+    fuse_reply_entry(req, &e);
+}
+
+// Extended attributes in memory, with the errors kcache-fsd gives (the kernel asks for
+// security.capability before every write: ENODATA here as there, a round trip each).
+void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                 int flags) {
+    count(SETXATTR);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    if (!n) return (void)fuse_reply_err(req, ENOENT);
+    const bool exists = n->xattrs.count(name) != 0;
+    if ((flags & XATTR_CREATE) && exists) return (void)fuse_reply_err(req, EEXIST);
+    if ((flags & XATTR_REPLACE) && !exists) return (void)fuse_reply_err(req, ENODATA);
+    n->xattrs[name].assign(value, size);
+    n->ctime = now();
+    lock.unlock();
+    fuse_reply_err(req, 0);
+}
+
+// A value or list: its size when the caller asks for none, ERANGE when it does not fit.
+void reply_xattr_bytes(fuse_req_t req, const std::string& bytes, size_t size) {
+    if (size == 0) return (void)fuse_reply_xattr(req, bytes.size());
+    if (bytes.size() > size) return (void)fuse_reply_err(req, ERANGE);
+    fuse_reply_buf(req, bytes.data(), bytes.size());
+}
+
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+    count(GETXATTR);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    if (!n) return (void)fuse_reply_err(req, ENOENT);
+    auto it = n->xattrs.find(name);
+    if (it == n->xattrs.end()) return (void)fuse_reply_err(req, ENODATA);
+    const std::string value = it->second;
+    lock.unlock();
+    reply_xattr_bytes(req, value, size);
+}
+
+void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+    count(LISTXATTR);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    if (!n) return (void)fuse_reply_err(req, ENOENT);
+    std::string list;
+    for (const auto& [name, value] : n->xattrs) list.append(name).push_back('\0');
+    lock.unlock();
+    reply_xattr_bytes(req, list, size);
+}
+
+void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+    count(REMOVEXATTR);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    if (!n) return (void)fuse_reply_err(req, ENOENT);
+    if (n->xattrs.erase(name) == 0) return (void)fuse_reply_err(req, ENODATA);
+    n->ctime = now();
+    lock.unlock();
+    fuse_reply_err(req, 0);
+}
+
+// The modes kcache-fsd serves (fsd/src/fallocate.cpp): reserve (0, KEEP_SIZE), and
+// PUNCH_HOLE (with KEEP_SIZE) and ZERO_RANGE, whose bytes read as zeros.
+void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                  fuse_file_info*) {
+    count(FALLOCATE);
+    const bool keep_size = (mode & FALLOC_FL_KEEP_SIZE) != 0;
+    const bool punch = (mode & FALLOC_FL_PUNCH_HOLE) != 0;
+    const bool zero = (mode & FALLOC_FL_ZERO_RANGE) != 0;
+    if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))
+        return (void)fuse_reply_err(req, EOPNOTSUPP);
+    if (punch && !keep_size) return (void)fuse_reply_err(req, EOPNOTSUPP);
+    std::unique_lock lock(g_mutex);
+    Node* n = node(ino);
+    if (!n) return (void)fuse_reply_err(req, ENOENT);
+    if (n->data.use_count() > 1)
+        n->data = std::make_shared<std::string>(*n->data);  // a read holds it
+    std::string& d = *n->data;
+    const size_t end = static_cast<size_t>(offset + length);
+    if (punch || zero) {
+        const size_t stop = std::min(end, d.size());
+        if (static_cast<size_t>(offset) < stop)
+            std::memset(d.data() + offset, 0, stop - static_cast<size_t>(offset));
+    }
+    if (!keep_size && d.size() < end) d.resize(end);
+    n->mtime = n->ctime = now();
     lock.unlock();
     fuse_reply_err(req, 0);
 }
@@ -480,7 +627,7 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
 // What kcache-fsd leaves unimplemented, libfuse answers ENOSYS without calling us; so
 // do these, the same answer, only counted (Python's open() sends an IOCTL per file
 // for isatty(), and the kernel does not remember an ENOSYS for ioctl as it does for
-// xattrs, access, fallocate and lseek). Setting them changes nothing libfuse
+// access and lseek). Setting them changes nothing libfuse
 // negotiates at INIT (lock handlers would; none are set).
 void enosys(fuse_req_t req, Op op) {
     count(op);
@@ -566,16 +713,16 @@ int main(int argc, char** argv) {
     ops.statfs = op_statfs;
     ops.ioctl = [](fuse_req_t r, fuse_ino_t, unsigned int, void*, fuse_file_info*, unsigned,
                    const void*, size_t, size_t) { enosys(r, IOCTL); };
-    ops.getxattr = [](fuse_req_t r, fuse_ino_t, const char*, size_t) { enosys(r, GETXATTR); };
-    ops.setxattr = [](fuse_req_t r, fuse_ino_t, const char*, const char*, size_t, int) {
-        enosys(r, SETXATTR);
-    };
-    ops.listxattr = [](fuse_req_t r, fuse_ino_t, size_t) { enosys(r, LISTXATTR); };
-    ops.removexattr = [](fuse_req_t r, fuse_ino_t, const char*) { enosys(r, REMOVEXATTR); };
+    ops.getxattr = op_getxattr;
+    ops.setxattr = op_setxattr;
+    ops.listxattr = op_listxattr;
+    ops.removexattr = op_removexattr;
+    ops.mknod = op_mknod;
+    ops.symlink = op_symlink;
+    ops.readlink = op_readlink;
+    ops.link = op_link;
     ops.access = [](fuse_req_t r, fuse_ino_t, int) { enosys(r, ACCESS); };
-    ops.fallocate = [](fuse_req_t r, fuse_ino_t, int, off_t, off_t, fuse_file_info*) {
-        enosys(r, FALLOCATE);
-    };
+    ops.fallocate = op_fallocate;
     ops.lseek = [](fuse_req_t r, fuse_ino_t, off_t, int, fuse_file_info*) { enosys(r, LSEEK); };
     // No lock operations, as kcache-fsd: the kernel keeps flock()/fcntl() locks itself.
 
