@@ -117,6 +117,12 @@ double attr_timeout(const Node& n) {
     return S_ISDIR(n.mode) ? kDirAttrTimeout : kFileAttrTimeout;
 }
 
+// A node's bytes to change: copied first if a read still holds them (see Node).
+std::string& writable_data(Node& n) {
+    if (n.data.use_count() > 1) n.data = std::make_shared<std::string>(*n.data);
+    return *n.data;
+}
+
 // Every entry handed to the kernel is a reference it will FORGET.
 fuse_entry_param entry_of(Node& n) {
     fuse_entry_param e{};
@@ -438,9 +444,7 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t 
     std::unique_lock lock(g_mutex);
     Node* n = node(ino);
     if (!n) return (void)fuse_reply_err(req, ENOENT);
-    if (n->data.use_count() > 1)
-        n->data = std::make_shared<std::string>(*n->data);  // a read holds it
-    std::string& d = *n->data;
+    std::string& d = writable_data(*n);
     const size_t end = static_cast<size_t>(offset + length);
     if (punch || zero) {
         const size_t stop = std::min(end, d.size());
@@ -530,9 +534,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     std::unique_lock lock(g_mutex);
     Node* n = node(ino);
     if (!n) return (void)fuse_reply_err(req, ENOENT);
-    if (n->data.use_count() > 1)
-        n->data = std::make_shared<std::string>(*n->data);  // a read holds it
-    std::string& d = *n->data;
+    std::string& d = writable_data(*n);
     const size_t end = static_cast<size_t>(off) + size;
     if (d.size() < end) d.resize(end);
     std::memcpy(d.data() + off, buf, size);

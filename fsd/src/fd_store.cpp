@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "fd_passing.hpp"
 #include "log.hpp"
 #include "state.hpp"
 #include "uring_area.hpp"
@@ -195,23 +196,8 @@ bool notify(const std::string& text, const std::vector<int>& fds) {
         log::warning("systemd: socket: {}", std::strerror(errno));
         return false;
     }
-    iovec iov{const_cast<char*>(text.data()), text.size()};
-    msghdr msg{};
-    msg.msg_name = &addr;
-    msg.msg_namelen = len;
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    std::vector<char> control(fds.empty() ? 0 : CMSG_SPACE(sizeof(int) * fds.size()));
-    if (!fds.empty()) {
-        msg.msg_control = control.data();
-        msg.msg_controllen = control.size();
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
-    const bool sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL) >= 0;
+    const bool sent =
+        send_with_fds(sock, text, fds, reinterpret_cast<const sockaddr*>(&addr), len) >= 0;
     if (!sent) {
         log::warning("systemd: cannot notify {} ({}): {}", std::getenv("NOTIFY_SOCKET"), text,
                      std::strerror(errno));

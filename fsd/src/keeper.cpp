@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "fd_passing.hpp"
 #include "log.hpp"
 #include "state.hpp"
 
@@ -241,25 +242,15 @@ std::optional<std::string> Keeper::start_daemon() {
     std::string message;
     char buf[512];
     for (;;) {
-        iovec iov{buf, sizeof buf};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        const ssize_t n = ::recvmsg(ready[0], &msg, MSG_CMSG_CLOEXEC);
+        std::vector<int> fds;  // the daemon's lock file, with its "ready"
+        const ssize_t n = receive_with_fds(ready[0], buf, sizeof buf, fds);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                int fd = -1;
-                std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-                if (m_lock_fd < 0)
-                    m_lock_fd = fd;
-                else
-                    ::close(fd);
-            }
+        for (const int fd : fds) {
+            if (m_lock_fd < 0)
+                m_lock_fd = fd;
+            else
+                ::close(fd);
         }
         message.append(buf, static_cast<std::size_t>(n));
         if (message == "ready") break;

@@ -37,6 +37,7 @@
 
 #include <fmt/format.h>
 
+#include "fd_passing.hpp"
 #include "fd_store.hpp"
 #include "filesystem.hpp"
 #include "kcache/core/holds.hpp"
@@ -128,22 +129,7 @@ class StartupPipe {
     }
 
   private:
-    void send_ready() {
-        char data[] = "ready";
-        iovec iov{data, 5};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &m_pass_fd, sizeof(int));
-        (void)!::sendmsg(m_fd, &msg, MSG_NOSIGNAL);
-    }
+    void send_ready() { (void)fsd::send_with_fds(m_fd, "ready", {m_pass_fd}); }
 
     int m_fd = -1;
     bool m_detach = true;
