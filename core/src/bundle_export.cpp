@@ -59,28 +59,33 @@ class BundleWriter {
 
 // The stored form of a file's content, as a bundle carries it: compressed as stored, or,
 // for segmented contents and frames that name a dictionary, read whole and compressed
-// (segments and dictionaries stay in the db; a bundle is read where they are not).
-Result<std::pair<Content, Codec>> bundle_form(const Tx& tx, const ImageFile& f,
-                                              const std::string& path) {
-    if (f.digest.empty()) return std::pair{Content{}, Codec::raw};
+// (segments and dictionaries stay in the db; a bundle is read where they are not). With
+// it the content's digest_of, which the bundle carries (bundle_format.hpp): the file's
+// digest is its blob's address, another one after an XXH3 collision (store_impl.hpp).
+struct BundleForm {
+    Content content;
+    Codec codec = Codec::raw;
+    Digest digest;
+};
+Result<BundleForm> bundle_form(const Tx& tx, const ImageFile& f, const std::string& path) {
+    if (f.digest.empty()) return BundleForm{};
     auto r = KCACHE_TRY(tx.blob_ref(f.digest));
     if (!r) return fail(EIO, fmt::format("blob of '{}' is missing", path));
-    if (r->codec == Codec::segments || r->dictionary != 0) {
-        auto raw = ops::read_blob(tx, f.digest, f.size);
-        if (!raw) return tl::unexpected(with_context(raw.error(), path));
-        std::string compressed = ops::compressed_form(raw->bytes());
-        if (compressed.empty()) return std::pair{std::move(*raw), Codec::raw};
-        return std::pair{Content::owned(std::move(compressed)), Codec::zstd};
-    }
     // Read (and so checked against its digest, kcache/core/integrity.hpp) before its
-    // stored form goes out: a bundle never carries damaged content. Raw content is its
-    // stored form already.
+    // stored form goes out: a bundle never carries damaged content.
     auto raw = ops::read_blob(tx, f.digest, f.size);
     if (!raw) return tl::unexpected(with_context(raw.error(), path));
-    if (r->codec == Codec::raw) return std::pair{std::move(*raw), Codec::raw};
+    const Digest digest = digest_of(raw->bytes());
+    if (r->codec == Codec::segments || r->dictionary != 0) {
+        std::string compressed = ops::compressed_form(raw->bytes());
+        if (compressed.empty()) return BundleForm{std::move(*raw), Codec::raw, digest};
+        return BundleForm{Content::owned(std::move(compressed)), Codec::zstd, digest};
+    }
+    // Raw content is its stored form already.
+    if (r->codec == Codec::raw) return BundleForm{std::move(*raw), Codec::raw, digest};
     auto data = ops::stored_form(tx, f.digest, *r);
     if (!data) return tl::unexpected(with_context(data.error(), path));
-    return std::pair{std::move(*data), r->codec};
+    return BundleForm{std::move(*data), r->codec, digest};
 }
 
 // Writes one node record: `path` from the root, then what its type carries.
@@ -98,11 +103,11 @@ Status export_node(const Tx& tx, BundleWriter& out, const ImageFile& f, const st
     w.u32(f.mode);
     w.i64(f.mtime_ns);
     if (f.type == FileType::regular) {
-        auto [content, codec] = KCACHE_TRY(bundle_form(tx, f, path));
+        auto [content, codec, digest] = KCACHE_TRY(bundle_form(tx, f, path));
         const std::string_view stored = content.bytes();
         w.u64(f.size);
-        w.u64(f.digest.high);
-        w.u64(f.digest.low);
+        w.u64(digest.high);
+        w.u64(digest.low);
         w.u8(static_cast<std::uint8_t>(codec));
         w.u32(static_cast<std::uint32_t>(stored.size()));
         if (auto s = out.put(rec); !s) return s;

@@ -11,10 +11,10 @@
 #include <functional>
 #include <new>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "kcache/core/integrity.hpp"
@@ -146,6 +146,10 @@ ContentDigests digests_of(std::string_view content) {
     return d;
 }
 
+// The views of a blob's stored chunks (defined below).
+static Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest,
+                                                         const BlobRef& ref);
+
 namespace {
 
 // `n` more references to an existing blob.
@@ -168,15 +172,99 @@ Status drop_blob(Tx& tx, const Digest& digest, const BlobRef& ref) {
     return s;
 }
 
-// `n` more references to the flat blob `digest` of `content`, stored if new: as a
-// blob of `owner`'s kind, compressed with the kind's dictionary when it has one. A
-// segment (`owner` null) has no kind: a big file's segments are not alike.
-Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view content,
-                             std::uint64_t n, const BlobOwner* owner) {
-    auto existing = KCACHE_TRY(tx.blob_ref(digest));
-    if (existing) {
-        KCACHE_TRY(add_refs(tx, digest, *existing, n));
-        return *existing;
+// A flat blob's bytes, for the compare below (defined further down).
+Result<std::string> decompressed(const Tx& tx, const Digest& digest, const BlobRef& r);
+
+// Whether the flat blob at `address` (`ref`) holds exactly `content`: its bytes are
+// read (a zstd blob's decompressed) and compared. A blob that cannot be read as its
+// reference describes it (damaged, its dictionary gone) holds other bytes, so content
+// is never deduplicated onto it; a broken db or no memory is an error.
+Result<bool> holds_flat(const Tx& tx, const Digest& address, const BlobRef& ref,
+                        std::string_view content) {
+    if (ref.codec == Codec::segments || ref.raw_size != content.size()) return false;
+    auto fatal = [](const Error& e) { return e.code == kCorruptDb || e.code == ENOMEM; };
+    if (ref.codec == Codec::zstd) {
+        auto raw = decompressed(tx, address, ref);
+        if (!raw) {
+            if (fatal(raw.error())) return tl::unexpected(raw.error());
+            return false;
+        }
+        return std::string_view(*raw) == content;
+    }
+    auto pieces = chunk_views(tx, address, ref);
+    if (!pieces) {
+        if (fatal(pieces.error())) return tl::unexpected(pieces.error());
+        return false;
+    }
+    if (pieces->size() > 1) prefetch(*pieces);
+    std::size_t at = 0;
+    for (const std::string_view piece : *pieces) {
+        if (content.compare(at, piece.size(), piece) != 0) return false;
+        at += piece.size();
+    }
+    return at == content.size();
+}
+
+// Whether the blob at `address` (`ref`) is the list of `segments` for `size` bytes.
+Result<bool> holds_list(const Tx& tx, const Digest& address, const BlobRef& ref,
+                        const std::vector<Digest>& segments, std::uint64_t size) {
+    if (ref.codec != Codec::segments || ref.raw_size != size) return false;
+    auto list = segment_list(tx, address);
+    if (!list) {
+        if (list.error().code == kCorruptDb) return tl::unexpected(list.error());
+        return false;
+    }
+    return *list && **list == segments;
+}
+
+// Where content is stored, or is to be: its address (store_impl.hpp) and the blob
+// there, which holds the same bytes (none: the address is free).
+struct Placement {
+    Digest address;
+    std::optional<BlobRef> existing;
+};
+
+using Addresses = std::unordered_set<Digest, DigestHash>;
+
+Error too_many_collisions(const Tx& tx, const Digest& digest) {
+    return Error{EIO, fmt::format("db {}: content of digest {} not stored: its digest and its {} "
+                                  "alternative addresses all hold other bytes (constructed "
+                                  "XXH3 collisions)",
+                                  tx.db.path, digest.hex(), kMaxProbes)};
+}
+
+// Places flat `content` (its flat digest `digest`): the first of its addresses that
+// holds the same bytes or is free. `taken`: addresses this operation gives other
+// content, not stored yet.
+Result<Placement> place_flat(const Tx& tx, const Digest& digest, std::string_view content,
+                             const Addresses* taken = nullptr) {
+    for (std::uint32_t probe = 0; probe <= kMaxProbes; ++probe) {
+        const Digest address = probe == 0 ? digest : alternative_address(content, probe);
+        auto ref = KCACHE_TRY(tx.blob_ref(address));
+        if (!ref) {
+            if (taken && taken->count(address)) continue;
+            return Placement{address, std::nullopt};
+        }
+        if (KCACHE_TRY(holds_flat(tx, address, *ref, content))) return Placement{address, ref};
+    }
+    return tl::unexpected(too_many_collisions(tx, digest));
+}
+
+// `n` more references to flat `content` at `place`: to the blob there, else to a new
+// one stored there, as a blob of `owner`'s kind, compressed with the kind's dictionary
+// when it has one. A segment (`owner` null) has no kind: a big file's segments are not
+// alike. The blob's reference as it was (before these references) or as stored.
+Result<BlobRef> take_flat(Tx& tx, const Placement& place, std::string_view content, std::uint64_t n,
+                          const BlobOwner* owner) {
+    if (place.existing) {
+        // Read again: this operation may have taken references to it since it was
+        // placed (two distinct segments of one file placed at one address: `own`).
+        auto now = KCACHE_TRY(tx.blob_ref(place.address));
+        if (!now)
+            return fail(EIO, fmt::format("db {}: blob {} went while it was being referenced",
+                                         tx.db.path, place.address.hex()));
+        KCACHE_TRY(add_refs(tx, place.address, *now, n));
+        return *now;
     }
     std::uint32_t kind = 0;
     std::shared_ptr<const LoadedDictionary> dictionary;
@@ -195,7 +283,18 @@ Result<BlobRef> acquire_flat(Tx& tx, const Digest& digest, std::string_view cont
     BlobRef ref{n, content.size(), stored.size(), compressed.empty() ? Codec::raw : Codec::zstd};
     ref.kind = kind;
     ref.dictionary = used;
-    KCACHE_TRY(put_blob(tx, digest, stored, ref));
+    KCACHE_TRY(put_blob(tx, place.address, stored, ref));
+    return ref;
+}
+
+// One more reference, a file's, to the blob at `place`, which holds its content.
+// Counts a dedup hit, unless no file held the blob yet (an offered frame: stored, not
+// deduplicated).
+Result<BlobRef> take_existing(Tx& tx, const Placement& place) {
+    KCACHE_TRY(add_refs(tx, place.address, *place.existing, 1));
+    if (place.existing->refcount > 0) KCACHE_TRY(tx.add(Counter::dedup_hits, 1));
+    BlobRef ref = *place.existing;
+    ++ref.refcount;
     return ref;
 }
 
@@ -216,32 +315,99 @@ std::unordered_map<Digest, std::uint64_t, DigestHash> occurrences(
     return counts;
 }
 
-// Stores the list blob of segmented content; `segment_footprint` is the sum of its
-// segments' footprints, one per occurrence.
-Result<BlobRef> put_list(Tx& tx, const ContentDigests& d, std::uint64_t raw_size,
+// Segmented content, placed: each distinct segment (by its bytes) at its address, the
+// list of those addresses in order, and the list's own place.
+struct PlacedSegments {
+    struct Segment {
+        std::size_t first = 0;    // its first occurrence
+        std::uint64_t count = 0;  // its occurrences
+        Placement place;
+    };
+    std::vector<Segment> distinct;  // in order of first occurrence
+    std::vector<Digest> list;
+    Placement place;
+};
+
+// Places segmented content (`d`: its digests): each segment as place_flat does (a
+// segment that repeats is compared with its first occurrence), then its list at the
+// first of the list's addresses that is free or holds the same list. A list holding
+// the same addresses holds the same bytes: each was compared.
+//
+// `own`: the list of the version of the file this content replaces, if segmented. A
+// segment whose digest is the address `own` has at the same index is taken without a
+// compare: a rewrite of a few pages of a big file must not read back all the others
+// (StagedFile carries their addresses over from that version). The bytes it could let
+// stand in are those of that version of the same file, which only someone who may write
+// the file wrote, and who can write it again anyway.
+Result<PlacedSegments> place_segmented(const Tx& tx, const ContentDigests& d,
+                                       std::string_view content,
+                                       const std::vector<Digest>* own = nullptr) {
+    PlacedSegments p;
+    p.list.reserve(d.segments.size());
+    std::unordered_map<Digest, std::vector<std::size_t>, DigestHash> by_digest;  // -> distinct
+    Addresses taken;
+    for (std::size_t i = 0; i < d.segments.size(); ++i) {
+        const std::string_view seg = segment_of(content, i);
+        std::vector<std::size_t>& same_digest = by_digest[d.segments[i]];
+        const auto same = std::find_if(same_digest.begin(), same_digest.end(), [&](std::size_t k) {
+            return segment_of(content, p.distinct[k].first) == seg;
+        });
+        if (same != same_digest.end()) {
+            ++p.distinct[*same].count;
+            p.list.push_back(p.distinct[*same].place.address);
+            continue;
+        }
+        std::optional<Placement> kept;
+        if (own && i < own->size() && (*own)[i] == d.segments[i]) {
+            auto ref = KCACHE_TRY(tx.blob_ref(d.segments[i]));
+            if (ref && ref->codec != Codec::segments && ref->raw_size == seg.size())
+                kept = Placement{d.segments[i], ref};
+        }
+        if (!kept) {
+            auto placed = KCACHE_TRY(place_flat(tx, d.segments[i], seg, &taken));
+            kept = std::move(placed);
+        }
+        Placement& place = *kept;
+        if (!place.existing) taken.insert(place.address);
+        same_digest.push_back(p.distinct.size());
+        p.list.push_back(place.address);
+        p.distinct.push_back({i, 1, std::move(place)});
+    }
+    for (std::uint32_t probe = 0; probe <= kMaxProbes; ++probe) {
+        const Digest address =
+            probe == 0 ? digest_of_segments(p.list) : alternative_list_address(p.list, probe);
+        auto ref = KCACHE_TRY(tx.blob_ref(address));
+        if (!ref || KCACHE_TRY(holds_list(tx, address, *ref, p.list, content.size()))) {
+            p.place = Placement{address, ref};
+            return p;
+        }
+    }
+    return tl::unexpected(too_many_collisions(tx, d.digest));
+}
+
+// Stores the list blob of placed segmented content; `segment_footprint` is the sum of
+// its segments' footprints, one per occurrence.
+Result<BlobRef> put_list(Tx& tx, const PlacedSegments& p, std::uint64_t raw_size,
                          std::uint64_t segment_footprint) {
     std::string list;
-    list.reserve(d.segments.size() * 16);
-    for (const Digest& seg : d.segments) list += records::digest_key(seg);
+    list.reserve(p.list.size() * 16);
+    for (const Digest& seg : p.list) list += records::digest_key(seg);
     const BlobRef ref{1, raw_size, list.size(), Codec::segments, segment_footprint};
-    KCACHE_TRY(put_blob(tx, d.digest, list, ref));
+    KCACHE_TRY(put_blob(tx, p.place.address, list, ref));
     return ref;
 }
 
-// Stores new segmented content: a reference per occurrence to each segment (stored if
-// new), then its list.
-Result<BlobRef> put_segmented(Tx& tx, const ContentDigests& d, std::string_view content) {
-    auto counts = occurrences(d.segments);
+// One more reference, a file's, to placed segmented content: to the list there, or to
+// a new list holding a reference per occurrence to each segment (stored if new).
+Result<BlobRef> take_segmented(Tx& tx, const PlacedSegments& p, std::string_view content) {
+    if (p.place.existing) return take_existing(tx, p.place);
     std::uint64_t sum = 0;
-    for (std::size_t i = 0; i < d.segments.size(); ++i) {
-        auto n = counts.find(d.segments[i]);
-        if (n->second == 0) continue;  // taken at its first occurrence
-        auto ref = acquire_flat(tx, d.segments[i], segment_of(content, i), n->second, nullptr);
-        if (!ref) return ref;
-        sum += n->second * records::footprint(*ref);
-        n->second = 0;
+    for (const PlacedSegments::Segment& s : p.distinct) {
+        auto ref =
+            KCACHE_TRY(take_flat(tx, s.place, segment_of(content, s.first), s.count, nullptr));
+        sum += s.count * records::footprint(ref);
     }
-    return put_list(tx, d, content.size(), sum);
+    return put_list(tx, p, content.size(), sum);
 }
 
 Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t* footprint_out) {
@@ -269,33 +435,31 @@ Status release_refs(Tx& tx, const Digest& digest, std::uint64_t n, std::uint64_t
     return drop_blob(tx, digest, ref);
 }
 
-// Replaces the last reference to the segmented blob `old` by new segmented content
-// that is not stored yet: the new list takes over the old one's segment references,
-// so only segments that differ are stored or released (a change of a few pages in a
-// big file costs a few segments, not the file). Nullopt when that does not apply.
-Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, const ContentDigests& d,
+// Replaces the last reference to the segmented blob `old` by new placed segmented
+// content whose list is not stored yet: the new list takes over the old one's segment
+// references, so only segments that differ are stored or released (a change of a few
+// pages in a big file costs a few segments, not the file). Nullopt when that does not
+// apply.
+Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, const PlacedSegments& p,
                                                  std::string_view content) {
-    if (old.empty() || d.segments.empty() || old == d.digest) return std::nullopt;
+    if (old.empty() || old == p.place.address || p.place.existing) return std::nullopt;
     auto old_ref = KCACHE_TRY(tx.blob_ref(old));
     if (!old_ref || old_ref->codec != Codec::segments || old_ref->refcount != 1)
         return std::nullopt;
-    auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
-    if (existing) return std::nullopt;
     auto old_list = KCACHE_TRY(segment_list(tx, old));
     if (!old_list) return std::nullopt;
 
-    std::unordered_map<Digest, std::int64_t, DigestHash> delta;
-    for (const Digest& seg : d.segments) ++delta[seg];
+    std::unordered_map<Digest, std::int64_t, DigestHash> delta;  // by address
+    for (const Digest& seg : p.list) ++delta[seg];
     for (const Digest& seg : *old_list) --delta[seg];
     std::int64_t sum = static_cast<std::int64_t>(old_ref->segment_footprint);
-    for (std::size_t i = 0; i < d.segments.size();
-         ++i) {  // new segments, at their first occurrence
-        auto n = delta.find(d.segments[i]);
-        if (n->second <= 0) continue;
-        auto ref = KCACHE_TRY(acquire_flat(tx, d.segments[i], segment_of(content, i),
-                                           static_cast<std::uint64_t>(n->second), nullptr));
-        sum += n->second * static_cast<std::int64_t>(records::footprint(ref));
-        n->second = 0;
+    for (const PlacedSegments::Segment& s : p.distinct) {  // new segments, once per address
+        std::int64_t& n = delta[s.place.address];
+        if (n <= 0) continue;
+        auto ref = KCACHE_TRY(take_flat(tx, s.place, segment_of(content, s.first),
+                                        static_cast<std::uint64_t>(n), nullptr));
+        sum += n * static_cast<std::int64_t>(records::footprint(ref));
+        n = 0;  // taken (another segment placed at the same address has nothing to add)
     }
     for (const auto& [seg, n] : delta) {  // segments gone
         if (n >= 0) continue;
@@ -304,7 +468,7 @@ Result<std::optional<BlobRef>> replace_segmented(Tx& tx, const Digest& old, cons
         sum += n * static_cast<std::int64_t>(fp);
     }
     KCACHE_TRY(drop_blob(tx, old, *old_ref));
-    auto ref = KCACHE_TRY(put_list(tx, d, content.size(),
+    auto ref = KCACHE_TRY(put_list(tx, p, content.size(),
                                    static_cast<std::uint64_t>(std::max<std::int64_t>(sum, 0))));
     return std::optional<BlobRef>(ref);
 }
@@ -327,22 +491,6 @@ Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const Blo
         s = tx.add(Counter::blob_raw_bytes, static_cast<std::int64_t>(records::raw_counted(ref)));
     if (s) s = account_blob(tx, ref, +1);
     return s;
-}
-
-Result<BlobRef> acquire_blob(Tx& tx, const ContentDigests& d, std::string_view content,
-                             const BlobOwner& owner) {
-    if (d.digest.empty()) return BlobRef{};
-    auto existing = KCACHE_TRY(tx.blob_ref(d.digest));
-    if (existing) {
-        KCACHE_TRY(add_refs(tx, d.digest, *existing, 1));
-        // A blob no file held yet (an offered frame) is stored, not deduplicated.
-        if (existing->refcount > 0) KCACHE_TRY(tx.add(Counter::dedup_hits, 1));
-        BlobRef ref = *existing;
-        ++ref.refcount;
-        return ref;
-    }
-    if (d.segments.empty()) return acquire_flat(tx, d.digest, content, 1, &owner);
-    return put_segmented(tx, d, content);
 }
 
 Status release_blob(Tx& tx, const Digest& digest) {
@@ -504,25 +652,11 @@ Result<BlobRef> sized_ref(const Tx& tx, const Digest& digest, std::uint64_t size
 
 // The content check (integrity.hpp): a blob that is no list is keyed by the flat digest
 // of its bytes (a file below kSegmentedSize, a segment, or a big file stored before
-// schema 3), given here in the pieces it is read in. kDamagedContent when they differ.
+// schema 3) or, after a collision, by an alternative address of them (store_impl.hpp),
+// given here in the pieces it is read in. kDamagedContent when it is neither.
 Status check_content(const Tx& tx, const Digest& digest,
                      const std::vector<std::string_view>& pieces) {
-    if (!content_checks()) return {};
-    Digest got;
-    if (pieces.size() == 1) {
-        got = flat_digest_of(pieces.front());
-    } else {
-        XXH3_state_t* state = XXH3_createState();
-        if (!state) return fail(ENOMEM, "no memory for a digest");
-        XXH3_128bits_reset(state);
-        for (const std::string_view piece : pieces)
-            XXH3_128bits_update(state, piece.data(), piece.size());
-        const XXH128_hash_t h = XXH3_128bits_digest(state);
-        XXH3_freeState(state);
-        got = Digest{h.high64, h.low64};
-        if (got.empty()) got.low = 1;  // as flat_digest_of
-    }
-    if (got == digest) return {};
+    if (!content_checks() || is_flat_address(digest, pieces)) return {};
     return fail(kDamagedContent,
                 fmt::format("db {}: blob {} has damaged content: it does not match its digest",
                             tx.db.path, digest.hex()));
@@ -530,7 +664,7 @@ Status check_content(const Tx& tx, const Digest& digest,
 
 Status check_content(const Tx& tx, const Digest& digest, std::string_view content) {
     if (!content_checks() || flat_digest_of(content) == digest) return {};
-    return check_content(tx, digest, std::vector<std::string_view>{content});  // the error
+    return check_content(tx, digest, std::vector<std::string_view>{content});  // alternatives
 }
 
 // Calls fn with the pieces of a blob's content in order: zero-copy views of raw
@@ -547,7 +681,7 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
                 return fail(kDamagedContent,
                             fmt::format("db {}: segment {} is a list", tx.db.path, digest.hex()));
             auto list = KCACHE_TRY(segment_list(tx, digest));
-            if (content_checks() && !(digest_of_segments(*list) == digest)) {
+            if (content_checks() && !is_list_address(digest, *list)) {
                 return fail(kDamagedContent,
                             fmt::format("db {}: blob {} has damaged content: its segment list "
                                         "does not match its digest",
@@ -632,24 +766,50 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content,
         auto old_ref = KCACHE_TRY(tx.blob_ref(node.digest));
         if (old_ref) old_stored = records::file_footprint(*old_ref);
     }
-    auto replaced = KCACHE_TRY(replace_segmented(tx, node.digest, digests, content));
+    // Where the content goes (store_impl.hpp: its digest unless that holds other bytes).
+    std::optional<PlacedSegments> segmented;
+    std::optional<Placement> flat;
+    if (!digests.segments.empty()) {
+        // The version replaced (a damaged one is no help, and replaced all the same).
+        auto own = segment_list(tx, node.digest);
+        const std::vector<Digest>* own_list = own && *own ? &**own : nullptr;
+        auto placed = KCACHE_TRY(place_segmented(tx, digests, content, own_list));
+        segmented = std::move(placed);
+    } else if (!digests.digest.empty()) {
+        auto placed = KCACHE_TRY(place_flat(tx, digests.digest, content));
+        flat = std::move(placed);
+    }
+    const Digest address = segmented ? segmented->place.address : flat ? flat->address : Digest{};
+    std::optional<BlobRef> replaced;
+    if (segmented) {
+        auto r = KCACHE_TRY(replace_segmented(tx, node.digest, *segmented, content));
+        replaced = std::move(r);
+    }
     BlobRef ref;
     if (replaced) {
         ref = *replaced;
     } else {
         // Take the new reference before dropping the old one: rewriting the same
         // content must not free the blob in between.
-        BlobOwner owner{node.name, producer_of(node.name)};
-        if (node.entry) {
-            auto entry = KCACHE_TRY(tx.find_entry_record(node.entry));
-            if (entry && entry->producer != Producer::unknown) owner.producer = entry->producer;
+        if (segmented) {
+            auto taken = KCACHE_TRY(take_segmented(tx, *segmented, content));
+            ref = taken;
+        } else if (flat && flat->existing) {
+            auto taken = KCACHE_TRY(take_existing(tx, *flat));
+            ref = taken;
+        } else if (flat) {
+            BlobOwner owner{node.name, producer_of(node.name)};
+            if (node.entry) {
+                auto entry = KCACHE_TRY(tx.find_entry_record(node.entry));
+                if (entry && entry->producer != Producer::unknown) owner.producer = entry->producer;
+            }
+            auto taken = KCACHE_TRY(take_flat(tx, *flat, content, 1, &owner));
+            ref = taken;
         }
-        auto acquired = KCACHE_TRY(acquire_blob(tx, digests, content, owner));
-        ref = acquired;
         if (auto s = release_blob(tx, node.digest); !s) return fail_with(s.error());
     }
     const auto old_size = static_cast<std::int64_t>(node.size);
-    node.digest = digests.digest;
+    node.digest = address;
     node.size = content.size();
     node.mtime_ns = node.ctime_ns = tx.now();
     if (auto s = tx.put_inode(node); !s) return fail_with(s.error());

@@ -240,14 +240,28 @@ struct ContentDigests {
     std::vector<Digest> segments;
 };
 ContentDigests digests_of(std::string_view content);
-// One more reference to the blob of `content` (stored if new: compressed, or by
-// segment). Counts a dedup hit when it was there.
-Result<records::BlobRef> acquire_blob(Tx& tx, const ContentDigests& digests,
-                                      std::string_view content, const BlobOwner& owner);
+// A blob's address (its key in blob_refs and blob_data) is the digest of its content
+// (flat_digest_of; a segment list's: digest_of_segments) unless that address holds
+// other bytes: XXH3 collisions can be constructed, so a store that finds a blob under
+// its digest compares bytes (content.cpp) and deduplicates only onto the same bytes;
+// content that collides is stored at its first alternative address (probe 1, 2, ...
+// up to kMaxProbes) that is free or holds the same bytes. An alternative address is
+// the XXH3-128 of the same bytes under a seed per probe, in a domain of its own (flat
+// blobs, lists). The file's digest (Attr::digest) is then that address. Nothing
+// records the probe: a read's content check (integrity.hpp) tries the digest, then
+// the alternatives (only a blob that fails its digest costs more than one hash).
+inline constexpr std::uint32_t kMaxProbes = 32;
+Digest alternative_address(std::string_view bytes, std::uint32_t probe);  // a flat blob's
+Digest alternative_list_address(const std::vector<Digest>& segments, std::uint32_t probe);
+// Whether `address` is one of the addresses of the flat blob holding `pieces` (its
+// bytes, in the pieces they are read in): its flat digest or an alternative address.
+bool is_flat_address(const Digest& address, const std::vector<std::string_view>& pieces);
+// Whether `address` is one of the addresses of the list of `segments`.
+bool is_list_address(const Digest& address, const std::vector<Digest>& segments);
 // Stores `stored` (the bytes of a new blob, as `ref` describes them) and its reference,
 // with the statistics and its kind's and dictionary's accounting. A reference count of
-// 0 is a blob no file holds yet (frames.hpp's offer_frame): the next acquire_blob of
-// its content takes it as its first reference.
+// 0 is a blob no file holds yet (frames.hpp's offer_frame): the next write of its
+// content takes it as its first reference.
 Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const records::BlobRef& ref);
 // One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <new>
 
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -39,6 +40,31 @@ Digest from_xxh(XXH128_hash_t h) {
 // Separates segment-list digests from flat ones: a small file that holds some big
 // file's segment list does not share its digest (and so its blob).
 constexpr XXH64_hash_t kSegmentListSeed = 0x6b63616368655347;  // "kcacheSG"
+// Alternative addresses (store_impl.hpp): the seed of probe k is the base + k, for
+// flat blobs and lists apart, so no two domains share a seed.
+constexpr XXH64_hash_t kAlternativeSeed = 0x6b63616368654100;      // "kcacheA\0"
+constexpr XXH64_hash_t kAlternativeListSeed = 0x6b63616368654c00;  // "kcacheL\0"
+
+std::string list_bytes(const std::vector<Digest>& segments) {
+    std::string list;
+    list.reserve(segments.size() * 16);
+    for (const Digest& d : segments) list += records::digest_key(d);
+    return list;
+}
+
+// XXH3-128 of `pieces` (in order) under `seed` (0: none), as from_xxh keeps it.
+Digest digest_of_pieces(const std::vector<std::string_view>& pieces, XXH64_hash_t seed) {
+    if (pieces.size() == 1)
+        return from_xxh(XXH3_128bits_withSeed(pieces.front().data(), pieces.front().size(), seed));
+    XXH3_state_t* state = XXH3_createState();
+    if (!state) throw std::bad_alloc();
+    XXH3_128bits_reset_withSeed(state, seed);
+    for (const std::string_view piece : pieces)
+        XXH3_128bits_update(state, piece.data(), piece.size());
+    const XXH128_hash_t h = XXH3_128bits_digest(state);
+    XXH3_freeState(state);
+    return from_xxh(h);
+}
 }  // namespace
 
 Digest flat_digest_of(std::string_view bytes) {
@@ -47,11 +73,40 @@ Digest flat_digest_of(std::string_view bytes) {
 }
 
 Digest digest_of_segments(const std::vector<Digest>& segments) {
-    std::string list;
-    list.reserve(segments.size() * 16);
-    for (const Digest& d : segments) list += records::digest_key(d);
+    const std::string list = list_bytes(segments);
     return from_xxh(XXH3_128bits_withSeed(list.data(), list.size(), kSegmentListSeed));
 }
+
+namespace ops {
+
+Digest alternative_address(std::string_view bytes, std::uint32_t probe) {
+    return from_xxh(XXH3_128bits_withSeed(bytes.data(), bytes.size(), kAlternativeSeed + probe));
+}
+
+Digest alternative_list_address(const std::vector<Digest>& segments, std::uint32_t probe) {
+    const std::string list = list_bytes(segments);
+    return from_xxh(XXH3_128bits_withSeed(list.data(), list.size(), kAlternativeListSeed + probe));
+}
+
+bool is_flat_address(const Digest& address, const std::vector<std::string_view>& pieces) {
+    if (digest_of_pieces(pieces, 0) == address) return true;
+    for (std::uint32_t probe = 1; probe <= kMaxProbes; ++probe) {
+        if (digest_of_pieces(pieces, kAlternativeSeed + probe) == address) return true;
+    }
+    return false;
+}
+
+bool is_list_address(const Digest& address, const std::vector<Digest>& segments) {
+    const std::string list = list_bytes(segments);
+    const std::vector<std::string_view> pieces{list};
+    if (digest_of_pieces(pieces, kSegmentListSeed) == address) return true;
+    for (std::uint32_t probe = 1; probe <= kMaxProbes; ++probe) {
+        if (digest_of_pieces(pieces, kAlternativeListSeed + probe) == address) return true;
+    }
+    return false;
+}
+
+}  // namespace ops
 
 Digest digest_of(std::string_view bytes) {
     if (bytes.size() < kSegmentedSize) return flat_digest_of(bytes);

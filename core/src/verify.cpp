@@ -27,13 +27,14 @@ struct Totals {
     std::uint64_t files = 0, bytes = 0, stored = 0;
 };
 
-// A segmented blob: its digest is its list's, its size the list's span, and each
-// segment a stored blob (never a list) of its share of the size.
+// A segmented blob: its digest is its list's (or, after a collision, an alternative
+// address of the list: store_impl.hpp), its size the list's span, and each segment a
+// stored blob (never a list) of its share of the size.
 template <typename Problem>
 void verify_list(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
                  const std::vector<Digest>& list, Problem& problem,
                  std::unordered_map<Digest, bool, DigestHash>& damaged) {
-    if (!(digest_of_segments(list) == digest)) {
+    if (!ops::is_list_address(digest, list)) {
         problem(fmt::format("blob {}: segment list does not match its digest", digest.hex()));
         damaged[digest] = true;
         return;
@@ -274,10 +275,10 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         } else if (auto content = ops::read_blob(tx, digest, ref->raw_size); !content) {
             problem(fmt::format("blob {}: {}", digest.hex(), content.error().message));
             damaged[digest] = true;
-        } else if (!(digest_of(content->bytes()) == digest) &&
-                   !(content->bytes().size() >= kSegmentedSize &&
-                     flat_digest_of(content->bytes()) == digest)) {
-            // (A big file stored before schema 3 keeps its flat digest.)
+        } else if (!ops::is_flat_address(digest, {content->bytes()}) &&
+                   !(digest_of(content->bytes()) == digest)) {
+            // A flat blob's address is the flat digest of its bytes (a big file stored
+            // before schema 3 kept its flat digest too) or an alternative address.
             problem(fmt::format("blob {}: content does not match its digest", digest.hex()));
             damaged[digest] = true;
         }
