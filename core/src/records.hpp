@@ -13,6 +13,7 @@
 #include "kcache/core/byte_reader.hpp"
 #include "kcache/core/byte_writer.hpp"
 #include "kcache/core/error.hpp"
+#include "kcache/core/misses.hpp"
 #include "kcache/core/store.hpp"
 #include "kcache/core/types.hpp"
 
@@ -194,5 +195,27 @@ class Reader {
   private:
     ByteReader m_in;
 };
+
+// ---- the misses' tables (schema 4; kcache/core/misses.hpp) -----------------------
+// `misses`: u64_key(seq) -> a classified Miss (format 2; format 1, before misses were
+// explained across nodes, decodes without the compared host and namespace).
+// `evictions`: an evicted or removed entry's name -> its Eviction, until the name is
+// classified as a capacity miss. A damaged record of either is EIO (misses.hpp), not
+// kCorruptDb: the classifier's tables are evidence, not the cache.
+//
+// A miss record keeps lines and values up to kMaxLineBytes: cut_line cuts a longer one
+// to that, "..." at its end; names are cut to kMaxPathLength, the family to 1,000 bytes.
+std::string cut_line(std::string_view line);
+std::string encode(const Miss& miss);  // seq is the key, not encoded
+Result<Miss> decode_miss(std::uint64_t seq, std::string_view bytes);
+
+struct Eviction {
+    std::uint64_t seq = 0;  // the evict or remove event's
+    std::int64_t time_ns = 0;
+    Ino entry = 0;
+    EventKind why = EventKind::evict;  // evict or remove
+};
+std::string encode(const Eviction& eviction);
+Result<Eviction> decode_eviction(std::string_view bytes);
 
 }  // namespace kcache::core::records

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kcache/core/bundle.hpp"
+#include "kcache/core/misses.hpp"
 #include "kcache/core/store.hpp"
 #include "records.hpp"
 
@@ -70,21 +71,9 @@ std::string bundle_of(const fs::path& tmp, std::uint32_t depth,
     return read(out);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: make_seeds CORPUS_DIR\n");
-        return 2;
-    }
-    const fs::path corpus = argv[1];
-    const fs::path tmp = fs::temp_directory_path() / ("kcache-seeds-" + std::to_string(getpid()));
-    fs::create_directories(tmp);
-    fs::create_directories(corpus / "bundle");
-    fs::create_directories(corpus / "records");
+// Bundles: flags byte 0 (as exported), 2 (replace), 4/6 (depth-2 db).
+void bundle_seeds(const fs::path& corpus, const fs::path& tmp) {
     const auto origin = core::Origin::current();
-
-    // Bundles: flags byte 0 (as exported), 2 (replace), 4/6 (depth-2 db).
     const auto kernel = bundle_of(tmp, 1, [&](core::WriteTxn& txn, core::Ino root) {
         const auto k1 = must(txn.mkdir(root, "k1", 0755, 0, 0)).ino;
         const auto f = must(txn.create(k1, "kernel.cubin", 0644, 0, 0, true)).ino;
@@ -118,8 +107,10 @@ int main(int argc, char** argv) {
     });
     write(corpus / "bundle" / "grouped", '\4', grouped);
     write(corpus / "bundle" / "grouped_replace", '\6', grouped);
+}
 
-    // Records: selector = decoder index in fuzz_records.cpp.
+// Records: selector = decoder index in fuzz_records.cpp.
+void record_seeds(const fs::path& corpus) {
     records::Inode inode;
     inode.mode = 0100644;
     inode.size = 5;
@@ -176,7 +167,55 @@ int main(int argc, char** argv) {
     dictionary.sample_bytes = 1699936;
     dictionary.created_ns = 1'700'000'000'000'000'000;
     write(corpus / "records" / "dictionary", '\10', records::encode(dictionary));
+}
 
+// The misses' tables: a miss explained by a family member, a capacity miss, an eviction.
+void miss_seeds(const fs::path& corpus) {
+    core::Miss miss;
+    miss.time_ns = 1'700'000'000'000'000'000;
+    miss.entry = 5;
+    miss.name = "triton/0123abcd";
+    miss.producer = core::Producer::triton;
+    miss.family = "triton:add_kernel";
+    miss.cause = core::MissCause::changed_key;
+    miss.stored_bytes = 8192;
+    miss.compared = 4;
+    miss.compared_name = "triton/4567cdef";
+    miss.fields.push_back({"{key}/add_kernel.json", "num_warps", "4", "8"});
+    miss.lines.push_back({"{key}/add_kernel.ttir", 12, "%0 = tt.load %a", "%0 = tt.load %b"});
+    miss.compared_host = "node-a";
+    miss.compared_namespace = "default";
+    write(corpus / "records" / "miss", '\11', records::encode(miss));
+    core::Miss capacity;
+    capacity.time_ns = 1'700'000'000'000'000'000;
+    capacity.entry = 6;
+    capacity.name = "inductor/fxgraph/ab/cdef";
+    capacity.producer = core::Producer::inductor;
+    capacity.cause = core::MissCause::capacity;
+    capacity.gone_ns = 1'699'999'999'000'000'000;
+    capacity.gone_why = "evicted (the size bound, kcache evict or clear)";
+    capacity.stack_distance = 1 << 20;
+    write(corpus / "records" / "miss_capacity", '\11', records::encode(capacity));
+    write(corpus / "records" / "eviction", '\12',
+          records::encode(
+              records::Eviction{41, 1'699'999'999'000'000'000, 6, core::EventKind::evict}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: make_seeds CORPUS_DIR\n");
+        return 2;
+    }
+    const fs::path corpus = argv[1];
+    const fs::path tmp = fs::temp_directory_path() / ("kcache-seeds-" + std::to_string(getpid()));
+    fs::create_directories(tmp);
+    fs::create_directories(corpus / "bundle");
+    fs::create_directories(corpus / "records");
+    bundle_seeds(corpus, tmp);
+    record_seeds(corpus);
+    miss_seeds(corpus);
     fs::remove_all(tmp);
     return 0;
 }
