@@ -591,10 +591,12 @@ bool Filesystem::answer_resent(fuse_req_t req, int op, Ino parent, const char* n
     const bool holds = at && at->ino == *ino;
     switch (which) {
         case resend::Op::mkdir:
+        case resend::Op::mknod:
         case resend::Op::symlink:
+        case resend::Op::link:  // `parent` and `name`: the new name's
             if (!holds) return false;
             log::info("a resent {} of {} was done by the previous daemon: answered as it was",
-                      which == resend::Op::mkdir ? "mkdir" : "symlink", name);
+                      resend::name_of(which), name);
             reply_entry(req, *at);
             return true;
         case resend::Op::unlink:

@@ -6,26 +6,33 @@
 #include <sys/stat.h>
 
 #include "filesystem.hpp"
+#include "resend.hpp"
 
 namespace kcache::fsd {
 
 void Filesystem::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                        dev_t rdev) {
+    if (answer_resent(req, static_cast<int>(resend::Op::mknod), parent, name)) return;
     make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        return txn.mknod(parent, name, mode, rdev, ctx.uid, ctx.gid);
+        auto made = txn.mknod(parent, name, mode, rdev, ctx.uid, ctx.gid);
+        if (made) resend::record(resend::Op::mknod, made->ino);
+        return made;
     });
 }
 
 void Filesystem::link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
     // A name in another entry is EXDEV (core: an eviction removes an entry whole and
     // exactly); the kernel adds the name and counts the link itself on success.
+    if (answer_resent(req, static_cast<int>(resend::Op::link), new_parent, new_name)) return;
     core::Attr attr;
     auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
         auto made = KCACHE_TRY(txn.link(ino, new_parent, new_name));
+        resend::record(resend::Op::link, made.ino);
         attr = made;
         return {};
     });
     if (!s) return reply_error(req, s.error());
+    resend::after_commit();
     reply_entry(req, attr);
 }
 

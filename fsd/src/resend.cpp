@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "log.hpp"
@@ -19,15 +20,15 @@ bool g_fault_any_outcome = false;  // kill_before_reply: not only after a commit
 thread_local std::uint64_t t_unique = 0;
 thread_local Op t_recorded = Op::none;  // by the current request
 
+// By Op's value: the fault point's spelling and the log's.
+constexpr const char* kOpNames[] = {"none",        "mkdir", "symlink", "create",
+                                    "unlink",      "rmdir", "rename",  "setxattr",
+                                    "removexattr", "mknod", "link"};
+static_assert(std::size(kOpNames) == static_cast<std::size_t>(Op::link) + 1);
+
 Op parse_op(const std::string& name) {
-    if (name == "mkdir") return Op::mkdir;
-    if (name == "symlink") return Op::symlink;
-    if (name == "create") return Op::create;
-    if (name == "unlink") return Op::unlink;
-    if (name == "rmdir") return Op::rmdir;
-    if (name == "rename") return Op::rename;
-    if (name == "setxattr") return Op::setxattr;
-    if (name == "removexattr") return Op::removexattr;
+    for (std::size_t i = 1; i < std::size(kOpNames); ++i)
+        if (name == kOpNames[i]) return static_cast<Op>(i);
     return Op::none;
 }
 
@@ -37,6 +38,11 @@ AnswerRecord& slot_of(std::uint64_t unique) {
 }
 
 }  // namespace
+
+const char* name_of(Op op) {
+    const auto i = static_cast<std::size_t>(op);
+    return i < std::size(kOpNames) ? kOpNames[i] : "?";
+}
 
 void attach(StateFile& state) {
     g_state = &state;

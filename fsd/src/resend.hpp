@@ -1,7 +1,7 @@
 // Resent requests answered once (issue 20): a request the dead daemon had read comes
 // to its successor again (takeover.hpp, bit 63 of `unique`). Idempotent ones are
-// simply redone. A non-idempotent one (mkdir, symlink, an O_EXCL create, unlink,
-// rmdir, rename, an XATTR_CREATE setxattr, removexattr) whose change the dead daemon
+// simply redone. A non-idempotent one (mkdir, mknod, symlink, link, an O_EXCL create,
+// unlink, rmdir, rename, an XATTR_CREATE setxattr, removexattr) whose change the dead daemon
 // had committed must get that change's answer, not the one a redo would give (EEXIST
 // to the creator of a lock file, ENOENT to the renamer, ENODATA to the remover): so
 // each records, inside its write transaction before the commit, its request's unique
@@ -18,10 +18,10 @@
 // the unique of the request a thread is about to process (set_current); the handler
 // runs on that thread (libfuse processes a request on the thread that read it).
 //
-// Fault point for tests: KCACHE_FSD_FAULT=kill_after_commit=OP (OP: mkdir, symlink,
-// create, unlink, rmdir, rename, setxattr, removexattr) kills the daemon (SIGKILL) after the commit
-// of the first OP on the mount and before its reply; once per mount (the state remembers).
-// KCACHE_FSD_FAULT=kill_before_reply=OP (OP: setxattr, removexattr) kills it before the
+// Fault point for tests: KCACHE_FSD_FAULT=kill_after_commit=OP (OP: mkdir, mknod,
+// symlink, link, create, unlink, rmdir, rename, setxattr, removexattr) kills the daemon (SIGKILL)
+// after the commit of the first OP on the mount and before its reply; once per mount (the state
+// remembers). KCACHE_FSD_FAULT=kill_before_reply=OP (OP: setxattr, removexattr) kills it before the
 // reply of the first OP whatever its outcome, a failed one included (which commits
 // nothing): the request is resent with no record.
 #pragma once
@@ -43,9 +43,13 @@ enum class Op : std::uint8_t {
     rmdir,
     rename,
     setxattr,
-    removexattr
+    removexattr,
+    mknod,
+    link
 };
 
+// The operation's name, as the fault point and the log spell it.
+const char* name_of(Op op);
 // Where answers are recorded (the daemon's state); before the first request.
 void attach(StateFile& state);
 // The request this thread processes next (its unique as the kernel sent it).

@@ -345,6 +345,15 @@ def first_different_results(killed, plain):
     return "\n".join(text) or "every operation's result was the same"
 
 
+def history(lines, path, most=12):
+    """The last operations (-v lines) that name the file `path` names (its last
+    component: fsstress logs paths relative to its process's directory): what changed a
+    file whose content differs, though no result did."""
+    name = os.path.basename(path)
+    named = [line for line in lines if re.search(rf"/{re.escape(name)}\b|\b{re.escape(name)}\[", line)]
+    return named[-most:]
+
+
 def run_kills(args, tools, mount, plain):
     fsstress = os.path.join(tools, "fsstress")
     listed = parse_differences(args.differences, fsstress_ops(fsstress))
@@ -403,6 +412,11 @@ def run_kills(args, tools, mount, plain):
         for p in differ[:20]:
             print(f"  {p}: mount {mine.get(p)}, plain {theirs.get(p)}")
         print(first_different_results(out, out_p))
+        for p in differ[:2]:
+            print(f"the operations on {os.path.basename(p)}, without kills:")
+            print("\n".join("    " + line for line in history(out_p, p)))
+            print(f"under kills:")
+            print("\n".join("    " + line for line in history(out, p)))
         # What the daemons said about writers they could not carry over.
         said = [line for line in mount.log().splitlines()
                 if " warning: " in line or (" error: " in line and "keeper:" not in line)]

@@ -1126,6 +1126,25 @@ TEST_CASE("takeover: a resent non-idempotent request gets its first answer",
         m.ok(::rmdir(m.cache->p("d").c_str()), "rmdir");  // not ENOENT
         m.check_taken_over();
     }
+    SECTION("mknod") {
+        FaultyMount m("mknod");
+        m.ok(::mknod(m.cache->p("fifo").c_str(), S_IFIFO | 0644, 0), "mknod");  // not EEXIST
+        m.check_taken_over();
+        struct stat st {};
+        REQUIRE_SYS(::lstat(m.cache->p("fifo").c_str(), &st));
+        CHECK(S_ISFIFO(st.st_mode));
+    }
+    SECTION("link") {
+        FaultyMount m("link");
+        REQUIRE_SYS(::mkdir(m.cache->p("k").c_str(), 0755));  // one entry: links stay inside
+        REQUIRE(write_all(m.cache->p("k/f"), "content") == 0);
+        m.ok(::link(m.cache->p("k/f").c_str(), m.cache->p("k/g").c_str()), "link");  // not EEXIST
+        m.check_taken_over();
+        CHECK(read_all(m.cache->p("k/g")) == std::optional<std::string>("content"));
+        struct stat st {};
+        REQUIRE_SYS(::stat(m.cache->p("k/f").c_str(), &st));
+        CHECK(st.st_nlink == 2);
+    }
     SECTION("setxattr XATTR_CREATE") {
         FaultyMount m("setxattr");
         REQUIRE(write_all(m.cache->p("f"), "content") == 0);
