@@ -180,6 +180,17 @@ using Writer = ByteWriter;
 
 // Reading is kcache/core/byte_reader.hpp's ByteReader (the one bounds-checked reader
 // of records, bundles and the loader's parsers).
+// A u16 / u32 length-prefixed string into `out`; all or nothing, as ByteReader's.
+inline Status str16(ByteReader& r, std::string& out) {
+    auto s = KCACHE_TRY(r.str16());
+    out.assign(s);
+    return {};
+}
+inline Status str32(ByteReader& r, std::string& out) {
+    auto s = KCACHE_TRY(r.str32());
+    out.assign(s);
+    return {};
+}
 
 // Legacy shim for two callers outside this change (entries.cpp: a lease count,
 // stats.cpp: a counter) that check the value's size (4, 8) before reading it; what they
@@ -196,7 +207,7 @@ class Reader {
     ByteReader m_in;
 };
 
-// ---- the misses' tables (schema 4; kcache/core/misses.hpp) -----------------------
+// ---- the misses' tables (schema 4; kcache/core/misses.hpp; records_misses.cpp) ----
 // `misses`: u64_key(seq) -> a classified Miss (format 2; format 1, before misses were
 // explained across nodes, decodes without the compared host and namespace).
 // `evictions`: an evicted or removed entry's name -> its Eviction, until the name is
