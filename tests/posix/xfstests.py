@@ -345,13 +345,29 @@ def first_different_results(killed, plain):
     return "\n".join(text) or "every operation's result was the same"
 
 
-def history(lines, path, most=12):
-    """The last operations (-v lines) that name the file `path` names (its last
-    component: fsstress logs paths relative to its process's directory): what changed a
-    file whose content differs, though no result did."""
+def history(lines, path):
+    """The operations (-v lines, inode numbers masked) of the process whose directory
+    holds `path` that name its file (by its last component: fsstress logs paths relative
+    to its process's directory)."""
     name = os.path.basename(path)
-    named = [line for line in lines if re.search(rf"/{re.escape(name)}\b|\b{re.escape(name)}\[", line)]
-    return named[-most:]
+    pattern = re.compile(rf"/{re.escape(name)}\b|\b{re.escape(name)}\[")
+    # Process N works in pN/: its own lines only (the processes' lines interleave).
+    proc = path.split(os.sep)[0][1:] + "/"
+    return [re.sub(r"\[-?\d+ (\d+ \d+ \d+ - \d+)\]", r"[ino \1]", line)
+            for line in lines if line.startswith(proc) and pattern.search(line)]
+
+
+def first_different_history(killed, plain, path, context=8):
+    """Around the first operation on `path` whose line differs between the runs: what
+    changed a file whose content differs, though no result did."""
+    a, b = history(killed, path), history(plain, path)
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lines = [f"the operations on {os.path.basename(path)} up to the first that differs "
+             f"(#{at}), without kills:"]
+    lines += ["    " + line for line in b[max(0, at - context):at + 2]]
+    lines.append("under kills:")
+    lines += ["    " + line for line in a[max(0, at - context):at + 2]]
+    return "\n".join(lines)
 
 
 def run_kills(args, tools, mount, plain):
@@ -413,10 +429,7 @@ def run_kills(args, tools, mount, plain):
             print(f"  {p}: mount {mine.get(p)}, plain {theirs.get(p)}")
         print(first_different_results(out, out_p))
         for p in differ[:2]:
-            print(f"the operations on {os.path.basename(p)}, without kills:")
-            print("\n".join("    " + line for line in history(out_p, p)))
-            print(f"under kills:")
-            print("\n".join("    " + line for line in history(out, p)))
+            print(first_different_history(out, out_p, p))
         # What the daemons said about writers they could not carry over.
         said = [line for line in mount.log().splitlines()
                 if " warning: " in line or (" error: " in line and "keeper:" not in line)]
