@@ -242,11 +242,11 @@ std::optional<std::string> Keeper::start_daemon() {
     std::string message;
     char buf[512];
     for (;;) {
-        std::vector<int> fds;  // the daemon's lock file, with its "ready"
-        const ssize_t n = receive_with_fds(ready[0], buf, sizeof buf, fds);
+        std::vector<int> passed;  // the daemon's lock file, with its "ready"
+        const ssize_t n = receive_with_fds(ready[0], buf, sizeof buf, passed);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
-        for (const int fd : fds) {
+        for (const int fd : passed) {
             if (m_lock_fd < 0)
                 m_lock_fd = fd;
             else
