@@ -108,8 +108,13 @@ std::uint64_t stat_of(const MountedCache& m, const std::string& name) {
 
 // Waits (a hang guard, not a timing check) until mount A has uploaded `n` entries.
 void wait_uploads(const MountedCache& a, std::uint64_t n) {
+    const bool uploaded = test::wait_until([&] { return stat_of(a, "remote_uploads") >= n; }, 30);
+    // What the daemon said and counted meanwhile (read now, not before the wait).
     INFO(a.daemon_stderr());
-    REQUIRE(test::wait_until([&] { return stat_of(a, "remote_uploads") >= n; }, 30));
+    INFO("remote_upload_queued " << stat_of(a, "remote_upload_queued") << ", remote_errors "
+                                 << stat_of(a, "remote_errors") << ", remote_upload_dropped "
+                                 << stat_of(a, "remote_upload_dropped"));
+    REQUIRE(uploaded);
 }
 
 }  // namespace
