@@ -5,21 +5,21 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/byte_writer.hpp"
+
 namespace kcache::bench {
 
 namespace {
 
+// Little-endian fields, as core writes its own (ByteWriter).
 void append_u16(std::string& out, std::uint32_t v) {
-    out.push_back(static_cast<char>(v & 0xff));
-    out.push_back(static_cast<char>((v >> 8) & 0xff));
+    core::ByteWriter(out).u16(static_cast<std::uint16_t>(v & 0xffff));
 }
 void append_u32(std::string& out, std::uint32_t v) {
-    append_u16(out, v & 0xffff);
-    append_u16(out, v >> 16);
+    core::ByteWriter(out).u32(v);
 }
 void append_u64(std::string& out, std::uint64_t v) {
-    append_u32(out, static_cast<std::uint32_t>(v & 0xffffffffu));
-    append_u32(out, static_cast<std::uint32_t>(v >> 32));
+    core::ByteWriter(out).u64(v);
 }
 
 std::string kernel_name(Rng& rng) {
