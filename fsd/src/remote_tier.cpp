@@ -25,26 +25,6 @@ std::vector<std::string_view> split_path(std::string_view path) {
     return parts;
 }
 
-remote::Counts minus(const remote::Counts& a, const remote::Counts& b) {
-    remote::Counts d;
-    d.hits = a.hits - b.hits;
-    d.misses = a.misses - b.misses;
-    d.errors = a.errors - b.errors;
-    d.timeouts = a.timeouts - b.timeouts;
-    d.corrupt = a.corrupt - b.corrupt;
-    d.dangling = a.dangling - b.dangling;
-    d.bytes_up = a.bytes_up - b.bytes_up;
-    d.bytes_down = a.bytes_down - b.bytes_down;
-    d.uploads = a.uploads - b.uploads;
-    d.upload_skipped = a.upload_skipped - b.upload_skipped;
-    d.family_errors = a.family_errors - b.family_errors;
-    d.rejected_unsigned = a.rejected_unsigned - b.rejected_unsigned;
-    d.rejected_untrusted = a.rejected_untrusted - b.rejected_untrusted;
-    d.rejected_revoked = a.rejected_revoked - b.rejected_revoked;
-    d.rejected_bad = a.rejected_bad - b.rejected_bad;
-    return d;
-}
-
 std::string lease_owner() {
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
@@ -583,7 +563,7 @@ void RemoteTier::run_timer() {
 void RemoteTier::record_counts() {
     MutexLock lock(m_record_mutex);
     const remote::Counts now = m_remote->counts();
-    const remote::Counts delta = minus(now, m_recorded);
+    const remote::Counts delta = now - m_recorded;
     const std::uint64_t queued = m_queued.load(), dropped = m_dropped.load();
     const std::uint64_t dq = queued - m_recorded_queued, dd = dropped - m_recorded_dropped;
     const std::uint64_t prefetched = m_prefetched.load(),
@@ -594,11 +574,7 @@ void RemoteTier::record_counts() {
                         lease_timeouts = m_lease_timeouts.load();
     const std::uint64_t dlw = lease_waits - m_recorded_lease_waits,
                         dlt = lease_timeouts - m_recorded_lease_timeouts;
-    const bool any = dq || dd || dp || dpb || dlw || dlt || delta.hits || delta.misses ||
-                     delta.errors || delta.timeouts || delta.corrupt || delta.dangling ||
-                     delta.bytes_up || delta.bytes_down || delta.uploads || delta.upload_skipped ||
-                     delta.family_errors || delta.rejected_unsigned || delta.rejected_untrusted ||
-                     delta.rejected_revoked || delta.rejected_bad;
+    const bool any = dq || dd || dp || dpb || dlw || dlt || delta.any();
     if (!any) return;
     if (auto s = remote::record_counts(m_store, delta); !s) {
         log::warning("remote: recording statistics: {}", s.error().message);

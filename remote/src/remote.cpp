@@ -447,24 +447,48 @@ std::size_t Remote::probe() {
     return tried;
 }
 
-Counts Remote::counts() const {
+namespace {
+
+// Whether kStatistics has a remote statistic `name` for `id` (the row KCACHE_REMOTE_COUNTS
+// names): checked at compile time for every counter, below.
+constexpr bool remote_statistic(core::Counter id, std::string_view name) {
+    for (const core::StatisticField& f : core::kStatistics) {
+        if (f.id == id) return f.name == name && (f.counted_by & core::by_remote) != 0;
+    }
+    return false;
+}
+#define KCACHE_REMOTE_COUNT_ROW(name)                                              \
+    static_assert(remote_statistic(core::Counter::remote_##name, "remote_" #name), \
+                  "KCACHE_REMOTE_COUNTS: no by_remote row remote_" #name " in kStatistics");
+KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_ROW)
+#undef KCACHE_REMOTE_COUNT_ROW
+
+}  // namespace
+
+Counts AtomicCounts::load() const {
     Counts c;
-    c.hits = m_counts.hits.load();
-    c.misses = m_counts.misses.load();
-    c.errors = m_counts.errors.load();
-    c.timeouts = m_counts.timeouts.load();
-    c.corrupt = m_counts.corrupt.load();
-    c.dangling = m_counts.dangling.load();
-    c.bytes_up = m_counts.bytes_up.load();
-    c.bytes_down = m_counts.bytes_down.load();
-    c.uploads = m_counts.uploads.load();
-    c.upload_skipped = m_counts.upload_skipped.load();
-    c.family_errors = m_counts.family_errors.load();
-    c.rejected_unsigned = m_counts.rejected_unsigned.load();
-    c.rejected_untrusted = m_counts.rejected_untrusted.load();
-    c.rejected_revoked = m_counts.rejected_revoked.load();
-    c.rejected_bad = m_counts.rejected_bad.load();
+#define KCACHE_REMOTE_COUNT_LOAD(name) c.name = name.load();
+    KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_LOAD)
+#undef KCACHE_REMOTE_COUNT_LOAD
     return c;
+}
+
+Counts Counts::operator-(const Counts& earlier) const {
+    Counts d;
+#define KCACHE_REMOTE_COUNT_MINUS(name) d.name = name - earlier.name;
+    KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_MINUS)
+#undef KCACHE_REMOTE_COUNT_MINUS
+    return d;
+}
+
+bool Counts::any() const {
+#define KCACHE_REMOTE_COUNT_ANY(name) name != 0 ||
+    return KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_ANY) false;
+#undef KCACHE_REMOTE_COUNT_ANY
+}
+
+Counts Remote::counts() const {
+    return m_counts.load();
 }
 
 std::vector<ServerState> Remote::servers() {
@@ -488,21 +512,9 @@ std::vector<ServerState> Remote::servers() {
 Status record_counts(core::Store& store, const Counts& c) {
     using core::Counter;
     const std::pair<Counter, std::uint64_t> deltas[] = {
-        {Counter::remote_hits, c.hits},
-        {Counter::remote_misses, c.misses},
-        {Counter::remote_errors, c.errors},
-        {Counter::remote_timeouts, c.timeouts},
-        {Counter::remote_corrupt, c.corrupt},
-        {Counter::remote_dangling, c.dangling},
-        {Counter::remote_bytes_up, c.bytes_up},
-        {Counter::remote_bytes_down, c.bytes_down},
-        {Counter::remote_uploads, c.uploads},
-        {Counter::remote_upload_skipped, c.upload_skipped},
-        {Counter::remote_family_errors, c.family_errors},
-        {Counter::remote_rejected_unsigned, c.rejected_unsigned},
-        {Counter::remote_rejected_untrusted, c.rejected_untrusted},
-        {Counter::remote_rejected_revoked, c.rejected_revoked},
-        {Counter::remote_rejected_bad, c.rejected_bad},
+#define KCACHE_REMOTE_COUNT_DELTA(name) {Counter::remote_##name, c.name},
+        KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_DELTA)
+#undef KCACHE_REMOTE_COUNT_DELTA
     };
     return store.update([&](core::WriteTxn& txn) -> Status {
         for (const auto& [counter, delta] : deltas) {

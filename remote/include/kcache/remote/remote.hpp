@@ -130,15 +130,45 @@ struct Options {
 // certificate without its key (or a key without its certificate).
 Status validate(const Options& options);
 
-// What a Remote has done since it was made. Add them to a db's statistics with
-// record_counts(); the names match core::Counter's remote_* counters.
+// What a Remote has done since it was made, one row per counter: `name` is the field of
+// Counts and AtomicCounts, and core::Counter::remote_<name> its statistic (a row of
+// core's kStatistics, statistics.hpp). Adding a counter: its row in kStatistics, then
+// one line here; Counts, AtomicCounts, their difference and record_counts() follow.
+#define KCACHE_REMOTE_COUNTS(X)                                                      \
+    X(hits)                                                                          \
+    X(misses)                                                                        \
+    X(errors)                                                                        \
+    X(timeouts)                                                                      \
+    X(corrupt)                                                                       \
+    X(dangling)                                                                      \
+    X(bytes_up)                                                                      \
+    X(bytes_down)                                                                    \
+    X(uploads)                                                                       \
+    X(upload_skipped)                                                                \
+    X(family_errors)     /* family members not recorded or not read */               \
+    X(rejected_unsigned) /* pulls refused by the trust policy (Outcome::rejected) */ \
+    X(rejected_untrusted)                                                            \
+    X(rejected_revoked)                                                              \
+    X(rejected_bad)
+
+// A snapshot of the counts (Remote::counts()). Add them to a db's statistics with
+// record_counts().
 struct Counts {
-    std::uint64_t hits = 0, misses = 0, errors = 0, timeouts = 0, corrupt = 0, dangling = 0,
-                  bytes_up = 0, bytes_down = 0, uploads = 0, upload_skipped = 0,
-                  family_errors = 0;  // family members not recorded or not read
-    // pulls refused by the trust policy (Outcome::rejected), by cause
-    std::uint64_t rejected_unsigned = 0, rejected_untrusted = 0, rejected_revoked = 0,
-                  rejected_bad = 0;
+#define KCACHE_REMOTE_COUNT_FIELD(name) std::uint64_t name = 0;
+    KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_FIELD)
+#undef KCACHE_REMOTE_COUNT_FIELD
+    // What happened since `earlier` (a snapshot of the same Remote), counter by counter.
+    Counts operator-(const Counts& earlier) const;
+    // Whether any counter is non-zero.
+    bool any() const;
+};
+
+// The counts as a Remote keeps them: each counter atomic, added to from any thread.
+struct AtomicCounts {
+#define KCACHE_REMOTE_COUNT_FIELD(name) std::atomic<std::uint64_t> name{0};
+    KCACHE_REMOTE_COUNTS(KCACHE_REMOTE_COUNT_FIELD)
+#undef KCACHE_REMOTE_COUNT_FIELD
+    Counts load() const;
 };
 
 enum class Outcome : std::uint8_t {
@@ -368,12 +398,6 @@ class Remote {
     struct FrameDictionaries;  // by digest (pull.cpp)
     void resolve_frames(core::Store& store, std::vector<Wanted*>& blobs,
                         FrameDictionaries& dictionaries);
-    struct AtomicCounts {
-        std::atomic<std::uint64_t> hits{0}, misses{0}, errors{0}, timeouts{0}, corrupt{0},
-            dangling{0}, bytes_up{0}, bytes_down{0}, uploads{0}, upload_skipped{0},
-            family_errors{0}, rejected_unsigned{0}, rejected_untrusted{0}, rejected_revoked{0},
-            rejected_bad{0};
-    };
     // A rejected item's outcome, cause and count (pull.cpp).
     void reject(PullItem& item, Rejection why, std::string detail);
     Options m_options;
