@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +27,18 @@ namespace kcache::core {
 using records::BlobRef;
 using records::Codec;
 using records::Inode;
+
+namespace {
+std::atomic<bool> g_content_checks{true};
+}  // namespace
+
+void set_content_checks(bool on) {
+    g_content_checks.store(on, std::memory_order_relaxed);
+}
+
+bool content_checks() {
+    return g_content_checks.load(std::memory_order_relaxed);
+}
 
 namespace {
 

@@ -1,12 +1,11 @@
-// Entries: their records and accounting, the LRU index, write leases, hits, pins and
-// eviction.
+// Entries: their records and accounting, the LRU index, write leases, hits and pins
+// (eviction, which removes their files: eviction.cpp).
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -40,26 +39,6 @@ Result<bool> file_in_flight(const Tx& tx, Ino file) {
 bool no_leases(const Tx& tx) {
     MDB_stat st{};
     return mdb_stat(tx.txn, tx.db.leases, &st) == 0 && st.ms_entries == 0;
-}
-
-Result<bool> entry_in_flight(const Tx& tx, Ino entry_ino) {
-    if (no_leases(tx)) return false;  // the common case costs one stat
-    auto entry = KCACHE_TRY(tx.entry(entry_ino));
-    std::vector<Ino> work;
-    KCACHE_TRY(ops::for_each_member(tx, entry, [&](const Inode& member) {
-        work.push_back(member.ino);
-        return true;
-    }));
-    while (!work.empty()) {
-        const Ino ino = work.back();
-        work.pop_back();
-        auto live = file_in_flight(tx, ino);
-        if (!live) return live;
-        if (*live) return true;
-        auto children = KCACHE_TRY(tx.children(ino));
-        for (const auto& [name, d] : children) work.push_back(d.child);
-    }
-    return false;
 }
 
 Result<Inode> regular_file(const Tx& tx, Ino file) {
@@ -202,6 +181,46 @@ Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::
     return tx.log(why, entry_ino, parent, name);
 }
 
+// After `node` left stem entry `entry_ino` (removed, or moved elsewhere): the entry
+// goes when no file of it is left, unless `keep` (a rename replaces its file).
+Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, bool keep) {
+    auto entry = KCACHE_TRY(tx.find_entry_record(entry_ino));
+    if (!entry || entry->kind != EntryKind::stem) return {};
+    // Another process evicted it: the daemon must forget this file's name too.
+    if (why == EventKind::evict) {
+        if (auto s = tx.log(EventKind::member, entry_ino, node.parent, node.name); !s) return s;
+    }
+    if (keep) return {};
+    bool empty = true;
+    auto s = ops::for_each_member(tx, *entry, [&](const Inode&) {
+        empty = false;
+        return false;
+    });
+    if (!s) return s;
+    if (!empty) return {};
+    return ops::drop_entry_record(tx, entry_ino, why, entry->parent, entry->stem);
+}
+
+Result<bool> entry_in_flight(const Tx& tx, Ino entry_ino) {
+    if (no_leases(tx)) return false;  // the common case costs one stat
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
+    std::vector<Ino> work;
+    KCACHE_TRY(ops::for_each_member(tx, entry, [&](const Inode& member) {
+        work.push_back(member.ino);
+        return true;
+    }));
+    while (!work.empty()) {
+        const Ino ino = work.back();
+        work.pop_back();
+        auto live = file_in_flight(tx, ino);
+        if (!live) return live;
+        if (*live) return true;
+        auto children = KCACHE_TRY(tx.children(ino));
+        for (const auto& [name, d] : children) work.push_back(d.child);
+    }
+    return false;
+}
+
 Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time) {
     if (!entry.pinned && new_time != entry.last_access_ns) {
         if (auto s = tx.del(tx.db.lru, records::lru_key(entry.last_access_ns, entry.ino)); !s)
@@ -253,28 +272,6 @@ Result<EntryInfo> Txn::entry(Ino entry) const {
     return TxnAccess::tx(*this).entry(entry);
 }
 
-Result<EntryInfo> Txn::find_entry(std::string_view name) const {
-    Tx tx = TxnAccess::tx(*this);
-    std::optional<Ino> id;
-    if (auto ino = resolve(name); ino) {
-        auto record = KCACHE_TRY(tx.find_entry_record(*ino));
-        if (record) return std::move(*record);
-    } else if (ino.error().code != ENOENT) {
-        return tl::unexpected(ino.error());
-    }
-    // A stem entry: its name is the directory's path and the stem its files share.
-    const auto slash = name.rfind('/');
-    const std::string_view dir =
-        slash == std::string_view::npos ? std::string_view{} : name.substr(0, slash);
-    const std::string_view stem = slash == std::string_view::npos ? name : name.substr(slash + 1);
-    if (auto parent = resolve(dir); parent && !stem.empty()) {
-        auto found = KCACHE_TRY(ops::find_stem_entry(tx, *parent, stem));
-        id = found;
-    }
-    if (!id) return fail(ENOENT, fmt::format("'{}' is not a cache entry", name));
-    return tx.entry(*id);
-}
-
 Status Txn::for_each_entry(const std::function<bool(const EntryInfo&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
     return tx.scan_checked(
@@ -292,7 +289,7 @@ Status Txn::for_each_lru(const std::function<bool(const EntryInfo&)>& fn) const 
 }
 
 Result<bool> Txn::in_flight(Ino entry) const {
-    return entry_in_flight(TxnAccess::tx(*this), entry);
+    return ops::entry_in_flight(TxnAccess::tx(*this), entry);
 }
 
 // ---- writes -------------------------------------------------------------------------
@@ -335,128 +332,6 @@ Status WriteTxn::set_pinned(Ino entry_ino, bool pinned) {
     if (auto s = tx.put_entry(entry); !s) return s;
     const auto [parent, name] = ops::event_target(tx, entry);
     return tx.log(pinned ? EventKind::pin : EventKind::unpin, entry_ino, parent, name);
-}
-
-Status WriteTxn::evict_entry(Ino entry_ino, bool force) {
-    Tx tx = TxnAccess::tx(*this);
-    auto entry = KCACHE_TRY(tx.entry(entry_ino));
-    if (entry.pinned && !force) return fail(EPERM, fmt::format("entry '{}' is pinned", entry.name));
-    if (!force) {
-        auto busy = KCACHE_TRY(entry_in_flight(tx, entry_ino));
-        if (busy) return fail(EBUSY, fmt::format("entry '{}' has a write in flight", entry.name));
-    }
-    // Whole or nothing: every member goes in this transaction. A stem entry's record
-    // goes with its last file (logging the evict event), a directory's with it.
-    std::vector<std::pair<Ino, std::string>> members;
-    auto listed = ops::for_each_member(tx, entry, [&](const Inode& member) {
-        members.emplace_back(member.parent, member.name);
-        return true;
-    });
-    if (!listed) return listed;
-    for (const auto& [parent, name] : members) {
-        if (auto s = ops::remove_subtree(tx, parent, name, EventKind::evict); !s) return s;
-    }
-    if (entry.kind == EntryKind::stem) {  // an entry with no file left (or none yet)
-        if (auto s =
-                ops::drop_entry_record(tx, entry_ino, EventKind::evict, entry.parent, entry.stem);
-            !s) {
-            return s;
-        }
-    }
-    if (auto s = tx.add(Counter::evicted_entries, 1); !s) return s;
-    return tx.add(Counter::evicted_bytes, static_cast<std::int64_t>(entry.bytes));
-}
-
-// ---- eviction -------------------------------------------------------------------------
-
-Result<EvictReport> Store::evict(const EvictRequest& request, const ProgressFn& progress) {
-    // Bounded transactions keep the writer lock short for the daemon and other tools.
-    constexpr std::size_t kBatch = 256;
-    EvictReport report;
-    const std::int64_t cutoff = request.older_than_ns ? now_ns() - *request.older_than_ns
-                                                      : std::numeric_limits<std::int64_t>::min();
-    auto over_bounds = [&](const Tx& tx) -> Result<bool> {
-        if (request.max_bytes) {
-            auto stored = KCACHE_TRY(tx.counter(Counter::stored_bytes));
-            if (stored > *request.max_bytes) return true;
-        }
-        if (request.max_entries) {
-            auto entries = KCACHE_TRY(tx.counter(Counter::entries));
-            if (entries > *request.max_entries) return true;
-        }
-        return false;
-    };
-    std::string resume;
-    std::uint64_t total = 0;
-    for (bool done = false; !done;) {
-        auto txn = KCACHE_TRY(write());
-        Tx tx = TxnAccess::tx(txn);
-        if (total == 0) {
-            auto n = KCACHE_TRY(tx.counter(Counter::entries));
-            total = n;
-        }
-        std::vector<std::string> batch;
-        KCACHE_TRY(tx.scan(tx.db.lru, {}, resume, [&](std::string_view key, std::string_view) {
-            batch.emplace_back(key);
-            return batch.size() < kBatch;
-        }));
-        done = batch.size() < kBatch;
-        for (const std::string& key : batch) {
-            const auto time = static_cast<std::int64_t>(records::u64_from_key(key));
-            auto over = KCACHE_TRY(over_bounds(tx));
-            if (!over && time >= cutoff) {
-                done = true;
-                break;
-            }
-            const Ino ino = records::u64_from_key(key.substr(8));
-            auto busy = KCACHE_TRY(entry_in_flight(tx, ino));
-            if (busy) {
-                ++report.skipped_in_flight;
-                continue;
-            }
-            auto entry = KCACHE_TRY(tx.entry(ino));
-            const auto stored_before = tx.counter(Counter::stored_bytes);
-            KCACHE_TRY(txn.evict_entry(ino, true));
-            const auto stored_after = tx.counter(Counter::stored_bytes);
-            if (stored_before && stored_after)
-                report.stored_bytes_freed += *stored_before - *stored_after;
-            ++report.entries;
-            report.bytes += entry.bytes;
-        }
-        if (!batch.empty()) resume = batch.back() + std::string(1, '\0');
-        KCACHE_TRY(txn.commit());
-        if (progress) progress(report.entries, total);
-    }
-    auto txn = KCACHE_TRY(read());
-    Tx tx = TxnAccess::tx(txn);
-    auto over = KCACHE_TRY(over_bounds(tx));
-    bool old_left = false;  // an entry idle longer than asked is still there (in flight)
-    if (request.older_than_ns) {
-        KCACHE_TRY(tx.scan(tx.db.lru, {}, {}, [&](std::string_view key, std::string_view) {
-            old_left = static_cast<std::int64_t>(records::u64_from_key(key)) < cutoff;
-            return false;
-        }));
-    }
-    report.satisfied = !over && !old_left;
-    return report;
-}
-
-Result<EvictReport> Store::enforce_limits() {
-    EvictRequest request;
-    {  // the snapshot ends before eviction starts writing
-        auto txn = KCACHE_TRY(read());
-        const Config& config = txn.config();
-        auto stored = KCACHE_TRY(txn.counter(Counter::stored_bytes));
-        auto entries = KCACHE_TRY(txn.counter(Counter::entries));
-        if (config.max_bytes && stored > config.max_bytes) {
-            request.max_bytes = config.max_bytes / 100 * config.low_mark_percent;
-        }
-        if (config.max_entries && entries > config.max_entries) {
-            request.max_entries = config.max_entries * config.low_mark_percent / 100;
-        }
-    }
-    if (!request.max_bytes && !request.max_entries) return EvictReport{};
-    return evict(request);
 }
 
 }  // namespace kcache::core

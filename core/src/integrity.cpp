@@ -1,12 +1,11 @@
-// Damage checks of a db: the content check's switch, the start-up walk, setting a
-// damaged db aside (kcache/core/integrity.hpp).
+// Damage checks of a db: the start-up walk, setting a damaged db aside
+// (kcache/core/integrity.hpp). The content check and its switch: content.cpp.
 #include "kcache/core/integrity.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -17,18 +16,6 @@
 #include "store_impl.hpp"
 
 namespace kcache::core {
-
-namespace {
-std::atomic<bool> g_content_checks{true};
-}  // namespace
-
-void set_content_checks(bool on) {
-    g_content_checks.store(on, std::memory_order_relaxed);
-}
-
-bool content_checks() {
-    return g_content_checks.load(std::memory_order_relaxed);
-}
 
 Status check_structure(const Store& store, bool deep) {
     auto txn = KCACHE_TRY(store.read());

@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "kcache/core/names.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -59,7 +58,7 @@ Status forget_name(Tx& tx, Inode& parent, const Inode& linked, std::string_view 
     node.nlink -= 1;
     node.ctime_ns = tx.now();
     KCACHE_TRY(tx.put_inode(node));
-    return touch_dir(tx, parent, 0);
+    return tx.touch_dir(parent, 0);
 }
 
 Status move_name(Tx& tx, Inode& node, Ino parent, std::string_view name, Ino new_parent,
@@ -99,34 +98,5 @@ Result<bool> holds_linked_node(const Tx& tx, Ino ino) {
 }
 
 }  // namespace ops
-
-Result<Attr> WriteTxn::link(Ino ino, Ino new_parent, std::string_view new_name) {
-    Tx tx = TxnAccess::tx(*this);
-    KCACHE_TRY(check_name(new_name));
-    auto node = KCACHE_TRY(tx.inode(ino));
-    auto dir = KCACHE_TRY(ops::directory(tx, new_parent));
-    auto existing = KCACHE_TRY(tx.child(new_parent, new_name));
-    if (existing) return fail(EEXIST, fmt::format("'{}' exists", new_name));
-    if ((node.mode & S_IFMT) == S_IFDIR)
-        return fail(EPERM, fmt::format("inode {} is a directory: no hard link to it", ino));
-    if (node.nlink >= kMaxLinks)
-        return fail(EMLINK, fmt::format("inode {} has {} names already", ino, node.nlink));
-    if (dir.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
-    const bool same_entry =
-        KCACHE_TRY(ops::would_be_in(tx, dir, new_name, file_type_of(node.mode), node.entry));
-    if (!same_entry) {
-        return fail(EXDEV, fmt::format("'{}' would be in another entry than inode {}: every name "
-                                       "of a node stays in its entry",
-                                       new_name, ino));
-    }
-    KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(new_parent, new_name),
-                      records::encode(records::Dirent{node.ino, file_type_of(node.mode)})));
-    KCACHE_TRY(tx.put(tx.db.links, records::link_key(node.ino, new_parent, new_name), {}));
-    node.nlink += 1;
-    node.ctime_ns = tx.now();
-    KCACHE_TRY(tx.put_inode(node));
-    KCACHE_TRY(ops::touch_dir(tx, dir, 0));
-    return node.attr();
-}
 
 }  // namespace kcache::core

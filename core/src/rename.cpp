@@ -19,8 +19,8 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     if (flags & kRenameExchange) return fail(EINVAL, "RENAME_EXCHANGE is not supported");
     if (flags & ~kRenameNoReplace) return fail(EINVAL, "unknown rename flags");
     if (auto s = check_name(new_name); !s) return s;
-    KCACHE_TRY(ops::directory(tx, parent));
-    KCACHE_TRY(ops::directory(tx, new_parent));
+    KCACHE_TRY(tx.directory(parent));
+    KCACHE_TRY(tx.directory(new_parent));
     auto src_d = KCACHE_TRY(tx.child(parent, name));
     if (!src_d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     if (parent == new_parent && name == new_name) return {};
@@ -92,10 +92,10 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     if (linked) {  // one of its names moves, inside its entry: no placement changes
         if (auto s = ops::move_name(tx, src, parent, name, new_parent, new_name); !s) return s;
         auto old_parent = KCACHE_TRY(tx.inode(parent));
-        if (auto s = ops::touch_dir(tx, old_parent, 0); !s) return s;
+        if (auto s = tx.touch_dir(old_parent, 0); !s) return s;
         if (parent == new_parent) return {};
         auto target_dir = KCACHE_TRY(tx.inode(new_parent));
-        return ops::touch_dir(tx, target_dir, 0);
+        return tx.touch_dir(target_dir, 0);
     }
     const std::string old_name = src.name;
     const bool was_entry = src.entry == src.ino;
@@ -106,11 +106,11 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
         return s;
     }
     auto old_parent = KCACHE_TRY(tx.inode(parent));  // re-read: replacing may have touched it
-    if (auto s = ops::touch_dir(tx, old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s)
+    if (auto s = tx.touch_dir(old_parent, src_is_dir && parent != new_parent ? -1 : 0); !s)
         return s;
     if (parent != new_parent) {
         auto target_dir = KCACHE_TRY(tx.inode(new_parent));
-        if (auto s = ops::touch_dir(tx, target_dir, src_is_dir ? 1 : 0); !s) return s;
+        if (auto s = tx.touch_dir(target_dir, src_is_dir ? 1 : 0); !s) return s;
     }
     src.parent = new_parent;
     src.name = new_name;

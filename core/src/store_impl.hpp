@@ -1,9 +1,26 @@
 // Internals shared by the core's implementation files: the LMDB handles of a Store
 // and Tx, the typed view of one transaction every operation is written against.
+//
+// The core in layers. A file calls only into files below it, never up: no call cycle
+// between files (each line is a layer; files on one line call none of each other).
+//
+//   commands   the public Txn / WriteTxn / Store methods: tree.cpp's (the namespace,
+//              links), rename.cpp, eviction.cpp, staged.cpp, frames.cpp, holds.cpp,
+//              training.cpp (training, gc's recompression), verify.cpp, bundle_*.cpp;
+//              entries.cpp's and content.cpp's own commands call only their layer and
+//              below
+//   namespace  ops:: of tree.cpp (removal) -> placement.cpp -> links.cpp, xattrs.cpp
+//   entries    ops:: of entries.cpp: entry records, stem entries, members, population,
+//              the LRU, leases
+//   content    ops:: of content.cpp (blobs: addresses, references, compression, reads)
+//              -> dictionaries.cpp (kinds, dictionaries, their accounting)
+//   Tx         tx.cpp: typed access to the tables (records.hpp: their encodings), with
+//              txn.cpp's transactions and store.cpp's environment
 #pragma once
 
 #include <lmdb.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -143,6 +160,10 @@ class Tx {
     // ---- typed access ----
     Result<records::Inode> inode(Ino ino) const;  // ENOENT if absent
     Status put_inode(const records::Inode& inode);
+    // The directory `ino`: ENOENT when it is gone, ENOTDIR when it is not a directory.
+    Result<records::Inode> directory(Ino ino) const;
+    // A directory changed: its mtime and ctime are now, its link count moves by `nlink_delta`.
+    Status touch_dir(records::Inode& dir, int nlink_delta);
     Result<std::optional<records::Dirent>> child(Ino parent, std::string_view name) const;
     Result<bool> has_children(Ino dir) const;
     // The children of `dir` in name order, collected (safe to modify the tree after).
@@ -168,39 +189,19 @@ struct TxnAccess {
 inline Tx::Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state)
     : store(owner), db(TxnAccess::impl(owner)), txn(handle), config(settings), write(state) {}
 
-// ---- operations implemented across the core's files, on a Tx ----
+// ---- operations implemented across the core's files, on a Tx, by layer (above) ----
 namespace ops {
-// tree.cpp
-// The directory `ino`: ENOENT when it is gone, ENOTDIR when it is not a directory.
-Result<records::Inode> directory(const Tx& tx, Ino ino);
-// A directory changed: its mtime and ctime are now, its link count moves by `nlink_delta`.
-Status touch_dir(Tx& tx, records::Inode& dir, int nlink_delta);
+
+// ---- namespace: tree.cpp ----
 // Removes the name `name` in `parent` of a node that has no children: with its last
 // name the node, its content and accounting; a node with other names keeps them.
 // `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
 Status remove_node(Tx& tx, records::Inode& parent, const records::Inode& node,
                    std::string_view name, EventKind why, bool keep_entry = false);
-// After `node` left stem entry `entry` (removed, or moved elsewhere): the entry goes
-// when no file of it is left, unless `keep` (a rename replaces its file).
-Status left_stem_entry(Tx& tx, Ino entry, const records::Inode& node, EventKind why, bool keep);
 // Removes `ino` (named `name` in `parent`) and everything below it: inodes, dirents,
 // blob references and accounting. Entry records inside it are dropped with `why`.
 Status remove_subtree(Tx& tx, Ino parent, std::string_view name, EventKind why);
-// xattrs.cpp: removes every extended attribute of `ino` (its inode is going).
-Status drop_xattrs(Tx& tx, Ino ino);
-// links.cpp (schema 4: a node's further names, records::link_key)
-// Removes `name` in `parent`, one of the several names of `node` (nlink > 1): the node
-// keeps the others (its own parent and name pass to a further one when it was those).
-// `why` evict: a stem entry's name is logged for the daemon to forget.
-Status forget_name(Tx& tx, records::Inode& parent, const records::Inode& node,
-                   std::string_view name, EventKind why);
-// Moves `node`'s name `name` in `parent` to `new_name` in `new_parent` (free: the caller
-// checked), for a node with several names.
-Status move_name(Tx& tx, records::Inode& node, Ino parent, std::string_view name, Ino new_parent,
-                 std::string_view new_name);
-// Whether `ino` (a directory: anything below it) has a node with several names.
-Result<bool> holds_linked_node(const Tx& tx, Ino ino);
-// placement.cpp
+// ---- namespace: placement.cpp ----
 // Where a node named `name` in `parent` belongs (layout.hpp): inside an entry it joins
 // it; in a container the layout rules say whether it forms an entry of its own (a
 // directory), joins the entry of its stem (a file; the entry is made if new), or
@@ -225,7 +226,49 @@ Status dissolve_if_container(Tx& tx, records::Inode& dir, std::string_view name,
 // After `moved` got its new parent and name, places it and its subtree again; a file
 // that joins an entry populates it on behalf of `origin` (null: this process).
 Status retag(Tx& tx, Ino moved, const Origin* origin);
-// content.cpp
+// ---- namespace: links.cpp (schema 4: a node's further names, records::link_key) ----
+// Removes `name` in `parent`, one of the several names of `node` (nlink > 1): the node
+// keeps the others (its own parent and name pass to a further one when it was those).
+// `why` evict: a stem entry's name is logged for the daemon to forget.
+Status forget_name(Tx& tx, records::Inode& parent, const records::Inode& node,
+                   std::string_view name, EventKind why);
+// Moves `node`'s name `name` in `parent` to `new_name` in `new_parent` (free: the caller
+// checked), for a node with several names.
+Status move_name(Tx& tx, records::Inode& node, Ino parent, std::string_view name, Ino new_parent,
+                 std::string_view new_name);
+// Whether `ino` (a directory: anything below it) has a node with several names.
+Result<bool> holds_linked_node(const Tx& tx, Ino ino);
+// ---- namespace: xattrs.cpp ----
+// Removes every extended attribute of `ino` (its inode is going).
+Status drop_xattrs(Tx& tx, Ino ino);
+// ---- entries: entries.cpp ----
+// Makes `node` (a directory, or a file of a schema-1 db) an entry of its own.
+Status create_entry_record(Tx& tx, const records::Inode& node,
+                           Producer producer = Producer::unknown, bool by_rule = false);
+// The stem entry `stem` of directory `parent`, made (empty) if it does not exist.
+Result<Ino> stem_entry(Tx& tx, const records::Inode& parent, std::string_view stem,
+                       Producer producer, bool by_rule);
+Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string_view stem);
+// Calls fn(member) for the top nodes of an entry: its directory, or its stem's files.
+Status for_each_member(const Tx& tx, const EntryInfo& entry,
+                       const std::function<bool(const records::Inode&)>& fn);
+// An entry's first published non-bookkeeping file populates it: one miss, one event.
+Status populate(Tx& tx, EntryInfo& entry, const Origin& origin);
+Status drop_entry_record(Tx& tx, Ino entry, EventKind why, Ino parent, std::string_view name);
+// Where an event about `entry` points the daemon: the directory and the entry's name in it.
+std::pair<Ino, std::string> event_target(const Tx& tx, const EntryInfo& entry);
+// After `node` left stem entry `entry` (removed, or moved elsewhere): the entry goes
+// when no file of it is left, unless `keep` (a rename replaces its file).
+Status left_stem_entry(Tx& tx, Ino entry, const records::Inode& node, EventKind why, bool keep);
+// Whether a file of `entry` is being written (a live process holds a write lease on it).
+Result<bool> entry_in_flight(const Tx& tx, Ino entry);
+Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time);
+// Before a write transaction commits: one `update` event for each entry whose record it
+// wrote (and that still exists) when it logged no event for that entry, so followers
+// of the log see every change of an entry (a file published into a populated entry).
+Status log_updates(Tx& tx);
+Status drop_leases(Tx& tx, Ino file);  // the file is gone
+// ---- content: content.cpp ----
 // What a new blob is stored for: the name of the file that brings it and its entry's
 // producer; kind_for (dictionaries.cpp) classifies it.
 struct BlobOwner {
@@ -283,7 +326,18 @@ Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::B
 // The zstd form of `content` when it saves space, else empty (content.cpp's rule):
 // with `dictionary` when given (its id then in the frame).
 std::string compressed_form(std::string_view content, const LoadedDictionary* dictionary = nullptr);
-// dictionaries.cpp (dictionaries.hpp)
+// ---- content: dictionaries.cpp (dictionaries.hpp) ----
+// The kind record `id`; nullopt when there is none.
+Result<std::optional<records::Kind>> find_kind(const Tx& tx, std::uint32_t id);
+// Every kind record, by id (none on a db without the dicts table).
+Result<std::map<std::uint32_t, records::Kind>> all_kinds(const Tx& tx);
+// The record of dictionary `id`; nullopt when there is none.
+Result<std::optional<records::Dictionary>> find_dictionary(const Tx& tx, std::uint32_t id);
+// Deletes dictionary `id` (its record `d`) and its bytes.
+Status drop_dictionary(Tx& tx, std::uint32_t id, const records::Dictionary& d);
+// The zstd dictionary `bytes` digested for compression and decompression, as id `id`;
+// null when zstd refuses them.
+std::shared_ptr<LoadedDictionary> make_loaded(std::uint32_t id, std::string_view bytes);
 // The kind of a new blob of `owner` with `content` (made if new); 0 on a db without the
 // dicts table (an older db opened read-only).
 Result<std::uint32_t> kind_for(Tx& tx, const BlobOwner& owner, std::string_view content);
@@ -312,28 +366,6 @@ Status account_blob(Tx& tx, const records::BlobRef& ref, int sign);
 // stored bytes of entries whose files hold it).
 Result<records::BlobRef> rewrite_blob(Tx& tx, const Digest& digest, const records::BlobRef& ref,
                                       std::string_view stored, std::uint32_t dictionary);
-// entries.cpp
-// Makes `node` (a directory, or a file of a schema-1 db) an entry of its own.
-Status create_entry_record(Tx& tx, const records::Inode& node,
-                           Producer producer = Producer::unknown, bool by_rule = false);
-// The stem entry `stem` of directory `parent`, made (empty) if it does not exist.
-Result<Ino> stem_entry(Tx& tx, const records::Inode& parent, std::string_view stem,
-                       Producer producer, bool by_rule);
-Result<std::optional<Ino>> find_stem_entry(const Tx& tx, Ino parent, std::string_view stem);
-// Calls fn(member) for the top nodes of an entry: its directory, or its stem's files.
-Status for_each_member(const Tx& tx, const EntryInfo& entry,
-                       const std::function<bool(const records::Inode&)>& fn);
-// An entry's first published non-bookkeeping file populates it: one miss, one event.
-Status populate(Tx& tx, EntryInfo& entry, const Origin& origin);
-Status drop_entry_record(Tx& tx, Ino entry, EventKind why, Ino parent, std::string_view name);
-// Where an event about `entry` points the daemon: the directory and the entry's name in it.
-std::pair<Ino, std::string> event_target(const Tx& tx, const EntryInfo& entry);
-Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time);
-// Before a write transaction commits: one `update` event for each entry whose record it
-// wrote (and that still exists) when it logged no event for that entry, so followers
-// of the log see every change of an entry (a file published into a populated entry).
-Status log_updates(Tx& tx);
-Status drop_leases(Tx& tx, Ino file);  // the file is gone
 }  // namespace ops
 
 }  // namespace kcache::core

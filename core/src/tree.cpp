@@ -1,6 +1,6 @@
 // The tree namespace: inodes and directory entries; making, looking up, listing and
-// removing nodes, and their attributes. Where a node belongs: placement.cpp; rename:
-// rename.cpp.
+// removing nodes, hard links (a node's further names: links.cpp), their attributes, and
+// an entry found by its name. Where a node belongs: placement.cpp; rename: rename.cpp.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,40 +19,6 @@ using records::Dirent;
 using records::Inode;
 
 namespace ops {
-
-Result<Inode> directory(const Tx& tx, Ino ino) {
-    auto dir = tx.inode(ino);
-    if (!dir) return dir;
-    if ((dir->mode & S_IFMT) != S_IFDIR)
-        return fail(ENOTDIR, fmt::format("inode {} is not a directory", ino));
-    return dir;
-}
-
-Status touch_dir(Tx& tx, Inode& dir, int nlink_delta) {
-    dir.mtime_ns = dir.ctime_ns = tx.now();
-    dir.nlink = static_cast<std::uint32_t>(static_cast<int>(dir.nlink) + nlink_delta);
-    return tx.put_inode(dir);
-}
-
-// After `node` left stem entry `entry_ino` (removed, or moved elsewhere): the entry
-// goes when no file of it is left, unless `keep` (a rename replaces its file).
-Status left_stem_entry(Tx& tx, Ino entry_ino, const Inode& node, EventKind why, bool keep) {
-    auto entry = KCACHE_TRY(tx.find_entry_record(entry_ino));
-    if (!entry || entry->kind != EntryKind::stem) return {};
-    // Another process evicted it: the daemon must forget this file's name too.
-    if (why == EventKind::evict) {
-        if (auto s = tx.log(EventKind::member, entry_ino, node.parent, node.name); !s) return s;
-    }
-    if (keep) return {};
-    bool empty = true;
-    auto s = ops::for_each_member(tx, *entry, [&](const Inode&) {
-        empty = false;
-        return false;
-    });
-    if (!s) return s;
-    if (!empty) return {};
-    return ops::drop_entry_record(tx, entry_ino, why, entry->parent, entry->stem);
-}
 
 // Removes the name `name` (in `parent`) of a node that has no children: with it the last
 // name, its dirent, inode, content and accounting; a node with other names keeps them.
@@ -85,9 +51,9 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, std::string_view na
         if (auto s = ops::drop_entry_record(tx, node.ino, why, parent.ino, node.name); !s) return s;
     } else if (node.entry && node.entry != parent.entry && !is_dir) {
         // In a container, not inside a directory entry: a file of a stem entry.
-        if (auto s = left_stem_entry(tx, node.entry, node, why, keep_entry); !s) return s;
+        if (auto s = ops::left_stem_entry(tx, node.entry, node, why, keep_entry); !s) return s;
     }
-    return touch_dir(tx, parent, is_dir ? -1 : 0);
+    return tx.touch_dir(parent, is_dir ? -1 : 0);
 }
 
 Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind why) {
@@ -158,7 +124,7 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
     KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(parent.ino, name),
                       records::encode(Dirent{node.ino, type})));
     KCACHE_TRY(tx.put_inode(node));
-    KCACHE_TRY(ops::touch_dir(tx, parent, type == FileType::directory ? 1 : 0));
+    KCACHE_TRY(tx.touch_dir(parent, type == FileType::directory ? 1 : 0));
     if (where.forms_entry) {
         KCACHE_TRY(ops::create_entry_record(tx, node, where.producer, where.by_rule));
     }
@@ -176,7 +142,7 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
 Result<std::pair<Inode, std::optional<Dirent>>> prepare_create(Tx& tx, Ino parent,
                                                                std::string_view name) {
     KCACHE_TRY(check_name(name));
-    auto dir = KCACHE_TRY(ops::directory(tx, parent));
+    auto dir = KCACHE_TRY(tx.directory(parent));
     auto existing = KCACHE_TRY(tx.child(parent, name));
     return std::pair{std::move(dir), existing};
 }
@@ -191,7 +157,7 @@ Result<Attr> Txn::lookup(Ino parent, std::string_view name) const {
         return fail(ENAMETOOLONG,
                     fmt::format("name of {} bytes is longer than {}", name.size(), kMaxNameLength));
     }
-    KCACHE_TRY(ops::directory(tx, parent));
+    KCACHE_TRY(tx.directory(parent));
     auto d = KCACHE_TRY(tx.child(parent, name));
     if (!d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     auto node = KCACHE_TRY(tx.inode(d->child));
@@ -234,7 +200,7 @@ Result<Ino> Txn::resolve(std::string_view path) const {
 Status Txn::readdir(Ino dir, std::string_view after,
                     const std::function<bool(const DirEntry&)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
-    KCACHE_TRY(ops::directory(tx, dir));
+    KCACHE_TRY(tx.directory(dir));
     const std::string prefix = records::u64_key(dir);
     std::string start = records::dirent_key(dir, after);
     if (!after.empty()) start.push_back('\0');  // strictly after `after`
@@ -243,6 +209,28 @@ Status Txn::readdir(Ino dir, std::string_view after,
                                const auto d = KCACHE_TRY(records::decode_dirent(value));
                                return fn(DirEntry{key.substr(8), d.child, d.type});
                            });
+}
+
+Result<EntryInfo> Txn::find_entry(std::string_view name) const {
+    Tx tx = TxnAccess::tx(*this);
+    std::optional<Ino> id;
+    if (auto ino = resolve(name); ino) {
+        auto record = KCACHE_TRY(tx.find_entry_record(*ino));
+        if (record) return std::move(*record);
+    } else if (ino.error().code != ENOENT) {
+        return tl::unexpected(ino.error());
+    }
+    // A stem entry: its name is the directory's path and the stem its files share.
+    const auto slash = name.rfind('/');
+    const std::string_view dir =
+        slash == std::string_view::npos ? std::string_view{} : name.substr(0, slash);
+    const std::string_view stem = slash == std::string_view::npos ? name : name.substr(slash + 1);
+    if (auto parent = resolve(dir); parent && !stem.empty()) {
+        auto found = KCACHE_TRY(ops::find_stem_entry(tx, *parent, stem));
+        id = found;
+    }
+    if (!id) return fail(ENOENT, fmt::format("'{}' is not a cache entry", name));
+    return tx.entry(*id);
 }
 
 // ---- writes -------------------------------------------------------------------------
@@ -312,11 +300,41 @@ Result<Attr> WriteTxn::mknod(Ino parent, std::string_view name, std::uint32_t mo
     return make_node(tx, prep.first, name, type | (mode & 07777), uid, gid, {}, device ? rdev : 0);
 }
 
+// Another name for `ino` (links.cpp: the names of a node).
+Result<Attr> WriteTxn::link(Ino ino, Ino new_parent, std::string_view new_name) {
+    Tx tx = TxnAccess::tx(*this);
+    KCACHE_TRY(check_name(new_name));
+    auto node = KCACHE_TRY(tx.inode(ino));
+    auto dir = KCACHE_TRY(tx.directory(new_parent));
+    auto existing = KCACHE_TRY(tx.child(new_parent, new_name));
+    if (existing) return fail(EEXIST, fmt::format("'{}' exists", new_name));
+    if ((node.mode & S_IFMT) == S_IFDIR)
+        return fail(EPERM, fmt::format("inode {} is a directory: no hard link to it", ino));
+    if (node.nlink >= kMaxLinks)
+        return fail(EMLINK, fmt::format("inode {} has {} names already", ino, node.nlink));
+    if (dir.depth >= 0xfffe) return fail(ENAMETOOLONG, "tree too deep");
+    const bool same_entry =
+        KCACHE_TRY(ops::would_be_in(tx, dir, new_name, file_type_of(node.mode), node.entry));
+    if (!same_entry) {
+        return fail(EXDEV, fmt::format("'{}' would be in another entry than inode {}: every name "
+                                       "of a node stays in its entry",
+                                       new_name, ino));
+    }
+    KCACHE_TRY(tx.put(tx.db.dirents, records::dirent_key(new_parent, new_name),
+                      records::encode(records::Dirent{node.ino, file_type_of(node.mode)})));
+    KCACHE_TRY(tx.put(tx.db.links, records::link_key(node.ino, new_parent, new_name), {}));
+    node.nlink += 1;
+    node.ctime_ns = tx.now();
+    KCACHE_TRY(tx.put_inode(node));
+    KCACHE_TRY(tx.touch_dir(dir, 0));
+    return node.attr();
+}
+
 namespace {
 
 // The directory `parent` and its child `name`, which must exist (ENOENT).
 Result<std::pair<Inode, Inode>> existing_child(const Tx& tx, Ino parent, std::string_view name) {
-    auto dir = KCACHE_TRY(ops::directory(tx, parent));
+    auto dir = KCACHE_TRY(tx.directory(parent));
     auto d = KCACHE_TRY(tx.child(parent, name));
     if (!d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     auto node = KCACHE_TRY(tx.inode(d->child));

@@ -96,6 +96,20 @@ Status Tx::put_inode(const Inode& inode) {
     return put(db.inodes, records::u64_key(inode.ino), records::encode(inode));
 }
 
+Result<Inode> Tx::directory(Ino ino) const {
+    auto dir = inode(ino);
+    if (!dir) return dir;
+    if ((dir->mode & S_IFMT) != S_IFDIR)
+        return fail(ENOTDIR, fmt::format("inode {} is not a directory", ino));
+    return dir;
+}
+
+Status Tx::touch_dir(Inode& dir, int nlink_delta) {
+    dir.mtime_ns = dir.ctime_ns = now();
+    dir.nlink = static_cast<std::uint32_t>(static_cast<int>(dir.nlink) + nlink_delta);
+    return put_inode(dir);
+}
+
 Result<std::optional<records::Dirent>> Tx::child(Ino parent, std::string_view name) const {
     auto bytes = KCACHE_TRY(get(db.dirents, records::dirent_key(parent, name)));
     if (!bytes) return std::optional<records::Dirent>{};

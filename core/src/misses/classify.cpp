@@ -349,11 +349,6 @@ Result<std::size_t> write_plan(Store& store, const Plan& plan) {
 
 }  // namespace
 
-Result<std::uint64_t> classified_up_to(const Tx& tx) {
-    auto at = KCACHE_TRY(tx.get(tx.db.meta, kMetaMissesSeq));
-    return at ? KCACHE_TRY(records::decode_u64(*at, "misses_seq")) : 0;
-}
-
 }  // namespace misses
 
 Result<std::size_t> classify_pending(Store& store, std::size_t max_events) {

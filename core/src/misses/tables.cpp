@@ -90,6 +90,15 @@ Result<std::optional<Miss>> find_miss(const Txn& txn, std::string_view name) {
     return found;
 }
 
+namespace misses {
+
+Result<std::uint64_t> classified_up_to(const Tx& tx) {
+    auto at = KCACHE_TRY(tx.get(tx.db.meta, kMetaMissesSeq));
+    return at ? KCACHE_TRY(records::decode_u64(*at, "misses_seq")) : 0;
+}
+
+}  // namespace misses
+
 Result<std::uint64_t> pending_misses(const Txn& txn) {
     const Tx tx = TxnAccess::tx(txn);
     if (!tx.db.has_misses) return 0;
