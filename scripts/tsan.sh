@@ -13,7 +13,7 @@
 # fixture's, so stderr alone would lose them); the script prints them and exits 1 if
 # there are any. Only third-party noise is suppressed, each with its reason, in
 # tests/support/tsan.supp. Not part of CTest or CI: the instrumented build and run take
-# longer than CI's budget leaves (see docs/architecture.md, "ThreadSanitizer").
+# longer than CI's budget leaves (see docs/fsd.md, "ThreadSanitizer").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${TSAN_BUILD_DIR:-build-tsan}
