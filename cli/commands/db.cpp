@@ -355,7 +355,7 @@ void add_db_commands(CLI::App& app, Cli& cli) {
         auto* sub = app.add_subcommand("config", "print the db's settings, or set its limits");
         opts->limits.add_to(sub);
         sub->add_option("--layout-rules", opts->layout_rules,
-                        "layout rules for compilers kcache does not know (docs/architecture.md); "
+                        "layout rules for compilers kcache does not know (docs/core.md); "
                         "an empty file removes them")
             ->type_name("FILE");
         sub->add_flag("--json", opts->json, "print as JSON");

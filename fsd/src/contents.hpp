@@ -1,7 +1,7 @@
 // Content kept for readers in kcache-fsd: the snapshots reader handles share, and
 // the *pin*, the read snapshot that keeps a lazy reader's version alive.
 //
-// A reader keeps its version (docs/architecture.md, "A reader keeps its version"),
+// A reader keeps its version (docs/fsd.md, "A reader keeps its version"),
 // even when it loads it lazily: a reader opened onto the kernel's kept pages
 // (PageCache::Use::keep) gets its content at its first READ (load), if one comes.
 // The background thread holds one read snapshot, the pin, from its previous period;

@@ -8,7 +8,7 @@
 //   handles of the same content), so an unlink or eviction never breaks a read;
 // - a writer's handle writes a Version: content in memory (a core::StagedFile) that is
 //   published in one transaction at fsync, at close and at the last release.
-// - THE RULE (docs/architecture.md, "Several handles on one file"): an inode has at
+// - THE RULE (docs/fsd.md, "Several handles on one file"): an inode has at
 //   most one *shared* version. Every handle opened for writing without O_TRUNC uses
 //   it (it is made from the published content, or from a rewrite it promotes), and so
 //   does an O_TRUNC open while it exists (the truncation applies to it, as on a local

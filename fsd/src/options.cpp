@@ -111,7 +111,7 @@ core::Result<Options> parse_options(int argc, char** argv) {
                    "one (new db: 1)");
     std::string layout_rules_file;
     app.add_option("--layout-rules", layout_rules_file,
-                   "a layout rules file for compilers kcache does not know (docs/architecture.md); "
+                   "a layout rules file for compilers kcache does not know (docs/core.md); "
                    "it becomes the db's");
     app.add_option("--max-file-size", long_options["max_file_size"],
                    "largest file a writer may store (default 2G; EFBIG past it)");

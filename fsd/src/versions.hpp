@@ -1,5 +1,5 @@
 // The writer registry of kcache-fsd: the versions of files being written, per inode,
-// under THE RULE (filesystem.hpp; docs/architecture.md, "Several handles on one file").
+// under THE RULE (filesystem.hpp; docs/fsd.md, "Several handles on one file").
 //
 // Contract: join() gives a handle opened for writing its version, waiting while a
 // version of the inode is ending (its last handle is publishing it) so that the new

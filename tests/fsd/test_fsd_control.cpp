@@ -252,7 +252,7 @@ TEST_CASE(
     "dropped",
     "[fsd][control]") {
     // The daemon loads the content of a reader whose version the kernel's pages hold
-    // at its first READ, not at OPEN (docs/architecture.md, "Content at the first
+    // at its first READ, not at OPEN (docs/fsd.md, "Content at the first
     // READ"). Here that READ comes only after another process evicted the entry and
     // the pages were dropped: the content must still be the reader's.
     MountedCache cache;

@@ -829,7 +829,7 @@ std::optional<Failure> run_ops(const std::vector<Op>& all, const std::vector<std
         return f;
     };
 
-    // Several handles per file behave as on a local disk (docs/architecture.md, "Several
+    // Several handles per file behave as on a local disk (docs/fsd.md, "Several
     // handles on one file"), with the documented exception of O_TRUNC rewrites: a
     // descriptor opened with O_TRUNC while no descriptor shares the file without it
     // writes a private version, published when it is closed. Until then a new

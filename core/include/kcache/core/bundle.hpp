@@ -1,5 +1,5 @@
 // Export/import of entries as one self-contained bundle file (format in
-// docs/architecture.md): entries with their files, modes, times and content
+// docs/core.md, "Bundles"): entries with their files, modes, times and content
 // (compressed as stored), each file's digest, and a checksum over the whole bundle.
 #pragma once
 

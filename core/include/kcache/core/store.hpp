@@ -1,5 +1,5 @@
 // The kcache store: one LMDB environment holding a cache's tree, content-addressed
-// blobs, entries, LRU index, statistics and events log (see docs/architecture.md).
+// blobs, entries, LRU index, statistics and events log (see docs/core.md).
 //
 // Concurrency: any number of processes and threads may open the same db. Read
 // transactions are MVCC snapshots and never block anyone; write transactions are
