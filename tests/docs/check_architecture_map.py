@@ -19,6 +19,8 @@ Fails (exit 1, each problem on a line of its own) when
      calls (`run_fetcher`), else the `&Class::method` it runs, else the variable or vector it is stored in
      (`m_trainer`, `redoers`), else the function that starts
      it. A row's "started in" cell holds the file and the tag in backticks;
+  3b. a mutex declared with KCACHE_LEVEL(n) is not named (by itself or its class) in
+     the row of level n of the locks table (architecture.md, section "Locks");
   4. a markdown link between the docs (README.md, docs/*.md, bench/README.md) points
      to a file or a #section that is not there, or a text anywhere in the tree says
      `architecture.md, "Section"` (or fsd.md, core.md, glossary.md) and that doc has
@@ -287,6 +289,50 @@ def check_threads(arch):
                     f"in {p}: {r.strip()[:120]}")
 
 
+# 3b. Lock levels: every mutex declared with KCACHE_LEVEL(n) is in the row of level n of
+# the locks table, by its name or its class (`Class::name`, `Class`).
+LEVELLED = re.compile(r"\bMutex\s+(\w+)\s+KCACHE_LEVEL\((\d)\)")
+CLASS = re.compile(r"^\s*(?:class|struct)\s+(\w+)[^;]*$")
+
+
+def levelled_mutexes():
+    found = []  # (file, line, class or None, name, level)
+    for f in product_files():
+        if not f.endswith((".cpp", ".hpp", ".h")):
+            continue
+        lines = read(f).splitlines()
+        for i, raw in enumerate(lines):
+            m = LEVELLED.search(strip_comment(raw))
+            if not m or raw.lstrip().startswith("#"):
+                continue
+            cls = None
+            if raw.startswith((" ", "\t")):
+                for j in range(i - 1, -1, -1):
+                    c = CLASS.match(lines[j])
+                    if c and len(lines[j]) - len(lines[j].lstrip()) < len(raw) - len(raw.lstrip()):
+                        cls = c.group(1)
+                        break
+            found.append((f, i + 1, cls, m.group(1), m.group(2)))
+    return found
+
+
+def check_locks(arch):
+    locks = section(arch, "Locks", "docs/architecture.md")
+    rows = {}
+    for r in table_rows(locks):
+        cells = [c.strip() for c in r.strip().strip("|").split("|")]
+        for level in re.findall(r"\d", cells[0]) if cells else []:
+            rows.setdefault(level, []).extend(backticked(r))
+    for f, line, cls, name, level in levelled_mutexes():
+        toks = [t.strip() for t in rows.get(level, [])]
+        ok = any(t == name or t.endswith("::" + name) and (cls is None or t.startswith(cls + "::"))
+                 or (cls is not None and (t == cls or t.startswith(cls + "::") and t.endswith(name)))
+                 for t in toks)
+        if not ok:
+            problem(f"docs/architecture.md, \"Locks\": the mutex {name} of level {level} "
+                    f"({f}:{line}{', ' + cls if cls else ''}) is not in the row of level {level}")
+
+
 # 4. Links and section references.
 def slug(heading):
     s = heading.strip().lower()
@@ -363,6 +409,7 @@ def main():
         check_paths(doc)
     check_layout(arch)
     check_threads(arch)
+    check_locks(arch)
     check_links()
     check_section_refs(arch)
     if problems:
@@ -370,7 +417,8 @@ def main():
         print("\n".join(problems))
         return 1
     print(f"docs map: {len(product_files())} product files in the layout table, "
-          f"{len(thread_starts())} thread starts in the threads table")
+          f"{len(thread_starts())} thread starts in the threads table, "
+          f"{len(levelled_mutexes())} levelled mutexes in the locks table")
     return 0
 
 
