@@ -749,36 +749,8 @@ Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size
     return Content::owned(std::move(assembled));
 }
 
-Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
-    auto entry = KCACHE_TRY(tx.entry(entry_ino));
-    std::uint64_t stored = 0;
-    if (!file.digest.empty()) {
-        auto ref = KCACHE_TRY(tx.blob_ref(file.digest));
-        if (ref) stored = records::file_footprint(*ref);
-    }
-    auto apply = [sign](std::uint64_t& value, std::uint64_t delta) {
-        value = sign > 0 ? value + delta : (value > delta ? value - delta : 0);
-    };
-    apply(entry.files, 1);
-    apply(entry.bytes, file.size);
-    apply(entry.stored_bytes, stored);
-    if (entry.files == 0) entry.populated = false;  // empty again: the next store is a miss
-    if (sign > 0 && entry.producer == Producer::unknown) entry.producer = producer_of(file.name);
-    return tx.put_entry(entry);
-}
-
-Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content,
-                        const ContentDigests& digests, const Origin& origin) {
-    if (content.size() > kMaxFileSize) {
-        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}",
-                                       content.size(), kMaxFileSize));
-    }
-    auto fail_with = [](const Error& e) { return tl::unexpected(e); };
-    std::uint64_t old_stored = 0;
-    if (!node.digest.empty()) {
-        auto old_ref = KCACHE_TRY(tx.blob_ref(node.digest));
-        if (old_ref) old_stored = records::file_footprint(*old_ref);
-    }
+Result<StoredContent> store_content(Tx& tx, const Inode& node, std::string_view content,
+                                    const ContentDigests& digests) {
     // Where the content goes (store_impl.hpp: its digest unless that holds other bytes).
     std::optional<PlacedSegments> segmented;
     std::optional<Placement> flat;
@@ -819,34 +791,9 @@ Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content,
             auto taken = KCACHE_TRY(take_flat(tx, *flat, content, 1, &owner));
             ref = taken;
         }
-        if (auto s = release_blob(tx, node.digest); !s) return fail_with(s.error());
+        KCACHE_TRY(release_blob(tx, node.digest));
     }
-    const auto old_size = static_cast<std::int64_t>(node.size);
-    node.digest = address;
-    node.size = content.size();
-    node.mtime_ns = node.ctime_ns = tx.now();
-    if (auto s = tx.put_inode(node); !s) return fail_with(s.error());
-
-    Status s = tx.add(Counter::bytes, static_cast<std::int64_t>(content.size()) - old_size);
-    if (s) s = tx.add(Counter::stores, 1);
-    if (s) s = tx.add(Counter::bytes_written, static_cast<std::int64_t>(content.size()));
-    if (!s) return fail_with(s.error());
-    if (!node.entry) return node.attr();
-
-    auto entry = KCACHE_TRY(tx.entry(node.entry));
-    // The file stays in its entry: only its bytes change.
-    entry.bytes = entry.bytes + content.size() -
-                  std::min<std::uint64_t>(entry.bytes, static_cast<std::uint64_t>(old_size));
-    entry.stored_bytes = entry.stored_bytes + records::file_footprint(ref) -
-                         std::min(entry.stored_bytes, old_stored);
-    if (entry.producer == Producer::unknown) entry.producer = producer_of(node.name);
-    // Absent or empty until now: this store is the miss. Temp files and locks are not.
-    if (!node.bookkeeping) {
-        if (auto a = populate(tx, entry, origin); !a) return fail_with(a.error());
-    }
-    if (auto a = move_in_lru(tx, entry, tx.now()); !a) return fail_with(a.error());
-    if (auto a = tx.put_entry(entry); !a) return fail_with(a.error());
-    return node.attr();
+    return StoredContent{address, ref};
 }
 
 // The checks every write to an inode makes before its content changes.
@@ -890,16 +837,6 @@ Result<Content> Txn::read_blob(const Digest& digest, std::uint64_t size) const {
     auto present = KCACHE_TRY(has_blob(digest));
     if (!present) return fail(ENOENT, fmt::format("no blob {}", digest.hex()));
     return ops::read_blob(TxnAccess::tx(*this), digest, size);
-}
-
-Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
-    Tx tx = TxnAccess::tx(*this);
-    auto node = KCACHE_TRY(ops::writable_file(tx, file));
-    if (content.size() > kMaxFileSize) {  // before hashing it
-        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}",
-                                       content.size(), kMaxFileSize));
-    }
-    return ops::write_file(tx, node, content, ops::digests_of(content), origin);
 }
 
 }  // namespace kcache::core

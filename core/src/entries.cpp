@@ -1,4 +1,5 @@
-// Entries: their records and accounting, the LRU index, write leases, hits and pins
+// Entries: their records and accounting (a file's bytes joining or leaving its entry, a
+// file's content replaced), the LRU index, write leases, hits and pins
 // (eviction, which removes their files: eviction.cpp).
 #include <signal.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "kcache/core/roles.hpp"
 #include "store_impl.hpp"
 
 namespace kcache::core {
@@ -165,6 +167,70 @@ Status populate(Tx& tx, EntryInfo& entry, const Origin& origin) {
     return tx.log(EventKind::populate, entry.ino, parent, name);
 }
 
+Status add_file_to_entry(Tx& tx, Ino entry_ino, const Inode& file, int sign) {
+    auto entry = KCACHE_TRY(tx.entry(entry_ino));
+    std::uint64_t stored = 0;
+    if (!file.digest.empty()) {
+        auto ref = KCACHE_TRY(tx.blob_ref(file.digest));
+        if (ref) stored = records::file_footprint(*ref);
+    }
+    auto apply = [sign](std::uint64_t& value, std::uint64_t delta) {
+        value = sign > 0 ? value + delta : (value > delta ? value - delta : 0);
+    };
+    apply(entry.files, 1);
+    apply(entry.bytes, file.size);
+    apply(entry.stored_bytes, stored);
+    if (entry.files == 0) entry.populated = false;  // empty again: the next store is a miss
+    if (sign > 0 && entry.producer == Producer::unknown) entry.producer = producer_of(file.name);
+    return tx.put_entry(entry);
+}
+
+namespace {
+
+// The entry of `node`, whose content was just replaced (it had `old_size` bytes taking
+// `old_stored` in blobs; now `ref` holds it), follows: the file stays in its entry, only
+// its bytes change; the store populates the entry (a miss) unless the file is
+// bookkeeping, and moves it in the LRU.
+Status account_write(Tx& tx, const Inode& node, std::uint64_t old_size, std::uint64_t old_stored,
+                     const records::BlobRef& ref, const Origin& origin) {
+    auto entry = KCACHE_TRY(tx.entry(node.entry));
+    entry.bytes = entry.bytes + node.size - std::min<std::uint64_t>(entry.bytes, old_size);
+    entry.stored_bytes = entry.stored_bytes + records::file_footprint(ref) -
+                         std::min(entry.stored_bytes, old_stored);
+    if (entry.producer == Producer::unknown) entry.producer = producer_of(node.name);
+    // Absent or empty until now: this store is the miss. Temp files and locks are not.
+    if (!node.bookkeeping) KCACHE_TRY(populate(tx, entry, origin));
+    KCACHE_TRY(move_in_lru(tx, entry, tx.now()));
+    return tx.put_entry(entry);
+}
+
+}  // namespace
+
+Result<Attr> write_file(Tx& tx, Inode& node, std::string_view content,
+                        const ContentDigests& digests, const Origin& origin) {
+    if (content.size() > kMaxFileSize) {
+        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}",
+                                       content.size(), kMaxFileSize));
+    }
+    std::uint64_t old_stored = 0;
+    if (!node.digest.empty()) {
+        auto old_ref = KCACHE_TRY(tx.blob_ref(node.digest));
+        if (old_ref) old_stored = records::file_footprint(*old_ref);
+    }
+    const auto stored = KCACHE_TRY(store_content(tx, node, content, digests));
+    const std::uint64_t old_size = node.size;
+    node.digest = stored.address;
+    node.size = content.size();
+    node.mtime_ns = node.ctime_ns = tx.now();
+    KCACHE_TRY(tx.put_inode(node));
+    KCACHE_TRY(tx.add(Counter::bytes, static_cast<std::int64_t>(content.size()) -
+                                          static_cast<std::int64_t>(old_size)));
+    KCACHE_TRY(tx.add(Counter::stores, 1));
+    KCACHE_TRY(tx.add(Counter::bytes_written, static_cast<std::int64_t>(content.size())));
+    if (node.entry) KCACHE_TRY(account_write(tx, node, old_size, old_stored, stored.ref, origin));
+    return node.attr();
+}
+
 Status drop_entry_record(Tx& tx, Ino entry_ino, EventKind why, Ino parent, std::string_view name) {
     auto entry = KCACHE_TRY(tx.find_entry_record(entry_ino));
     if (!entry) return {};
@@ -293,6 +359,16 @@ Result<bool> Txn::in_flight(Ino entry) const {
 }
 
 // ---- writes -------------------------------------------------------------------------
+
+Result<Attr> WriteTxn::write(Ino file, std::string_view content, const Origin& origin) {
+    Tx tx = TxnAccess::tx(*this);
+    auto node = KCACHE_TRY(ops::writable_file(tx, file));
+    if (content.size() > kMaxFileSize) {  // before hashing it
+        return fail(EFBIG, fmt::format("content of {} bytes is over the limit of {}",
+                                       content.size(), kMaxFileSize));
+    }
+    return ops::write_file(tx, node, content, ops::digests_of(content), origin);
+}
 
 Status WriteTxn::begin_write(Ino file) {
     Tx tx = TxnAccess::tx(*this);

@@ -2,20 +2,22 @@
 // and Tx, the typed view of one transaction every operation is written against.
 //
 // The core in layers. A file calls only into files below it, never up: no call cycle
-// between files (each line is a layer; files on one line call none of each other).
+// between files (files on one line call none of each other).
 //
 //   commands   the public Txn / WriteTxn / Store methods: tree.cpp's (the namespace,
 //              links), rename.cpp, eviction.cpp, staged.cpp, frames.cpp, holds.cpp,
 //              training.cpp (training, gc's recompression), verify.cpp, bundle_*.cpp;
-//              entries.cpp's and content.cpp's own commands call only their layer and
-//              below
+//              entries.cpp's (hits, pins, leases, write) and content.cpp's (reads) call
+//              only their own layer and below
 //   namespace  ops:: of tree.cpp (removal) -> placement.cpp -> links.cpp, xattrs.cpp
-//   entries    ops:: of entries.cpp: entry records, stem entries, members, population,
-//              the LRU, leases
+//   entries    ops:: of entries.cpp: entry records, stem entries, members, a file's
+//              accounting in its entry, write_file, population, the LRU, leases
 //   content    ops:: of content.cpp (blobs: addresses, references, compression, reads)
 //              -> dictionaries.cpp (kinds, dictionaries, their accounting)
-//   Tx         tx.cpp: typed access to the tables (records.hpp: their encodings), with
-//              txn.cpp's transactions and store.cpp's environment
+//   Tx         tx.cpp: typed access to the tables (records.hpp: their encodings)
+//
+// Transactions (txn.cpp; a commit calls entries.cpp's log_updates) and the environment
+// (store.cpp) are opened by the commands.
 #pragma once
 
 #include <lmdb.h>
@@ -268,6 +270,15 @@ Status move_in_lru(Tx& tx, EntryInfo& entry, std::int64_t new_time);
 // of the log see every change of an entry (a file published into a populated entry).
 Status log_updates(Tx& tx);
 Status drop_leases(Tx& tx, Ino file);  // the file is gone
+// A file joins (`sign` +1) or leaves (-1) entry `entry`: its count, bytes and stored
+// bytes; an entry left empty is unpopulated (its next store is a miss).
+Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign);
+// Replaces `file`'s content: its blob (content.cpp's store_content), then its inode
+// record, the statistics, its entry's accounting and population (the caller checked it
+// is a regular file). `digests` must be digests_of(content).
+struct ContentDigests;  // content.cpp
+Result<Attr> write_file(Tx& tx, records::Inode& file, std::string_view content,
+                        const ContentDigests& digests, const Origin& origin);
 // ---- content: content.cpp ----
 // What a new blob is stored for: the name of the file that brings it and its entry's
 // producer; kind_for (dictionaries.cpp) classifies it.
@@ -275,7 +286,6 @@ struct BlobOwner {
     std::string_view name;
     Producer producer = Producer::unknown;
 };
-Status add_file_to_entry(Tx& tx, Ino entry, const records::Inode& file, int sign);
 // The digests content is keyed by: its digest_of, and for segmented content (size of
 // kSegmentedSize or more) its segments' digests, in order.
 struct ContentDigests {
@@ -308,10 +318,16 @@ bool is_list_address(const Digest& address, const std::vector<Digest>& segments)
 Status put_blob(Tx& tx, const Digest& digest, std::string_view stored, const records::BlobRef& ref);
 // One reference fewer; the last one frees the blob (and a list's segment references).
 Status release_blob(Tx& tx, const Digest& digest);
-// Replaces `file`'s content (inode record, statistics, entry accounting, population;
-// the caller checked it is a regular file). `digests` must be digests_of(content).
-Result<Attr> write_file(Tx& tx, records::Inode& file, std::string_view content,
-                        const ContentDigests& digests, const Origin& origin);
+// The blob side of replacing `file`'s content (`digests`: digests_of(content)): the
+// content is placed at its address, the file's reference taken (deduplicated onto the
+// same bytes, or stored as a blob of the file's kind) and the reference to its old
+// content released. The caller (entries.cpp's write_file) records the rest.
+struct StoredContent {
+    Digest address;        // the file's new digest
+    records::BlobRef ref;  // the blob that now holds its content
+};
+Result<StoredContent> store_content(Tx& tx, const records::Inode& file, std::string_view content,
+                                    const ContentDigests& digests);
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
 // The header of the overflow page a blob chunk (`key`, `value` of blob_data) lives on, if
 // it lives on one: kCorruptDb when it is not the page's own (content.cpp).
