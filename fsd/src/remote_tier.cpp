@@ -110,7 +110,12 @@ void RemoteTier::start() {
     }
     for (int i = 0; i < kFetchers; ++i) m_threads.emplace_back([this] { run_fetcher(); });
     m_threads.emplace_back([this] { run_timer(); });
-    m_threads.emplace_back([this] { run_uploader(); });
+    // From now on, before the mount serves: `kcache remote push` uploads what is older.
+    core::EventCursor events;
+    if (auto txn = m_store.read()) {
+        if (auto end = core::EventCursor::at_end(*txn)) events = *end;
+    }
+    m_threads.emplace_back([this, events] { run_uploader(events); });
     if (renewed_leases()) m_threads.emplace_back([this] { run_lease_keeper(); });
     if (!m_prefetch_tag.empty()) m_threads.emplace_back([this] { run_prefetch(); });
 }

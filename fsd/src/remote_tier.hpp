@@ -227,7 +227,9 @@ class RemoteTier {
     // logged only then. Any thread; takes no lock.
     bool may_warn();
     void run_timer();
-    void run_uploader();
+    // Uploads what changed in the db after `events` (taken in start(), before the mount
+    // serves: a store made before this thread first runs is not missed).
+    void run_uploader(core::EventCursor events);
     // Queues the entries of new events for settling (uploader thread only).
     void follow_events(core::EventCursor& events);
     // Takes the pending entries that settled out of m_pending (uploader thread only).

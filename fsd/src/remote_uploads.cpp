@@ -3,6 +3,9 @@
 // once it has settled, retrying a failed upload a few times.
 #include <cerrno>
 
+#include <thread>
+
+#include "faults.hpp"
 #include "kcache/core/entry_files.hpp"
 #include "kcache/core/roles.hpp"
 #include "log.hpp"
@@ -112,12 +115,9 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
     return names;
 }
 
-void RemoteTier::run_uploader() {
+void RemoteTier::run_uploader(core::EventCursor events) {
     const bool uploads = !m_remote->options().read_only;
-    core::EventCursor events;
-    if (auto txn = m_store.read()) {  // from now on: `kcache remote push` uploads what is older
-        if (auto end = core::EventCursor::at_end(*txn)) events = *end;
-    }
+    if (fault_point() == "slow_uploader") std::this_thread::sleep_for(kSlowStart);
     sync_containers();  // first: lookups below containers wait for it (find())
     auto last_record = Clock::now();
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried

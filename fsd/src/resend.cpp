@@ -6,6 +6,7 @@
 #include <iterator>
 #include <string>
 
+#include "faults.hpp"
 #include "log.hpp"
 #include "takeover.hpp"
 
@@ -46,14 +47,13 @@ const char* name_of(Op op) {
 
 void attach(StateFile& state) {
     g_state = &state;
-    if (const char* fault = std::getenv("KCACHE_FSD_FAULT")) {
-        const std::string text(fault);
+    if (const std::string text(fault_point()); !text.empty()) {
         for (const std::string prefix : {"kill_after_commit=", "kill_before_reply="}) {
             if (text.rfind(prefix, 0) != 0) continue;
             g_fault = parse_op(text.substr(prefix.size()));
             g_fault_any_outcome = prefix == "kill_before_reply=";
         }
-        if (g_fault == Op::none)
+        if (g_fault == Op::none && text != "slow_uploader")
             log::warning("KCACHE_FSD_FAULT={}: not a fault point (ignored)", text);
     }
 }

@@ -494,6 +494,24 @@ TEST_CASE(
     require_same(b, kKey1, files);  // read through: the one manifest has all four
 }
 
+TEST_CASE("fsd remote: an entry stored before the uploader thread first runs is uploaded",
+          "[remote][fsd]") {
+    // The uploader follows the events log from where it stood when the mount began to
+    // serve, not from where it stood when its thread first ran: on a loaded machine that
+    // thread may start after the first stores (KCACHE_FSD_FAULT=slow_uploader starts it
+    // fsd/src/faults.hpp's kSlowStart late), which were then never uploaded.
+    RedisServer redis;
+    ::setenv("KCACHE_FSD_FAULT", "slow_uploader", 1);
+    std::optional<MountedCache> a;
+    a.emplace(with_remote(redis));
+    ::unsetenv("KCACHE_FSD_FAULT");
+    const auto files = triton_files(kKey1, 12);
+    store(*a, kKey1, files);  // at once: the uploader sleeps for 2 s yet
+    wait_uploads(*a, 1);
+    MountedCache b(with_remote(redis));
+    require_same(b, kKey1, files);
+}
+
 TEST_CASE("fsd remote: a Triton entry is uploaded whole however far apart its stages' files land",
           "[remote][fsd][lease]") {
     // Triton writes each stage's file when the stage ends (seconds apart for a big
