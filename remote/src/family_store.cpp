@@ -7,10 +7,10 @@
 
 #include <fmt/core.h>
 
+#include "backend.hpp"
 #include "client.hpp"
 #include "families.hpp"
 #include "kcache/remote/remote.hpp"
-#include "server.hpp"
 
 namespace kcache::remote {
 
@@ -24,7 +24,7 @@ Status Remote::record_family_member(const core::FamilyMember& member) {
     if (m.time_ns == 0)
         m.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
     const std::string key = families::member_key(m_options.ns, m.family);
-    Server& server = shard(key);  // the order key shares its tag: the same server or slot
+    Shard& server = shard(key);  // the order key shares its tag: the same server or slot
     const auto replies = KCACHE_TRY(exec(
         server,
         {{"EVAL", families::kRecordScript, "2", key, families::order_key(m_options.ns, m.family),
@@ -39,7 +39,7 @@ Status Remote::record_family_member(const core::FamilyMember& member) {
 Result<std::vector<std::vector<core::FamilyMember>>> Remote::family_members(
     const std::vector<std::string>& families) {
     std::vector<std::vector<core::FamilyMember>> out(families.size());
-    std::map<Server*, std::vector<std::size_t>> by_server;  // family indexes per server
+    std::map<Shard*, std::vector<std::size_t>> by_server;  // family indexes per server
     for (std::size_t i = 0; i < families.size(); ++i)
         by_server[&shard(families::member_key(m_options.ns, families[i]))].push_back(i);
     for (const auto& [server, indexes] : by_server) {

@@ -1,5 +1,5 @@
-// Servers, URLs, passwords, the circuit breaker and sharding. Moving entries is in
-// transfer.cpp; a Redis Cluster's routing in routing.cpp.
+// URLs, passwords, options, the Remote made on its Backend (RedisPool unless given
+// another: redis_pool.cpp), counts. Moving entries is in transfer.cpp and pull.cpp.
 #include <signal.h>
 
 #include <algorithm>
@@ -13,14 +13,11 @@
 #include "client.hpp"
 #include "cluster.hpp"
 #include "kcache/remote/remote.hpp"
-#include "server.hpp"
-#include "tls.hpp"
+#include "redis_pool.hpp"
 
 namespace kcache::remote {
 
 namespace {
-
-constexpr std::int64_t kMaxCooldownNs = 60'000'000'000;
 
 bool all_of_charset(std::string_view s, std::string_view extra) {
     return std::all_of(s.begin(), s.end(), [&](char c) {
@@ -287,20 +284,16 @@ Remote::Remote(Options options) : m_options(std::move(options)) {}
 Remote::~Remote() = default;
 
 Result<std::unique_ptr<Remote>> Remote::create(Options options) {
+    return create(std::move(options),
+                  [](const Options& o, AtomicCounts& counts) -> Result<std::unique_ptr<Backend>> {
+                      return KCACHE_TRY(RedisPool::create(o, counts));
+                  });
+}
+
+Result<std::unique_ptr<Remote>> Remote::create(Options options, const MakeBackend& make) {
     KCACHE_TRY(validate(options));
     ignore_sigpipe();
     std::unique_ptr<Remote> remote(new Remote(std::move(options)));
-    for (const Endpoint& e : remote->m_options.servers) {
-        auto server = std::make_unique<Server>();
-        server->endpoint = e;
-        server->id = e.id();
-        server->cooldown = remote->m_options.breaker_cooldown_ns;
-        for (const auto& other : remote->m_servers) {
-            if (other->id == server->id)
-                return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
-        }
-        remote->m_servers.push_back(std::move(server));
-    }
     if (!remote->m_options.signing_key.empty()) {
         auto key = SigningKey::load(remote->m_options.signing_key);
         if (!key) return tl::unexpected(core::with_context(key.error(), "--remote-signing-key"));
@@ -312,95 +305,23 @@ Result<std::unique_ptr<Remote>> Remote::create(Options options) {
             return tl::unexpected(core::with_context(trust.error(), "--remote-trusted-keys"));
         remote->m_trust = std::move(*trust);
     }
-    // One TLS context for every rediss:// connection: its files are read now, so that a
-    // bad one stops start-up instead of failing every connect.
-    const auto& servers = remote->m_options.servers;
-    if (std::any_of(servers.begin(), servers.end(), [](const Endpoint& e) { return e.tls; }))
-        remote->m_tls = KCACHE_TRY(TlsContext::create(remote->m_options.tls));
-    if (remote->m_options.cluster) {
-        remote->m_cluster = std::make_unique<Cluster>();
-        remote->m_cluster->slots.assign(cluster::kSlots, nullptr);
-    }
+    remote->m_backend = KCACHE_TRY(make(remote->m_options, remote->m_counts));
     return remote;
 }
 
-Remote::Server& Remote::shard(std::string_view key) {
-    if (m_cluster) return route(key);
-    Server* best = m_servers.front().get();
-    if (m_servers.size() == 1) return *best;
-    std::uint64_t best_score = 0;
-    const std::string_view tag = cluster::hash_tag(key);
-    for (const auto& s : m_servers) {
-        std::string probe = s->id;
-        probe.push_back('\n');
-        probe.append(tag);
-        const std::uint64_t score = core::digest_of(probe).low;
-        if (score >= best_score) {
-            best_score = score;
-            best = s.get();
-        }
-    }
-    return *best;
+Shard& Remote::shard(std::string_view key) {
+    return m_backend->shard(key);
 }
 
-Result<std::vector<Reply>> Remote::exec(Server& server, const std::vector<Command>& commands) {
-    auto replies = KCACHE_TRY(exec_once(server, commands));
-    if (!m_cluster) return replies;
-    return follow_redirects(server, commands, std::move(replies));
+Result<std::vector<Reply>> Remote::exec(Shard& shard, const std::vector<Command>& commands) {
+    return m_backend->exec(shard, commands);
 }
 
-Result<std::vector<Reply>> Remote::exec_once(Server& server, const std::vector<Command>& commands) {
-    std::lock_guard lock(server.mutex);
-    std::int64_t now = steady_ns();
-    if (server.breaker == Server::Breaker::open) {
-        if (now < server.open_until) {
-            m_counts.errors.fetch_add(1);
-            return core::fail(
-                EAGAIN,
-                fmt::format("redis {}: circuit open after {} failures (retry in {} ms)", server.id,
-                            server.failures, (server.open_until - now + 999'999) / 1'000'000));
-        }
-        server.breaker = Server::Breaker::half_open;  // this operation is the trial
-    }
-    auto failed = [&](core::Error e) -> tl::unexpected<core::Error> {
-        server.connection.reset();                     // replies may be pending: never reuse it
-        if (m_cluster) m_cluster->wanted.store(true);  // a failover may have begun
-        (e.code == ETIMEDOUT ? m_counts.timeouts : m_counts.errors).fetch_add(1);
-        ++server.failures;
-        if (server.breaker == Server::Breaker::half_open ||
-            server.failures >= m_options.breaker_threshold) {
-            server.breaker = Server::Breaker::open;
-            server.open_until = steady_ns() + server.cooldown;
-            e.message += fmt::format(" (circuit opened for {} ms)", server.cooldown / 1'000'000);
-            server.cooldown = std::min(server.cooldown * 2, kMaxCooldownNs);
-        }
-        return tl::unexpected(std::move(e));
-    };
-    if (!server.connection) {
-        auto conn = Connection::open(server.endpoint, m_options.password,
-                                     now + m_options.connect_timeout_ns, m_tls.get());
-        if (!conn) return failed(std::move(conn.error()));
-        server.connection = std::move(*conn);
-        now = steady_ns();
-    }
-    std::uint64_t sent = 0;
-    std::uint64_t received = 0;
-    auto replies =
-        server.connection->exec(commands, now + m_options.op_timeout_ns, &sent, &received);
-    if (!replies) return failed(std::move(replies.error()));
-    m_counts.bytes_up.fetch_add(sent);
-    m_counts.bytes_down.fetch_add(received);
-    server.failures = 0;
-    server.breaker = Server::Breaker::closed;
-    server.cooldown = m_options.breaker_cooldown_ns;
-    for (const Reply& r : *replies) {
-        if (r.is_error() && r.str.starts_with("OOM"))
-            server.uploads_paused_until = steady_ns() + m_options.oom_pause_ns;
-    }
-    return replies;
+bool Remote::uploads_paused(Shard& shard) {
+    return m_backend->uploads_paused(shard);
 }
 
-core::Error Remote::reply_error(const Server& server, const Reply& reply, std::string_view what) {
+core::Error Remote::reply_error(const Shard& shard, const Reply& reply, std::string_view what) {
     m_counts.errors.fetch_add(1);
     int code = EPROTO;
     std::string text = reply.is_error() ? reply.str : "unexpected reply";
@@ -411,17 +332,12 @@ core::Error Remote::reply_error(const Server& server, const Reply& reply, std::s
                text.starts_with("WRONGPASS")) {
         code = EACCES;
     }
-    return {code, fmt::format("redis {}: {}: {}", server.id, what, text)};
-}
-
-bool Remote::uploads_paused(Server& server) {
-    std::lock_guard lock(server.mutex);
-    return steady_ns() < server.uploads_paused_until;
+    return {code, fmt::format("redis {}: {}: {}", shard.id, what, text)};
 }
 
 std::vector<std::string> Remote::ping() {
     std::vector<std::string> out;
-    for (Server* s : serving()) {
+    for (Shard* s : m_backend->serving()) {
         auto r = exec(*s, {{"PING"}});
         if (!r) {
             out.push_back(r.error().message);
@@ -435,16 +351,7 @@ std::vector<std::string> Remote::ping() {
 }
 
 std::size_t Remote::probe() {
-    std::size_t tried = 0;
-    for (Server* s : all_servers()) {
-        {
-            std::lock_guard lock(s->mutex);
-            if (s->breaker != Server::Breaker::open || steady_ns() < s->open_until) continue;
-        }
-        ++tried;
-        (void)exec(*s, {{"PING"}});  // the trial: closes the circuit or opens it again
-    }
-    return tried;
+    return m_backend->probe();
 }
 
 namespace {
@@ -492,21 +399,7 @@ Counts Remote::counts() const {
 }
 
 std::vector<ServerState> Remote::servers() {
-    std::vector<ServerState> out;
-    const std::int64_t now = steady_ns();
-    for (Server* s : serving()) {
-        std::lock_guard lock(s->mutex);
-        ServerState st;
-        st.id = s->id;
-        st.breaker = s->breaker == Server::Breaker::closed      ? "closed"
-                     : s->breaker == Server::Breaker::half_open ? "half-open"
-                     : now < s->open_until                      ? "open"
-                                                                : "half-open";
-        st.uploads_paused = now < s->uploads_paused_until;
-        st.failures = s->failures;
-        out.push_back(std::move(st));
-    }
-    return out;
+    return m_backend->states();
 }
 
 Status record_counts(core::Store& store, const Counts& c) {

@@ -1,13 +1,13 @@
 // A Redis Cluster's routing: the slot map (CLUSTER SLOTS), the nodes it names, and the
-// MOVED / ASK redirections followed. Plain servers never come here (Remote::shard and
-// Remote::exec check). The parsers are in cluster.cpp.
+// MOVED / ASK redirections followed. Plain servers never come here (RedisPool::shard and
+// RedisPool::exec check). The parsers are in cluster.cpp.
 #include <algorithm>
 #include <map>
 
 #include "client.hpp"
 #include "cluster.hpp"
 #include "kcache/remote/remote.hpp"
-#include "server.hpp"
+#include "redis_pool.hpp"
 
 namespace kcache::remote {
 
@@ -17,7 +17,7 @@ constexpr int kMaxRedirects = 5;  // hops of one command, then its last error re
 
 }  // namespace
 
-std::vector<Remote::Server*> Remote::all_servers() const {
+std::vector<RedisPool::Server*> RedisPool::all_servers() const {
     std::vector<Server*> out;
     auto copy = [&] {
         out.reserve(m_servers.size());
@@ -32,7 +32,7 @@ std::vector<Remote::Server*> Remote::all_servers() const {
     return out;
 }
 
-std::vector<Remote::Server*> Remote::serving() {
+std::vector<RedisPool::Server*> RedisPool::serving_servers() {
     if (!m_cluster) return all_servers();
     refresh_slots();  // read now if it never was
     std::vector<Server*> masters;
@@ -48,7 +48,7 @@ std::vector<Remote::Server*> Remote::serving() {
     return masters.empty() ? std::vector<Server*>{m_servers.front().get()} : masters;
 }
 
-Remote::Server* Remote::node(const std::string& host, std::uint16_t port) {
+RedisPool::Server* RedisPool::node(const std::string& host, std::uint16_t port) {
     Endpoint e;
     e.host = host;
     e.port = port;
@@ -74,13 +74,13 @@ Remote::Server* Remote::node(const std::string& host, std::uint16_t port) {
     return m_servers.back().get();
 }
 
-void Remote::refresh_slots() {
+void RedisPool::refresh_slots() {
     Cluster& c = *m_cluster;
     if (!c.wanted.load() || steady_ns() < c.next_refresh_ns.load()) return;
     std::unique_lock guard(c.refresh, std::try_to_lock);
     if (!guard.owns_lock()) return;  // another thread reads it; route by the map we have
     if (!c.wanted.load() || steady_ns() < c.next_refresh_ns.load()) return;
-    c.next_refresh_ns.store(steady_ns() + kRefreshNs);
+    c.next_refresh_ns.store(steady_ns() + Remote::kRefreshNs);
     // Ask the nodes whose circuit is closed first (masters, seeds and replicas alike:
     // any node knows the whole map), then those whose cool-down has passed.
     std::vector<Server*> candidates = all_servers();
@@ -114,7 +114,7 @@ void Remote::refresh_slots() {
     }
 }
 
-Remote::Server& Remote::route(std::string_view key) {
+RedisPool::Server& RedisPool::route(std::string_view key) {
     refresh_slots();
     const std::uint16_t slot = cluster::key_slot(key);
     std::shared_lock lock(m_cluster->mutex);
@@ -122,9 +122,9 @@ Remote::Server& Remote::route(std::string_view key) {
     return s ? *s : *m_servers.front();
 }
 
-Result<std::vector<Reply>> Remote::follow_redirects(Server& server,
-                                                    const std::vector<Command>& commands,
-                                                    std::vector<Reply> replies) {
+Result<std::vector<Reply>> RedisPool::follow_redirects(Server& server,
+                                                       const std::vector<Command>& commands,
+                                                       std::vector<Reply> replies) {
     // Where each command was last sent: its replies that redirect go on from there.
     std::vector<Server*> at(commands.size(), &server);
     for (int hop = 0; hop < kMaxRedirects; ++hop) {

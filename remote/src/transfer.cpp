@@ -14,13 +14,13 @@
 
 #include <fmt/core.h>
 
+#include "backend.hpp"
 #include "client.hpp"
 #include "kcache/core/entry_image.hpp"
 #include "kcache/core/frames.hpp"
 #include "kcache/core/names.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
-#include "server.hpp"
 #include "signing.hpp"
 
 namespace kcache::remote {
@@ -31,7 +31,7 @@ constexpr std::size_t kChunksPerRoundTrip = 8;  // bounds one pipeline to about 
 
 }  // namespace
 
-Status Remote::upload_blob(Server& server, const core::Digest& digest, std::string_view content) {
+Status Remote::upload_blob(Shard& server, const core::Digest& digest, std::string_view content) {
     const std::uint32_t chunks = proto::chunk_count(content.size());
     for (std::uint32_t first = 0; first < chunks; first += kChunksPerRoundTrip) {
         std::vector<Command> batch;
@@ -127,7 +127,7 @@ Status Remote::send_blobs(const Outgoing& outgoing) {
         bool dictionary = false;
         core::Digest digest;
     };
-    std::map<Server*, std::pair<std::vector<Command>, std::vector<Probe>>> probes;
+    std::map<Shard*, std::pair<std::vector<Command>, std::vector<Probe>>> probes;
     for (const auto& [digest, out] : blobs) {
         const std::string key = proto::blob_key(m_options.ns, digest);
         auto& p = probes[&shard(key)];
@@ -140,7 +140,7 @@ Status Remote::send_blobs(const Outgoing& outgoing) {
         p.first.push_back({"EXISTS", key});
         p.second.push_back({true, digest});
     }
-    std::vector<std::pair<Server*, core::Digest>> missing_blobs, missing_dictionaries;
+    std::vector<std::pair<Shard*, core::Digest>> missing_blobs, missing_dictionaries;
     for (auto& [server, p] : probes) {
         if (uploads_paused(*server)) {
             return core::fail(
@@ -161,7 +161,7 @@ Status Remote::send_blobs(const Outgoing& outgoing) {
     // found is a frame whose dictionary was there (unless Redis evicted it since: the
     // puller then misses cleanly and drops the frame, and the next push of its entry
     // finds the dictionary missing here and sends it again).
-    std::map<Server*, std::vector<Command>> sets;
+    std::map<Shard*, std::vector<Command>> sets;
     for (const auto& [server, digest] : missing_dictionaries) {
         sets[server].push_back({"SET", proto::dictionary_key(m_options.ns, digest),
                                 proto::encode_dictionary(dictionaries.at(digest)), "NX"});
@@ -179,7 +179,7 @@ Status Remote::send_blobs(const Outgoing& outgoing) {
     };
     KCACHE_TRY(flush());
     // Frames pipelined per server (each under kSegmentedSize), then content in chunks.
-    std::map<Server*, std::uint64_t> pending;
+    std::map<Shard*, std::uint64_t> pending;
     for (const auto& [server, digest] : missing_blobs) {
         const OutgoingBlob& out = blobs.at(digest);
         if (out.frame_value.empty()) continue;
@@ -235,7 +235,7 @@ Result<EntryResult> Remote::push(const core::Store& store, std::string_view name
     }
 
     const std::string mkey = proto::manifest_key(m_options.ns, m.name);
-    Server& mserver = shard(mkey);
+    Shard& mserver = shard(mkey);
     auto add_to_job = [&]() -> Status {
         if (job_tag.empty()) return {};
         return this->add_to_job(job_tag, {m.name});
@@ -302,7 +302,7 @@ Status Remote::record_containers(std::string_view entry) {
         }
     }
     if (sadd.size() == 2) return {};
-    Server& server = shard(sadd[1]);
+    Shard& server = shard(sadd[1]);
     auto replies = KCACHE_TRY(exec(server, {sadd}));
     if (replies.front().type != Reply::Type::integer)
         return tl::unexpected(reply_error(server, replies.front(), "container set"));
@@ -314,7 +314,7 @@ Status Remote::record_containers(std::string_view entry) {
 
 Result<std::uint64_t> Remote::container_count() {
     const std::string key = proto::containers_key(m_options.ns);
-    Server& server = shard(key);
+    Shard& server = shard(key);
     auto r = KCACHE_TRY(exec(server, {{"SCARD", key}}));
     if (r.front().type != Reply::Type::integer)
         return tl::unexpected(reply_error(server, r.front(), "SCARD"));
@@ -323,7 +323,7 @@ Result<std::uint64_t> Remote::container_count() {
 
 Result<std::vector<std::string>> Remote::containers() {
     const std::string key = proto::containers_key(m_options.ns);
-    Server& server = shard(key);
+    Shard& server = shard(key);
     auto r = KCACHE_TRY(exec(server, {{"SMEMBERS", key}}));
     const Reply& set = r.front();
     if (set.type != Reply::Type::array) return tl::unexpected(reply_error(server, set, "SMEMBERS"));
@@ -352,7 +352,7 @@ Status Remote::add_to_job(std::string_view job_tag, const std::vector<std::strin
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no job set");
     if (auto s = validate_job_tag(job_tag); !s) return s;
     const std::string jkey = proto::job_key(m_options.ns, job_tag);
-    Server& server = shard(jkey);
+    Shard& server = shard(jkey);
     constexpr std::size_t kPerCommand = 512;
     std::vector<Command> commands;
     for (std::size_t first = 0; first < entries.size(); first += kPerCommand) {
@@ -375,7 +375,7 @@ Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owne
                                    std::int64_t ttl_ms) {
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
-    Server& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
+    Shard& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
     const auto replies =
         KCACHE_TRY(exec(server, {{"SET", proto::lease_key(m_options.ns, entry), std::string(owner),
                                   "NX", "PX", std::to_string(std::max<std::int64_t>(ttl_ms, 1))}}));
@@ -388,7 +388,7 @@ Result<bool> Remote::acquire_lease(std::string_view entry, std::string_view owne
 Status Remote::release_lease(std::string_view entry, std::string_view owner) {
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
-    Server& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
+    Shard& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
     // Compare and delete in one step: a lease that expired and was taken by another
     // node meanwhile is theirs.
     static const char* const kScript =
@@ -406,7 +406,7 @@ Result<bool> Remote::renew_lease(std::string_view entry, std::string_view owner,
                                  std::int64_t ttl_ms) {
     if (m_options.read_only)
         return core::fail(EROFS, "the remote is read-only (--remote-read-only): no lease");
-    Server& server = shard(proto::lease_key(m_options.ns, entry));
+    Shard& server = shard(proto::lease_key(m_options.ns, entry));
     static const char* const kScript =
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], "
         "ARGV[2]) else return 0 end";
@@ -419,7 +419,7 @@ Result<bool> Remote::renew_lease(std::string_view entry, std::string_view owner,
 }
 
 Result<bool> Remote::lease_held(std::string_view entry) {
-    Server& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
+    Shard& server = shard(proto::lease_key(m_options.ns, entry));  // the manifest's server
     auto replies = KCACHE_TRY(exec(server, {{"EXISTS", proto::lease_key(m_options.ns, entry)}}));
     const Reply& r = replies.front();
     if (r.type != Reply::Type::integer) return tl::unexpected(reply_error(server, r, "lease"));

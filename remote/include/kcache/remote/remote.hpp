@@ -51,8 +51,9 @@
 
 namespace kcache::remote {
 
-struct Reply;      // src/client.hpp
-class TlsContext;  // src/tls.hpp
+struct Reply;   // src/client.hpp
+class Backend;  // src/backend.hpp: the tier's transport seam
+struct Shard;   // src/backend.hpp
 using core::Result;
 using core::Status;
 
@@ -230,7 +231,14 @@ struct ServerState {
 
 class Remote {
   public:
+    // The tier on Redis (the servers of `options`: src/redis_pool.hpp).
     static Result<std::unique_ptr<Remote>> create(Options options);
+    // The tier on another Backend (src/backend.hpp; tests run it on an in-memory one):
+    // `make` builds it for the Remote's options (which outlive it), counting its failures,
+    // timeouts and bytes in the counts given.
+    using MakeBackend =
+        std::function<Result<std::unique_ptr<Backend>>(const Options&, AtomicCounts&)>;
+    static Result<std::unique_ptr<Remote>> create(Options options, const MakeBackend& make);
     ~Remote();
     Remote(const Remote&) = delete;
     Remote& operator=(const Remote&) = delete;
@@ -328,74 +336,53 @@ class Remote {
     // the tier is unverified (anything any writer puts there is accepted).
     bool verifying() const { return m_trust.has_value(); }
 
-    struct Server;   // a connection, its breaker and its mutex (server.hpp)
-    struct Cluster;  // the slot map of a Redis Cluster (server.hpp)
     static constexpr std::int64_t kRefreshNs = 200'000'000;  // slot map reads, at most
 
   private:
     explicit Remote(Options options);
-    // The server that holds `key`. Plain servers: the highest rendezvous score of
-    // (server id, the key's hash tag), so that keys sharing a tag share a server as
-    // they share a slot in a cluster. A cluster: the master of the key's slot (the
-    // first seed while the slot is unknown; its MOVED reply corrects that).
-    Server& shard(std::string_view key);
-    // One pipeline on the server of its keys; in a cluster, MOVED and ASK replies are
-    // followed to the node they name and their replies put in place. Error replies are
-    // replies; a failure of any node it reached fails the whole pipeline.
-    Result<std::vector<Reply>> exec(Server& server,
+    // The backend's: the shard that holds `key`, one pipeline on a shard (backend.hpp).
+    Shard& shard(std::string_view key);
+    Result<std::vector<Reply>> exec(Shard& shard,
                                     const std::vector<std::vector<std::string>>& commands);
-    // One pipeline on one server under the breaker and the deadline; counts failures,
-    // timeouts and bytes, pauses uploads on an OOM reply.
-    Result<std::vector<Reply>> exec_once(Server& server,
-                                         const std::vector<std::vector<std::string>>& commands);
-    // Cluster (cluster.cpp): the master of a slot; reads the slot map when it is
-    // wanted and kRefreshNs has passed since the last read; the server of an address
-    // (added on first sight); follows the redirections among `replies`.
-    Server& route(std::string_view key);
-    void refresh_slots();
-    Server* node(const std::string& host, std::uint16_t port);
-    Result<std::vector<Reply>> follow_redirects(
-        Server& server, const std::vector<std::vector<std::string>>& commands,
-        std::vector<Reply> replies);
-    // Every server known now (plain: the configured ones; cluster: seeds and nodes seen).
-    std::vector<Server*> all_servers() const;
-    // The servers ping() and servers() report: plain: all; a cluster: the masters of
-    // the slot map (read first if it never was), or the first seed while none is known.
-    std::vector<Server*> serving();
+    bool uploads_paused(Shard& shard);
     // A server's error reply as an Error (ENOSPC for OOM, EACCES for NOPERM), counted.
-    core::Error reply_error(const Server& server, const Reply& reply, std::string_view what);
-    bool uploads_paused(Server& server);
+    core::Error reply_error(const Shard& shard, const Reply& reply, std::string_view what);
     // push(): the entry's family member from its snapshot (nullopt: no family, or it
     // could not be read: counted), and its record once uploaded (a failure counted).
     std::optional<core::FamilyMember> family_member_of(const core::Txn& txn,
                                                        const core::EntryInfo& entry);
     void record_member(const std::optional<core::FamilyMember>& member);
-    Status upload_blob(Server& server, const core::Digest& digest, std::string_view content);
+    Status upload_blob(Shard& shard, const core::Digest& digest, std::string_view content);
     // push()'s blobs (stored frames, or content) and the dictionaries their frames need
     // (transfer.cpp); send_blobs() sends what the remote lacks, dictionaries first.
     struct Outgoing;
     Status send_blobs(const Outgoing& outgoing);
     // pull() and pull_entries() (pull.cpp): pulls `names` in batches, calling `each` with
     // every entry's result in order; false when `each` stopped it.
-    struct Wanted;    // a blob a batch needs (pull.cpp)
-    struct PullItem;  // an entry of a batch (pull.cpp)
+    struct Wanted;             // a blob a batch needs (pull.hpp)
+    struct PullItem;           // an entry of a batch (pull.hpp)
+    struct PullGroup;          // a group of a batch's entries: blobs, checks, writes (pull.cpp)
+    struct BlobFetch;          // one shard's blobs, fetched (pull_blobs.cpp)
+    struct FrameDictionaries;  // the dictionaries of a group's frames (pull.hpp)
     bool pull_batches(core::Store& store, const std::vector<std::string>& names,
                       const std::function<bool(std::size_t, Result<EntryResult>)>& each,
                       const LeaseAsk* lease = nullptr);
     // A batch's steps: the entries here already, the manifests (decoded and checked as
-    // entry images), then a group's blobs and writes (false: `report_through` stopped).
+    // entry images: take_manifest, one reply and its lease script's), then a group's
+    // blobs and writes (false: `report_through` stopped).
     void mark_local(core::Store& store, std::vector<PullItem>& items);
     void fetch_manifests(std::vector<PullItem>& items, const LeaseAsk* lease);
+    void take_manifest(Shard& holder, PullItem& item, const Reply& reply, const Reply* lease_reply,
+                       std::vector<std::vector<std::string>>& dels);
     bool pull_group(core::Store& store, std::vector<PullItem>& items, std::size_t first,
                     std::size_t last, const std::function<bool(std::size_t)>& report_through);
-    // Fetches the blobs from their servers, pipelined, each checked against its digest
+    // Fetches the blobs from their shards, pipelined, each checked against its digest
     // (a frame: once resolve_frames has its dictionary).
     void fetch_blobs(std::vector<Wanted*>& blobs);
     // The dictionaries of the frames among `blobs` (from the db when it has them, else
-    // Redis, each checked against its digest), then each frame's content against its
-    // blob's digest. A frame whose dictionary is gone is dangling, a bad one corrupt;
-    // either way it is dropped from Redis. `dictionaries` gets the ones found.
-    struct FrameDictionaries;  // by digest (pull.cpp)
+    // the backend, each checked against its digest), then each frame's content against
+    // its blob's digest. A frame whose dictionary is gone is dangling, a bad one corrupt;
+    // either way it is dropped from the backend. `dictionaries` gets the ones looked for.
     void resolve_frames(core::Store& store, std::vector<Wanted*>& blobs,
                         FrameDictionaries& dictionaries);
     // A rejected item's outcome, cause and count (pull.cpp).
@@ -404,18 +391,12 @@ class Remote {
     // Loaded by create() from Options::signing_key / trusted_keys; fixed afterwards.
     std::optional<SigningKey> m_signing_key;
     std::optional<TrustFile> m_trust;
-    // Plain servers: fixed once create() returns. A cluster appends the nodes it
-    // discovers under m_cluster's mutex (never removes one: a Server& stays valid).
-    std::vector<std::unique_ptr<Server>> m_servers;
     // push(): adds the containers of `entry` that this Remote has not added yet.
     Status record_containers(std::string_view entry);
     Mutex m_containers_mutex;
     std::unordered_set<std::string> m_containers_recorded GUARDED_BY(m_containers_mutex);
-    std::unique_ptr<Cluster> m_cluster;  // null for plain servers
-    // Set once by create() when a server is rediss:// (null otherwise); read-only after,
-    // shared by every connection (OpenSSL's SSL_CTX is safe to share once set up).
-    std::shared_ptr<const TlsContext> m_tls;
-    AtomicCounts m_counts;  // Server operations count errors, timeouts and bytes here
+    AtomicCounts m_counts;               // the backend counts errors, timeouts and bytes here too
+    std::unique_ptr<Backend> m_backend;  // after m_options and m_counts: it uses them
 };
 
 // One pass of explaining misses across nodes (docs/misses.md, "Across nodes"): takes
