@@ -1,5 +1,5 @@
 // The shared tier: entries of a local db pushed to and pulled from Redis servers
-// (protocol in docs/architecture.md and src/protocol.hpp; docs/operations.md says how
+// (protocol in src/protocol.hpp and src/keys.hpp; docs/operations.md says how
 // to run it).
 //
 // Contract:
