@@ -13,8 +13,6 @@
 namespace kcache::remote::families {
 namespace {
 
-constexpr std::string_view kMagic = "KCF1";
-
 tl::unexpected<core::Error> bad(std::string_view what) {
     return core::fail(EBADMSG, fmt::format("corrupt family member: {}", what));
 }
@@ -34,7 +32,7 @@ std::string order_key(std::string_view ns, std::string_view family) {
 }
 
 std::string encode_member(const core::FamilyMember& m) {
-    std::string out(kMagic);
+    std::string out(keys::kFamilyMemberMagic);
     core::ByteWriter w(out);
     w.str16(m.family.substr(0, kMaxNameBytes));
     w.str16(m.host.substr(0, kMaxNameBytes));
@@ -55,8 +53,10 @@ std::string encode_member(const core::FamilyMember& m) {
 core::Result<core::FamilyMember> decode_member(std::string_view entry, std::string_view value) {
     if (entry.empty() || entry.size() > kMaxNameBytes) return bad("entry name length");
     if (value.size() > kMaxValueBytes) return bad("value too large");
-    if (!value.starts_with(kMagic)) return bad("bad magic");
-    core::ByteReader r(value.substr(kMagic.size()), "family member");
+    if (!value.starts_with(keys::kFamilyMemberMagic) &&
+        !value.starts_with(keys::kLegacyFamilyMemberMagic))
+        return bad("bad magic");
+    core::ByteReader r(value.substr(keys::kFamilyMemberMagic.size()), "family member");
     core::FamilyMember m;
     m.entry = std::string(entry);
     auto family = r.str16();

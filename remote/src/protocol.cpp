@@ -18,12 +18,12 @@ using core::ByteWriter;
 
 namespace {
 
-constexpr std::string_view kManifestMagic = "KCM1";
-constexpr std::string_view kSignedManifestMagic = "KCM2";
+using keys::kManifestMagic;
+using keys::kSignedManifestMagic;
 constexpr std::uint8_t kEd25519 = 1;  // the signature section's algorithm
-constexpr std::string_view kBlobMagic = "KCB1";
-constexpr std::string_view kFrameMagic = "KCF1";
-constexpr std::string_view kDictionaryMagic = "KCD1";
+using keys::kBlobMagic;
+using keys::kDictionaryMagic;
+using keys::kFrameMagic;
 constexpr std::uint8_t kRaw = 0;
 constexpr std::uint8_t kZstd = 1;
 constexpr int kZstdLevel = 3;  // as core stores content

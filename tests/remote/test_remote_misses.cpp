@@ -17,6 +17,7 @@
 #include "families.hpp"
 #include "kcache/core/misses.hpp"
 #include "kcache/remote/remote.hpp"
+#include "keys.hpp"
 #include "redis_fixture.hpp"
 
 using kcache::test::RedisServer;
@@ -330,4 +331,27 @@ TEST_CASE("misses: a family member's value decodes to what was encoded, and only
     auto binary_text = m;
     binary_text.files[1].kind = core::MemberKind::binary;
     CHECK(!families::decode_member(m.entry, families::encode_member(binary_text)));
+}
+
+TEST_CASE(
+    "misses: a family member has a magic of its own, and members older nodes wrote still "
+    "decode",
+    "[remote][misses]") {
+    core::FamilyMember m;
+    m.entry = "triton/K";
+    m.family = "triton:add_kernel";
+    m.host = "node-a";
+    m.files.push_back(
+        {"add_kernel.json", core::MemberKind::metadata, 2, core::digest_of("{}"), "{}", true});
+    const std::string v = families::encode_member(m);
+    CHECK(v.starts_with(kcache::remote::keys::kFamilyMemberMagic));
+    CHECK(!v.starts_with(kcache::remote::keys::kFrameMagic));  // a frame's magic names a frame
+    // Before issue 34 a member began with the frame's magic: such values are still read.
+    const std::string old =
+        std::string(kcache::remote::keys::kLegacyFamilyMemberMagic) + v.substr(4);
+    auto back = families::decode_member(m.entry, old);
+    REQUIRE(back);
+    CHECK(back->family == m.family);
+    CHECK(back->files.size() == 1);
+    CHECK(!families::decode_member(m.entry, "KCM1" + v.substr(4)));  // any other magic: refused
 }
