@@ -12,7 +12,7 @@
 // fallback). After any failure the connection is unusable (replies may be pending) and
 // must be dropped. Error replies of the server are replies, not failures.
 //
-// Not thread-safe: one thread at a time (Remote::Server's mutex guards it).
+// Not thread-safe: one thread at a time (RedisPool::Server's mutex guards it).
 // Internal to kcache_remote; tests use it to reach Redis directly.
 #pragma once
 

@@ -28,7 +28,10 @@ Result<std::unique_ptr<RedisPool>> RedisPool::create(const Options& options, Ato
         auto server = std::make_unique<Server>();
         server->endpoint = e;
         server->id = e.id();
-        server->cooldown = options.breaker_cooldown_ns;
+        {
+            MutexLock lock(server->mutex);
+            server->cooldown = options.breaker_cooldown_ns;
+        }
         for (const auto& other : pool->m_servers) {
             if (other->id == server->id)
                 return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
@@ -75,7 +78,7 @@ Result<std::vector<Reply>> RedisPool::exec(Shard& shard, const std::vector<Comma
 
 Result<std::vector<Reply>> RedisPool::exec_once(Server& server,
                                                 const std::vector<Command>& commands) {
-    std::lock_guard lock(server.mutex);
+    MutexLock lock(server.mutex);
     std::int64_t now = steady_ns();
     if (server.breaker == Server::Breaker::open) {
         if (now < server.open_until) {
@@ -88,6 +91,7 @@ Result<std::vector<Reply>> RedisPool::exec_once(Server& server,
         server.breaker = Server::Breaker::half_open;  // this operation is the trial
     }
     auto failed = [&](core::Error e) -> tl::unexpected<core::Error> {
+        server.mutex.assert_held();                    // the lambda runs under `lock`
         server.connection.reset();                     // replies may be pending: never reuse it
         if (m_cluster) m_cluster->wanted.store(true);  // a failover may have begun
         (e.code == ETIMEDOUT ? m_counts.timeouts : m_counts.errors).fetch_add(1);
@@ -127,7 +131,7 @@ Result<std::vector<Reply>> RedisPool::exec_once(Server& server,
 
 bool RedisPool::uploads_paused(Shard& shard) {
     auto& server = static_cast<Server&>(shard);
-    std::lock_guard lock(server.mutex);
+    MutexLock lock(server.mutex);
     return steady_ns() < server.uploads_paused_until;
 }
 
@@ -141,7 +145,7 @@ std::size_t RedisPool::probe() {
     std::size_t tried = 0;
     for (Server* s : all_servers()) {
         {
-            std::lock_guard lock(s->mutex);
+            MutexLock lock(s->mutex);
             if (s->breaker != Server::Breaker::open || steady_ns() < s->open_until) continue;
         }
         ++tried;
@@ -154,7 +158,7 @@ std::vector<ServerState> RedisPool::states() {
     std::vector<ServerState> out;
     const std::int64_t now = steady_ns();
     for (Server* s : serving_servers()) {
-        std::lock_guard lock(s->mutex);
+        MutexLock lock(s->mutex);
         ServerState st;
         st.id = s->id;
         st.breaker = s->breaker == Server::Breaker::closed      ? "closed"

@@ -15,6 +15,7 @@
 
 #include "backend.hpp"
 #include "client.hpp"
+#include "kcache/core/thread_annotations.hpp"
 #include "kcache/remote/remote.hpp"
 
 namespace kcache::remote {
@@ -82,13 +83,14 @@ class RedisPool final : public Backend {
 struct RedisPool::Server : Shard {
     enum class Breaker : std::uint8_t { closed, open, half_open };
     Endpoint endpoint;
-    std::mutex mutex;
-    std::unique_ptr<Connection> connection;  // null until needed, and after a failure
-    Breaker breaker = Breaker::closed;
-    std::uint64_t failures = 0;   // consecutive
-    std::int64_t open_until = 0;  // steady_ns
-    std::int64_t cooldown = 0;    // the next time it opens
-    std::int64_t uploads_paused_until = 0;
+    Mutex mutex;
+    // null until needed, and after a failure
+    std::unique_ptr<Connection> connection GUARDED_BY(mutex);
+    Breaker breaker GUARDED_BY(mutex) = Breaker::closed;
+    std::uint64_t failures GUARDED_BY(mutex) = 0;   // consecutive
+    std::int64_t open_until GUARDED_BY(mutex) = 0;  // steady_ns
+    std::int64_t cooldown GUARDED_BY(mutex) = 0;    // the next time it opens
+    std::int64_t uploads_paused_until GUARDED_BY(mutex) = 0;
 };
 
 // A Redis Cluster's slot map. `mutex` guards `slots` and the pool's m_servers (which

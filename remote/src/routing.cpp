@@ -69,7 +69,10 @@ RedisPool::Server* RedisPool::node(const std::string& host, std::uint16_t port) 
     auto server = std::make_unique<Server>();
     server->endpoint = std::move(e);
     server->id = id;
-    server->cooldown = m_options.breaker_cooldown_ns;
+    {
+        MutexLock init(server->mutex);
+        server->cooldown = m_options.breaker_cooldown_ns;
+    }
     m_servers.push_back(std::move(server));
     return m_servers.back().get();
 }
@@ -86,12 +89,12 @@ void RedisPool::refresh_slots() {
     std::vector<Server*> candidates = all_servers();
     const std::int64_t now = steady_ns();
     std::stable_partition(candidates.begin(), candidates.end(), [](Server* s) {
-        std::lock_guard lock(s->mutex);
+        MutexLock lock(s->mutex);
         return s->breaker == Server::Breaker::closed;
     });
     for (Server* s : candidates) {
         {
-            std::lock_guard lock(s->mutex);
+            MutexLock lock(s->mutex);
             if (s->breaker == Server::Breaker::open && now < s->open_until) continue;
         }
         auto replies = exec_once(*s, {{"CLUSTER", "SLOTS"}});
