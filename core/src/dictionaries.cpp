@@ -156,7 +156,7 @@ Result<std::uint32_t> kind_for(Tx& tx, const BlobOwner& owner, std::string_view 
 Result<std::shared_ptr<const LoadedDictionary>> load_dictionary(const Tx& tx, std::uint32_t id) {
     auto& cache = tx.db.dictionaries;
     {
-        std::lock_guard lock(cache.mutex);
+        MutexLock lock(cache.mutex);
         if (auto it = cache.by_id.find(id); it != cache.by_id.end()) return it->second;
     }
     // Loaded outside the lock (a few LMDB reads, zstd digesting the dictionary). A
@@ -174,7 +174,7 @@ Result<std::shared_ptr<const LoadedDictionary>> load_dictionary(const Tx& tx, st
         return fail(EIO,
                     fmt::format("db {}: dictionary {} is not a zstd dictionary", tx.db.path, id));
     }
-    std::lock_guard lock(cache.mutex);
+    MutexLock lock(cache.mutex);
     return cache.by_id.emplace(id, loaded).first->second;
 }
 

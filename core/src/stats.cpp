@@ -69,12 +69,12 @@ Status WriteTxn::set_config(const Config& config) {
     if (config.low_mark_percent == 0 || config.low_mark_percent > 100) {
         return fail(EINVAL, "low mark must be between 1 and 100 percent");
     }
-    if (config.entry_depth != m_config.entry_depth) {
+    if (config.entry_depth != m_config->entry_depth) {
         auto any = KCACHE_TRY(tx.has_children(kRootIno));
         if (any) return fail(EBUSY, "entry depth can only change while the cache is empty");
     }
     if (auto s = tx.put(tx.db.meta, kMetaConfig, records::encode(config)); !s) return s;
-    m_config = config;
+    m_config = std::make_shared<const Config>(config);
     return {};
 }
 

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -32,8 +31,8 @@ namespace {
 
 // Environments open in this process, by the db directory's (device, inode).
 struct Registry {
-    std::mutex mutex;
-    std::unordered_map<std::string, std::weak_ptr<Store::Impl>> open;
+    Mutex mutex;  // held across an environment's opening: a second open waits for it
+    std::unordered_map<std::string, std::weak_ptr<Store::Impl>> open GUARDED_BY(mutex);
 };
 Registry& registry() {
     static Registry r;
@@ -345,7 +344,7 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
     store->m_clock = options.clock;
 
     auto& reg = registry();
-    std::lock_guard lock(reg.mutex);
+    MutexLock lock(reg.mutex);
     std::shared_ptr<Impl> impl = reg.open[key].lock();
     if (impl && impl->read_only && !options.read_only) {
         // Only where the filesystem denies writing: the environment could not be

@@ -24,7 +24,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +31,7 @@
 #include <vector>
 
 #include "kcache/core/store.hpp"
+#include "kcache/core/thread_annotations.hpp"
 #include "lmdb.hpp"
 #include "records.hpp"
 
@@ -81,9 +81,19 @@ struct Store::Impl {
     // reused and a dictionary never changes, so an entry stays right for as long as
     // the process lives. `mutex` is a leaf: held only to find or add an entry.
     struct LoadedDictionaries {
-        std::mutex mutex;
-        std::unordered_map<std::uint32_t, std::shared_ptr<const LoadedDictionary>> by_id;
+        Mutex mutex;
+        std::unordered_map<std::uint32_t, std::shared_ptr<const LoadedDictionary>> by_id
+            GUARDED_BY(mutex);
     } dictionaries;
+    // The config as last decoded (txn.cpp): a transaction reads the stored bytes (another
+    // process may have changed them: WriteTxn::set_config) and decodes them only when
+    // they differ from `bytes`, the first transaction of the environment and the first
+    // after a change. `mutex` is a leaf: held only to compare the bytes and share `config`.
+    struct DecodedConfig {
+        Mutex mutex;
+        std::string bytes GUARDED_BY(mutex);
+        std::shared_ptr<const Config> config GUARDED_BY(mutex);
+    } decoded_config;
     MDB_dbi links = 0;       // node ino + parent ino + name -> "" (further names; schema 4)
     bool has_links = false;  // false: an older db opened read-only (no node has two names)
     int lock_fd = -1;        // shared flock on kcache.lock: compaction takes it exclusively
@@ -184,8 +194,8 @@ class Tx {
 // Accessors for the implementation files (Txn's and Store's members are private).
 struct TxnAccess {
     static Store::Impl& impl(const Store& store) { return store.impl(); }
-    static Tx tx(const Txn& t) { return Tx(*t.m_store, t.m_txn, t.m_config, nullptr); }
-    static Tx tx(WriteTxn& t) { return Tx(*t.m_store, t.m_txn, t.m_config, t.m_state.get()); }
+    static Tx tx(const Txn& t) { return Tx(*t.m_store, t.m_txn, *t.m_config, nullptr); }
+    static Tx tx(WriteTxn& t) { return Tx(*t.m_store, t.m_txn, *t.m_config, t.m_state.get()); }
 };
 
 inline Tx::Tx(Store& owner, MDB_txn* handle, const Config& settings, WriteState* state)

@@ -25,14 +25,27 @@ Result<MDB_txn*> begin_txn(Store::Impl& impl, unsigned flags) {
     return txn;
 }
 
-Result<Config> load_config(Store& store, MDB_txn* txn) {
-    Config defaults;
-    Tx tx(store, txn, defaults, nullptr);
-    auto bytes = KCACHE_TRY(tx.get(TxnAccess::impl(store).meta, kMetaConfig));
+// The config of the snapshot `txn` began on, decoded once per environment: its stored
+// bytes are read (one lookup in the meta table: another process may have changed them)
+// and decoded only when they differ from the ones decoded last (Store::Impl's
+// decoded_config); otherwise the transaction shares that decoded config.
+Result<std::shared_ptr<const Config>> load_config(Store& store, MDB_txn* txn) {
+    static const Config kNone;  // Tx wants one; get() reads none of it
+    Store::Impl& impl = TxnAccess::impl(store);
+    auto bytes = KCACHE_TRY(Tx(store, txn, kNone, nullptr).get(impl.meta, kMetaConfig));
     if (!bytes) return fail(EIO, fmt::format("db {}: corrupt meta: no config", store.path()));
+    Store::Impl::DecodedConfig& cache = impl.decoded_config;
+    {
+        MutexLock lock(cache.mutex);
+        if (cache.config && cache.bytes == *bytes) return cache.config;
+    }
     auto config = records::decode_config(*bytes);
     if (!config) return tl::unexpected(with_context(config.error(), "db " + store.path()));
-    return *config;
+    auto decoded = std::make_shared<const Config>(std::move(*config));
+    MutexLock lock(cache.mutex);
+    cache.bytes.assign(*bytes);
+    cache.config = decoded;
+    return decoded;
 }
 
 }  // namespace
@@ -59,7 +72,7 @@ Txn::~Txn() {
 }
 
 const Config& Txn::config() const {
-    return m_config;
+    return *m_config;
 }
 std::uint64_t Txn::id() const {
     return m_txn ? mdb_txn_id(m_txn) : 0;
@@ -69,7 +82,7 @@ Result<ReadTxn> Store::read() const {
     auto txn = KCACHE_TRY(begin_txn(*m_impl, MDB_RDONLY));
     Txn t(const_cast<Store*>(this), txn);
     auto config = KCACHE_TRY(load_config(*t.m_store, txn));
-    t.m_config = config;
+    t.m_config = std::move(config);
     return t;
 }
 
@@ -84,7 +97,7 @@ Result<WriteTxn> Store::write() {
     auto txn = KCACHE_TRY(begin_txn(*m_impl, 0));
     WriteTxn t(this, txn);
     auto config = KCACHE_TRY(load_config(*this, txn));
-    t.m_config = config;
+    t.m_config = std::move(config);
     return t;
 }
 

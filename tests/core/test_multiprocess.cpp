@@ -335,3 +335,47 @@ TEST_CASE("multiprocess: a forked child that dies holding a snapshot leaves a st
     CHECK(child.wait() == 0);
     CHECK(KC_MUST(ts->clear_stale_readers()) == 1);
 }
+
+TEST_CASE("multiprocess: a config another process sets is the next snapshot's config",
+          "[multiprocess][config]") {
+    // The decoded config is cached per environment (txn.cpp): a transaction reads the
+    // stored bytes and decodes them again only when they changed, here in another process.
+    TestStore ts;
+    const auto db = ts.db_path();
+    auto before = ts.read();  // decodes the config; this snapshot keeps it
+    const std::uint64_t initial = before.config().max_bytes;
+    REQUIRE(initial != 12345);
+    Pipe changed;
+    Child child([&] {
+        core::OpenOptions options;
+        options.path = db;
+        auto store = core::Store::open(options);
+        if (!store) return 4;
+        auto txn = (*store)->write();
+        if (!txn) return 5;
+        core::Config config = txn->config();
+        config.max_bytes = 12345;
+        config.low_mark_percent = 50;
+        if (!txn->set_config(config) || !txn->commit()) return 6;
+        changed.signal();
+        return 0;
+    });
+    REQUIRE(changed.wait());
+    CHECK(child.wait() == 0);
+    CHECK(before.config().max_bytes == initial);  // a snapshot keeps the config it began with
+    auto after = ts.read();
+    CHECK(after.config().max_bytes == 12345);
+    CHECK(after.config().low_mark_percent == 50);
+    // And back, in this process: a write transaction's change is every later snapshot's.
+    {
+        auto txn = ts.write();
+        core::Config config = txn.config();
+        config.max_bytes = initial;
+        REQUIRE(txn.set_config(config));
+        CHECK(txn.config().max_bytes == initial);
+        REQUIRE(txn.commit());
+    }
+    CHECK(ts.read().config().max_bytes == initial);
+    CHECK(ts.read().config().low_mark_percent == 50);
+    CHECK(after.config().max_bytes == 12345);
+}

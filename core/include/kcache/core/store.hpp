@@ -211,7 +211,9 @@ class Txn {
     Txn(Store* store, MDB_txn* txn);
     Store* m_store = nullptr;
     MDB_txn* m_txn = nullptr;
-    Config m_config;  // read from the meta record when the transaction began
+    // The config of the snapshot, as its meta record held it when the transaction began:
+    // decoded once per environment and shared (txn.cpp), not decoded per transaction.
+    std::shared_ptr<const Config> m_config;
 };
 
 using ReadTxn = Txn;
