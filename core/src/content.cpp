@@ -799,9 +799,8 @@ Result<StoredContent> store_content(Tx& tx, const Inode& node, std::string_view 
 // The checks every write to an inode makes before its content changes.
 Result<Inode> writable_file(const Tx& tx, Ino file) {
     auto node = KCACHE_TRY(tx.inode(file));
-    if ((node.mode & S_IFMT) == S_IFDIR)
-        return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if ((node.mode & S_IFMT) != S_IFREG)
+    if (is_dir(node.mode)) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if (!is_regular(node.mode))
         return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return node;
 }
@@ -811,9 +810,8 @@ Result<Inode> writable_file(const Tx& tx, Ino file) {
 Result<Content> Txn::read(Ino file) const {
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(tx.inode(file));
-    if ((node.mode & S_IFMT) == S_IFDIR)
-        return fail(EISDIR, fmt::format("inode {} is a directory", file));
-    if ((node.mode & S_IFMT) != S_IFREG)
+    if (is_dir(node.mode)) return fail(EISDIR, fmt::format("inode {} is a directory", file));
+    if (!is_regular(node.mode))
         return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return ops::read_blob(tx, node.digest, node.size);
 }
@@ -821,7 +819,7 @@ Result<Content> Txn::read(Ino file) const {
 Status Txn::read_pieces(Ino file, const std::function<void(std::string_view)>& fn) const {
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(tx.inode(file));
-    if ((node.mode & S_IFMT) != S_IFREG)
+    if (!is_regular(node.mode))
         return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return ops::for_each_piece(tx, node.digest, node.size, fn);
 }

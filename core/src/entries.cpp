@@ -46,7 +46,7 @@ bool no_leases(const Tx& tx) {
 Result<Inode> regular_file(const Tx& tx, Ino file) {
     auto node = tx.inode(file);
     if (!node) return node;
-    if ((node->mode & S_IFMT) != S_IFREG)
+    if (!is_regular(node->mode))
         return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     return node;
 }

@@ -31,7 +31,7 @@ Status walk(const Tx& tx, std::vector<Item> roots,
     while (!work.empty()) {
         Item item = std::move(work.back());
         work.pop_back();
-        if ((item.node.mode & S_IFMT) == S_IFDIR) {
+        if (is_dir(item.node.mode)) {
             if (!item.path.empty()) {
                 const Walk next = fn(EntryFile{item.path, item.node.attr(), {}, Role::other});
                 if (next == Walk::stop) return {};
@@ -63,7 +63,7 @@ Status walk(const Tx& tx, std::vector<Item> roots,
 Status walk_below(const Txn& txn, Ino dir, const std::function<Walk(const EntryFile&)>& fn) {
     Tx tx = TxnAccess::tx(txn);
     auto node = KCACHE_TRY(tx.inode(dir));
-    if ((node.mode & S_IFMT) != S_IFDIR) {
+    if (!is_dir(node.mode)) {
         return fail(ENOTDIR, fmt::format("inode {} is not a directory", dir));
     }
     return walk(tx, {Item{std::move(node), {}}}, fn);

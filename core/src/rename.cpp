@@ -25,7 +25,7 @@ Status WriteTxn::rename(Ino parent, std::string_view name, Ino new_parent,
     if (!src_d) return fail(ENOENT, fmt::format("no '{}' in inode {}", name, parent));
     if (parent == new_parent && name == new_name) return {};
     auto src = KCACHE_TRY(tx.inode(src_d->child));
-    const bool src_is_dir = (src.mode & S_IFMT) == S_IFDIR;
+    const bool src_is_dir = is_dir(src.mode);
 
     if (src_is_dir) {  // a directory cannot move into its own subtree
         for (Ino at = new_parent;;) {

@@ -182,7 +182,7 @@ Result<RecompressReport> recompress_blobs(Store& store, const DictionaryPolicy& 
             tx.db.inodes, {}, {},
             [&](std::string_view key, std::string_view value) -> Result<bool> {
                 auto node = KCACHE_TRY(records::decode_inode(records::u64_from_key(key), value));
-                if ((node.mode & S_IFMT) != S_IFREG || node.digest.empty()) return true;
+                if (!is_regular(node.mode) || node.digest.empty()) return true;
                 if (!seen.insert(node.digest).second) return true;
                 auto ref = KCACHE_TRY(tx.blob_ref(node.digest));
                 if (!ref || ref->kind != 0 || ref->codec == Codec::segments) return true;
@@ -266,7 +266,7 @@ Result<RecompressReport> recompress_blobs(Store& store, const DictionaryPolicy& 
                 [&](std::string_view key, std::string_view value) -> Result<bool> {
                     auto node =
                         KCACHE_TRY(records::decode_inode(records::u64_from_key(key), value));
-                    if ((node.mode & S_IFMT) != S_IFREG || node.digest.empty()) return true;
+                    if (!is_regular(node.mode) || node.digest.empty()) return true;
                     auto it = holders.find(node.digest);
                     if (it != holders.end()) it->second.push_back(node.entry);
                     return true;

@@ -25,14 +25,13 @@ namespace ops {
 // `keep_entry`: a stem entry it leaves empty stays (a rename is replacing the file).
 Status remove_node(Tx& tx, Inode& parent, const Inode& node, std::string_view name, EventKind why,
                    bool keep_entry) {
-    if ((node.mode & S_IFMT) != S_IFDIR && node.nlink > 1)
-        return forget_name(tx, parent, node, name, why);
+    if (!is_dir(node.mode) && node.nlink > 1) return forget_name(tx, parent, node, name, why);
     // The only name is the inode's own (forget_name keeps it so).
     if (auto s = tx.del(tx.db.dirents, records::dirent_key(parent.ino, name)); !s) return s;
     if (auto s = tx.del(tx.db.inodes, records::u64_key(node.ino)); !s) return s;
     if (auto s = ops::drop_xattrs(tx, node.ino); !s) return s;
-    const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
-    if ((node.mode & S_IFMT) == S_IFREG) {
+    const bool dir = is_dir(node.mode);
+    if (is_regular(node.mode)) {
         if (node.entry && node.entry != node.ino) {
             auto before = KCACHE_TRY(tx.find_entry_record(node.entry));
             if (auto s = ops::add_file_to_entry(tx, node.entry, node, -1); !s) return s;
@@ -49,11 +48,11 @@ Status remove_node(Tx& tx, Inode& parent, const Inode& node, std::string_view na
     }
     if (node.entry == node.ino) {
         if (auto s = ops::drop_entry_record(tx, node.ino, why, parent.ino, node.name); !s) return s;
-    } else if (node.entry && node.entry != parent.entry && !is_dir) {
+    } else if (node.entry && node.entry != parent.entry && !dir) {
         // In a container, not inside a directory entry: a file of a stem entry.
         if (auto s = ops::left_stem_entry(tx, node.entry, node, why, keep_entry); !s) return s;
     }
-    return tx.touch_dir(parent, is_dir ? -1 : 0);
+    return tx.touch_dir(parent, dir ? -1 : 0);
 }
 
 Status remove_subtree(Tx& tx, Ino parent_ino, std::string_view name, EventKind why) {
@@ -111,7 +110,7 @@ Result<Attr> make_node(Tx& tx, Inode& parent, std::string_view name, std::uint32
     node.mode = mode;
     node.uid = uid;
     node.gid = gid;
-    node.nlink = (mode & S_IFMT) == S_IFDIR ? 2 : 1;
+    node.nlink = is_dir(mode) ? 2 : 1;
     node.size = target.size();
     node.atime_ns = node.mtime_ns = node.ctime_ns = tx.now();
     node.parent = parent.ino;
@@ -171,8 +170,7 @@ Result<Attr> Txn::getattr(Ino ino) const {
 
 Result<std::string> Txn::readlink(Ino ino) const {
     auto node = KCACHE_TRY(TxnAccess::tx(*this).inode(ino));
-    if ((node.mode & S_IFMT) != S_IFLNK)
-        return fail(EINVAL, fmt::format("inode {} is not a symlink", ino));
+    if (!is_symlink(node.mode)) return fail(EINVAL, fmt::format("inode {} is not a symlink", ino));
     return std::move(node.target);
 }
 
@@ -308,7 +306,7 @@ Result<Attr> WriteTxn::link(Ino ino, Ino new_parent, std::string_view new_name) 
     auto dir = KCACHE_TRY(tx.directory(new_parent));
     auto existing = KCACHE_TRY(tx.child(new_parent, new_name));
     if (existing) return fail(EEXIST, fmt::format("'{}' exists", new_name));
-    if ((node.mode & S_IFMT) == S_IFDIR)
+    if (is_dir(node.mode))
         return fail(EPERM, fmt::format("inode {} is a directory: no hard link to it", ino));
     if (node.nlink >= kMaxLinks)
         return fail(EMLINK, fmt::format("inode {} has {} names already", ino, node.nlink));
@@ -347,8 +345,7 @@ Status WriteTxn::unlink(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
     auto found = KCACHE_TRY(existing_child(tx, parent, name));
     auto& [dir, node] = found;
-    if ((node.mode & S_IFMT) == S_IFDIR)
-        return fail(EISDIR, fmt::format("'{}' is a directory", name));
+    if (is_dir(node.mode)) return fail(EISDIR, fmt::format("'{}' is a directory", name));
     return ops::remove_node(tx, dir, node, name, EventKind::remove);
 }
 
@@ -356,8 +353,7 @@ Status WriteTxn::rmdir(Ino parent, std::string_view name) {
     Tx tx = TxnAccess::tx(*this);
     auto found = KCACHE_TRY(existing_child(tx, parent, name));
     auto& [dir, node] = found;
-    if ((node.mode & S_IFMT) != S_IFDIR)
-        return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
+    if (!is_dir(node.mode)) return fail(ENOTDIR, fmt::format("'{}' is not a directory", name));
     auto full = KCACHE_TRY(tx.has_children(node.ino));
     if (full) return fail(ENOTEMPTY, fmt::format("directory '{}' is not empty", name));
     return ops::remove_node(tx, dir, node, name, EventKind::remove);
@@ -367,9 +363,8 @@ Result<Attr> WriteTxn::setattr(Ino ino, const SetAttr& changes) {
     Tx tx = TxnAccess::tx(*this);
     auto node = KCACHE_TRY(tx.inode(ino));
     if (changes.size) {
-        if ((node.mode & S_IFMT) == S_IFDIR)
-            return fail(EISDIR, fmt::format("inode {} is a directory", ino));
-        if ((node.mode & S_IFMT) != S_IFREG)
+        if (is_dir(node.mode)) return fail(EISDIR, fmt::format("inode {} is a directory", ino));
+        if (!is_regular(node.mode))
             return fail(EINVAL, fmt::format("inode {} is not a regular file", ino));
         if (*changes.size > kMaxFileSize) {
             return fail(EFBIG,

@@ -99,8 +99,7 @@ Status Tx::put_inode(const Inode& inode) {
 Result<Inode> Tx::directory(Ino ino) const {
     auto dir = inode(ino);
     if (!dir) return dir;
-    if ((dir->mode & S_IFMT) != S_IFDIR)
-        return fail(ENOTDIR, fmt::format("inode {} is not a directory", ino));
+    if (!is_dir(dir->mode)) return fail(ENOTDIR, fmt::format("inode {} is not a directory", ino));
     return dir;
 }
 

@@ -79,16 +79,16 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             return true;
         }
         ++report.inodes;
-        if ((node->mode & S_IFMT) == S_IFDIR) dirs.emplace(ino, *node);
+        if (is_dir(node->mode)) dirs.emplace(ino, *node);
         nodes.push_back(std::move(*node));
         return true;
     }));
     std::unordered_map<Ino, std::uint32_t> names;  // nodes with several: their nlink
     for (const Inode& node : nodes) {
         if (node.ino == kRootIno) continue;
-        const bool is_dir = (node.mode & S_IFMT) == S_IFDIR;
-        dirents_expected += is_dir ? 1 : node.nlink;
-        if (!is_dir && node.nlink != 1) names.emplace(node.ino, node.nlink);
+        const bool dir = is_dir(node.mode);
+        dirents_expected += dir ? 1 : node.nlink;
+        if (!dir && node.nlink != 1) names.emplace(node.ino, node.nlink);
         auto parent = dirs.find(node.parent);
         if (parent == dirs.end()) {
             problem(fmt::format("inode {} ('{}'): parent {} is not a directory", node.ino,
@@ -114,7 +114,7 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
             problem(fmt::format("inode {} ('{}'): its entry {} has no record", node.ino, node.name,
                                 node.entry));
         }
-        if ((node.mode & S_IFMT) != S_IFREG) continue;
+        if (!is_regular(node.mode)) continue;
         ++all.files;
         all.bytes += node.size;
         std::uint64_t stored = 0;

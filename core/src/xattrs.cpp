@@ -41,8 +41,7 @@ bool is_user(std::string_view name) {
 }
 
 bool user_allowed(const Inode& node) {
-    const auto type = node.mode & S_IFMT;
-    return type == S_IFREG || type == S_IFDIR;
+    return is_regular(node.mode) || is_dir(node.mode);
 }
 
 std::string key_of(Ino ino, std::string_view name) {

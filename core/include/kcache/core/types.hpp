@@ -50,6 +50,20 @@ enum class FileType : std::uint8_t { regular = 1, directory = 2, symlink = 3, sp
 // The type of a node with `mode` (its S_IFMT bits); anything but a directory, a
 // symlink or a special node is a regular file.
 FileType file_type_of(std::uint32_t mode);
+// A node's type tests, on its mode as file_type_of reads it (the one way core reads the
+// S_IFMT bits of a node; Attr's is_dir() and the others are these).
+inline bool is_dir(std::uint32_t mode) {
+    return file_type_of(mode) == FileType::directory;
+}
+inline bool is_regular(std::uint32_t mode) {
+    return file_type_of(mode) == FileType::regular;
+}
+inline bool is_symlink(std::uint32_t mode) {
+    return file_type_of(mode) == FileType::symlink;
+}
+inline bool is_special(std::uint32_t mode) {
+    return file_type_of(mode) == FileType::special;
+}
 
 // Attributes of one node, as stat(2) would report them.
 struct Attr {
@@ -71,10 +85,10 @@ struct Attr {
     bool bookkeeping = false;  // a lock, stats, config or temp node: never counted (layout.hpp)
 
     FileType type() const;
-    bool is_dir() const { return type() == FileType::directory; }
-    bool is_regular() const { return type() == FileType::regular; }
-    bool is_symlink() const { return type() == FileType::symlink; }
-    bool is_special() const { return type() == FileType::special; }
+    bool is_dir() const { return core::is_dir(mode); }
+    bool is_regular() const { return core::is_regular(mode); }
+    bool is_symlink() const { return core::is_symlink(mode); }
+    bool is_special() const { return core::is_special(mode); }
 };
 
 struct DirEntry {
