@@ -43,9 +43,13 @@ class SpillFile final : public core::StagedMirror {
     SpillFile& operator=(const SpillFile&) = delete;
 
     core::Status reset(std::string_view content) override {
-        if (!m_spills.make_dir()) return errno_status("cannot make the spill directory");
         const std::string fresh = m_path + ".new";
-        const int fd = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        int fd = -1;
+        for (const bool again : {false, true}) {  // again: the directory was removed
+            if (!m_spills.make_dir(again)) return errno_status("cannot make the spill directory");
+            fd = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+            if (fd >= 0 || errno != ENOENT) break;
+        }
         if (fd < 0) return errno_status("cannot create " + fresh);
         auto s = pwrite_all(fd, content, 0, fresh);
         if (s && ::rename(fresh.c_str(), m_path.c_str()) != 0)
@@ -101,8 +105,11 @@ std::string Spills::path(core::Ino ino, std::uint32_t id) const {
     return fmt::format("{}/{}.{}", m_dir, ino, id);
 }
 
-bool Spills::make_dir() {
-    return ::mkdir(m_dir.c_str(), 0700) == 0 || errno == EEXIST;
+bool Spills::make_dir(bool again) {
+    if (!again && m_dir_made.load(std::memory_order_relaxed)) return true;
+    if (::mkdir(m_dir.c_str(), 0700) != 0 && errno != EEXIST) return false;
+    m_dir_made.store(true, std::memory_order_relaxed);
+    return true;
 }
 
 std::shared_ptr<core::StagedMirror> Spills::mirror(core::Ino ino, std::uint32_t id) {

@@ -27,9 +27,9 @@
 // bits, a counter in the low ones; the top bit of a key says "a private rewrite" (else
 // the inode's shared version, versions.hpp).
 //
-// Thread safety: Spills' methods may be called from any thread (the counter is atomic;
-// the rest are file system calls on distinct names). A mirror is used under the mutex of
-// the Version whose StagedFile holds it.
+// Thread safety: Spills' methods may be called from any thread (the counter and the directory flag
+// are atomic; the rest are file system calls on distinct names). A mirror is used under the mutex
+// of the Version whose StagedFile holds it.
 #pragma once
 
 #include <atomic>
@@ -74,11 +74,14 @@ class Spills {
     void sweep(const std::set<std::pair<core::Ino, std::uint32_t>>& keep);
 
     std::string path(core::Ino ino, std::uint32_t id) const;
-    bool make_dir();
+    // Makes the directory once (a writer's first change used to pay a mkdir); `again`:
+    // once more, after a file could not be made in it (someone removed it).
+    bool make_dir(bool again = false);
 
   private:
     const std::string m_dir;
     std::atomic<std::uint32_t> m_next;
+    std::atomic<bool> m_dir_made{false};
 };
 
 }  // namespace kcache::fsd

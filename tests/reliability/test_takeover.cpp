@@ -803,6 +803,27 @@ TEST_CASE("takeover: writers sharing a file write on across kills, one with no s
     REQUIRE_FAILS_WITH(::write(blocked.get(), "x", 1), EIO);
     REQUIRE_FAILS_WITH(blocked.close(), EIO);
     CHECK(cache.daemon_stderr().find("no longer kept for a successor") != std::string::npos);
+
+    // A spill directory removed while the mount serves is made again at a writer's first
+    // change: the daemon makes it once, and again when a file cannot be made in it.
+    fs::remove(cache.db() / "spill");  // the file in the way
+    REQUIRE(write_all(cache.p("first.bin"), "this daemon makes the directory") == 0);
+    REQUIRE(wait_until(
+        [&] {
+            return fs::is_directory(cache.db() / "spill") && fs::is_empty(cache.db() / "spill");
+        },
+        5));
+    fs::remove(cache.db() / "spill");
+    Fd again(::open(cache.p("again.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    REQUIRE_SYS(again.get());
+    REQUIRE(write_fd(again.get(), "kept on disk") == 0);
+    kill_serving_daemon(keeper);
+    {
+        const int closed = again.close(), err = errno;
+        INFO("daemon log:\n" << cache.daemon_stderr() << "close: " << std::strerror(err));
+        REQUIRE(closed == 0);
+    }
+    CHECK(read_all(cache.p("again.bin")) == std::optional<std::string>("kept on disk"));
 }
 
 TEST_CASE("takeover: a reader opened while a writer writes reads on across a kill",
