@@ -7,13 +7,14 @@
 //   commands   the public Txn / WriteTxn / Store methods: tree.cpp's (the namespace,
 //              links), rename.cpp, eviction.cpp, staged.cpp, frames.cpp, holds.cpp,
 //              training.cpp (training, gc's recompression), verify.cpp, bundle_*.cpp;
-//              entries.cpp's (hits, pins, leases, write) and content.cpp's (reads) call
+//              entries.cpp's (hits, pins, leases, write) and content_read.cpp's (reads) call
 //              only their own layer and below
 //   namespace  ops:: of tree.cpp (removal) -> placement.cpp -> links.cpp, xattrs.cpp
 //   entries    ops:: of entries.cpp: entry records, stem entries, members, a file's
 //              accounting in its entry, write_file, population, the LRU, leases
-//   content    ops:: of content.cpp (blobs: addresses, references, compression, reads)
-//              -> dictionaries.cpp (kinds, dictionaries, their accounting)
+//   content    ops:: of content.cpp (storing blobs: addresses, references, compression)
+//              -> content_read.cpp (reading them) -> dictionaries.cpp (kinds,
+//              dictionaries, their accounting)
 //   Tx         tx.cpp: typed access to the tables (records.hpp: their encodings)
 //
 // Transactions (txn.cpp; a commit calls entries.cpp's log_updates) and the environment
@@ -338,20 +339,33 @@ struct StoredContent {
 };
 Result<StoredContent> store_content(Tx& tx, const records::Inode& file, std::string_view content,
                                     const ContentDigests& digests);
-Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
-// The header of the overflow page a blob chunk (`key`, `value` of blob_data) lives on, if
-// it lives on one: kCorruptDb when it is not the page's own (content.cpp).
-Status check_chunk_page(const Tx& tx, std::string_view key, std::string_view value);
 // `file` as a regular file whose content may be replaced: EISDIR, EINVAL otherwise.
 Result<records::Inode> writable_file(const Tx& tx, Ino file);
+// The zstd form of `content` when it saves space, else empty (content.cpp's rule):
+// with `dictionary` when given (its id then in the frame).
+std::string compressed_form(std::string_view content, const LoadedDictionary* dictionary = nullptr);
+// ---- content: content_read.cpp ----
+// Decompresses the zstd frame `stored` of blob `digest` into `raw` (sized to the
+// content): with its dictionary when `ref` names one, which the frame must name too.
+Status decompress(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
+                  std::string_view stored, std::string& raw);
+Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// The views of a blob's stored chunks, in order, their pages not yet touched (but for
+// the header of each overflow page).
+Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest,
+                                                  const records::BlobRef& ref);
+// Asks the kernel to read ahead the map pages behind `pieces` (a blob's chunks).
+void prefetch(const std::vector<std::string_view>& pieces);
+// The raw content of a zstd blob.
+Result<std::string> decompressed(const Tx& tx, const Digest& digest, const records::BlobRef& ref);
+// The header of the overflow page a blob chunk (`key`, `value` of blob_data) lives on, if
+// it lives on one: kCorruptDb when it is not the page's own (content_read.cpp).
+Status check_chunk_page(const Tx& tx, std::string_view key, std::string_view value);
 // A segmented blob's segment digests, in order; nullopt for a blob stored whole.
 Result<std::optional<std::vector<Digest>>> segment_list(const Tx& tx, const Digest& digest);
 // A blob's bytes as stored (compressed or not), zero-copy when they fit one chunk.
 // Not for Codec::segments (its stored bytes are a list, not content).
 Result<Content> stored_form(const Tx& tx, const Digest& digest, const records::BlobRef& ref);
-// The zstd form of `content` when it saves space, else empty (content.cpp's rule):
-// with `dictionary` when given (its id then in the frame).
-std::string compressed_form(std::string_view content, const LoadedDictionary* dictionary = nullptr);
 // ---- content: dictionaries.cpp (dictionaries.hpp) ----
 // The kind record `id`; nullopt when there is none.
 Result<std::optional<records::Kind>> find_kind(const Tx& tx, std::uint32_t id);
@@ -372,10 +386,6 @@ Result<std::shared_ptr<const LoadedDictionary>> current_dictionary(const Tx& tx,
                                                                    std::uint32_t kind);
 // Dictionary `id`, loaded once per process (EIO when the db lacks it).
 Result<std::shared_ptr<const LoadedDictionary>> load_dictionary(const Tx& tx, std::uint32_t id);
-// Decompresses the zstd frame `stored` of blob `digest` into `raw` (sized to the
-// content): with its dictionary when `ref` names one, which the frame must name too.
-Status decompress(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
-                  std::string_view stored, std::string& raw);
 // Dictionary `id`'s bytes as stored; nullopt when the db has no such dictionary.
 Result<std::optional<std::string>> stored_dictionary(const Tx& tx, std::uint32_t id);
 // Stores the zstd dictionary `bytes` of `kind` under the next id (ids are never reused),

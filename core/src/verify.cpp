@@ -27,75 +27,91 @@ struct Totals {
     std::uint64_t files = 0, bytes = 0, stored = 0;
 };
 
-// A segmented blob: its digest is its list's (or, after a collision, an alternative
-// address of the list: store_impl.hpp), its size the list's span, and each segment a
-// stored blob (never a list) of its share of the size.
-template <typename Problem>
-void verify_list(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
-                 const std::vector<Digest>& list, Problem& problem,
-                 std::unordered_map<Digest, bool, DigestHash>& damaged) {
-    if (!ops::is_list_address(digest, list)) {
-        problem(fmt::format("blob {}: segment list does not match its digest", digest.hex()));
-        damaged[digest] = true;
-        return;
+// One verify pass over a snapshot: what the steps of verify() find and count, in the
+// order they run (each step reads what the ones before it counted).
+class Verifier {
+  public:
+    Verifier(const Txn& txn, const ProgressFn& progress)
+        : m_txn(txn), m_tx(TxnAccess::tx(txn)), m_progress(progress) {}
+
+    Result<VerifyReport> run() {
+        // 1. The tree: every inode is linked from its parent under its name, at the right
+        //    depth and in the right entry; count references to blobs.
+        KCACHE_TRY(read_inodes());
+        for (const Inode& node : m_nodes) check_node(node);
+        KCACHE_TRY(check_links());
+        KCACHE_TRY(check_dirents());
+        KCACHE_TRY(check_xattrs());
+        KCACHE_TRY(count_holds());
+        // 2. Blobs: content matches digest and size, refcounts match references (a
+        //    segment list holds one per occurrence of a segment: counted first).
+        KCACHE_TRY(read_lists());
+        KCACHE_TRY(check_blobs());
+        name_damage();
+        check_chunks();
+        // 2b. Kinds and dictionaries (schema 4).
+        if (m_tx.db.has_dicts) KCACHE_TRY(check_dictionaries());
+        // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.
+        KCACHE_TRY(check_entries());
+        // 4. Gauges match what is there.
+        check_gauges();
+        if (m_progress) m_progress(m_total_blobs, m_total_blobs);
+        return std::move(m_report);
     }
-    for (std::size_t i = 0; i < list.size(); ++i) {
-        const std::uint64_t size =
-            std::min<std::uint64_t>(kSegmentSize, ref.raw_size - i * kSegmentSize);
-        auto seg = tx.blob_ref(list[i]);
-        if (!seg || !*seg || (*seg)->raw_size != size ||
-            (*seg)->codec == records::Codec::segments) {
-            problem(fmt::format("blob {}: segment {} ({}) is missing or not {} bytes", digest.hex(),
-                                i, list[i].hex(), size));
-            damaged[digest] = true;
-            return;
-        }
+
+  private:
+    const Txn& m_txn;
+    Tx m_tx;
+    const ProgressFn& m_progress;
+    VerifyReport m_report;
+    // The tree.
+    std::unordered_map<Digest, std::uint64_t, DigestHash> m_refs;
+    std::unordered_map<Ino, Totals> m_per_entry;
+    std::unordered_map<Ino, Inode> m_dirs;  // small: directories only
+    Totals m_all;
+    std::uint64_t m_dirents_expected = 0;
+    std::vector<Inode> m_nodes;
+    std::unordered_map<Ino, std::uint32_t> m_names;  // nodes with several: their nlink
+    // The blobs.
+    std::uint64_t m_total_blobs = 0;
+    std::uint64_t m_blob_count = 0, m_stored_total = 0, m_raw_total = 0, m_chunks_expected = 0;
+    std::map<std::uint32_t, records::Kind> m_kinds;  // recounted from the blobs
+    std::map<std::uint32_t, std::uint64_t> m_dictionary_users;
+    std::unordered_map<Digest, bool, DigestHash> m_damaged;  // blobs whose content is bad
+    std::unordered_map<Digest, std::vector<Digest>, DigestHash> m_lists;  // segmented blobs
+    std::uint64_t m_entry_count = 0;
+
+    void problem(std::string text) {
+        if (m_report.problems.size() < 1000) m_report.problems.push_back(std::move(text));
     }
-}
 
-}  // namespace
-
-Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
-    auto txn = KCACHE_TRY(store.read());
-    Tx tx = TxnAccess::tx(txn);
-    VerifyReport report;
-    auto problem = [&](std::string text) {
-        if (report.problems.size() < 1000) report.problems.push_back(std::move(text));
-    };
-
-    // 1. The tree: every inode is linked from its parent under its name, at the right
-    //    depth and in the right entry; count references to blobs.
-    std::unordered_map<Digest, std::uint64_t, DigestHash> refs;
-    std::unordered_map<Ino, Totals> per_entry;
-    std::unordered_map<Ino, Inode> dirs;  // small: directories only
-    Totals all;
-    std::uint64_t dirents_expected = 0;
-    std::vector<Inode> nodes;
-    KCACHE_TRY(tx.scan(tx.db.inodes, {}, {}, [&](std::string_view key, std::string_view value) {
-        const Ino ino = records::u64_from_key(key);
-        auto node = records::decode_inode(ino, value);
-        if (!node) {
-            problem(fmt::format("inode {}: {}", ino, node.error().message));
+    Status read_inodes() {
+        return m_tx.scan(m_tx.db.inodes, {}, {}, [&](std::string_view key, std::string_view value) {
+            const Ino ino = records::u64_from_key(key);
+            auto node = records::decode_inode(ino, value);
+            if (!node) {
+                problem(fmt::format("inode {}: {}", ino, node.error().message));
+                return true;
+            }
+            ++m_report.inodes;
+            if (is_dir(node->mode)) m_dirs.emplace(ino, *node);
+            m_nodes.push_back(std::move(*node));
             return true;
-        }
-        ++report.inodes;
-        if (is_dir(node->mode)) dirs.emplace(ino, *node);
-        nodes.push_back(std::move(*node));
-        return true;
-    }));
-    std::unordered_map<Ino, std::uint32_t> names;  // nodes with several: their nlink
-    for (const Inode& node : nodes) {
-        if (node.ino == kRootIno) continue;
+        });
+    }
+
+    void check_node(const Inode& node) {
+        if (node.ino == kRootIno) return;
         const bool dir = is_dir(node.mode);
-        dirents_expected += dir ? 1 : node.nlink;
-        if (!dir && node.nlink != 1) names.emplace(node.ino, node.nlink);
-        auto parent = dirs.find(node.parent);
-        if (parent == dirs.end()) {
+        m_dirents_expected += dir ? 1 : node.nlink;
+        if (!dir && node.nlink != 1) m_names.emplace(node.ino, node.nlink);
+        auto parent = m_dirs.find(node.parent);
+        if (parent == m_dirs.end()) {
             problem(fmt::format("inode {} ('{}'): parent {} is not a directory", node.ino,
                                 node.name, node.parent));
-            continue;
+            return;
         }
-        auto link = tx.child(node.parent, node.name);
+        auto link = m_tx.child(node.parent, node.name);
         if (!link || !*link || (*link)->child != node.ino) {
             problem(
                 fmt::format("inode {} ('{}'): not linked from its parent", node.ino, node.name));
@@ -110,17 +126,21 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
         if (parent_entry && node.entry != parent_entry) {
             problem(fmt::format("inode {} ('{}'): in entry {}, expected {}", node.ino, node.name,
                                 node.entry, parent_entry));
-        } else if (node.entry && !tx.find_entry_record(node.entry).value_or(std::nullopt)) {
+        } else if (node.entry && !m_tx.find_entry_record(node.entry).value_or(std::nullopt)) {
             problem(fmt::format("inode {} ('{}'): its entry {} has no record", node.ino, node.name,
                                 node.entry));
         }
-        if (!is_regular(node.mode)) continue;
-        ++all.files;
-        all.bytes += node.size;
+        if (is_regular(node.mode)) count_file(node);
+    }
+
+    // A regular file: its bytes, its blob reference, its entry's totals.
+    void count_file(const Inode& node) {
+        ++m_all.files;
+        m_all.bytes += node.size;
         std::uint64_t stored = 0;
         if (!node.digest.empty()) {
-            ++refs[node.digest];
-            auto ref = tx.blob_ref(node.digest);
+            ++m_refs[node.digest];
+            auto ref = m_tx.blob_ref(node.digest);
             if (ref && *ref) {
                 stored = records::file_footprint(**ref);
                 if ((*ref)->raw_size != node.size) {
@@ -136,65 +156,80 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
                                 node.size));
         }
         if (node.entry) {
-            Totals& t = per_entry[node.entry];
+            Totals& t = m_per_entry[node.entry];
             ++t.files;
             t.bytes += node.size;
             t.stored += stored;
         }
     }
+
     // Further names (schema 4): each one a dirent of the node, in its entry; nlink counts
     // them and the node's own name.
-    if (tx.db.has_links) {
+    Status check_links() {
+        if (!m_tx.db.has_links) {
+            if (!m_names.empty()) {
+                problem(fmt::format("{} nodes with several names in a db without a links table",
+                                    m_names.size()));
+            }
+            return {};
+        }
         std::unordered_map<Ino, std::uint32_t> further;
-        KCACHE_TRY(tx.scan(tx.db.links, {}, {}, [&](std::string_view key, std::string_view) {
+        KCACHE_TRY(m_tx.scan(m_tx.db.links, {}, {}, [&](std::string_view key, std::string_view) {
             const Ino ino = records::u64_from_key(key);
             const records::LinkName name = records::decode_link_key(key);
             ++further[ino];
-            const auto node = names.find(ino);
-            auto link = tx.child(name.parent, name.name);
-            if (node == names.end()) {
-                problem(fmt::format("name '{}' in inode {}: of inode {}, which has one name",
-                                    name.name, name.parent, ino));
-            } else if (!link || !*link || (*link)->child != ino) {
-                problem(fmt::format("name '{}' in inode {}: not a directory entry of inode {}",
-                                    name.name, name.parent, ino));
-            }
-            const auto dir = dirs.find(name.parent);
-            auto self = tx.inode(ino);
-            if (dir != dirs.end() && self && dir->second.entry &&
-                dir->second.entry != self->entry) {
-                problem(fmt::format("name '{}' in inode {}: in entry {}, its inode {} in entry {}",
-                                    name.name, name.parent, dir->second.entry, ino, self->entry));
-            }
+            check_link(ino, name);
             return true;
         }));
-        for (const auto& [ino, nlink] : names) {
+        for (const auto& [ino, nlink] : m_names) {
             if (further[ino] + 1 != nlink) {
                 problem(
                     fmt::format("inode {}: nlink {} but {} names", ino, nlink, further[ino] + 1));
             }
         }
-    } else if (!names.empty()) {
-        problem(
-            fmt::format("{} nodes with several names in a db without a links table", names.size()));
+        return {};
     }
-    std::uint64_t dirents = 0;
-    KCACHE_TRY(tx.scan(tx.db.dirents, {}, {}, [&](std::string_view, std::string_view) {
-        ++dirents;
-        return true;
-    }));
-    if (dirents != dirents_expected) {
-        problem(
-            fmt::format("{} directory entries for {} linked inodes", dirents, dirents_expected));
+
+    void check_link(Ino ino, const records::LinkName& name) {
+        const auto node = m_names.find(ino);
+        auto link = m_tx.child(name.parent, name.name);
+        if (node == m_names.end()) {
+            problem(fmt::format("name '{}' in inode {}: of inode {}, which has one name", name.name,
+                                name.parent, ino));
+        } else if (!link || !*link || (*link)->child != ino) {
+            problem(fmt::format("name '{}' in inode {}: not a directory entry of inode {}",
+                                name.name, name.parent, ino));
+        }
+        const auto dir = m_dirs.find(name.parent);
+        auto self = m_tx.inode(ino);
+        if (dir != m_dirs.end() && self && dir->second.entry && dir->second.entry != self->entry) {
+            problem(fmt::format("name '{}' in inode {}: in entry {}, its inode {} in entry {}",
+                                name.name, name.parent, dir->second.entry, ino, self->entry));
+        }
     }
+
+    Status check_dirents() {
+        std::uint64_t dirents = 0;
+        KCACHE_TRY(m_tx.scan(m_tx.db.dirents, {}, {}, [&](std::string_view, std::string_view) {
+            ++dirents;
+            return true;
+        }));
+        if (dirents != m_dirents_expected) {
+            problem(fmt::format("{} directory entries for {} linked inodes", dirents,
+                                m_dirents_expected));
+        }
+        return {};
+    }
+
     // Extended attributes (xattrs.hpp) go with their inode: a row of an inode that is
     // gone was left by a program that does not know the table (kcache gc removes it).
-    if (tx.db.has_xattrs) {
+    Status check_xattrs() {
+        if (!m_tx.db.has_xattrs) return {};
         Ino last_orphan = 0;
-        KCACHE_TRY(tx.scan(tx.db.xattrs, {}, {}, [&](std::string_view key, std::string_view) {
+        return m_tx.scan(m_tx.db.xattrs, {}, {}, [&](std::string_view key, std::string_view) {
             const Ino ino = records::u64_from_key(key);
             if (ino != last_orphan &&
-                !tx.get(tx.db.inodes, key.substr(0, 8)).value_or(std::nullopt)) {
+                !m_tx.get(m_tx.db.inodes, key.substr(0, 8)).value_or(std::nullopt)) {
                 last_orphan = ino;
                 problem(
                     fmt::format("extended attributes of inode {}, which does not exist "
@@ -202,146 +237,172 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
                                 ino));
             }
             return true;
-        }));
+        });
     }
 
     // Holds (holds.hpp) are references too. One on a blob that is gone is damage:
     // the next fresh mount clears it.
-    KCACHE_TRY(for_each_hold(txn, [&](const Digest& digest, std::uint64_t count) {
-        ++report.holds;
-        if (!tx.blob_ref(digest).value_or(std::nullopt)) {
-            problem(fmt::format("hold on blob {}: no such blob (cleared at the next fresh mount)",
+    Status count_holds() {
+        return for_each_hold(m_txn, [&](const Digest& digest, std::uint64_t count) {
+            ++m_report.holds;
+            if (!m_tx.blob_ref(digest).value_or(std::nullopt)) {
+                problem(
+                    fmt::format("hold on blob {}: no such blob (cleared at the next fresh mount)",
                                 digest.hex()));
-        } else {
-            refs[digest] += count;
-        }
-        return true;
-    }));
+            } else {
+                m_refs[digest] += count;
+            }
+            return true;
+        });
+    }
 
-    // 2. Blobs: content matches digest and size, refcounts match references (a
-    // segment list holds one per occurrence of a segment: counted first).
-    std::uint64_t blob_count = 0, stored_total = 0, raw_total = 0, chunks_expected = 0;
-    std::map<std::uint32_t, records::Kind> kinds;  // recounted from the blobs
-    std::map<std::uint32_t, std::uint64_t> dictionary_users;
-    std::unordered_map<Digest, bool, DigestHash> damaged;  // blobs whose content is bad
-    std::unordered_map<Digest, std::vector<Digest>, DigestHash> lists;  // segmented blobs
-    KCACHE_TRY(tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
-        auto ref = records::decode_blob_ref(value);
-        if (!ref || ref->codec != records::Codec::segments) return true;
-        const Digest digest = records::digest_from_key(key);
-        auto list = ops::segment_list(tx, digest);
-        if (!list || !*list) {
-            problem(fmt::format("blob {}: {}", digest.hex(),
-                                list ? "no segment list" : list.error().message));
-            damaged[digest] = true;
-            return true;
-        }
-        for (const Digest& seg : **list) ++refs[seg];
-        lists.emplace(digest, std::move(**list));
-        return true;
-    }));
-    MDB_stat st{};
-    mdb_stat(tx.txn, tx.db.blob_refs, &st);
-    const std::uint64_t total_blobs = st.ms_entries;
-    KCACHE_TRY(tx.scan(tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
-        const Digest digest = records::digest_from_key(key);
-        ++report.blobs;
-        auto ref = records::decode_blob_ref(value);
-        if (!ref) {
-            problem(fmt::format("blob {}: {}", digest.hex(), ref.error().message));
-            return true;
-        }
-        ++blob_count;
-        chunks_expected += records::chunk_count(ref->stored_size);
-        stored_total += records::footprint(*ref);
-        raw_total += records::raw_counted(*ref);
-        if (ref->kind) {
-            records::Kind& k = kinds[ref->kind];
+    // Segment lists, read first: each counts a reference per occurrence of a segment.
+    Status read_lists() {
+        return m_tx.scan(
+            m_tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
+                auto ref = records::decode_blob_ref(value);
+                if (!ref || ref->codec != records::Codec::segments) return true;
+                const Digest digest = records::digest_from_key(key);
+                auto list = ops::segment_list(m_tx, digest);
+                if (!list || !*list) {
+                    problem(fmt::format("blob {}: {}", digest.hex(),
+                                        list ? "no segment list" : list.error().message));
+                    m_damaged[digest] = true;
+                    return true;
+                }
+                for (const Digest& seg : **list) ++m_refs[seg];
+                m_lists.emplace(digest, std::move(**list));
+                return true;
+            });
+    }
+
+    Status check_blobs() {
+        MDB_stat st{};
+        mdb_stat(m_tx.txn, m_tx.db.blob_refs, &st);
+        m_total_blobs = st.ms_entries;
+        return m_tx.scan(
+            m_tx.db.blob_refs, {}, {}, [&](std::string_view key, std::string_view value) {
+                const Digest digest = records::digest_from_key(key);
+                ++m_report.blobs;
+                auto ref = records::decode_blob_ref(value);
+                if (!ref) {
+                    problem(fmt::format("blob {}: {}", digest.hex(), ref.error().message));
+                    return true;
+                }
+                check_blob(digest, *ref);
+                if (m_progress && m_report.blobs % 256 == 0)
+                    m_progress(m_report.blobs, m_total_blobs);
+                return true;
+            });
+    }
+
+    void check_blob(const Digest& digest, const records::BlobRef& ref) {
+        ++m_blob_count;
+        m_chunks_expected += records::chunk_count(ref.stored_size);
+        m_stored_total += records::footprint(ref);
+        m_raw_total += records::raw_counted(ref);
+        if (ref.kind) {
+            records::Kind& k = m_kinds[ref.kind];
             ++k.blobs;
-            k.raw_bytes += ref->raw_size;
-            k.stored_bytes += records::footprint(*ref);
+            k.raw_bytes += ref.raw_size;
+            k.stored_bytes += records::footprint(ref);
         }
-        if (ref->dictionary) ++dictionary_users[ref->dictionary];
-        const auto it = refs.find(digest);
-        const std::uint64_t counted = it == refs.end() ? 0 : it->second;
-        if (ref->refcount != counted) {
+        if (ref.dictionary) ++m_dictionary_users[ref.dictionary];
+        const auto it = m_refs.find(digest);
+        const std::uint64_t counted = it == m_refs.end() ? 0 : it->second;
+        if (ref.refcount != counted) {
             problem(fmt::format("blob {}: refcount {} but {} files refer to it", digest.hex(),
-                                ref->refcount, counted));
+                                ref.refcount, counted));
         }
-        if (ref->codec == records::Codec::segments) {
+        if (ref.codec == records::Codec::segments) {
             // Its segments are blobs checked on their own: check the list and sizes.
-            const auto list = lists.find(digest);
-            if (list != lists.end()) verify_list(tx, digest, *ref, list->second, problem, damaged);
-        } else if (auto content = ops::read_blob(tx, digest, ref->raw_size); !content) {
+            const auto list = m_lists.find(digest);
+            if (list != m_lists.end()) check_list(digest, ref, list->second);
+        } else if (auto content = ops::read_blob(m_tx, digest, ref.raw_size); !content) {
             problem(fmt::format("blob {}: {}", digest.hex(), content.error().message));
-            damaged[digest] = true;
+            m_damaged[digest] = true;
         } else if (!ops::is_flat_address(digest, {content->bytes()}) &&
                    !(digest_of(content->bytes()) == digest)) {
             // A flat blob's address is the flat digest of its bytes (a big file stored
             // before schema 3 kept its flat digest too) or an alternative address.
             problem(fmt::format("blob {}: content does not match its digest", digest.hex()));
-            damaged[digest] = true;
+            m_damaged[digest] = true;
         }
-        if (progress && report.blobs % 256 == 0) progress(report.blobs, total_blobs);
-        return true;
-    }));
-    // A damaged segment damages every list holding it.
-    for (const auto& [digest, list] : lists) {
-        for (const Digest& seg : list) {
-            if (damaged.count(seg)) damaged[digest] = true;
-        }
-    }
-    // Name what a damaged blob breaks, so a person knows which entries to evict.
-    for (const Inode& node : nodes) {
-        if (node.digest.empty() || !damaged.count(node.digest)) continue;
-        auto path = tx.path_of(node.ino);
-        problem(fmt::format("file '{}' has damaged content (blob {})", path ? *path : node.name,
-                            node.digest.hex()));
-    }
-    mdb_stat(tx.txn, tx.db.blob_data, &st);
-    if (st.ms_entries != chunks_expected) {
-        problem(fmt::format("{} blob chunks stored where the blob references need {}",
-                            st.ms_entries, chunks_expected));
     }
 
-    // 2b. Kinds and dictionaries (schema 4): each kind's accounting matches its blobs,
-    //     each dictionary's users the blobs compressed with it, and every dictionary a
-    //     blob names is there (a blob that could not be read was reported above).
-    if (tx.db.has_dicts) {
-        std::map<std::uint32_t, records::Dictionary> dictionaries;
-        KCACHE_TRY(tx.scan(tx.db.dicts, {}, {}, [&](std::string_view key, std::string_view value) {
-            const auto id = ByteReader(key, "dicts key").be_at<std::uint32_t>(1).value_or(0);
-            if (key.starts_with("K")) {
-                auto k = records::decode_kind(value);
-                if (!k) {
-                    problem(fmt::format("kind {}: {}", id, k.error().message));
-                    return true;
-                }
-                const records::Kind& counted = kinds[id];
-                if (k->blobs != counted.blobs || k->raw_bytes != counted.raw_bytes ||
-                    k->stored_bytes != counted.stored_bytes) {
-                    problem(
-                        fmt::format("kind '{}': records {} blobs/{} raw/{} stored, its blobs "
-                                    "are {}/{}/{}",
-                                    k->name, k->blobs, k->raw_bytes, k->stored_bytes, counted.blobs,
-                                    counted.raw_bytes, counted.stored_bytes));
-                }
-                kinds.erase(id);
-                if (k->dictionary) dictionary_users.try_emplace(k->dictionary, 0);
-            } else if (key.starts_with("D")) {
-                auto d = records::decode_dictionary(value);
-                if (!d) {
-                    problem(fmt::format("dictionary {}: {}", id, d.error().message));
-                    return true;
-                }
-                dictionaries.emplace(id, *d);
+    // A segmented blob: its digest is its list's (or, after a collision, an alternative
+    // address of the list: store_impl.hpp), its size the list's span, and each segment a
+    // stored blob (never a list) of its share of the size.
+    void check_list(const Digest& digest, const records::BlobRef& ref,
+                    const std::vector<Digest>& list) {
+        if (!ops::is_list_address(digest, list)) {
+            problem(fmt::format("blob {}: segment list does not match its digest", digest.hex()));
+            m_damaged[digest] = true;
+            return;
+        }
+        for (std::size_t i = 0; i < list.size(); ++i) {
+            const std::uint64_t size =
+                std::min<std::uint64_t>(kSegmentSize, ref.raw_size - i * kSegmentSize);
+            auto seg = m_tx.blob_ref(list[i]);
+            if (!seg || !*seg || (*seg)->raw_size != size ||
+                (*seg)->codec == records::Codec::segments) {
+                problem(fmt::format("blob {}: segment {} ({}) is missing or not {} bytes",
+                                    digest.hex(), i, list[i].hex(), size));
+                m_damaged[digest] = true;
+                return;
             }
-            return true;
-        }));
-        for (const auto& [id, k] : kinds) {
+        }
+    }
+
+    // A damaged segment damages every list holding it; each file a damaged blob breaks
+    // is named, so a person knows which entries to evict.
+    void name_damage() {
+        for (const auto& [digest, list] : m_lists) {
+            for (const Digest& seg : list) {
+                if (m_damaged.count(seg)) m_damaged[digest] = true;
+            }
+        }
+        for (const Inode& node : m_nodes) {
+            if (node.digest.empty() || !m_damaged.count(node.digest)) continue;
+            auto path = m_tx.path_of(node.ino);
+            problem(fmt::format("file '{}' has damaged content (blob {})", path ? *path : node.name,
+                                node.digest.hex()));
+        }
+    }
+
+    void check_chunks() {
+        MDB_stat st{};
+        mdb_stat(m_tx.txn, m_tx.db.blob_data, &st);
+        if (st.ms_entries != m_chunks_expected) {
+            problem(fmt::format("{} blob chunks stored where the blob references need {}",
+                                st.ms_entries, m_chunks_expected));
+        }
+    }
+
+    // Each kind's accounting matches its blobs, each dictionary's users the blobs
+    // compressed with it, and every dictionary a blob names is there (a blob that could
+    // not be read was reported above).
+    Status check_dictionaries() {
+        std::map<std::uint32_t, records::Dictionary> dictionaries;
+        KCACHE_TRY(
+            m_tx.scan(m_tx.db.dicts, {}, {}, [&](std::string_view key, std::string_view value) {
+                const auto id = ByteReader(key, "dicts key").be_at<std::uint32_t>(1).value_or(0);
+                if (key.starts_with("K")) {
+                    check_kind(id, value);
+                } else if (key.starts_with("D")) {
+                    auto d = records::decode_dictionary(value);
+                    if (!d) {
+                        problem(fmt::format("dictionary {}: {}", id, d.error().message));
+                        return true;
+                    }
+                    dictionaries.emplace(id, *d);
+                }
+                return true;
+            }));
+        for (const auto& [id, k] : m_kinds) {
             problem(fmt::format("{} blobs are of kind {}, which has no record", k.blobs, id));
         }
-        for (const auto& [id, users] : dictionary_users) {
+        for (const auto& [id, users] : m_dictionary_users) {
             auto d = dictionaries.find(id);
             if (d == dictionaries.end()) {
                 problem(fmt::format("dictionary {} is missing ({} blobs use it)", id, users));
@@ -350,58 +411,91 @@ Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
                                     d->second.users, users));
             }
         }
+        return {};
     }
 
-    // 3. Entries: accounting matches the tree; unpinned ones are in the LRU index.
-    std::uint64_t entry_count = 0;
-    KCACHE_TRY(tx.scan(tx.db.entries, {}, {}, [&](std::string_view key, std::string_view value) {
-        const Ino ino = records::u64_from_key(key);
-        auto entry = records::decode_entry(ino, value);
-        ++report.entries;
-        if (!entry) {
-            problem(fmt::format("entry {}: {}", ino, entry.error().message));
-            return true;
+    // Kind `id`'s record against the blobs counted of it (which it then leaves: a kind
+    // left over has blobs but no record).
+    void check_kind(std::uint32_t id, std::string_view value) {
+        auto k = records::decode_kind(value);
+        if (!k) {
+            problem(fmt::format("kind {}: {}", id, k.error().message));
+            return;
         }
-        ++entry_count;
-        const Totals t = per_entry[ino];
-        if (entry->files != t.files || entry->bytes != t.bytes || entry->stored_bytes != t.stored) {
-            problem(fmt::format(
-                "entry '{}': records {} files/{} bytes/{} stored, tree has {}/{}/{}", entry->name,
-                entry->files, entry->bytes, entry->stored_bytes, t.files, t.bytes, t.stored));
+        const records::Kind& counted = m_kinds[id];
+        if (k->blobs != counted.blobs || k->raw_bytes != counted.raw_bytes ||
+            k->stored_bytes != counted.stored_bytes) {
+            problem(
+                fmt::format("kind '{}': records {} blobs/{} raw/{} stored, its blobs "
+                            "are {}/{}/{}",
+                            k->name, k->blobs, k->raw_bytes, k->stored_bytes, counted.blobs,
+                            counted.raw_bytes, counted.stored_bytes));
         }
-        if (entry->kind == EntryKind::node) {
-            auto node = tx.inode(ino);
-            if (!node || node->entry != ino)
-                problem(fmt::format("entry '{}': its node is missing", entry->name));
-        } else {
-            auto id = ops::find_stem_entry(tx, entry->parent, entry->stem);
-            if (!id || !*id || **id != ino)
-                problem(fmt::format("entry '{}': missing from the stem index", entry->name));
-        }
-        if (!entry->pinned) {
-            auto lru = tx.get(tx.db.lru, records::lru_key(entry->last_access_ns, ino));
-            if (!lru || !*lru)
-                problem(fmt::format("entry '{}': missing from the LRU index", entry->name));
-        }
-        return true;
-    }));
+        m_kinds.erase(id);
+        if (k->dictionary) m_dictionary_users.try_emplace(k->dictionary, 0);
+    }
 
-    // 4. Gauges match what is there.
-    auto gauge = [&](Counter c, std::uint64_t actual) {
-        auto value = tx.counter(c);
-        if (value && *value != actual) {
-            problem(fmt::format("statistic {} is {} but the db holds {}", counter_name(c), *value,
-                                actual));
+    Status check_entries() {
+        return m_tx.scan(m_tx.db.entries, {}, {},
+                         [&](std::string_view key, std::string_view value) {
+                             const Ino ino = records::u64_from_key(key);
+                             auto entry = records::decode_entry(ino, value);
+                             ++m_report.entries;
+                             if (!entry) {
+                                 problem(fmt::format("entry {}: {}", ino, entry.error().message));
+                                 return true;
+                             }
+                             ++m_entry_count;
+                             check_entry(ino, *entry);
+                             return true;
+                         });
+    }
+
+    void check_entry(Ino ino, const EntryInfo& entry) {
+        const Totals t = m_per_entry[ino];
+        if (entry.files != t.files || entry.bytes != t.bytes || entry.stored_bytes != t.stored) {
+            problem(fmt::format(
+                "entry '{}': records {} files/{} bytes/{} stored, tree has {}/{}/{}", entry.name,
+                entry.files, entry.bytes, entry.stored_bytes, t.files, t.bytes, t.stored));
         }
-    };
-    gauge(Counter::entries, entry_count);
-    gauge(Counter::files, all.files);
-    gauge(Counter::bytes, all.bytes);
-    gauge(Counter::blobs, blob_count);
-    gauge(Counter::stored_bytes, stored_total);
-    gauge(Counter::blob_raw_bytes, raw_total);
-    if (progress) progress(total_blobs, total_blobs);
-    return report;
+        if (entry.kind == EntryKind::node) {
+            auto node = m_tx.inode(ino);
+            if (!node || node->entry != ino)
+                problem(fmt::format("entry '{}': its node is missing", entry.name));
+        } else {
+            auto id = ops::find_stem_entry(m_tx, entry.parent, entry.stem);
+            if (!id || !*id || **id != ino)
+                problem(fmt::format("entry '{}': missing from the stem index", entry.name));
+        }
+        if (!entry.pinned) {
+            auto lru = m_tx.get(m_tx.db.lru, records::lru_key(entry.last_access_ns, ino));
+            if (!lru || !*lru)
+                problem(fmt::format("entry '{}': missing from the LRU index", entry.name));
+        }
+    }
+
+    void check_gauges() {
+        auto gauge = [&](Counter c, std::uint64_t actual) {
+            auto value = m_tx.counter(c);
+            if (value && *value != actual) {
+                problem(fmt::format("statistic {} is {} but the db holds {}", counter_name(c),
+                                    *value, actual));
+            }
+        };
+        gauge(Counter::entries, m_entry_count);
+        gauge(Counter::files, m_all.files);
+        gauge(Counter::bytes, m_all.bytes);
+        gauge(Counter::blobs, m_blob_count);
+        gauge(Counter::stored_bytes, m_stored_total);
+        gauge(Counter::blob_raw_bytes, m_raw_total);
+    }
+};
+
+}  // namespace
+
+Result<VerifyReport> verify(const Store& store, const ProgressFn& progress) {
+    auto txn = KCACHE_TRY(store.read());
+    return Verifier(txn, progress).run();
 }
 
 Result<GcReport> collect_garbage(Store& store) {
