@@ -181,113 +181,70 @@ Status open_misses_tables(Store::Impl& impl, MDB_txn* txn, bool create) {
     return {};
 }
 
-// Opens the named databases and, for a new db, writes the meta records and root.
-Status init_schema(Store& store, const OpenOptions& options) {
-    Store::Impl& impl = TxnAccess::impl(store);
-    MDB_txn* txn = nullptr;
-    const bool ro = impl.read_only;  // the environment itself is read-only
-    if (int rc = mdb_txn_begin(impl.env, nullptr, ro ? MDB_RDONLY : 0, &txn); rc != 0) {
-        return tl::unexpected(lmdb::error(rc, fmt::format("db {}: begin", impl.path)));
+// Opens table `name` into `dbi`, made if `create`. An existing db opened read-only may
+// lack a table a later schema added (`missing_ok`: then false); any other failure is
+// an error naming `verb`.
+Result<bool> open_table(Store::Impl& impl, MDB_txn* txn, const char* name, MDB_dbi& dbi,
+                        bool create, bool missing_ok, std::string_view verb) {
+    const int rc = mdb_dbi_open(txn, name, create ? MDB_CREATE : 0, &dbi);
+    if (rc == MDB_NOTFOUND && missing_ok) return false;
+    if (rc != 0) {
+        return tl::unexpected(
+            lmdb::error(rc, fmt::format("db {}: {} table {}", impl.path, verb, name)));
     }
-    auto abort = [&](Error e) {
-        mdb_txn_abort(txn);
-        return tl::unexpected(std::move(e));
-    };
+    return true;
+}
+
+// The tables every schema has (kDbis): created only for a new db, never added to some
+// other LMDB file.
+Status open_base_tables(Store::Impl& impl, MDB_txn* txn, bool may_create) {
     for (const auto& spec : kDbis) {
-        // Tables are created only for a new db, never added to some other LMDB file.
-        const bool may_create = !ro && !options.read_only && options.create;
         const int rc =
             mdb_dbi_open(txn, spec.name, may_create ? MDB_CREATE : 0, &(impl.*spec.member));
         if (rc == MDB_NOTFOUND) {
-            return abort({ENOENT, fmt::format("db {}: not a kcache db (no '{}' table)", impl.path,
-                                              spec.name)});
+            return fail(ENOENT, fmt::format("db {}: not a kcache db (no '{}' table)", impl.path,
+                                            spec.name));
         }
         if (rc != 0) {
-            return abort(
+            return tl::unexpected(
                 lmdb::error(rc, fmt::format("db {}: open table {}", impl.path, spec.name)));
         }
     }
-    Config defaults;
-    defaults.entry_depth = options.entry_depth ? options.entry_depth : 1;
-    defaults.max_bytes = kDefaultMaxBytes;  // a new cache is bounded; `kcache config` changes it
-    WriteState state;
-    Tx tx(store, txn, defaults, ro ? nullptr : &state);
-    auto schema = tx.get(impl.meta, kMetaSchema);
-    if (!schema) return abort(schema.error());
-    if (*schema) {
-        auto version = records::decode_u64(**schema, "meta schema");
-        if (!version) return abort(with_context(version.error(), "db " + impl.path));
-        if (*version > kSchemaVersion) {
-            return abort({ENOTSUP, fmt::format("db {}: schema {} is newer than this kcache "
-                                               "supports ({})",
-                                               impl.path, *version, kSchemaVersion)});
-        }
-        // Schema 1 had no stem entries: the table is added (and the version raised)
-        // by the first process that opens the db for writing.
-        const bool writable = !ro && !options.read_only;
-        const int stems_rc =
-            mdb_dbi_open(txn, "stems", *version < 2 && writable ? MDB_CREATE : 0, &impl.stems);
-        if (stems_rc != 0 && stems_rc != MDB_NOTFOUND) {
-            return abort(lmdb::error(stems_rc, fmt::format("db {}: open table stems", impl.path)));
-        }
-        impl.has_stems = stems_rc == 0;
-        // Schema 4 added the dicts table, likewise.
-        const int dicts_rc =
-            mdb_dbi_open(txn, "dicts", *version < 4 && writable ? MDB_CREATE : 0, &impl.dicts);
-        if (dicts_rc != 0 && dicts_rc != MDB_NOTFOUND) {
-            return abort(lmdb::error(dicts_rc, fmt::format("db {}: open table dicts", impl.path)));
-        }
-        impl.has_dicts = dicts_rc == 0;
-        // Schema 4 added the tables of misses.hpp, the same way.
-        if (auto s = open_misses_tables(impl, txn, *version < 4 && writable); !s) {
-            return abort(s.error());
-        }
-        // Schema 4 added the links table, the same way.
-        const int links_rc =
-            mdb_dbi_open(txn, "links", *version < 4 && writable ? MDB_CREATE : 0, &impl.links);
-        if (links_rc != 0 && links_rc != MDB_NOTFOUND) {
-            return abort(lmdb::error(links_rc, fmt::format("db {}: open table links", impl.path)));
-        }
-        impl.has_links = links_rc == 0;
-        // The xattrs table (xattrs.hpp) needs no schema change: made by the first
-        // process that opens the db for writing, whatever its schema.
-        const int xattrs_rc = mdb_dbi_open(txn, "xattrs", writable ? MDB_CREATE : 0, &impl.xattrs);
-        if (xattrs_rc != 0 && xattrs_rc != MDB_NOTFOUND) {
-            return abort(
-                lmdb::error(xattrs_rc, fmt::format("db {}: open table xattrs", impl.path)));
-        }
-        impl.has_xattrs = xattrs_rc == 0;
-        if (*version < kSchemaVersion && writable) {
-            if (auto s = tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)); !s) {
-                return abort(s.error());
-            }
-        }
-        // Commit, not abort: aborting would close the table handles opened here.
-        if (int rc = mdb_txn_commit(txn); rc != 0) {
-            return tl::unexpected(lmdb::error(rc, fmt::format("db {}: open", impl.path)));
-        }
-        return {};
+    return {};
+}
+
+// An existing db of schema `version`: the tables later schemas added are opened, and
+// added (with the version raised) by the first process that opens it for writing.
+Status upgrade_schema(Store::Impl& impl, MDB_txn* txn, Tx& tx, std::uint64_t version,
+                      bool writable) {
+    // Schema 1 had no stem entries.
+    impl.has_stems = KCACHE_TRY(
+        open_table(impl, txn, "stems", impl.stems, version < 2 && writable, true, "open"));
+    // Schema 4 added the dicts table, the tables of misses.hpp and the links table.
+    impl.has_dicts = KCACHE_TRY(
+        open_table(impl, txn, "dicts", impl.dicts, version < 4 && writable, true, "open"));
+    KCACHE_TRY(open_misses_tables(impl, txn, version < 4 && writable));
+    impl.has_links = KCACHE_TRY(
+        open_table(impl, txn, "links", impl.links, version < 4 && writable, true, "open"));
+    // The xattrs table (xattrs.hpp) needs no schema change: made by the first
+    // process that opens the db for writing, whatever its schema.
+    impl.has_xattrs =
+        KCACHE_TRY(open_table(impl, txn, "xattrs", impl.xattrs, writable, true, "open"));
+    if (version < kSchemaVersion && writable) {
+        KCACHE_TRY(tx.put(impl.meta, kMetaSchema, records::encode_u64(kSchemaVersion)));
     }
-    if (ro || options.read_only || !options.create) {
-        return abort({ENOENT, fmt::format("db {}: not a kcache db (no schema)", impl.path)});
-    }
-    if (int rc = mdb_dbi_open(txn, "stems", MDB_CREATE, &impl.stems); rc != 0) {
-        return abort(lmdb::error(rc, fmt::format("db {}: create table stems", impl.path)));
-    }
-    impl.has_stems = true;
-    if (int rc = mdb_dbi_open(txn, "dicts", MDB_CREATE, &impl.dicts); rc != 0) {
-        return abort(lmdb::error(rc, fmt::format("db {}: create table dicts", impl.path)));
-    }
-    impl.has_dicts = true;
-    if (auto s = open_misses_tables(impl, txn, true); !s) return abort(s.error());
-    if (int rc = mdb_dbi_open(txn, "links", MDB_CREATE, &impl.links); rc != 0) {
-        return abort(lmdb::error(rc, fmt::format("db {}: create table links", impl.path)));
-    }
-    impl.has_links = true;
-    if (int rc = mdb_dbi_open(txn, "xattrs", MDB_CREATE, &impl.xattrs); rc != 0) {
-        return abort(lmdb::error(rc, fmt::format("db {}: create table xattrs", impl.path)));
-    }
-    impl.has_xattrs = true;
+    return {};
+}
+
+// A new db: every table, the meta records (the config `defaults`) and the root.
+Status create_schema(Store& store, MDB_txn* txn, Tx& tx, const Config& defaults) {
+    Store::Impl& impl = TxnAccess::impl(store);
+    impl.has_stems = KCACHE_TRY(open_table(impl, txn, "stems", impl.stems, true, false, "create"));
+    impl.has_dicts = KCACHE_TRY(open_table(impl, txn, "dicts", impl.dicts, true, false, "create"));
+    KCACHE_TRY(open_misses_tables(impl, txn, true));
+    impl.has_links = KCACHE_TRY(open_table(impl, txn, "links", impl.links, true, false, "create"));
+    impl.has_xattrs =
+        KCACHE_TRY(open_table(impl, txn, "xattrs", impl.xattrs, true, false, "create"));
     const std::int64_t now = store.now_ns();
     Inode root;
     root.ino = kRootIno;
@@ -303,7 +260,50 @@ Status init_schema(Store& store, const OpenOptions& options) {
     if (s)
         s = tx.put(impl.meta, kMetaCreated, records::encode_u64(static_cast<std::uint64_t>(now)));
     if (s) s = tx.put_inode(root);
-    if (!s) return abort(s.error());
+    return s;
+}
+
+// Opens the named databases and, for a new db, writes the meta records and root.
+Status init_schema(Store& store, const OpenOptions& options) {
+    Store::Impl& impl = TxnAccess::impl(store);
+    MDB_txn* txn = nullptr;
+    const bool ro = impl.read_only;  // the environment itself is read-only
+    if (int rc = mdb_txn_begin(impl.env, nullptr, ro ? MDB_RDONLY : 0, &txn); rc != 0) {
+        return tl::unexpected(lmdb::error(rc, fmt::format("db {}: begin", impl.path)));
+    }
+    auto abort = [&](Error e) {
+        mdb_txn_abort(txn);
+        return tl::unexpected(std::move(e));
+    };
+    if (auto s = open_base_tables(impl, txn, !ro && !options.read_only && options.create); !s)
+        return abort(s.error());
+    Config defaults;
+    defaults.entry_depth = options.entry_depth ? options.entry_depth : 1;
+    defaults.max_bytes = kDefaultMaxBytes;  // a new cache is bounded; `kcache config` changes it
+    WriteState state;
+    Tx tx(store, txn, defaults, ro ? nullptr : &state);
+    auto schema = tx.get(impl.meta, kMetaSchema);
+    if (!schema) return abort(schema.error());
+    if (*schema) {
+        auto version = records::decode_u64(**schema, "meta schema");
+        if (!version) return abort(with_context(version.error(), "db " + impl.path));
+        if (*version > kSchemaVersion) {
+            return abort({ENOTSUP, fmt::format("db {}: schema {} is newer than this kcache "
+                                               "supports ({})",
+                                               impl.path, *version, kSchemaVersion)});
+        }
+        if (auto s = upgrade_schema(impl, txn, tx, *version, !ro && !options.read_only); !s)
+            return abort(s.error());
+        // Commit, not abort: aborting would close the table handles opened here.
+        if (int rc = mdb_txn_commit(txn); rc != 0) {
+            return tl::unexpected(lmdb::error(rc, fmt::format("db {}: open", impl.path)));
+        }
+        return {};
+    }
+    if (ro || options.read_only || !options.create) {
+        return abort({ENOENT, fmt::format("db {}: not a kcache db (no schema)", impl.path)});
+    }
+    if (auto s = create_schema(store, txn, tx, defaults); !s) return abort(s.error());
     if (int rc = mdb_txn_commit(txn); rc != 0) {
         return tl::unexpected(lmdb::error(rc, fmt::format("db {}: create", impl.path)));
     }
