@@ -92,6 +92,99 @@ class BundleReader {
     std::string m_piece;  // the fields read last
 };
 
+// An entry record after its tag: its name and kind (format kFormatFlatDigests on), as
+// a new image; `prefix` gets what its nodes' paths start with ("entry/" or "dir/").
+Result<EntryImage> read_entry_header(BundleReader& in, std::uint32_t format, std::string& prefix) {
+    auto name = KCACHE_TRY(in.str16());
+    if (auto s = check_path(name, kMaxBundlePath); !s)
+        return in.bad("refused entry: " + s.error().message);
+    EntryKind kind = EntryKind::node;
+    if (format >= kFormatFlatDigests) {
+        std::uint8_t k = 0;
+        if (auto s = in.read(k); !s) return tl::unexpected(s.error());
+        if (k > static_cast<std::uint8_t>(EntryKind::stem)) return in.bad("unknown entry kind");
+        kind = static_cast<EntryKind>(k);
+    }
+    EntryImage image;
+    image.name = std::move(name);
+    image.kind = kind;
+    const auto slash = image.name.rfind('/');
+    const std::string dir =
+        slash == std::string::npos ? std::string() : image.name.substr(0, slash + 1);
+    if (kind == EntryKind::stem) image.stem = image.name.substr(dir.size());
+    prefix = kind == EntryKind::stem ? dir : image.name + "/";
+    return image;
+}
+
+// A node of `image` other than a node entry's own: `p` must be below `prefix` (a stem
+// entry's: a sibling file of the entry's name) and the entry not a single file; its
+// path in the image is what follows the prefix.
+Status place_in_entry(const BundleReader& in, const EntryImage& image, const std::string& prefix,
+                      const std::string& p, ImageFile& node) {
+    if (p.size() <= prefix.size() || p.compare(0, prefix.size(), prefix) != 0 ||
+        (image.kind == EntryKind::stem && p.find('/', prefix.size()) != std::string::npos)) {
+        return in.bad(
+            image.kind == EntryKind::stem
+                ? fmt::format("node '{}' is not a file of stem entry '{}'", p, image.name)
+                : fmt::format("node '{}' is not under a directory of entry '{}'", p, image.name));
+    }
+    if (image.single) {
+        return in.bad(
+            fmt::format("node '{}' is not under a directory of entry '{}'", p, image.name));
+    }
+    node.path = p.substr(prefix.size());
+    return {};
+}
+
+// A regular file's content (`p` its path, for errors): read, decompressed when stored
+// so, and checked against its digest (the flat digest in a format before kFormat,
+// whose node then gets the db's digest).
+Status read_file_content(BundleReader& in, ImageFile& node, std::uint32_t format,
+                         const std::string& p) {
+    std::uint8_t codec = 0;
+    std::uint32_t stored_len = 0;
+    if (auto s = in.read(node.size, node.digest.high, node.digest.low, codec, stored_len); !s)
+        return s;
+    auto stored = KCACHE_TRY(in.bytes(stored_len));
+    if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
+        if (node.size > in.size() * 1024 + (1u << 20)) return in.bad("implausible file size");
+        node.content.assign(node.size, '\0');
+        const std::size_t n =
+            ZSTD_decompress(node.content.data(), node.content.size(), stored.data(), stored.size());
+        if (ZSTD_isError(n) || n != node.size)
+            return in.bad(fmt::format("'{}' does not decompress", p));
+    } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
+        node.content = std::move(stored);
+    } else {
+        return in.bad("unknown codec");
+    }
+    const Digest digest =
+        format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
+    if (node.content.size() != node.size || !(digest == node.digest)) {
+        return in.bad(fmt::format("content of '{}' does not match its digest", p));
+    }
+    if (format < kFormat) node.digest = digest_of(node.content);  // the db's digest
+    node.has_content = true;
+    return {};
+}
+
+// The bundle's end: its record counts (`entries`, `nodes` were read) and checksum, and
+// nothing after them.
+Status check_trailer(BundleReader& in, const std::string& path, std::uint64_t entries,
+                     std::uint64_t nodes) {
+    std::uint64_t count_entries = 0, count_nodes = 0;
+    if (auto s = in.read(count_entries, count_nodes); !s) return s;
+    const Digest computed = in.digest();
+    Digest stored;
+    if (auto s = in.read_unhashed(stored.high, stored.low); !s) return s;
+    if (!(stored == computed))
+        return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
+    if (count_entries != entries || count_nodes != nodes)
+        return in.bad("record counts do not match");
+    if (in.pos() != in.size()) return in.bad("trailing bytes after the checksum");
+    return {};
+}
+
 }  // namespace
 
 Status parse_bundle(const std::string& path, const std::function<Status(EntryImage&&)>& on_image,
@@ -125,25 +218,8 @@ Status parse_bundle(const std::string& path, const std::function<Status(EntryIma
         if (tag == 'Z') break;
         if (tag == 'E') {
             if (auto s = finish(); !s) return s;
-            auto name = KCACHE_TRY(in.str16());
-            if (auto s = check_path(name, kMaxBundlePath); !s)
-                return in.bad("refused entry: " + s.error().message);
-            EntryKind kind = EntryKind::node;
-            if (format >= kFormatFlatDigests) {
-                std::uint8_t k = 0;
-                if (auto s = in.read(k); !s) return s;
-                if (k > static_cast<std::uint8_t>(EntryKind::stem))
-                    return in.bad("unknown entry kind");
-                kind = static_cast<EntryKind>(k);
-            }
-            image.emplace();
-            image->name = std::move(name);
-            image->kind = kind;
-            const auto slash = image->name.rfind('/');
-            const std::string dir =
-                slash == std::string::npos ? std::string() : image->name.substr(0, slash + 1);
-            if (kind == EntryKind::stem) image->stem = image->name.substr(dir.size());
-            prefix = kind == EntryKind::stem ? dir : image->name + "/";
+            auto header = KCACHE_TRY(read_entry_header(in, format, prefix));
+            image.emplace(std::move(header));
             own_node = false;
             ++entries;
             continue;
@@ -170,47 +246,11 @@ Status parse_bundle(const std::string& path, const std::function<Status(EntryIma
             }
             image->single = true;  // a schema-1 entry that is one file
             node.path = image->name.substr(image->name.rfind('/') + 1);
-        } else if (p.size() <= prefix.size() || p.compare(0, prefix.size(), prefix) != 0 ||
-                   (image->kind == EntryKind::stem &&
-                    p.find('/', prefix.size()) != std::string::npos)) {
-            return in.bad(
-                image->kind == EntryKind::stem
-                    ? fmt::format("node '{}' is not a file of stem entry '{}'", p, image->name)
-                    : fmt::format("node '{}' is not under a directory of entry '{}'", p,
-                                  image->name));
-        } else if (image->single) {
-            return in.bad(
-                fmt::format("node '{}' is not under a directory of entry '{}'", p, image->name));
-        } else {
-            node.path = p.substr(prefix.size());
+        } else if (auto s = place_in_entry(in, *image, prefix, p, node); !s) {
+            return s;
         }
         if (node.type == FileType::regular) {
-            std::uint8_t codec = 0;
-            std::uint32_t stored_len = 0;
-            if (auto s = in.read(node.size, node.digest.high, node.digest.low, codec, stored_len);
-                !s)
-                return s;
-            auto stored = KCACHE_TRY(in.bytes(stored_len));
-            if (codec == static_cast<std::uint8_t>(Codec::zstd)) {
-                if (node.size > in.size() * 1024 + (1u << 20))
-                    return in.bad("implausible file size");
-                node.content.assign(node.size, '\0');
-                const std::size_t n = ZSTD_decompress(node.content.data(), node.content.size(),
-                                                      stored.data(), stored.size());
-                if (ZSTD_isError(n) || n != node.size)
-                    return in.bad(fmt::format("'{}' does not decompress", p));
-            } else if (codec == static_cast<std::uint8_t>(Codec::raw)) {
-                node.content = std::move(stored);
-            } else {
-                return in.bad("unknown codec");
-            }
-            const Digest digest =
-                format >= kFormat ? digest_of(node.content) : flat_digest_of(node.content);
-            if (node.content.size() != node.size || !(digest == node.digest)) {
-                return in.bad(fmt::format("content of '{}' does not match its digest", p));
-            }
-            if (format < kFormat) node.digest = digest_of(node.content);  // the db's digest
-            node.has_content = true;
+            if (auto st = read_file_content(in, node, format, p); !st) return st;
         } else if (node.type == FileType::symlink) {
             auto target = KCACHE_TRY(in.str16());
             if (target.empty()) return in.bad("empty symlink target");
@@ -221,17 +261,7 @@ Status parse_bundle(const std::string& path, const std::function<Status(EntryIma
         if (progress) progress(in.pos(), in.size());
     }
     if (auto s = finish(); !s) return s;
-    std::uint64_t count_entries = 0, count_nodes = 0;
-    if (auto s = in.read(count_entries, count_nodes); !s) return s;
-    const Digest computed = in.digest();
-    Digest stored;
-    if (auto s = in.read_unhashed(stored.high, stored.low); !s) return s;
-    if (!(stored == computed))
-        return fail(EINVAL, fmt::format("{}: checksum mismatch: the bundle is damaged", path));
-    if (count_entries != entries || count_nodes != nodes)
-        return in.bad("record counts do not match");
-    if (in.pos() != in.size()) return in.bad("trailing bytes after the checksum");
-    return {};
+    return check_trailer(in, path, entries, nodes);
 }
 
 }  // namespace kcache::core::bundle

@@ -17,55 +17,42 @@
 
 namespace kcache::core {
 
-Status check_structure(const Store& store, bool deep) {
-    auto txn = KCACHE_TRY(store.read());
-    const Tx tx = TxnAccess::tx(txn);
+namespace {
+
+// Walks the keys of table `dbi` (`name`): a cursor step reads branch and leaf pages, and
+// for a big value only computes where its overflow pages are (they are checked when
+// read). Records (blob chunks only when `deep`): the header of a big one's overflow
+// page, and its bytes, which the daemon reads at start. kCorruptDb when LMDB counts
+// other keys than the walk finds.
+Status check_table(const Tx& tx, const char* name, MDB_dbi dbi, bool deep) {
     const Store::Impl& db = tx.db;
-    const std::pair<const char*, MDB_dbi> tables[] = {
-        {"inodes", db.inodes},       {"dirents", db.dirents}, {"blob_refs", db.blob_refs},
-        {"blob_data", db.blob_data}, {"entries", db.entries}, {"lru", db.lru},
-        {"leases", db.leases},       {"stats", db.stats},     {"events", db.events},
-        {"meta", db.meta},           {"stems", db.stems},     {"dicts", db.dicts},
-        {"links", db.links},         {"misses", db.misses},   {"evictions", db.evictions},
-        {"families", db.families},
-    };
-    const bool present[] = {true,         true,          true,          true,
-                            true,         true,          true,          true,
-                            true,         true,          db.has_stems,  db.has_dicts,
-                            db.has_links, db.has_misses, db.has_misses, db.has_misses};
-    for (std::size_t i = 0; i < std::size(tables); ++i) {
-        if (!present[i]) continue;
-        // Keys only: a cursor step reads branch and leaf pages, and for a big value only
-        // computes where its overflow pages are (they are checked when read).
-        std::uint64_t keys = 0;
-        volatile std::uint64_t touched = 0;  // every record's first and last byte read
-        const bool chunks = deep && tables[i].second == db.blob_data;
-        KCACHE_TRY(
-            tx.scan_checked(tables[i].second, {}, {},
-                            [&](std::string_view key, std::string_view value) -> Result<bool> {
-                                ++keys;
-                                // Records (blob chunks only when `deep`): the header of a
-                                // big one's overflow page, and its bytes, which the
-                                // daemon reads at start.
-                                if (chunks || tables[i].second != db.blob_data)
-                                    KCACHE_TRY(ops::check_chunk_page(tx, key, value));
-                                if (tables[i].second != db.blob_data && !value.empty())
-                                    touched = touched + static_cast<unsigned char>(value.front()) +
-                                              static_cast<unsigned char>(value.back());
-                                return true;
-                            }));
-        MDB_stat st{};
-        if (const int rc = mdb_stat(tx.txn, tables[i].second, &st); rc != 0)
-            return tl::unexpected(lmdb::error(rc, fmt::format("db {}: stat", db.path)));
-        if (st.ms_entries != keys) {
-            return fail(kCorruptDb,
-                        fmt::format("db {}: table {} holds {} keys where LMDB counts {}", db.path,
-                                    tables[i].first, keys, st.ms_entries));
-        }
+    std::uint64_t keys = 0;
+    volatile std::uint64_t touched = 0;  // every record's first and last byte read
+    const bool chunks = deep && dbi == db.blob_data;
+    KCACHE_TRY(tx.scan_checked(
+        dbi, {}, {}, [&](std::string_view key, std::string_view value) -> Result<bool> {
+            ++keys;
+            if (chunks || dbi != db.blob_data) KCACHE_TRY(ops::check_chunk_page(tx, key, value));
+            if (dbi != db.blob_data && !value.empty())
+                touched = touched + static_cast<unsigned char>(value.front()) +
+                          static_cast<unsigned char>(value.back());
+            return true;
+        }));
+    MDB_stat st{};
+    if (const int rc = mdb_stat(tx.txn, dbi, &st); rc != 0)
+        return tl::unexpected(lmdb::error(rc, fmt::format("db {}: stat", db.path)));
+    if (st.ms_entries != keys) {
+        return fail(kCorruptDb, fmt::format("db {}: table {} holds {} keys where LMDB counts {}",
+                                            db.path, name, keys, st.ms_entries));
     }
-    // LMDB's own trees: the main one (the tables' records) and the free list, which every
-    // write transaction reads when it needs pages: each record a list of page numbers
-    // (a count, then the numbers), all inside the file.
+    return {};
+}
+
+// LMDB's own trees: the main one (the tables' records) and the free list, which every
+// write transaction reads when it needs pages: each record a list of page numbers
+// (a count, then the numbers), all inside the file.
+Status check_lmdb_trees(const Tx& tx) {
+    const Store::Impl& db = tx.db;
     MDB_envinfo info{};
     if (const int rc = mdb_env_info(db.env, &info); rc != 0)
         return tl::unexpected(lmdb::error(rc, fmt::format("db {}: env info", db.path)));
@@ -90,6 +77,31 @@ Status check_structure(const Store& store, bool deep) {
         }));
         KCACHE_TRY(bad);
     }
+    return {};
+}
+
+}  // namespace
+
+Status check_structure(const Store& store, bool deep) {
+    auto txn = KCACHE_TRY(store.read());
+    const Tx tx = TxnAccess::tx(txn);
+    const Store::Impl& db = tx.db;
+    const std::pair<const char*, MDB_dbi> tables[] = {
+        {"inodes", db.inodes},       {"dirents", db.dirents}, {"blob_refs", db.blob_refs},
+        {"blob_data", db.blob_data}, {"entries", db.entries}, {"lru", db.lru},
+        {"leases", db.leases},       {"stats", db.stats},     {"events", db.events},
+        {"meta", db.meta},           {"stems", db.stems},     {"dicts", db.dicts},
+        {"links", db.links},         {"misses", db.misses},   {"evictions", db.evictions},
+        {"families", db.families},
+    };
+    const bool present[] = {true,         true,          true,          true,
+                            true,         true,          true,          true,
+                            true,         true,          db.has_stems,  db.has_dicts,
+                            db.has_links, db.has_misses, db.has_misses, db.has_misses};
+    for (std::size_t i = 0; i < std::size(tables); ++i) {
+        if (present[i]) KCACHE_TRY(check_table(tx, tables[i].first, tables[i].second, deep));
+    }
+    KCACHE_TRY(check_lmdb_trees(tx));
     auto root = txn.getattr(kRootIno);
     if (!root) return tl::unexpected(with_context(root.error(), "the root directory"));
     if (!root->is_dir())
