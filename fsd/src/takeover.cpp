@@ -129,10 +129,6 @@ bool answer_resent_init(int fd, const fuse_in_header& in) {
     return true;
 }
 
-}  // namespace
-
-namespace {
-
 // A request the kernel cannot copy whole into the reading daemon's buffer is ended with
 // EIO, not resent (fs/fuse/dev.c, fuse_dev_do_read). A daemon being killed (SIGKILL
 // pending) cannot take a page fault: so a WRITE whose payload lands on pages of the
