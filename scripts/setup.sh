@@ -11,6 +11,7 @@ packages=(
   libfmt-dev libexpected-dev nlohmann-json3-dev libcli11-dev
   catch2 libbenchmark-dev
   libfuse3-dev fuse3 ccache python3
+  python3-dev  # Python.h: the multi-user test builds Triton launchers under /usr/bin/python3 (tests/compat/users.py)
   liburing-dev  # kcache-fsd --io-uring (FUSE over io_uring)
   # the libFuzzer targets (tests/support/run_fuzz.sh); clang++-14 for the thread-safety
   # check (scripts/check_thread_safety.sh, a CTest test)

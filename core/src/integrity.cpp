@@ -121,7 +121,8 @@ Result<std::string> set_aside(const std::string& path, std::int64_t now_ns) {
     std::string base = path;
     while (base.size() > 1 && base.back() == '/') base.pop_back();
     std::string aside = fmt::format("{}.damaged-{}", base, stamp);
-    for (int n = 2; ::mkdir(aside.c_str(), 0755) != 0; ++n) {
+    // Private, as the db it comes from (Store::open makes a new db 0700).
+    for (int n = 2; ::mkdir(aside.c_str(), 0700) != 0; ++n) {
         if (errno != EEXIST || n > 1000) {
             return fail(errno, fmt::format("db {}: cannot make {} to set the damaged db aside: {}",
                                            path, aside, std::strerror(errno)));

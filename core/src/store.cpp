@@ -323,6 +323,14 @@ Result<std::unique_ptr<Store>> Store::open(const OpenOptions& options) {
         fs::create_directories(path, ec);
         if (ec)
             return fail(ec.value(), fmt::format("db {}: cannot create: {}", path, ec.message()));
+        // Cache contents are code and the db is its owner's alone: on a node shared by
+        // users who do not trust each other, no other user reads or writes a db
+        // kcache made (docs/operations.md, "A node shared by users"). Who shares one
+        // on purpose opens its mode themselves; kcache never changes an existing db's.
+        if (::chmod(path.c_str(), 0700) != 0) {
+            return fail(errno, fmt::format("db {}: cannot make it private: {}", path,
+                                           std::strerror(errno)));
+        }
     } else if (!fs::is_directory(path, ec)) {
         return fail(ENOTDIR, fmt::format("db {}: not a directory", path));
     }

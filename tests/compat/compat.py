@@ -7,7 +7,8 @@ in the same run, so a failure says whether kcache or the client is at fault.
               [--loader build/loader/libkcache_loader.so] [--python .venv/bin/python] SCENARIO
 
 SCENARIO: triton, inductor, jax, ccache, loader, wave, cutedsl, shared, remote, fleet,
-misses (see the functions scenario_*).
+misses (see the functions scenario_*); tests/compat/users.py adds `users` (a node shared
+by users who do not trust each other).
 Exit 0: every check passed; 1: a check failed (each failure is printed with where it
 happened: "plain" or "mount"); 77: skipped (no /dev/fuse, no fusermount3, no venv or
 no compiler), with the reason.
@@ -1046,9 +1047,9 @@ def scenario_shared(cfg):
 
 class RedisServer:
     """A redis-server of this scenario's own on a Unix socket in DIR (no TCP port, no
-    persistence), dead with the driver."""
+    persistence; the socket's mode SOCKET_PERM), dead with the driver."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, socket_perm="700"):
         server = shutil.which("redis-server")
         if not server:
             raise Skip("redis-server is not installed (scripts/setup.sh installs it)")
@@ -1057,7 +1058,7 @@ class RedisServer:
         self.socket = self.dir / "redis.sock"
         self.log_path = self.dir / "redis.log"
         self.proc = subprocess.Popen(
-            [server, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
+            [server, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", socket_perm,
              "--save", "", "--appendonly", "no", "--dir", str(self.dir),
              "--logfile", str(self.log_path), "--daemonize", "no"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,

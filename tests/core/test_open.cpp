@@ -61,6 +61,25 @@ TEST_CASE("open: create makes the directory and an empty db", "[open]") {
     CHECK(txn.config().max_events == 100000);
 }
 
+TEST_CASE("open: a db kcache makes is private to its owner and an existing db keeps its mode",
+          "[open]") {
+    TempDir dir;
+    auto mode_of = [](const fs::path& p) {
+        struct stat st {};
+        REQUIRE(::stat(p.c_str(), &st) == 0);
+        return st.st_mode & 07777;
+    };
+    const auto made = dir / "made";
+    { KC_MUST(core::Store::open(options_for(made))); }
+    CHECK(mode_of(made) == 0700);  // cache contents are code: no other user reads them
+
+    const auto shared = dir / "shared";
+    fs::create_directories(shared);
+    REQUIRE(::chmod(shared.c_str(), 0750) == 0);  // shared with a group on purpose
+    { KC_MUST(core::Store::open(options_for(shared))); }
+    CHECK(mode_of(shared) == 0750);
+}
+
 TEST_CASE("open: a db reopens with its content, config and entry depth", "[open]") {
     TestStore ts([](core::OpenOptions& o) { o.entry_depth = 2; });
     ts.put("ab/cdef/kernel.cubin", "bin");
