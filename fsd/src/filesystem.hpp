@@ -45,7 +45,7 @@
 // The units, each owning one kind of state (their headers state their contracts):
 // - Filesystem (filesystem.cpp: the operation table, replies, orphans; attributes.cpp:
 //   lookup and attributes; names.cpp, nodes.cpp: the namespace; directories.cpp;
-//   files.cpp: opens, reads, writes, publishing, closes): the handlers, which compose
+//   files.cpp: opens; file_io.cpp: reads, writes, publishing, closes): the handlers, which compose
 //   the units below and reply;
 // - handles.hpp: FileHandle, DirHandle, each field with the lock that guards it;
 // - Inodes (inodes.hpp): the inode table, one record per inode with the parts of the

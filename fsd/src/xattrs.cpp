@@ -34,7 +34,7 @@ bool privileged(fuse_req_t req) {
 }
 
 // ENOENT from core for an inode the kernel still knows: it was removed (unlinked while
-// open, evicted) and its attributes went with it. Like writes to such a file (files.cpp),
+// open, evicted) and its attributes went with it. Like writes to such a file (file_io.cpp),
 // a change is accepted and dropped, and a read finds none.
 bool removed(const core::Error& error) {
     return error.code == ENOENT;
