@@ -59,7 +59,7 @@ class User:
     def run(self, argv, env=None, timeout=300, check=True):
         """argv as this user, with HOME in its own directory."""
         full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home),
-                    "LANG": "C.UTF-8"}
+                    "LANG": "C.UTF-8", "LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]}
         full_env.update(env or {})
         r = subprocess.run([str(a) for a in argv], env=full_env, cwd=self.home,
                            user=self.uid, group=self.gid, extra_groups=[],
@@ -94,7 +94,8 @@ class UserDaemon(Daemon):
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log_file,
                                      stderr=subprocess.STDOUT, cwd=self.user.home,
                                      env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                          "HOME": str(self.user.home)},
+                                          "HOME": str(self.user.home),
+                                          "LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]},
                                      user=self.user.uid, group=self.user.gid,
                                      extra_groups=[], preexec_fn=compat._pdeathsig)
         Daemon.live.append(self)
@@ -110,6 +111,24 @@ class UserDaemon(Daemon):
         return self.user.run([self.cfg.kcache, "--db", self.db, *args], timeout=timeout)
 
 
+def copy_for_users(cfg, tmp):
+    """Copies kcache-fsd, kcache and the build-tree libraries they load into TMP/bin, and
+    points cfg at the copies: the build tree may sit below a directory other users
+    cannot enter (a clone under /root). Returns the LD_LIBRARY_PATH to run them with."""
+    bin_dir = Path(tmp) / "bin"
+    bin_dir.mkdir(mode=0o755)
+    build = Path(cfg.fsd).resolve().parents[1]
+    for name in ("fsd", "kcache"):
+        program = Path(getattr(cfg, name)).resolve()
+        for line in run(["ldd", program]).stdout.splitlines():
+            lib = line.split("=>")[-1].split("(")[0].strip()
+            if lib.startswith(str(build) + os.sep) and not (bin_dir / Path(lib).name).exists():
+                shutil.copy2(lib, bin_dir / Path(lib).name)
+        shutil.copy2(program, bin_dir / program.name)
+        setattr(cfg, name, str(bin_dir / program.name))
+    return str(bin_dir)
+
+
 def user_python(cfg):
     """(python, env) that another uid can run with the venv's packages: the venv's own
     interpreter where they may run it, else the system's python3 of the same version
@@ -117,8 +136,10 @@ def user_python(cfg):
     interpreter under a private home, such as pyenv's under /root)."""
     site_packages = run([cfg.python, "-c", "import site; print(site.getsitepackages()[0])"]
                         ).stdout.strip()
-    parts = Path(os.path.realpath(cfg.python)).parts
-    if all(os.stat(Path(*parts[:i])).st_mode & stat.S_IXOTH for i in range(2, len(parts) + 1)):
+    if not others_reach(site_packages):
+        raise Skip(f"the venv's packages ({site_packages}) are below a directory other users "
+                   "cannot enter: clone kcache where they can (its test makes users)")
+    if others_reach(os.path.realpath(cfg.python)):
         return cfg.python, {}
     system = shutil.which("python3", path="/usr/bin:/bin")
     suffix = "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"
@@ -126,6 +147,12 @@ def user_python(cfg):
         raise Skip(f"{cfg.python} is not runnable by other users and no /usr/bin/python3 "
                    "of its version is")
     return system, {"PYTHONPATH": site_packages}
+
+
+def others_reach(path):
+    """Whether a user other than the owner may enter every directory down to PATH."""
+    parts = Path(path).parts
+    return all(os.stat(Path(*parts[:i])).st_mode & stat.S_IXOTH for i in range(2, len(parts) + 1))
 
 
 LAUNCHER = r"""#include <Python.h>
@@ -153,8 +180,8 @@ def launcher_source(tmp, who, mark=None):
 class Triton:
     """Runs workers/launcher_worker.py as a user (or root) on a cache directory."""
 
-    def __init__(self, cfg, python, env):
-        self.cfg, self.python, self.env = cfg, python, env
+    def __init__(self, cfg, python, env, worker):
+        self.cfg, self.python, self.env, self.worker = cfg, python, env, worker
         self.counter = 0
 
     def __call__(self, who, cache_dir, source, mode, plant=None, cc=None):
@@ -163,7 +190,7 @@ class Triton:
         env = dict(self.env, TRITON_CACHE_DIR=str(cache_dir))
         if cc:
             env["CC"] = cc
-        argv = [self.python, HERE / "workers" / "launcher_worker.py", "--out", out,
+        argv = [self.python, self.worker, "--out", out,
                 "--source", source, "--name", "cuda_utils", mode]
         if plant:
             argv += ["--plant", plant]
@@ -216,7 +243,11 @@ def _scenario_users(cfg, users):
     marks.mkdir()
     marks.chmod(0o1777)
     python, py_env = user_python(cfg)
-    triton = Triton(cfg, python, py_env)
+    os.environ["LD_LIBRARY_PATH"] = copy_for_users(cfg, tmp)
+    worker = tmp / "launcher_worker.py"
+    shutil.copy2(HERE / "workers" / "launcher_worker.py", worker)
+    worker.chmod(0o644)
+    triton = Triton(cfg, python, py_env, worker)
     alice, bob = (User(name, tmp) for name in USERS)
     users += [alice, bob]
 
