@@ -10,7 +10,7 @@
 //   the publish's transaction); the last of those readers' close lets it go;
 // - a successor inherits them all (adopt); each goes when the last rebuilt reader of
 //   its blob closes, at once if none reads it.
-// A fresh mount clears every hold (main.cpp): the kernel then knows no open file.
+// A fresh mount clears every hold (serve.cpp): the kernel then knows no open file.
 //
 // Readers are counted per inode and version in the inode table (Inode::read_versions):
 // a read-only open is counted as *opening* from before its read transaction until its

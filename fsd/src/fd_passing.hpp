@@ -1,5 +1,5 @@
 // Open files passed between processes over a Unix socket (SCM_RIGHTS): the keeper's
-// start-up report from its daemon (main.cpp, keeper.cpp) and systemd's fd store
+// start-up report from its daemon (startup.cpp, keeper.cpp) and systemd's fd store
 // (fd_store.cpp). One way to build and read the control message, so that its size,
 // alignment and close-on-exec are right everywhere.
 #pragma once

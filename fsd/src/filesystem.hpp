@@ -92,7 +92,7 @@ namespace kcache::fsd {
 
 // A daemon that finds the db corrupt while serving (Filesystem::db_corrupt) leaves this
 // file in the db directory, holding LMDB's message, and exits with kCorruptExit; the
-// daemon that starts next sets the db aside (main.cpp) and removes it.
+// daemon that starts next sets the db aside (serve.cpp) and removes it.
 inline constexpr const char* kCorruptMarker = "damaged";
 inline constexpr int kCorruptExit = 76;
 
@@ -194,7 +194,7 @@ class Filesystem {
     // LMDB reported the db corrupt (core::kCorruptDb) while serving: logged, a marker
     // left in the db directory (kCorruptMarker) and the daemon ends at once, as a crash
     // does; the keeper starts a successor, which sets the db aside and serves a fresh
-    // one (main.cpp). Does not return.
+    // one (serve.cpp). Does not return.
     [[noreturn]] void db_corrupt(const core::Error& error);
     // LOOKUP; a miss of a name that could be an entry is read through the shared tier
     // first when `read_through` (then answered from a tier thread, asynchronously). When

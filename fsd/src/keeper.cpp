@@ -379,7 +379,7 @@ int Keeper::run(const std::vector<std::string>& arguments,
     auto failed = start_daemon();
     if (failed && m_start_crashed) {
         // Killed by a signal while it opened the db: its crash marker makes the next one
-        // set a db it cannot open aside (main.cpp, kStartupCrash), so one more try.
+        // set a db it cannot open aside (db_damage.cpp, kStartupCrash), so one more try.
         log::error("keeper: the first daemon could not start ({}): starting another", *failed);
         failed = start_daemon();
     }

@@ -25,7 +25,7 @@
 // SIGHUP replaces the daemon with the binary on disk (an upgrade: the daemon stops at
 // a request boundary, takeover.hpp). The daemon dies with its keeper (PR_SET_PDEATHSIG):
 // no daemon serves a mount that nobody would restart; starting kcache-fsd again on the
-// dead mount recovers it (main.cpp).
+// dead mount recovers it (startup.cpp).
 //
 // Exit: 0 once the daemon stopped cleanly (an unmount, SIGTERM) and the mount is gone;
 // 1 when the first daemon could not start (its message went to `fail`), when

@@ -1,8 +1,8 @@
 // The daemon's log: one line per message with its time and level, e.g.
 //   2025-03-01 12:00:00.123 +0100 kcache-fsd[4242] warning: eviction failed: ...
-// written to stderr, which is DB/fsd.log once the daemon has detached (main.cpp).
+// written to stderr, which is DB/fsd.log once the daemon has detached (startup.cpp).
 // Start-up errors are not log lines: they are the command's own error message,
-// printed by the waiting parent on the terminal (main.cpp, StartupPipe).
+// printed by the waiting parent on the terminal (startup.cpp, StartupPipe).
 #pragma once
 
 #include <chrono>
