@@ -125,58 +125,70 @@ FileHandle* Filesystem::rebuild_file(HandleRecord& r) {
     // The kernel knows the inode while the handle is open: a removal keeps its orphan.
     m_lookups.remember(r.ino);
     if (!r.writable) {
-        // A follower read a version being written (open_reader), so its record names no
-        // version: it reads what the file holds now, as after that version's close, and
-        // follows a shared version rebuilt from a spill file (follow_shared).
-        std::uint64_t size = r.size;
-        if (r.digest.empty() && attr) {
-            handle->snapshot_digest = attr->digest;
-            size = attr->size;
-        }
-        const core::Digest& digest = handle->snapshot_digest;
-        auto content = m_contents.load(r.ino, digest);
-        if (!content && txn) {
-            if (auto blob = txn->read_blob(digest, size))
-                content = m_contents.snapshot(digest, blob->bytes());
-        }
-        {
-            MutexLock lock(handle->mutex);  // not shared yet: for the analysis
-            handle->snapshot = content;
-        }
-        handle->lost = !content;
-        if (content) m_holds.rebuilt(*handle);
-        if (handle->lost)
-            log::warning(
-                "inode {}: the version a reader had open is gone from the db: its "
-                "reads fail with EIO",
-                r.ino);
+        rebuild_reader(*handle, r, attr, txn);
         return handle.release();
     }
     txn.reset();  // Versions::adopt and join are called with nothing held
+    rebuild_writer(*handle, r, attr);
+    return handle.release();
+}
+
+void Filesystem::rebuild_reader(FileHandle& handle, const HandleRecord& r,
+                                const std::optional<Attr>& attr,
+                                const std::optional<core::ReadTxn>& txn) {
+    // A follower read a version being written (open_reader), so its record names no
+    // version: it reads what the file holds now, as after that version's close, and
+    // follows a shared version rebuilt from a spill file (follow_shared).
+    std::uint64_t size = r.size;
+    if (r.digest.empty() && attr) {
+        handle.snapshot_digest = attr->digest;
+        size = attr->size;
+    }
+    const core::Digest& digest = handle.snapshot_digest;
+    auto content = m_contents.load(r.ino, digest);
+    if (!content && txn) {
+        if (auto blob = txn->read_blob(digest, size))
+            content = m_contents.snapshot(digest, blob->bytes());
+    }
+    {
+        MutexLock lock(handle.mutex);  // not shared yet: for the analysis
+        handle.snapshot = content;
+    }
+    handle.lost = !content;
+    if (content) m_holds.rebuilt(handle);
+    if (handle.lost)
+        log::warning(
+            "inode {}: the version a reader had open is gone from the db: its "
+            "reads fail with EIO",
+            r.ino);
+}
+
+void Filesystem::rebuild_writer(FileHandle& handle, HandleRecord& r,
+                                const std::optional<Attr>& attr) {
     if (r.version && attr) {
         // Its version changed: its content outlived the dead daemon in a spill file.
         std::shared_ptr<Version> version;
         auto adopted = m_versions.adopt(r.ino, r.version, r.opener, &version);
         if (adopted && *adopted) {
-            MutexLock lock(handle->mutex);  // not shared yet: for the analysis
-            handle->version = std::move(version);
+            MutexLock lock(handle.mutex);  // not shared yet: for the analysis
+            handle.version = std::move(version);
             if (r.unpublished.load())
                 log::info(
                     "inode {}: a writer's unpublished bytes were taken over from its spill file",
                     r.ino);
-            return handle.release();
+            return;
         }
         if (!adopted)
             log::warning("inode {}: cannot take a writer's spill file over: {}", r.ino,
                          adopted.error().message);
     }
     if (r.unpublished.load()) {
-        handle->lost = true;
+        handle.lost = true;
         log::warning(
             "inode {}: a writer's unpublished bytes died with the previous daemon: "
             "its next write, fsync or close fails with EIO",
             r.ino);
-        return handle.release();
+        return;
     }
     std::shared_ptr<Version> version;
     auto s = attr ? m_versions.join(r.ino, false, r.opener, std::nullopt, &version)
@@ -185,16 +197,15 @@ FileHandle* Filesystem::rebuild_file(HandleRecord& r) {
     // under that one, and the next successor must find it there.
     r.version = version ? version->spill_key() : 0;
     {
-        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
-        handle->version = std::move(version);
+        MutexLock lock(handle.mutex);  // not shared yet: for the analysis
+        handle.version = std::move(version);
     }
     if (!s && s.error().code == ENOENT) {
-        handle->orphan = true;  // as for a file removed while open: writes go nowhere
+        handle.orphan = true;  // as for a file removed while open: writes go nowhere
     } else if (!s) {
-        handle->lost = true;
+        handle.lost = true;
         log::warning("inode {}: cannot take a writer over: {}", r.ino, s.error().message);
     }
-    return handle.release();
 }
 
 void Filesystem::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -365,6 +376,38 @@ void Filesystem::answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle,
     reply();
 }
 
+bool Filesystem::created_before_takeover(Ino parent, const char* name) {
+    auto made = resend::recorded(resend::Op::create);
+    if (!made) return false;
+    auto txn = m_store.read();
+    auto at = txn ? txn->lookup(parent, name) : core::Result<Attr>(core::fail(ENOENT, ""));
+    if (!at || at->ino != *made) return false;
+    log::info(
+        "a resent O_EXCL create of {} was done by the previous daemon: "
+        "opened for its creator",
+        name);
+    return true;
+}
+
+core::Result<Attr> Filesystem::create_file(Ino parent, const char* name, mode_t mode,
+                                           const fuse_ctx& ctx, bool exclusive, bool truncate,
+                                           std::optional<core::StagedFile>& made) {
+    auto txn = m_store.write();
+    if (!txn) return tl::unexpected(txn.error());
+    auto created = txn->create(parent, name, mode, ctx.uid, ctx.gid, exclusive);
+    if (!created) return tl::unexpected(created.error());
+    if (exclusive) resend::record(resend::Op::create, created->ino);
+    auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
+    if (!staged) return tl::unexpected(staged.error());
+    if (auto s = txn->commit(); !s) {
+        staged->forget();
+        return tl::unexpected(s.error());
+    }
+    staged->set_max_size(m_options.max_file_size);
+    made = std::move(*staged);
+    return *created;
+}
+
 void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                         fuse_file_info* fi) {
     const fuse_ctx* ctx = fuse_req_ctx(req);
@@ -377,38 +420,11 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     }
     // Resent (resend.hpp) after the dead daemon made the file: it is this creator's, so
     // an O_EXCL create opens it (a lock file's creator does not get EEXIST).
-    bool exclusive = (fi->flags & O_EXCL) != 0;
-    if (exclusive) {
-        if (auto made = resend::recorded(resend::Op::create)) {
-            auto txn = m_store.read();
-            auto at = txn ? txn->lookup(parent, name) : core::Result<Attr>(core::fail(ENOENT, ""));
-            if (at && at->ino == *made) {
-                exclusive = false;
-                log::info(
-                    "a resent O_EXCL create of {} was done by the previous daemon: "
-                    "opened for its creator",
-                    name);
-            }
-        }
-    }
-    Attr attr;
+    const bool exclusive = (fi->flags & O_EXCL) != 0 && !created_before_takeover(parent, name);
     std::optional<core::StagedFile> made;
-    {
-        auto txn = m_store.write();
-        if (!txn) return reply_error(req, txn.error());
-        auto created = txn->create(parent, name, mode, ctx->uid, ctx->gid, exclusive);
-        if (!created) return reply_error(req, created.error());
-        if (exclusive) resend::record(resend::Op::create, created->ino);
-        auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
-        if (!staged) return reply_error(req, staged.error());
-        if (auto s = txn->commit(); !s) {
-            staged->forget();
-            return reply_error(req, s.error());
-        }
-        staged->set_max_size(m_options.max_file_size);
-        made = std::move(*staged);
-        attr = *created;
-    }
+    auto created = create_file(parent, name, mode, *ctx, exclusive, truncate, made);
+    if (!created) return reply_error(req, created.error());
+    Attr attr = *created;
     resend::after_commit();
     handle->ino = attr.ino;
     handle->attr = attr;

@@ -276,8 +276,22 @@ class Filesystem {
     // Puts an opened handle into the handle table; its fh, or 0 when the table is full.
     // `unpublished`: the open itself changed the file (O_TRUNC) and nothing published it.
     std::uint64_t enter_handle(FileHandle* handle, bool unpublished);
-    // A handle a dead daemon left (state.hpp): rebuilt by inode and digest.
+    // A handle a dead daemon left (state.hpp): rebuilt by inode and digest, a reader's
+    // (rebuild_reader: its snapshot) or a writer's (rebuild_writer: its version). `attr`:
+    // the file's stored attributes, none when it was removed since.
     FileHandle* rebuild_file(HandleRecord& record);
+    void rebuild_reader(FileHandle& handle, const HandleRecord& record,
+                        const std::optional<core::Attr>& attr,
+                        const std::optional<core::ReadTxn>& txn);
+    void rebuild_writer(FileHandle& handle, HandleRecord& record,
+                        const std::optional<core::Attr>& attr);
+    // CREATE's steps: whether the file a resent O_EXCL create names is the one the dead
+    // daemon made for it (resend.hpp); the file made (or found: no O_EXCL) and committed
+    // with its staged content begun (`made`).
+    bool created_before_takeover(core::Ino parent, const char* name);
+    core::Result<core::Attr> create_file(core::Ino parent, const char* name, mode_t mode,
+                                         const fuse_ctx& ctx, bool exclusive, bool truncate,
+                                         std::optional<core::StagedFile>& made);
 
     core::Store& m_store;
     const Options m_options;

@@ -93,6 +93,13 @@ class Keeper {
             const std::optional<fd_store::Files>& adopted);
 
   private:
+    // Mounts (or takes the mount systemd's fd store kept over), starts the first daemon
+    // and reports "ready"; fails start-up when no daemon starts.
+    void start(const std::vector<std::string>& arguments,
+               const std::optional<fd_store::Files>& adopted);
+    // SIGCHLD: reaps every child that ended, and replaces a serving daemon that died
+    // unless `stopping`; false when one could not be replaced or died while stopping.
+    bool reap_children(bool stopping);
     // Starts a daemon and waits until it is ready or dead; its message when it failed.
     std::optional<std::string> start_daemon();
     bool m_start_crashed = false;  // the last start_daemon() that failed: killed by a signal
@@ -366,31 +373,7 @@ int Keeper::run(const std::vector<std::string>& arguments,
     for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&mask, sig);
     sigprocmask(SIG_BLOCK, &mask, &m_old_mask);
 
-    if (adopted) {
-        // systemd kept the files of a keeper that died: its mount is served again as is.
-        m_fuse_fd = adopted->fuse;
-        m_state_fd = adopted->state;
-        m_lock_fd = adopted->lock;
-        log::info("keeper {}: took {} over from systemd's fd store (not mounting again)", getpid(),
-                  m_mountpoint);
-    } else {
-        mount(arguments);
-    }
-    auto failed = start_daemon();
-    if (failed && m_start_crashed) {
-        // Killed by a signal while it opened the db: its crash marker makes the next one
-        // set a db it cannot open aside (db_damage.cpp, kStartupCrash), so one more try.
-        log::error("keeper: the first daemon could not start ({}): starting another", *failed);
-        failed = start_daemon();
-    }
-    if (failed) {
-        unmount();
-        m_startup.fail(*failed);
-    }
-    if (!adopted) store_files();  // kept by systemd across restarts: stored once
-    m_startup.ready();
-    fd_store::notify(fmt::format("READY=1\nMAINPID={}", getpid()));
-    log::info("keeper {}: serving {} through daemon {}", getpid(), m_mountpoint, m_daemon);
+    start(arguments, adopted);
 
     bool stopping = false;
     int code = 0;
@@ -422,34 +405,68 @@ int Keeper::run(const std::vector<std::string>& arguments,
             kill(m_daemon, SIGUSR2);  // it hands over at a request boundary
             continue;
         }
-        // SIGCHLD: reap every child that ended.
-        for (;;) {
-            int status = 0;
-            const pid_t pid = waitpid(-1, &status, WNOHANG);
-            if (pid <= 0) break;
-            if (pid != m_daemon) {
-                std::erase(m_dying, pid);
-                log::info("keeper: the previous daemon (pid {}) {}", pid, describe(status));
-                continue;
-            }
-            m_daemon = -1;
-            if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;  // unmounted, or stopped
-            if (stopping) {
-                code = 1;
-                log::error("keeper: the daemon {} while stopping", describe(status));
-                break;
-            }
-            if (WIFEXITED(status) && WEXITSTATUS(status) == kHandedOver) {
-                if (!replace(pid, "handed the mount over")) code = 1;
-            } else if (!replace(pid, describe(status))) {
-                code = 1;
-            }
-        }
+        if (!reap_children(stopping)) code = 1;
     }
     fd_store::notify("STOPPING=1");
     unmount();
     log::info("keeper: {} unmounted", m_mountpoint);
     return code;
+}
+
+void Keeper::start(const std::vector<std::string>& arguments,
+                   const std::optional<fd_store::Files>& adopted) {
+    if (adopted) {
+        // systemd kept the files of a keeper that died: its mount is served again as is.
+        m_fuse_fd = adopted->fuse;
+        m_state_fd = adopted->state;
+        m_lock_fd = adopted->lock;
+        log::info("keeper {}: took {} over from systemd's fd store (not mounting again)", getpid(),
+                  m_mountpoint);
+    } else {
+        mount(arguments);
+    }
+    auto failed = start_daemon();
+    if (failed && m_start_crashed) {
+        // Killed by a signal while it opened the db: its crash marker makes the next one
+        // set a db it cannot open aside (db_damage.cpp, kStartupCrash), so one more try.
+        log::error("keeper: the first daemon could not start ({}): starting another", *failed);
+        failed = start_daemon();
+    }
+    if (failed) {
+        unmount();
+        m_startup.fail(*failed);
+    }
+    if (!adopted) store_files();  // kept by systemd across restarts: stored once
+    m_startup.ready();
+    fd_store::notify(fmt::format("READY=1\nMAINPID={}", getpid()));
+    log::info("keeper {}: serving {} through daemon {}", getpid(), m_mountpoint, m_daemon);
+}
+
+bool Keeper::reap_children(bool stopping) {
+    bool replaced = true;
+    for (;;) {
+        int status = 0;
+        const pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        if (pid != m_daemon) {
+            std::erase(m_dying, pid);
+            log::info("keeper: the previous daemon (pid {}) {}", pid, describe(status));
+            continue;
+        }
+        m_daemon = -1;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;  // unmounted, or stopped
+        if (stopping) {
+            replaced = false;
+            log::error("keeper: the daemon {} while stopping", describe(status));
+            break;
+        }
+        if (WIFEXITED(status) && WEXITSTATUS(status) == kHandedOver) {
+            if (!replace(pid, "handed the mount over")) replaced = false;
+        } else if (!replace(pid, describe(status))) {
+            replaced = false;
+        }
+    }
+    return replaced;
 }
 
 }  // namespace

@@ -92,14 +92,20 @@ core::Result<bool> apply_option(const std::string& key, const std::string& value
     return false;
 }
 
-}  // namespace
-
-core::Result<Options> parse_options(int argc, char** argv) {
-    Options o;
-    CLI::App app{"kcache-fsd: mount a kcache db as a directory for compilers", "kcache-fsd"};
+// The command line's values before they are checked: what apply_option and the checks
+// after the parse read.
+struct RawOptions {
     std::vector<std::string> positionals, dash_o;
     // The long options' values by their -o key: both forms go through apply_option.
     std::map<std::string, std::string> long_options;
+    std::string layout_rules_file;
+    remote::Settings remote_settings;
+    std::string lease_ms = "auto";
+};
+
+// Declares kcache-fsd's options on `app`: flags straight into `o`, the rest into `raw`.
+void declare_options(CLI::App& app, Options& o, RawOptions& raw) {
+    auto& long_options = raw.long_options;
     app.add_option("--db", o.db,
                    "cache db directory (default: $KCACHE_DB, else ~/.cache/kcache/db)");
     app.add_option("--max-size", long_options["max_size"],
@@ -109,8 +115,7 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_option("--entry-depth", long_options["entry_depth"],
                    "the layout's depth fallback: no entry above it, an unknown directory at it is "
                    "one (new db: 1)");
-    std::string layout_rules_file;
-    app.add_option("--layout-rules", layout_rules_file,
+    app.add_option("--layout-rules", raw.layout_rules_file,
                    "a layout rules file for compilers kcache does not know (docs/core.md); "
                    "it becomes the db's");
     app.add_option("--max-file-size", long_options["max_file_size"],
@@ -134,10 +139,8 @@ core::Result<Options> parse_options(int argc, char** argv) {
     app.add_flag("--io-uring", o.io_uring,
                  "serve requests over FUSE io_uring rings where the kernel offers them (also "
                  "-o io_uring; fuse module parameter enable_uring; else /dev/fuse, logged)");
-    remote::Settings remote_settings;
-    remote::add_options(app, remote_settings);
-    std::string lease_ms = "auto";
-    app.add_option("--remote-lease-ms", lease_ms,
+    remote::add_options(app, raw.remote_settings);
+    app.add_option("--remote-lease-ms", raw.lease_ms,
                    "with --remote: a node that misses an entry everywhere leases compiling it; "
                    "other nodes wait for it. auto (default): a short lease renewed while it "
                    "compiles, bounded by measured compile times; N: a fixed lease of N ms; "
@@ -153,35 +156,16 @@ core::Result<Options> parse_options(int argc, char** argv) {
                    "or pulls from it to this job's set, for the next job's --prefetch-job-tag "
                    "(also -o job_tag=TAG)")
         ->type_name("TAG");
-    app.add_option("-o", dash_o,
+    app.add_option("-o", raw.dash_o,
                    "mount options: FUSE's, or kcache's db=, max_size=, max_entries=, entry_depth=, "
                    "max_file_size=, durability=, single_flight_ms=, job_tag=, prefetch_job_tag=, "
                    "io_uring")
         ->allow_extra_args(false);
-    app.add_option("args", positionals, "[DB] MOUNTPOINT")->required();
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp&) {
-        Options help_only;
-        help_only.help = app.help();
-        return help_only;
-    } catch (const CLI::ParseError& e) {
-        return core::fail(EINVAL, e.what());
-    }
-    if (positionals.size() > 2) return core::fail(EINVAL, "too many arguments: [DB] MOUNTPOINT");
-    o.mountpoint = positionals.back();
-    if (positionals.size() == 2) o.db = positionals.front();
-    for (const auto& [key, value] : long_options) {
-        if (value.empty()) continue;
-        KCACHE_TRY(apply_option(key, value, o));
-    }
-    if (!layout_rules_file.empty()) {
-        std::ifstream in(layout_rules_file, std::ios::binary);
-        if (!in) return core::fail(ENOENT, "cannot read layout rules " + layout_rules_file);
-        std::ostringstream text;
-        text << in.rdbuf();
-        o.layout_rules = text.str();
-    }
+    app.add_option("args", raw.positionals, "[DB] MOUNTPOINT")->required();
+}
+
+// -o's comma-separated items: kcache's own applied, the rest kept for FUSE.
+core::Status apply_dash_o(const std::vector<std::string>& dash_o, Options& o) {
     for (const std::string& group : dash_o) {
         std::stringstream items(group);
         for (std::string item; std::getline(items, item, ',');) {
@@ -194,6 +178,11 @@ core::Result<Options> parse_options(int argc, char** argv) {
             if (item == "ro") o.read_only = true;  // kept for the kernel, which then refuses writes
         }
     }
+    return {};
+}
+
+// The FUSE options the daemon's own imply, and what --read-only rules out.
+core::Status check_fuse_options(Options& o) {
     auto has = [&](const char* option) {
         return std::find(o.fuse_options.begin(), o.fuse_options.end(), option) !=
                o.fuse_options.end();
@@ -210,13 +199,19 @@ core::Result<Options> parse_options(int argc, char** argv) {
                               "not with --read-only");
         }
     }
+    return {};
+}
+
+// The shared tier and the options that need it: --remote-lease-ms, the job tags.
+core::Status resolve_remote(const RawOptions& raw, Options& o) {
+    const std::string& lease_ms = raw.lease_ms;
     // The shared tier is on when a server is named: same options and environment as
     // `kcache remote` (remote/settings.hpp), resolved here so a bad one stops start-up.
-    if (!remote::configured_urls(remote_settings).empty()) {
+    if (!remote::configured_urls(raw.remote_settings).empty()) {
         if (o.read_only)
             return core::fail(EINVAL,
                               "--remote writes what it fetches into the db: not with --read-only");
-        auto resolved = KCACHE_TRY(remote::resolve(remote_settings));
+        auto resolved = KCACHE_TRY(remote::resolve(raw.remote_settings));
         o.remote = std::move(resolved);
     }
     if (lease_ms != "auto") {
@@ -243,11 +238,13 @@ core::Result<Options> parse_options(int argc, char** argv) {
                               "--remote-read-only");
         }
     }
-    if (o.debug) o.foreground = true;
-    if (o.db.empty()) o.db = core::default_db_path();
-    // The daemon changes its working directory to / when it detaches, and serves statfs
-    // (df, stat -f) from the db's path ever after: a relative path would then name another
-    // place. Made absolute here, against the directory the command was started in.
+    return {};
+}
+
+// The daemon changes its working directory to / when it detaches, and serves statfs
+// (df, stat -f) from the db's path ever after: a relative path would then name another
+// place. Made absolute here, against the directory the command was started in.
+core::Status make_paths_absolute(Options& o) {
     for (std::string* path : {&o.db, &o.mountpoint}) {
         std::error_code ec;
         auto absolute = std::filesystem::absolute(*path, ec);
@@ -257,6 +254,46 @@ core::Result<Options> parse_options(int argc, char** argv) {
             normal = normal.parent_path();
         *path = normal.string();
     }
+    return {};
+}
+
+}  // namespace
+
+core::Result<Options> parse_options(int argc, char** argv) {
+    Options o;
+    CLI::App app{"kcache-fsd: mount a kcache db as a directory for compilers", "kcache-fsd"};
+    RawOptions raw;
+    declare_options(app, o, raw);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+        Options help_only;
+        help_only.help = app.help();
+        return help_only;
+    } catch (const CLI::ParseError& e) {
+        return core::fail(EINVAL, e.what());
+    }
+    if (raw.positionals.size() > 2)
+        return core::fail(EINVAL, "too many arguments: [DB] MOUNTPOINT");
+    o.mountpoint = raw.positionals.back();
+    if (raw.positionals.size() == 2) o.db = raw.positionals.front();
+    for (const auto& [key, value] : raw.long_options) {
+        if (value.empty()) continue;
+        KCACHE_TRY(apply_option(key, value, o));
+    }
+    if (!raw.layout_rules_file.empty()) {
+        std::ifstream in(raw.layout_rules_file, std::ios::binary);
+        if (!in) return core::fail(ENOENT, "cannot read layout rules " + raw.layout_rules_file);
+        std::ostringstream text;
+        text << in.rdbuf();
+        o.layout_rules = text.str();
+    }
+    KCACHE_TRY(apply_dash_o(raw.dash_o, o));
+    KCACHE_TRY(check_fuse_options(o));
+    KCACHE_TRY(resolve_remote(raw, o));
+    if (o.debug) o.foreground = true;
+    if (o.db.empty()) o.db = core::default_db_path();
+    KCACHE_TRY(make_paths_absolute(o));
     return o;
 }
 

@@ -320,9 +320,33 @@ struct UringHooks {
             log::warning("--io-uring: {}: serving over /dev/fuse", made.error().message);
             return write_init(fd, iov, count);
         }
+        const std::string failure = make_rings(t, cpus.size(), payload_size);
+        if (!failure.empty()) {
+            abandon_rings(t);
+            log::warning("--io-uring: {}: serving over /dev/fuse", failure);
+            return write_init(fd, iov, count);
+        }
+
+        init.flags |= abi::kInitExt;
+        init.flags2 |= static_cast<std::uint32_t>(abi::kOverIoUring >> 32);
+        iovec with_uring[2] = {iov[0], {&init, iov[1].iov_len}};
+        const ssize_t written = write_init(fd, with_uring, 2);
+        if (written < 0) {
+            const int err = errno;
+            abandon_rings(t);
+            errno = err;
+            return written;
+        }
+        register_rings(t, cpus.size(), payload_size);
+        return written;
+    }
+
+    // Starts kThreadsPerQueue ring threads per queue, each making its ring, and waits
+    // until each made it or failed: the first failure, empty when every ring was made.
+    static std::string make_rings(UringTransport& t, std::size_t queues, std::size_t payload_size) {
         {
             SignalsBlocked no_signals;  // the ring threads take none (uring_ring.hpp)
-            for (std::size_t q = 0; q < cpus.size(); ++q) {
+            for (std::size_t q = 0; q < queues; ++q) {
                 for (int k = 0; k < UringTransport::kThreadsPerQueue; ++k) {
                     auto ring = std::make_unique<UringTransport::Ring>();
                     ring->transport = &t;
@@ -350,29 +374,21 @@ struct UringHooks {
                 failure = why;
             }
         }
-        auto abandon = [&t] {
-            for (auto& r : t.m_rings) {
-                r->set_phase(UringTransport::Ring::Phase::abort);
-                if (r->thread.joinable()) r->thread.join();
-            }
-            t.m_rings.clear();
-        };
-        if (!failure.empty()) {
-            abandon();
-            log::warning("--io-uring: {}: serving over /dev/fuse", failure);
-            return write_init(fd, iov, count);
-        }
+        return failure;
+    }
 
-        init.flags |= abi::kInitExt;
-        init.flags2 |= static_cast<std::uint32_t>(abi::kOverIoUring >> 32);
-        iovec with_uring[2] = {iov[0], {&init, iov[1].iov_len}};
-        const ssize_t written = write_init(fd, with_uring, 2);
-        if (written < 0) {
-            const int err = errno;
-            abandon();
-            errno = err;
-            return written;
+    // Ends every ring thread before the kernel was told of io_uring.
+    static void abandon_rings(UringTransport& t) {
+        for (auto& r : t.m_rings) {
+            r->set_phase(UringTransport::Ring::Phase::abort);
+            if (r->thread.joinable()) r->thread.join();
         }
+        t.m_rings.clear();
+    }
+
+    // After the INIT reply told the kernel: the ring threads register their entries.
+    static void register_rings(UringTransport& t, std::size_t queues, std::size_t payload_size) {
+        std::string failure;
         t.m_serving.store(true, std::memory_order_release);
         for (auto& r : t.m_rings) r->set_phase(UringTransport::Ring::Phase::go);
         int failed = 0;
@@ -394,9 +410,8 @@ struct UringHooks {
             log::info(
                 "serving over io_uring: {} queues x {} entries (a thread each, more "
                 "while replies are deferred; {} KiB payload)",
-                cpus.size(), UringTransport::kThreadsPerQueue, payload_size / 1024);
+                queues, UringTransport::kThreadsPerQueue, payload_size / 1024);
         }
-        return written;
     }
 };
 
