@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Clang's thread-safety analysis over kcache-fsd (issue 20, Deliver 6): every source
-# of the daemon compiles with -Wthread-safety -Wthread-safety-beta -Werror, so a field
-# touched without the lock that guards it (GUARDED_BY), a function called without the
-# lock it REQUIRES, or two locks taken against THE LOCK ORDER (fsd/src/lock_order.hpp;
-# clang 14 checks ACQUIRED_BEFORE/AFTER only under -beta) fails.
+# Clang's thread-safety analysis over kcache's product sources (issue 20, Deliver 6;
+# every component since issue 34): every source of core, remote, gui, loader, cli and
+# fsd (not the tests, benches or third-party code) compiles with -Wthread-safety
+# -Wthread-safety-beta -Werror, so a field touched without the lock that guards it
+# (GUARDED_BY), a function called without the lock it REQUIRES, or two locks taken
+# against THE LOCK ORDER (fsd/src/lock_order.hpp; clang 14 checks ACQUIRED_BEFORE/AFTER
+# only under -beta) fails.
 #
-#   scripts/check_thread_safety.sh BUILD                  # every fsd source of BUILD
-#   scripts/check_thread_safety.sh BUILD fsd/src/a.cpp .. # only these
+#   scripts/check_thread_safety.sh BUILD                  # every product source of BUILD
+#   scripts/check_thread_safety.sh BUILD fsd/src/a.cpp .. # only these (product sources)
 #
 # BUILD is a configured build directory (its compile_commands.json: CMake writes it,
 # CMAKE_EXPORT_COMPILE_COMMANDS is on); nothing is built, each source is only parsed
@@ -37,7 +39,10 @@ exec python3 - "$db" "$clang" "$PWD" "$jobs" "$@" <<'EOF'
 import concurrent.futures, json, os, shlex, subprocess, sys
 
 db, clang, root, jobs, only = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
-fsd = os.path.join(root, "fsd", "src") + os.sep
+# The product: each component's sources (its tests are under tests/, its benches under
+# bench/; third-party sources lie outside the tree).
+COMPONENTS = ("core", "remote", "gui", "loader", "cli", "fsd")
+product = tuple(os.path.join(os.path.realpath(root), c) + os.sep for c in COMPONENTS)
 wanted = {os.path.realpath(os.path.join(root, f)) for f in only}
 # The sources' own flags (GCC's, in the build) plus these. Not clang's: GCC's warning
 # options it lacks, and compound literals (libfuse's FUSE_BUFVEC_INIT; GCC takes them).
@@ -63,7 +68,7 @@ entries = []
 seen = set()
 for e in json.load(open(db)):
     path = os.path.realpath(os.path.join(e["directory"], e["file"]))
-    if not path.startswith(os.path.realpath(fsd)) or path in seen:
+    if not path.startswith(product) or path in seen:
         continue
     if wanted and path not in wanted:
         continue
@@ -71,11 +76,11 @@ for e in json.load(open(db)):
     entries.append((path, e))
 missing = wanted - seen
 if missing:
-    print("check_thread_safety: not fsd sources of this build: " + ", ".join(sorted(missing)),
-          file=sys.stderr)
+    print("check_thread_safety: not product sources of this build: " +
+          ", ".join(sorted(missing)), file=sys.stderr)
     sys.exit(1)
 if not entries:
-    print(f"check_thread_safety: no fsd source in {db}", file=sys.stderr)
+    print(f"check_thread_safety: no product source in {db}", file=sys.stderr)
     sys.exit(1)
 
 def check(item):
@@ -91,9 +96,10 @@ with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             sys.stderr.write(output)
 rel = lambda p: os.path.relpath(p, root)
 if failed:
-    print(f"check_thread_safety: {len(failed)} of {len(entries)} fsd sources fail clang's "
+    print(f"check_thread_safety: {len(failed)} of {len(entries)} product sources fail clang's "
           "thread-safety analysis: " + ", ".join(map(rel, failed)), file=sys.stderr)
     sys.exit(1)
-print(f"check_thread_safety: {len(entries)} fsd sources pass clang's -Wthread-safety "
-      "-Wthread-safety-beta -Werror")
+which = (f"the {len(entries)} product sources given" if only else
+         f"all {len(entries)} product sources ({', '.join(COMPONENTS)})")
+print(f"check_thread_safety: {which} pass clang's -Wthread-safety -Wthread-safety-beta -Werror")
 EOF

@@ -197,8 +197,9 @@ int run_trust(const Cli&, const KeysOptions& o) {
     auto [key, file_name] = key_of(o.key);
     const std::string name = o.name.empty() ? file_name : o.name;
     remote::TrustFile trust = open_trust(path);
+    // &key = key: clang 14 (the thread-safety check) cannot capture a structured binding.
     auto it = std::find_if(trust.keys.begin(), trust.keys.end(),
-                           [&](const remote::TrustedKey& k) { return k.key == key; });
+                           [&key = key](const remote::TrustedKey& k) { return k.key == key; });
     std::string what = "trusted";
     if (it == trust.keys.end()) {
         trust.keys.push_back({key, name, false});
@@ -227,7 +228,7 @@ int run_revoke(const Cli&, const KeysOptions& o) {
         (o.key.starts_with(remote::kPublicKeyPrefix) || fs::exists(o.key))) {
         auto [key, name] = key_of(o.key);
         it = std::find_if(trust.keys.begin(), trust.keys.end(),
-                          [&](const remote::TrustedKey& k) { return k.key == key; });
+                          [&key = key](const remote::TrustedKey& k) { return k.key == key; });
         if (it == trust.keys.end()) {
             // Named as revoked anyway, so that what it signed is refused as revoked.
             trust.keys.push_back({key, name, true});

@@ -32,11 +32,11 @@ Result<std::unique_ptr<RedisPool>> RedisPool::create(const Options& options, Ato
             MutexLock lock(server->mutex);
             server->cooldown = options.breaker_cooldown_ns;
         }
-        for (const auto& other : pool->m_servers) {
+        for (const auto& other : pool->unshared_servers()) {
             if (other->id == server->id)
                 return core::fail(EINVAL, fmt::format("remote {} is given twice", server->id));
         }
-        pool->m_servers.push_back(std::move(server));
+        pool->unshared_servers().push_back(std::move(server));
     }
     // One TLS context for every rediss:// connection: its files are read now, so that a
     // bad one stops start-up instead of failing every connect.
@@ -44,19 +44,19 @@ Result<std::unique_ptr<RedisPool>> RedisPool::create(const Options& options, Ato
     if (std::any_of(servers.begin(), servers.end(), [](const Endpoint& e) { return e.tls; }))
         pool->m_tls = KCACHE_TRY(TlsContext::create(options.tls));
     if (options.cluster) {
-        pool->m_cluster = std::make_unique<Cluster>();
-        pool->m_cluster->slots.assign(cluster::kSlots, nullptr);
+        pool->m_cluster = std::make_unique<Cluster>(cluster::kSlots);
     }
     return pool;
 }
 
 Shard& RedisPool::shard(std::string_view key) {
     if (m_cluster) return route(key);
-    Server* best = m_servers.front().get();
-    if (m_servers.size() == 1) return *best;
+    const auto& servers = unshared_servers();  // plain: fixed since create()
+    Server* best = servers.front().get();
+    if (servers.size() == 1) return *best;
     std::uint64_t best_score = 0;
     const std::string_view tag = cluster::hash_tag(key);
-    for (const auto& s : m_servers) {
+    for (const auto& s : servers) {
         std::string probe = s->id;
         probe.push_back('\n');
         probe.append(tag);

@@ -8,8 +8,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -45,8 +43,21 @@ class RedisPool final : public Backend {
     std::vector<ServerState> states() override;
     std::size_t probe() override;
 
-    struct Server;   // a connection, its breaker and its mutex
-    struct Cluster;  // the slot map of a Redis Cluster
+    struct Server;  // a connection, its breaker and its mutex
+    // A Redis Cluster's slot map (defined here, not below with Server: m_servers's
+    // GUARDED_BY names its mutex). `mutex` guards `slots` and the pool's m_servers
+    // (which only grows); `refresh` is held by the one thread reading the map from the
+    // cluster (others route by the map they have meanwhile). No server's mutex is ever
+    // taken while `mutex` is held.
+    struct Cluster {
+        explicit Cluster(std::size_t slot_count) : slots(slot_count, nullptr) {}
+        SharedMutex mutex;
+        std::vector<Server*> slots GUARDED_BY(mutex);   // kSlots entries; null: unknown
+        Mutex refresh;                                  // guards no field: it is who reads the map
+        std::atomic<bool> wanted{true};                 // the map is stale (or was never read)
+        std::atomic<std::int64_t> next_refresh_ns{0};   // steady_ns: no read before this
+        static constexpr std::size_t kMaxNodes = 1024;  // addresses a reply may add, at most
+    };
 
   private:
     RedisPool(const Options& options, AtomicCounts& counts);
@@ -65,12 +76,22 @@ class RedisPool final : public Backend {
     // Every server known now (plain: the configured ones; cluster: seeds and nodes seen).
     std::vector<Server*> all_servers() const;
     std::vector<Server*> serving_servers();
+    // m_servers without m_cluster's mutex, where nothing can change it: plain servers
+    // (fixed once create() returns), and create() before the pool is shared. The
+    // analysis cannot tell a plain pool from a cluster's; a cluster's reads lock.
+    std::vector<std::unique_ptr<Server>>& unshared_servers() NO_THREAD_SAFETY_ANALYSIS {
+        return m_servers;
+    }
+    const std::vector<std::unique_ptr<Server>>& unshared_servers() const NO_THREAD_SAFETY_ANALYSIS {
+        return m_servers;
+    }
 
     const Options& m_options;  // the Remote's, which outlives the pool
     AtomicCounts& m_counts;
-    // Plain servers: fixed once create() returns. A cluster appends the nodes it
-    // discovers under m_cluster's mutex (never removes one: a Server& stays valid).
-    std::vector<std::unique_ptr<Server>> m_servers;
+    // Plain servers: fixed once create() returns (unshared_servers()). A cluster appends
+    // the nodes it discovers under m_cluster's mutex (never removes one: a Server& stays
+    // valid).
+    std::vector<std::unique_ptr<Server>> m_servers GUARDED_BY(m_cluster->mutex);
     std::unique_ptr<Cluster> m_cluster;  // null for plain servers
     // Set once by create() when a server is rediss:// (null otherwise); read-only after,
     // shared by every connection (OpenSSL's SSL_CTX is safe to share once set up).
@@ -91,19 +112,6 @@ struct RedisPool::Server : Shard {
     std::int64_t open_until GUARDED_BY(mutex) = 0;  // steady_ns
     std::int64_t cooldown GUARDED_BY(mutex) = 0;    // the next time it opens
     std::int64_t uploads_paused_until GUARDED_BY(mutex) = 0;
-};
-
-// A Redis Cluster's slot map. `mutex` guards `slots` and the pool's m_servers (which
-// only grows); `refresh` is held by the one thread reading the map from the cluster
-// (others route by the map they have meanwhile). No server's mutex is ever taken while
-// `mutex` is held.
-struct RedisPool::Cluster {
-    std::shared_mutex mutex;
-    std::vector<Server*> slots;  // kSlots entries; null: unknown
-    std::mutex refresh;
-    std::atomic<bool> wanted{true};                 // the map is stale (or was never read)
-    std::atomic<std::int64_t> next_refresh_ns{0};   // steady_ns: no read before this
-    static constexpr std::size_t kMaxNodes = 1024;  // addresses a reply may add, at most
 };
 
 }  // namespace kcache::remote

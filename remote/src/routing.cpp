@@ -19,16 +19,15 @@ constexpr int kMaxRedirects = 5;  // hops of one command, then its last error re
 
 std::vector<RedisPool::Server*> RedisPool::all_servers() const {
     std::vector<Server*> out;
-    auto copy = [&] {
-        out.reserve(m_servers.size());
-        for (const auto& s : m_servers) out.push_back(s.get());
-    };
     if (!m_cluster) {
-        copy();  // fixed since create()
+        const auto& servers = unshared_servers();  // fixed since create()
+        out.reserve(servers.size());
+        for (const auto& s : servers) out.push_back(s.get());
         return out;
     }
-    std::shared_lock lock(m_cluster->mutex);
-    copy();
+    ReaderLock lock(m_cluster->mutex);
+    out.reserve(m_servers.size());
+    for (const auto& s : m_servers) out.push_back(s.get());
     return out;
 }
 
@@ -37,7 +36,7 @@ std::vector<RedisPool::Server*> RedisPool::serving_servers() {
     refresh_slots();  // read now if it never was
     std::vector<Server*> masters;
     {
-        std::shared_lock lock(m_cluster->mutex);
+        ReaderLock lock(m_cluster->mutex);
         for (Server* s : m_cluster->slots) {
             if (s && std::find(masters.begin(), masters.end(), s) == masters.end())
                 masters.push_back(s);
@@ -45,7 +44,9 @@ std::vector<RedisPool::Server*> RedisPool::serving_servers() {
     }
     std::sort(masters.begin(), masters.end(),
               [](const Server* a, const Server* b) { return a->id < b->id; });
-    return masters.empty() ? std::vector<Server*>{m_servers.front().get()} : masters;
+    if (!masters.empty()) return masters;
+    ReaderLock lock(m_cluster->mutex);  // node() may be adding a node meanwhile
+    return {m_servers.front().get()};
 }
 
 RedisPool::Server* RedisPool::node(const std::string& host, std::uint16_t port) {
@@ -56,12 +57,12 @@ RedisPool::Server* RedisPool::node(const std::string& host, std::uint16_t port) 
     e.tls = m_options.servers.front().tls;  // rediss-cluster://: every node over TLS
     const std::string id = e.id();
     {
-        std::shared_lock lock(m_cluster->mutex);
+        ReaderLock lock(m_cluster->mutex);
         for (const auto& s : m_servers) {
             if (s->id == id) return s.get();
         }
     }
-    std::unique_lock lock(m_cluster->mutex);
+    WriterLock lock(m_cluster->mutex);
     for (const auto& s : m_servers) {
         if (s->id == id) return s.get();
     }
@@ -80,8 +81,8 @@ RedisPool::Server* RedisPool::node(const std::string& host, std::uint16_t port) 
 void RedisPool::refresh_slots() {
     Cluster& c = *m_cluster;
     if (!c.wanted.load() || steady_ns() < c.next_refresh_ns.load()) return;
-    std::unique_lock guard(c.refresh, std::try_to_lock);
-    if (!guard.owns_lock()) return;  // another thread reads it; route by the map we have
+    if (!c.refresh.try_lock()) return;  // another thread reads it; route by the map we have
+    MutexLock guard(c.refresh, std::adopt_lock);
     if (!c.wanted.load() || steady_ns() < c.next_refresh_ns.load()) return;
     c.next_refresh_ns.store(steady_ns() + Remote::kRefreshNs);
     // Ask the nodes whose circuit is closed first (masters, seeds and replicas alike:
@@ -109,7 +110,7 @@ void RedisPool::refresh_slots() {
             std::fill(slots.begin() + r.first, slots.begin() + r.last + 1, master);
         }
         {
-            std::unique_lock lock(c.mutex);
+            WriterLock lock(c.mutex);
             c.slots = std::move(slots);
         }
         c.wanted.store(false);
@@ -120,7 +121,7 @@ void RedisPool::refresh_slots() {
 RedisPool::Server& RedisPool::route(std::string_view key) {
     refresh_slots();
     const std::uint16_t slot = cluster::key_slot(key);
-    std::shared_lock lock(m_cluster->mutex);
+    ReaderLock lock(m_cluster->mutex);
     Server* s = m_cluster->slots.empty() ? nullptr : m_cluster->slots[slot];
     return s ? *s : *m_servers.front();
 }
@@ -146,7 +147,7 @@ Result<std::vector<Reply>> RedisPool::follow_redirects(Server& server,
             if (!redirect->ask) {
                 // The slot moved for good: route it there now, and read the whole map
                 // again soon (a failover or a resharding moves many slots at once).
-                std::unique_lock lock(m_cluster->mutex);
+                WriterLock lock(m_cluster->mutex);
                 if (!m_cluster->slots.empty()) m_cluster->slots[redirect->slot] = target;
                 m_cluster->wanted.store(true);
             }

@@ -1,9 +1,13 @@
 // kcache::Mutex, MutexLock and CondVar (core/include/kcache/core/thread_annotations.hpp)
-// where the analysis cannot help: a wait that ends by unwinding.
+// where the analysis cannot help: a wait that ends by unwinding; a MutexLock that adopts
+// a try_lock(); SharedMutex's readers together and its writer alone.
 #include <pthread.h>
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -66,4 +70,46 @@ TEST_CASE("locks: a thread cancelled in CondVar::wait holds its mutex until its 
     // And once its scope ended, the mutex is free, exactly once.
     REQUIRE(w.mutex.try_lock());
     w.mutex.unlock();
+}
+
+TEST_CASE("locks: a MutexLock that adopts a try_lock() lets the mutex go once, at its end",
+          "[core][locks]") {
+    kcache::Mutex mutex;
+    REQUIRE(mutex.try_lock());
+    {
+        kcache::MutexLock lock(mutex, std::adopt_lock);
+        bool taken = true;
+        std::thread other([&] {
+            taken = mutex.try_lock();
+            if (taken) mutex.unlock();
+        });
+        other.join();
+        CHECK_FALSE(taken);  // still held: adopting took nothing and gave nothing back
+    }
+    REQUIRE(mutex.try_lock());
+    mutex.unlock();
+}
+
+TEST_CASE("locks: SharedMutex is held by readers together and by a writer alone", "[core][locks]") {
+    kcache::SharedMutex mutex;
+    std::atomic<bool> wrote{false};
+    std::thread writer;
+    {
+        kcache::ReaderLock reader(mutex);
+        // A second reader gets in while the first holds it (a writer's hold would hang it).
+        std::thread second([&] { kcache::ReaderLock lock(mutex); });
+        second.join();
+        writer = std::thread([&] {
+            kcache::WriterLock lock(mutex);
+            wrote = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        CHECK_FALSE(wrote.load());  // the writer waits for the reader
+    }
+    writer.join();  // the reader let go: the writer got it
+    CHECK(wrote.load());
+    {
+        kcache::WriterLock lock(mutex);  // and let it go at its end
+    }
+    kcache::ReaderLock again(mutex);
 }

@@ -75,7 +75,7 @@ core::Result<std::unique_ptr<Worker>> Worker::start(const Options& options) {
 
 Worker::~Worker() {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_stop = true;
     }
     m_wake.notify_all();
@@ -115,7 +115,7 @@ void Worker::run(const Options& options, std::promise<core::Status> started) {
 }
 
 void Worker::loop() {
-    std::unique_lock lock(m_mutex);
+    MutexLock lock(m_mutex);
     while (!m_stop) {
         if (m_pending_spec) {
             ViewSpec spec = std::move(*m_pending_spec);
@@ -146,7 +146,7 @@ void Worker::loop() {
             (void)look(false);
         } else {
             m_idle.notify_all();
-            m_wake.wait_for(lock, std::chrono::nanoseconds(m_next_poll_ns - steady_ns()));
+            m_wake.wait_for(m_mutex, std::chrono::nanoseconds(m_next_poll_ns - steady_ns()));
             continue;
         }
         lock.lock();
@@ -157,28 +157,27 @@ void Worker::loop() {
 
 void Worker::post(std::function<void()> job) {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_jobs.push_back(std::move(job));
     }
     m_wake.notify_all();
 }
 
 void Worker::wait_idle() {
-    std::unique_lock lock(m_mutex);
-    m_idle.wait(lock, [&] {
-        return m_stop || (!m_busy && m_jobs.empty() && !m_pending_spec && !m_scanning);
-    });
+    MutexLock lock(m_mutex);
+    while (!(m_stop || (!m_busy && m_jobs.empty() && !m_pending_spec && !m_scanning)))
+        m_idle.wait(m_mutex);
 }
 
 Worker::Published Worker::published() const {
-    std::lock_guard lock(m_pub_mutex);
+    MutexLock lock(m_pub_mutex);
     return m_published;
 }
 
 void Worker::publish_view(std::shared_ptr<const View> view) {
     m_view = view;
     {
-        std::lock_guard lock(m_pub_mutex);
+        MutexLock lock(m_pub_mutex);
         m_published.view = std::move(view);
         m_published.serial = m_serial.load() + 1;
     }
@@ -187,7 +186,7 @@ void Worker::publish_view(std::shared_ptr<const View> view) {
 
 void Worker::publish_error(std::string message) {
     {
-        std::lock_guard lock(m_pub_mutex);
+        MutexLock lock(m_pub_mutex);
         m_published.error = std::move(message);
         ++m_published.error_serial;
         m_published.serial = m_serial.load() + 1;
@@ -206,7 +205,7 @@ void Worker::publish_duplicates() {
         report.groups_ = std::make_shared<const std::vector<DuplicateGroup>>(m_scan.groups());
     }
     {
-        std::lock_guard lock(m_pub_mutex);
+        MutexLock lock(m_pub_mutex);
         m_published.duplicates = std::move(report);
         m_published.serial = m_serial.load() + 1;
     }
@@ -215,7 +214,7 @@ void Worker::publish_duplicates() {
 
 void Worker::set_view(ViewSpec spec) {
     {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_pending_spec = std::move(spec);
     }
     m_wake.notify_all();
@@ -333,7 +332,7 @@ void Worker::scan_duplicates() {
         if (auto status = m_scan.start(m_store.get(), std::move(inos)); !status) {
             publish_error("duplicates: " + status.error().message);
         } else {
-            std::lock_guard lock(m_mutex);
+            MutexLock lock(m_mutex);
             m_scanning = true;
         }
         publish_duplicates();

@@ -1,12 +1,16 @@
 // Clang's thread-safety analysis (-Wthread-safety) for kcache: the attribute macros, and
-// a mutex, a scoped lock and a condition variable that carry them.
+// a mutex, a scoped lock and a condition variable that carry them, and a reader-writer
+// mutex with its two scoped locks.
 //
-// Why our own types: libstdc++'s std::mutex and std::lock_guard carry no capability
-// attributes, so clang cannot tell which lock a function holds. kcache::Mutex is a
-// std::mutex that says what it is; MutexLock is the scoped lock the analysis follows
-// (also across unlock() and lock() again, for a loop that lets the lock go while it
-// works); CondVar waits on a Mutex the caller holds. After LevelDB's
-// port/thread_annotations.h and clang's documentation ("Thread Safety Analysis").
+// Why our own types: libstdc++'s std::mutex, std::shared_mutex and std::lock_guard carry
+// no capability attributes, so clang cannot tell which lock a function holds.
+// kcache::Mutex is a std::mutex that says what it is; MutexLock is the scoped lock the
+// analysis follows (also across unlock() and lock() again, for a loop that lets the lock
+// go while it works, and from a try_lock() that succeeded: std::adopt_lock); CondVar
+// waits on a Mutex the caller holds. SharedMutex is a std::shared_mutex, held shared by a
+// ReaderLock (std::shared_lock) or exclusively by a WriterLock (std::lock_guard). After
+// LevelDB's port/thread_annotations.h and clang's documentation ("Thread Safety
+// Analysis").
 //
 // How a unit uses them:
 //   Mutex m_mutex KCACHE_LEVEL(5);          // lock_order.hpp: its place in the order
@@ -17,14 +21,21 @@
 //   while (m_queue.empty()) m_wake.wait(m_mutex);  // no predicate lambdas: clang
 //                                                  // analyzes a lambda on its own
 //
+//   SharedMutex m_map_mutex;
+//   std::vector<int> m_map GUARDED_BY(m_map_mutex);
+//   ReaderLock lock(m_map_mutex);   // reads m_map; WriterLock to change it
+//
 // Under GCC every macro is empty and the types are plain wrappers: the build is the
-// same, and scripts/check_thread_safety.sh runs clang's analysis over fsd (a CTest test).
-// Contract: as std::mutex and std::condition_variable; nothing here fails otherwise.
+// same, and scripts/check_thread_safety.sh runs clang's analysis over every product
+// source (core, remote, gui, loader, cli, fsd; a CTest test).
+// Contract: as std::mutex, std::shared_mutex and std::condition_variable; nothing here
+// fails otherwise.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 #if defined(__clang__)
 #define KCACHE_THREAD_ANNOTATION(x) __attribute__((x))
@@ -50,9 +61,12 @@
 #define REQUIRES(...) KCACHE_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
 #define REQUIRES_SHARED(...) KCACHE_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
 // On a function: it takes (ACQUIRE) or lets go of (RELEASE) the capabilities, or takes
-// them when it returns `ret` (TRY_ACQUIRE).
+// them when it returns `ret` (TRY_ACQUIRE); ACQUIRE_SHARED and RELEASE_SHARED, shared.
+// A scoped lock's destructor says RELEASE() whichever way it holds.
 #define ACQUIRE(...) KCACHE_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) KCACHE_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define ACQUIRE_SHARED(...) KCACHE_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
+#define RELEASE_SHARED(...) KCACHE_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 #define TRY_ACQUIRE(...) KCACHE_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 // On a function: its caller must not hold the capabilities (it takes them itself).
 // Checked only under -Wthread-safety-negative, which kcache does not use: documentation.
@@ -93,6 +107,8 @@ class CAPABILITY("mutex") Mutex {
 class SCOPED_CAPABILITY MutexLock {
   public:
     explicit MutexLock(Mutex& mutex) ACQUIRE(mutex) : m_mutex(mutex) { m_mutex.lock(); }
+    // Takes over a hold the caller has (a try_lock() that succeeded), as std::adopt_lock.
+    MutexLock(Mutex& mutex, std::adopt_lock_t) REQUIRES(mutex) : m_mutex(mutex) {}
     ~MutexLock() RELEASE() {
         if (m_held) m_mutex.unlock();
     }
@@ -157,6 +173,50 @@ class CondVar {
     };
 
     std::condition_variable m_cv;
+};
+
+// A std::shared_mutex the analysis knows: held shared by readers (ReaderLock), or
+// exclusively by one writer (WriterLock). Not recursive, either way.
+class CAPABILITY("shared_mutex") SharedMutex {
+  public:
+    SharedMutex() = default;
+    SharedMutex(const SharedMutex&) = delete;
+    SharedMutex& operator=(const SharedMutex&) = delete;
+
+    void lock() ACQUIRE() { m_mutex.lock(); }
+    void unlock() RELEASE() { m_mutex.unlock(); }
+    void lock_shared() ACQUIRE_SHARED() { m_mutex.lock_shared(); }
+    void unlock_shared() RELEASE_SHARED() { m_mutex.unlock_shared(); }
+
+  private:
+    std::shared_mutex m_mutex;
+};
+
+// Holds a SharedMutex shared for its scope (std::shared_lock): fields it guards may be
+// read, not written.
+class SCOPED_CAPABILITY ReaderLock {
+  public:
+    explicit ReaderLock(SharedMutex& mutex) ACQUIRE_SHARED(mutex) : m_mutex(mutex) {
+        m_mutex.lock_shared();
+    }
+    ~ReaderLock() RELEASE() { m_mutex.unlock_shared(); }
+    ReaderLock(const ReaderLock&) = delete;
+    ReaderLock& operator=(const ReaderLock&) = delete;
+
+  private:
+    SharedMutex& m_mutex;
+};
+
+// Holds a SharedMutex exclusively for its scope (std::lock_guard).
+class SCOPED_CAPABILITY WriterLock {
+  public:
+    explicit WriterLock(SharedMutex& mutex) ACQUIRE(mutex) : m_mutex(mutex) { m_mutex.lock(); }
+    ~WriterLock() RELEASE() { m_mutex.unlock(); }
+    WriterLock(const WriterLock&) = delete;
+    WriterLock& operator=(const WriterLock&) = delete;
+
+  private:
+    SharedMutex& m_mutex;
 };
 
 }  // namespace kcache

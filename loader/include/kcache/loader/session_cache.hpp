@@ -11,11 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "kcache/core/thread_annotations.hpp"
 
 namespace kcache::loader {
 
@@ -52,7 +53,7 @@ class SessionCache {
 
     // The value for `key`, or null; counts a hit or a miss.
     std::shared_ptr<const Value> find(const KernelKey& key) {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         auto it = m_index.find(key);
         if (it == m_index.end()) {
             ++m_stats.misses;
@@ -66,7 +67,7 @@ class SessionCache {
 
     // Stores `value` for `key` (replacing one there), evicting if full. Returns it.
     std::shared_ptr<const Value> insert(const KernelKey& key, std::shared_ptr<const Value> value) {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         if (auto it = m_index.find(key); it != m_index.end()) {
             Slot& slot = m_slots[it->second];
             slot.value = value;
@@ -94,7 +95,7 @@ class SessionCache {
     }
 
     SessionCacheStats stats() const {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         SessionCacheStats s = m_stats;
         s.size = m_index.size();
         s.capacity = m_slots.size();
@@ -102,7 +103,7 @@ class SessionCache {
     }
 
     void clear() {
-        std::lock_guard lock(m_mutex);
+        MutexLock lock(m_mutex);
         m_index.clear();
         for (Slot& slot : m_slots) slot = Slot{};
         m_hand = 0;
@@ -117,7 +118,7 @@ class SessionCache {
     };
 
     // A free slot, or the first unreferenced one the clock hand finds (evicted).
-    std::size_t free_slot() {
+    std::size_t free_slot() REQUIRES(m_mutex) {
         if (m_index.size() < m_slots.size()) {
             for (std::size_t i = 0; i < m_slots.size(); ++i) {
                 const std::size_t at = (m_hand + i) % m_slots.size();
@@ -139,11 +140,11 @@ class SessionCache {
         }
     }
 
-    mutable std::mutex m_mutex;
-    std::vector<Slot> m_slots;
-    std::unordered_map<KernelKey, std::size_t, KernelKeyHash> m_index;
-    std::size_t m_hand = 0;
-    SessionCacheStats m_stats;
+    mutable Mutex m_mutex;
+    std::vector<Slot> m_slots GUARDED_BY(m_mutex);
+    std::unordered_map<KernelKey, std::size_t, KernelKeyHash> m_index GUARDED_BY(m_mutex);
+    std::size_t m_hand GUARDED_BY(m_mutex) = 0;
+    SessionCacheStats m_stats GUARDED_BY(m_mutex);
 };
 
 }  // namespace kcache::loader

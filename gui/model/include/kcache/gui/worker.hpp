@@ -14,13 +14,11 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -28,6 +26,7 @@
 
 #include "kcache/core/error.hpp"
 #include "kcache/core/store.hpp"
+#include "kcache/core/thread_annotations.hpp"
 #include "kcache/gui/catalog.hpp"
 #include "kcache/gui/detail.hpp"
 #include "kcache/gui/duplicates.hpp"
@@ -162,18 +161,18 @@ class Worker {
     std::int64_t m_next_poll_ns = 0;  // steady clock
 
     // Requests, under m_mutex.
-    mutable std::mutex m_mutex;
-    std::condition_variable m_wake;  // a request, or stop
-    std::condition_variable m_idle;  // became idle
-    std::deque<std::function<void()>> m_jobs;
-    std::optional<ViewSpec> m_pending_spec;
-    bool m_busy = false;
-    bool m_scanning = false;
-    bool m_stop = false;
+    mutable Mutex m_mutex;
+    CondVar m_wake;  // a request, or stop
+    CondVar m_idle;  // became idle
+    std::deque<std::function<void()>> m_jobs GUARDED_BY(m_mutex);
+    std::optional<ViewSpec> m_pending_spec GUARDED_BY(m_mutex);
+    bool m_busy GUARDED_BY(m_mutex) = false;
+    bool m_scanning GUARDED_BY(m_mutex) = false;
+    bool m_stop GUARDED_BY(m_mutex) = false;
 
     // Published, under m_pub_mutex.
-    mutable std::mutex m_pub_mutex;
-    Published m_published;
+    mutable Mutex m_pub_mutex;
+    Published m_published GUARDED_BY(m_pub_mutex);
     std::atomic<std::uint64_t> m_serial{0};
 };
 
