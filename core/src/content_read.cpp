@@ -253,12 +253,10 @@ Status check_content(const Tx& tx, const Digest& digest, std::string_view conten
     return check_content(tx, digest, std::vector<std::string_view>{content});  // alternatives
 }
 
-// Calls fn with the pieces of a blob's content in order: zero-copy views of raw
-// chunks, decompressed blobs, a list's segments. Checks sizes and digests (a list's
-// own and each segment's) before fn sees a piece of the blob or segment. A
-// segment is never a list itself (`in_list`).
+}  // namespace
+
 Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
-                      const std::function<void(std::string_view)>& fn, bool in_list = false) {
+                      const std::function<void(std::string_view)>& fn, bool in_list) {
     if (digest.empty()) return {};
     auto r = KCACHE_TRY(sized_ref(tx, digest, size));
     switch (r.codec) {
@@ -295,8 +293,6 @@ Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
     for (const std::string_view piece : pieces) fn(piece);
     return {};
 }
-
-}  // namespace
 
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size) {
     if (digest.empty()) return Content::view({});

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <utility>
 
@@ -30,6 +31,8 @@ StagedFile::StagedFile(StagedFile&& other) noexcept
     : m_store(other.m_store),
       m_ino(other.m_ino),
       m_content(std::move(other.m_content)),
+      m_loaded(other.m_loaded),
+      m_unloaded_size(other.m_unloaded_size),
       m_segments(std::move(other.m_segments)),
       m_stored(other.m_stored),
       m_dirty(other.m_dirty),
@@ -44,6 +47,8 @@ StagedFile& StagedFile::operator=(StagedFile&& other) noexcept {
         m_store = other.m_store;
         m_ino = other.m_ino;
         m_content = std::move(other.m_content);
+        m_loaded = other.m_loaded;
+        m_unloaded_size = other.m_unloaded_size;
         m_segments = std::move(other.m_segments);
         m_stored = other.m_stored;
         m_dirty = other.m_dirty;
@@ -66,26 +71,16 @@ Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
     if (attr.is_dir()) return fail(EISDIR, fmt::format("inode {} is a directory", file));
     if (!attr.is_regular())
         return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
-    std::string content;
-    std::vector<Digest> segments;
-    if (!truncate) {
-        // Straight into the staged copy: read() would assemble decompressed content
-        // first, and copying that again cost a tenth of a writer's open (fsstress).
-        try {
-            content.reserve(attr.size);
-        } catch (const std::bad_alloc&) {
-            return fail(ENOMEM, fmt::format("no memory to stage {} bytes", attr.size));
-        }
-        KCACHE_TRY(txn.read_pieces(file, [&](std::string_view piece) { content.append(piece); }));
-        // Segmented content: its segment digests are known, so a publish re-hashes
-        // only the segments written since.
-        auto list = KCACHE_TRY(ops::segment_list(TxnAccess::tx(txn), attr.digest));
-        if (list) segments = std::move(*list);
-    }
     KCACHE_TRY(txn.begin_write(file));
-    StagedFile staged(&txn.store(), file, std::move(content), std::move(segments));
+    StagedFile staged(&txn.store(), file, {}, {});
     staged.m_stored = attr.digest;
     staged.m_dirty = truncate && attr.size > 0;
+    if (!truncate && attr.size > 0) {
+        // Read at first use (load()): half of a writer's open went to reading a file
+        // that most opens for writing change a few pages of, or none (fsstress).
+        staged.m_loaded = false;
+        staged.m_unloaded_size = attr.size;
+    }
     return staged;
 }
 
@@ -98,6 +93,50 @@ Result<StagedFile> StagedFile::begin(Store& store, Ino file, bool truncate) {
         return tl::unexpected(s.error());
     }
     return staged;
+}
+
+Status StagedFile::load(std::uint64_t overwritten) {
+    if (m_loaded) return {};
+    auto txn = KCACHE_TRY(m_store->read());
+    Tx tx = TxnAccess::tx(txn);
+    // Published by another writer since begin: that version is the file now. A file
+    // removed since has no node, and its content is there while something holds it
+    // (kcache-fsd's orphans, core/holds.hpp).
+    if (auto node = tx.inode(m_ino); node && is_regular(node->mode) && node->digest != m_stored) {
+        m_stored = node->digest;
+        m_unloaded_size = node->size;
+    }
+    const Digest digest = m_stored;
+    const std::uint64_t size = m_unloaded_size;
+    if (size <= overwritten) {  // the change about to be made keeps none of it
+        m_content.clear();
+        m_segments.clear();
+        m_loaded = true;
+        return {};
+    }
+    std::string content;
+    try {
+        content.reserve(size);
+    } catch (const std::bad_alloc&) {
+        return fail(ENOMEM, fmt::format("no memory to stage {} bytes", size));
+    }
+    // Straight into the staged copy: read() would assemble decompressed content first,
+    // and copying that again cost a tenth of a writer's open (fsstress).
+    KCACHE_TRY(ops::for_each_piece(tx, digest, size,
+                                   [&](std::string_view piece) { content.append(piece); }));
+    // Segmented content: its segment digests are known, so a publish re-hashes only the
+    // segments written since.
+    auto list = KCACHE_TRY(ops::segment_list(tx, digest));
+    m_segments = list ? std::move(*list) : std::vector<Digest>{};
+    m_content = std::move(content);
+    m_segments.resize(segment_count(m_content.size()));
+    m_loaded = true;
+    return {};
+}
+
+Result<std::string_view> StagedFile::content() {
+    KCACHE_TRY(load());
+    return std::string_view(m_content);
 }
 
 void StagedFile::changed(std::uint64_t from, std::uint64_t to) {
@@ -114,6 +153,7 @@ Status StagedFile::write(std::uint64_t offset, std::string_view data) {
         return fail(EFBIG,
                     fmt::format("file would grow to {} bytes, over the limit of {}", end, limit));
     }
+    KCACHE_TRY(load(offset == 0 ? end : 0));
     const std::uint64_t old_size = m_content.size();
     try {
         if (end > m_content.size()) m_content.resize(end, '\0');
@@ -127,11 +167,14 @@ Status StagedFile::write(std::uint64_t offset, std::string_view data) {
 }
 
 Status StagedFile::truncate(std::uint64_t size) {
-    if (size == m_content.size()) return {};
     if (size > kMaxFileSize || (m_max_size && size > m_max_size)) {
         return fail(EFBIG, fmt::format("cannot extend a file to {} bytes", size));
     }
-    const std::uint64_t old_size = m_content.size();
+    const bool was_loaded = m_loaded;
+    KCACHE_TRY(load(size == 0 ? std::numeric_limits<std::uint64_t>::max() : 0));
+    // Emptied unread, the content had the size of the version it was begun from.
+    const std::uint64_t old_size = was_loaded ? m_content.size() : m_unloaded_size;
+    if (size == old_size) return {};
     try {
         m_content.resize(size, '\0');
     } catch (const std::bad_alloc&) {

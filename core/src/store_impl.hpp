@@ -23,6 +23,7 @@
 
 #include <lmdb.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -350,6 +351,12 @@ std::string compressed_form(std::string_view content, const LoadedDictionary* di
 Status decompress(const Tx& tx, const Digest& digest, const records::BlobRef& ref,
                   std::string_view stored, std::string& raw);
 Result<Content> read_blob(const Tx& tx, const Digest& digest, std::uint64_t size);
+// Calls fn with the pieces of a blob's content in order: zero-copy views of raw
+// chunks, decompressed blobs, a list's segments. Checks sizes and digests (a list's
+// own and each segment's) before fn sees a piece of the blob or segment. A
+// segment is never a list itself (`in_list`).
+Status for_each_piece(const Tx& tx, const Digest& digest, std::uint64_t size,
+                      const std::function<void(std::string_view)>& fn, bool in_list = false);
 // The views of a blob's stored chunks, in order, their pages not yet touched (but for
 // the header of each overflow page).
 Result<std::vector<std::string_view>> chunk_views(const Tx& tx, const Digest& digest,

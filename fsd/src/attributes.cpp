@@ -149,7 +149,7 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         if (!version) version = m_versions.shared(ino);
         if (version) {
             MutexLock lock(version->mutex);
-            size = version->staged.content().size();
+            size = version->staged.size();
         }
         if (!size) size = m_pages.size(ino);
         if (!size && snapshot) size = snapshot->size();
@@ -188,7 +188,7 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
             if (auto s = version->staged.truncate(static_cast<std::uint64_t>(attr->st_size)); !s) {
                 return reply_error(req, s.error());
             }
-            version_size = version->staged.content().size();
+            version_size = version->staged.size();
             to_set &= ~FUSE_SET_ATTR_SIZE;
             m_handles.set_unpublished(handle->fh, true);
         }

@@ -104,7 +104,7 @@ void Filesystem::fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset, o
     std::uint64_t size = 0;
     {
         MutexLock lock(version->mutex);
-        size = version->staged.content().size();
+        size = version->staged.size();
     }
     // The room a reservation or a growth needs, checked before anything changes (no
     // lock held: it reads the db and the disk's free space).
@@ -122,7 +122,7 @@ void Filesystem::fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset, o
     {
         MutexLock lock(version->mutex);
         core::StagedFile& staged = version->staged;
-        const std::uint64_t now = staged.content().size();  // another handle may have written
+        const std::uint64_t now = staged.size();  // another handle may have written
         if ((punch || zero) && from < now) {
             s = zero_range(staged, from, std::min(end, now));
             changed = true;

@@ -58,8 +58,10 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
     std::string_view slice;
     if (version) {
         MutexLock lock(version->mutex);
-        const std::string_view content = version->staged.content();
-        copy.assign(content.substr(std::min(static_cast<std::size_t>(off), content.size()), size));
+        auto content = version->staged.content();  // its first use reads it (staged.hpp)
+        if (!content) return reply_error(req, content.error());
+        copy.assign(
+            content->substr(std::min(static_cast<std::size_t>(off), content->size()), size));
         slice = copy;
     } else if (shared) {
         const std::string_view content = *shared;
@@ -117,7 +119,7 @@ void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size,
 
 core::Status Filesystem::publish(fuse_req_t req, Version& version) {
     if (version.ended || !version.staged.dirty()) return {};  // an unchanged file publishes nothing
-    const std::uint64_t size = version.staged.content().size();
+    const std::uint64_t size = version.staged.size();
     // Make room first. If the cache cannot get under its bound (everything left is
     // pinned or being written), the writer gets ENOSPC and nothing is published.
     std::uint64_t max = 0, stored = 0;

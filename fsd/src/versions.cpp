@@ -171,7 +171,7 @@ std::optional<std::uint64_t> Versions::rewrite_size(Ino ino, std::uint32_t proce
     }
     if (!newest) return std::nullopt;
     MutexLock lock(newest->mutex);
-    return newest->staged.content().size();
+    return newest->staged.size();
 }
 
 bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size) {
@@ -196,7 +196,7 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
     MutexLock lock(shared->mutex);
     if (shared->ended) return false;
     (void)shared->staged.truncate(size);
-    *shared_size = shared->staged.content().size();
+    *shared_size = shared->staged.size();
     return true;
 }
 
@@ -204,7 +204,7 @@ void Versions::apply_live_size(Attr& attr) {
     if (!attr.is_regular()) return;
     if (auto version = shared(attr.ino)) {
         MutexLock lock(version->mutex);
-        attr.size = version->staged.content().size();
+        attr.size = version->staged.size();
     }
 }
 

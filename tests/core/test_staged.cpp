@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core_test_util.hpp"
+#include "kcache/core/integrity.hpp"
 #include "kcache/core/staged.hpp"
 
 using namespace kcache;
@@ -44,7 +45,7 @@ TEST_CASE("staged: truncate starts from empty content (O_TRUNC)", "[staged]") {
     TestStore ts;
     auto f = ts.put("k/f", "old content");
     auto staged = KC_MUST(StagedFile::begin(ts.store(), f, true));
-    CHECK(staged.content().empty());
+    CHECK(staged.size() == 0);
     CHECK(ts.get("k/f") == "old content");
     KC_MUST(staged.write(0, "v2"));
     KC_MUST(staged.publish(test_origin()));
@@ -210,4 +211,84 @@ TEST_CASE("staged: the first publish into an empty entry counts one miss", "[sta
     CHECK(e.populated_by_pid == 777);
     CHECK(e.populated_by_name == "compiler");
     CHECK(e.bytes == 6);
+}
+
+TEST_CASE(
+    "staged: the content is read at its first use, so a version published since begin "
+    "is the one written over",
+    "[staged]") {
+    TestStore ts;
+    auto f = ts.put("k/f", "0123456789");
+    auto early = KC_MUST(StagedFile::begin(ts.store(), f, false));
+    CHECK(early.size() == 10);  // known without reading the content
+    {
+        auto rewrite = KC_MUST(StagedFile::begin(ts.store(), f, true));
+        KC_MUST(rewrite.write(0, "abcdefghij"));
+        KC_MUST(rewrite.publish(test_origin()));
+    }
+    KC_MUST(early.write(0, "X"));  // as on a disk: over what is there now
+    CHECK(early.content() == "Xbcdefghij");
+    CHECK(early.stored_digest() == core::digest_of("abcdefghij"));
+    KC_MUST(early.publish(test_origin()));
+    CHECK(ts.get("k/f") == "Xbcdefghij");
+    check_consistent(ts.store());
+}
+
+// Damaged content shows what an open for writing reads: until a change needs the bytes
+// begun from, nothing of them is read.
+TEST_CASE(
+    "staged: an open for writing reads nothing of a file it does not change, or "
+    "overwrites or empties whole",
+    "[staged]") {
+    TestStore ts;
+    const std::string marker = "KCACHE-STAGED-MARKER-52c1e07d";
+    const std::string content = marker + random_bytes(64 << 10, 7);  // stored raw
+    auto f = ts.put("k/f", content);
+    ts.close();
+    const auto data_file = std::filesystem::path(ts.db_path()) / "data.mdb";
+    auto disk = read_file(data_file);
+    const auto at = disk.find(marker);
+    REQUIRE(at != std::string::npos);
+    disk[at + marker.size() + 100] ^= 0x01;
+    write_file(data_file, disk);
+    ts.reopen();
+
+    SECTION("an open that changes nothing") {
+        auto staged = KC_MUST(StagedFile::begin(ts.store(), f, false));
+        CHECK(staged.size() == content.size());
+        CHECK_FALSE(staged.dirty());
+        KC_MUST(staged.abandon());
+    }
+    SECTION("a write over the whole file") {
+        auto staged = KC_MUST(StagedFile::begin(ts.store(), f, false));
+        const std::string fresh(content.size() + 1, 'y');
+        KC_MUST(staged.write(0, fresh));
+        KC_MUST(staged.publish(test_origin()));
+        CHECK(ts.get("k/f") == fresh);
+    }
+    SECTION("a truncate to zero") {
+        auto staged = KC_MUST(StagedFile::begin(ts.store(), f, false));
+        KC_MUST(staged.truncate(0));
+        CHECK(staged.dirty());
+        CHECK(staged.size() == 0);
+        SECTION("then written") {
+            KC_MUST(staged.write(0, "new"));
+            KC_MUST(staged.publish(test_origin()));
+            CHECK(ts.get("k/f") == "new");
+        }
+        SECTION("alone (ftruncate(fd, 0))") {
+            KC_MUST(staged.publish(test_origin()));
+            CHECK(ts.get("k/f").empty());
+        }
+    }
+    SECTION("a write into part of it reads it, finds the damage and changes nothing") {
+        auto staged = KC_MUST(StagedFile::begin(ts.store(), f, false));
+        auto s = staged.write(10, "z");
+        REQUIRE_FALSE(s);
+        CHECK(s.error().code == core::kDamagedContent);
+        CHECK_FALSE(staged.dirty());
+        CHECK(staged.size() == content.size());
+        CHECK_FALSE(staged.content());
+        KC_MUST(staged.abandon());
+    }
 }

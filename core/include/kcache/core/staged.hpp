@@ -56,7 +56,16 @@ class StagedFile {
     // kMaxFileSize; ENOMEM when the content cannot be held in memory.
     Status write(std::uint64_t offset, std::string_view data);
     Status truncate(std::uint64_t size);  // EFBIG past the limits
-    std::string_view content() const { return m_content; }
+    // The staged content's size, known from begin on.
+    std::uint64_t size() const { return m_loaded ? m_content.size() : m_unloaded_size; }
+    // The staged content. A file begun from its stored content reads that content at
+    // its first use (here, a write or a truncate that keeps part of it), not at begin:
+    // an open for writing that never changes the file (fsync, an ioctl) reads none of
+    // it. The content read is the version begun from or, if another writer published
+    // the file since, that newer one (its bytes came first, as on a disk). What may
+    // fail: reading it (EIO on damaged or missing content, ENOMEM); `write` and
+    // `truncate` then fail the same way and change nothing.
+    Result<std::string_view> content();
     bool dirty() const { return m_dirty; }
     // The digest of the stored content this one last matched: the content it began
     // from (empty digest when it began truncated from an empty file), then the content
@@ -85,6 +94,9 @@ class StagedFile {
 
   private:
     StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments);
+    // Reads the content begin() left in the db (see content()), unless the change about
+    // to be made overwrites its first `overwritten` bytes and they are all of it.
+    Status load(std::uint64_t overwritten = 0);
     void changed(std::uint64_t from, std::uint64_t to);  // bytes [from, to) changed
     // Tells the mirror of a change: `change` once it holds the content, else reset().
     void mirror(const std::function<Status(StagedMirror&)>& change);
@@ -92,7 +104,10 @@ class StagedFile {
     Result<Attr> store_content(WriteTxn& txn, const Origin& origin);
     Store* m_store = nullptr;
     Ino m_ino = 0;
-    std::string m_content;
+    std::string m_content;  // only once m_loaded
+    bool m_loaded = true;
+    // The size of the version begun from (or adopted by load()): size() until loaded.
+    std::uint64_t m_unloaded_size = 0;
     // Segmented content (kSegmentedSize or more): each segment's digest while it is
     // known unchanged since begin or the last publish, empty once written to.
     std::vector<Digest> m_segments;
