@@ -80,12 +80,17 @@ std::string content_of(int child, int n) {
            std::string(static_cast<std::size_t>(n % 7) * 100, static_cast<char>('a' + child));
 }
 
+// Opens the db in a forked child: an environment of the child's own, default options.
+auto open_store(const std::string& db) {
+    core::OpenOptions options;
+    options.path = db;
+    return core::Store::open(options);
+}
+
 // Stores 200 entries, each in its own transaction. Returns an exit code.
 int store_entries(const std::string& db, int child, const Pipe& start) {
     if (!start.wait()) return 3;
-    core::OpenOptions options;
-    options.path = db;
-    auto store = core::Store::open(options);
+    auto store = open_store(db);
     if (!store) return 4;
     for (int n = 0; n < 200; ++n) {
         auto txn = (*store)->write();
@@ -149,9 +154,7 @@ TEST_CASE("multiprocess: a name one process makes is visible to another at once"
 
     Pipe written, checked;
     Child writer([&] {
-        core::OpenOptions options;
-        options.path = db;
-        auto store = core::Store::open(options);
+        auto store = open_store(db);
         if (!store) return 4;
         auto txn = (*store)->write();
         if (!txn) return 5;
@@ -181,9 +184,7 @@ TEST_CASE("multiprocess: a write lease counts while its process lives and not af
 
     Pipe leased, release;
     Child holder([&] {
-        core::OpenOptions options;
-        options.path = db;
-        auto store = core::Store::open(options);
+        auto store = open_store(db);
         if (!store) return 4;
         auto txn = (*store)->write();
         if (!txn || !txn->begin_write(file) || !txn->commit()) return 5;
@@ -217,9 +218,7 @@ TEST_CASE("multiprocess: collect_garbage reports a dead process's lease", "[mult
     Pipe go;
     Child holder([&] {
         if (!go.wait()) return 3;
-        core::OpenOptions options;
-        options.path = db;
-        auto store = core::Store::open(options);
+        auto store = open_store(db);
         if (!store) return 4;
         auto txn = (*store)->write();
         if (!txn || !txn->begin_write(file) || !txn->commit()) return 5;
@@ -244,9 +243,7 @@ TEST_CASE("multiprocess: a child forked after the parent opened the db can use i
     ts.put("parent/a", "from the parent");
     const auto db = ts.db_path();
     Child child([&] {
-        core::OpenOptions options;
-        options.path = db;
-        auto store = core::Store::open(options);
+        auto store = open_store(db);
         if (!store) return 4;
         for (int n = 0; n < 20; ++n) {
             auto txn = (*store)->write();
@@ -320,9 +317,7 @@ TEST_CASE("multiprocess: a forked child that dies holding a snapshot leaves a st
     const auto db = ts.db_path();
     Pipe holding, release;
     Child child([&] {
-        core::OpenOptions options;
-        options.path = db;
-        auto store = core::Store::open(options);
+        auto store = open_store(db);
         if (!store) return 4;
         auto snapshot = (*store)->read();
         if (!snapshot) return 5;
@@ -347,9 +342,7 @@ TEST_CASE("multiprocess: a config another process sets is the next snapshot's co
     REQUIRE(initial != 12345);
     Pipe changed;
     Child child([&] {
-        core::OpenOptions options;
-        options.path = db;
-        auto store = core::Store::open(options);
+        auto store = open_store(db);
         if (!store) return 4;
         auto txn = (*store)->write();
         if (!txn) return 5;
