@@ -117,7 +117,7 @@ std::vector<std::pair<core::Ino, std::string>> RemoteTier::settled() {
 
 void RemoteTier::run_uploader(core::EventCursor events) {
     const bool uploads = !m_remote->options().read_only;
-    if (fault_point() == "slow_uploader") std::this_thread::sleep_for(kSlowStart);
+    if (named_fault().fault == Fault::slow_uploader) std::this_thread::sleep_for(kSlowStart);
     sync_containers();  // first: lookups below containers wait for it (find())
     auto last_record = Clock::now();
     std::unordered_map<core::Ino, unsigned> failures;  // failed uploads per entry, while retried

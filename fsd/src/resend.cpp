@@ -47,15 +47,13 @@ const char* name_of(Op op) {
 
 void attach(StateFile& state) {
     g_state = &state;
-    if (const std::string text(fault_point()); !text.empty()) {
-        for (const std::string prefix : {"kill_after_commit=", "kill_before_reply="}) {
-            if (text.rfind(prefix, 0) != 0) continue;
-            g_fault = parse_op(text.substr(prefix.size()));
-            g_fault_any_outcome = prefix == "kill_before_reply=";
-        }
-        if (g_fault == Op::none && text != "slow_uploader")
-            log::warning("KCACHE_FSD_FAULT={}: not a fault point (ignored)", text);
+    const NamedFault named = named_fault();  // faults.hpp's table
+    if (named.fault == Fault::kill_after_commit || named.fault == Fault::kill_before_reply) {
+        g_fault = parse_op(std::string(named.argument));
+        g_fault_any_outcome = named.fault == Fault::kill_before_reply;
     }
+    if (named.fault != Fault::none && named.fault != Fault::slow_uploader && g_fault == Op::none)
+        log::warning("KCACHE_FSD_FAULT={}: not a fault point (ignored)", fault_point());
 }
 
 void set_current(std::uint64_t unique) {
