@@ -239,6 +239,50 @@ int run_loop(fuse_session* session) {
     return rc;
 }
 
+// Takeover and resend on the session, then its transport: --io-uring's rings are set up
+// when the kernel's INIT comes (uring_transport.hpp); /dev/fuse serves until then, and
+// alone where the kernel does not offer them (null).
+std::unique_ptr<UringTransport> install_transport(
+    StateFile& state, fuse_session* session, const Options& options, const std::string& mountpoint,
+    const std::optional<keeper::Inherited>& inherited) {
+    takeover::begin(state, fuse_session_fd(session));
+    resend::attach(state);
+    std::unique_ptr<UringTransport> uring;
+    if (options.io_uring)
+        uring = UringTransport::install(session, inherited ? inherited->state_fd : -1, mountpoint);
+    if (!uring) takeover::install_plain(session);
+    return uring;
+}
+
+// The shared tier (--remote), made after the fork (its threads must not cross it). It
+// connects lazily: an unreachable Redis does not stop start-up, it only costs misses.
+std::unique_ptr<RemoteTier> make_remote(kcache::core::Store& store, const Options& options,
+                                        Filesystem& filesystem, StartupPipe& startup) {
+    std::unique_ptr<RemoteTier> remote;
+    if (options.remote) {
+        auto made =
+            RemoteTier::create(store, *options.remote, options.prefetch_job_tag, options.job_tag);
+        if (!made) startup.fail_startup(made.error().message);
+        remote = std::move(*made);
+        filesystem.attach_remote(remote.get());
+    }
+    return remote;
+}
+
+// After the loop: every thread that could handle or answer a request stopped, in order,
+// then the session closed.
+void shut_down(fuse_session* session, fuse_args& args, std::unique_ptr<UringTransport>& uring,
+               RemoteTier* remote, Filesystem& filesystem) {
+    if (uring) uring->stop();       // no handler runs after this; later replies are refused
+    if (remote) remote->stop();     // waiting lookups answered, counts recorded
+    filesystem.stop();              // statistics flushed, db synced; no notification after this
+    uring.reset();                  // no reply can come any more
+    fuse_session_unmount(session);  // the keeper's mount: left to the keeper
+    fuse_remove_signal_handlers(session);
+    fuse_session_destroy(session);
+    fuse_opt_free_args(&args);
+}
+
 // The exit status of a daemon whose loop returned `rc`, logged.
 int stopped(int rc, bool handed_over, const std::string& mountpoint,
             const std::optional<keeper::Inherited>& inherited) {
@@ -293,16 +337,7 @@ int serve(const Options& options, const std::string& mountpoint, StartupPipe& st
     Filesystem filesystem(*store, options, state->get());
     // Kept after "ready": an upgrade reports "handed over" on it (keeper.hpp).
     const int report_fd = inherited ? fcntl(inherited->ready_fd, F_DUPFD_CLOEXEC, 0) : -1;
-    // The shared tier, made after the fork (its threads must not cross it). It connects
-    // lazily: an unreachable Redis does not stop start-up, it only costs misses.
-    std::unique_ptr<RemoteTier> remote;
-    if (options.remote) {
-        auto made =
-            RemoteTier::create(*store, *options.remote, options.prefetch_job_tag, options.job_tag);
-        if (!made) startup.fail_startup(made.error().message);
-        remote = std::move(*made);
-        filesystem.attach_remote(remote.get());
-    }
+    const std::unique_ptr<RemoteTier> remote = make_remote(*store, options, filesystem, startup);
     std::vector<std::string> arg_storage = fuse_arguments(options);
     std::vector<char*> fuse_argv;
     for (auto& a : arg_storage) fuse_argv.push_back(a.data());
@@ -312,14 +347,8 @@ int serve(const Options& options, const std::string& mountpoint, StartupPipe& st
     const std::size_t adopted = resuming ? filesystem.adopt_handles() : 0;
     if (!resuming && !options.read_only) clear_previous_holds(*store);
     serving_started();  // the db is open and read: a fault from here on is no start-up's
-    takeover::begin(**state, fuse_session_fd(session));
-    resend::attach(**state);
-    // --io-uring: the rings are set up when the kernel's INIT comes (uring_transport.hpp);
-    // /dev/fuse serves until then, and alone where the kernel does not offer them.
-    std::unique_ptr<UringTransport> uring;
-    if (options.io_uring)
-        uring = UringTransport::install(session, inherited ? inherited->state_fd : -1, mountpoint);
-    if (!uring) takeover::install_plain(session);
+    std::unique_ptr<UringTransport> uring =
+        install_transport(**state, session, options, mountpoint, inherited);
     if (remote) remote->start();
     filesystem.start(session);
     startup.ready(options.db + "/fsd.log");
@@ -350,14 +379,7 @@ int serve(const Options& options, const std::string& mountpoint, StartupPipe& st
     if (handed_over && uring) uring->hand_over();
     if (handed_over) (void)!::send(report_fd, "handed over", 11, MSG_NOSIGNAL);
 
-    if (uring) uring->stop();       // no handler runs after this; later replies are refused
-    if (remote) remote->stop();     // waiting lookups answered, counts recorded
-    filesystem.stop();              // statistics flushed, db synced; no notification after this
-    uring.reset();                  // no reply can come any more
-    fuse_session_unmount(session);  // the keeper's mount: left to the keeper
-    fuse_remove_signal_handlers(session);
-    fuse_session_destroy(session);
-    fuse_opt_free_args(&args);
+    shut_down(session, args, uring, remote.get(), filesystem);
     return stopped(rc, handed_over, mountpoint, inherited);
 }
 
