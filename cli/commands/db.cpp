@@ -217,12 +217,13 @@ void print_kinds(const std::vector<core::KindStats>& kinds) {
     table.print();
 }
 
-void print_stats(const core::Store& store, const core::Stats& stats, const core::Config& config,
-                 const std::vector<core::KindStats>& kinds) {
-    auto value_of = [&](core::Counter c) {
-        const std::uint64_t v = stats.get(c);
-        return core::counts_bytes(c) ? core::format_size(v) : std::to_string(v);
-    };
+// A counter's value as printed: a size or a count.
+std::string value_of(const core::Stats& stats, core::Counter c) {
+    const std::uint64_t v = stats.get(c);
+    return core::counts_bytes(c) ? core::format_size(v) : std::to_string(v);
+}
+
+void print_summary(const core::Store& store, const core::Stats& stats, const core::Config& config) {
     const std::uint64_t stored = stats.get(core::Counter::stored_bytes);
     std::string limit = "no size bound";
     if (config.max_bytes) {
@@ -238,18 +239,11 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
     summary.add({"stored", limit});
     if (config.max_entries) summary.add({"max entries", std::to_string(config.max_entries)});
     summary.print();
+}
 
-    fmt::print("\ncache now\n");
-    Table gauges({"", ""}, {false, true});
-    // The shared tier's gauges describe the running daemon, not the contents: apart.
-    for (const auto& [counter, value] : stats.values) {
-        if (core::is_gauge(counter) && !of_shared_tier(counter)) {
-            gauges.add({"  " + core::counter_label(counter), value_of(counter)});
-        }
-    }
-    gauges.print();
-
-    const nlohmann::json servers = remote_server_states(store);
+// The shared tier's gauges and its servers' states (`servers`: what the daemon
+// published, null when none did).
+void print_remote_servers(const core::Stats& stats, const nlohmann::json& servers) {
     if (!servers.is_null() || stats.get(core::Counter::remote_servers) != 0) {
         fmt::print("\nremote servers");
         if (!servers.is_null()) {
@@ -260,7 +254,7 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
         Table remote_gauges({"", ""}, {false, true});
         for (const auto& [counter, value] : stats.values) {
             if (core::is_gauge(counter) && of_shared_tier(counter)) {
-                remote_gauges.add({"  " + core::counter_label(counter), value_of(counter)});
+                remote_gauges.add({"  " + core::counter_label(counter), value_of(stats, counter)});
             }
         }
         remote_gauges.print();
@@ -278,27 +272,11 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
         }
         table.print();
     }
+}
 
-    print_kinds(kinds);
-
-    const std::string since = stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
-                                             : std::string("the db was created");
-    fmt::print("\nsince {}\n", since);
-    Table counters({"", ""}, {false, true});
-    for (const auto& [counter, value] : stats.values) {
-        if (core::is_gauge(counter) || of_shared_tier(counter)) continue;
-        counters.add({"  " + core::counter_label(counter), value_of(counter)});
-        if (counter == core::Counter::misses) {
-            const auto rate = hit_rate(stats);
-            counters.add({"  hit rate", rate ? fmt::format("{:.1f}%", *rate * 100) : "-"});
-        }
-    }
-    counters.print();
-
-    // The shared tier's counters, under the headings of their groups (as the inspector's
-    // "Shared tier" section), only for a db that has used one: most never do, and a
-    // screenful of zeros would bury the rest. --json has them all, always.
-    if (!used_shared_tier(stats, servers)) return;
+// The shared tier's counters, under the headings of their groups (as the inspector's
+// "Shared tier" section).
+void print_shared_tier_counters(const core::Stats& stats, const std::string& since) {
     fmt::print("\nshared tier since {}\n", since);
     Table remote({"", ""}, {false, true});
     std::vector<std::string_view> groups;
@@ -312,10 +290,48 @@ void print_stats(const core::Store& store, const core::Stats& stats, const core:
         for (const core::StatisticField& f : core::kStatistics) {
             if (!(f.counted_by & core::by_remote) || core::is_gauge(f.id) || f.group != group)
                 continue;
-            remote.add({"    " + core::counter_label(f.id), value_of(f.id)});
+            remote.add({"    " + core::counter_label(f.id), value_of(stats, f.id)});
         }
     }
     remote.print();
+}
+
+void print_stats(const core::Store& store, const core::Stats& stats, const core::Config& config,
+                 const std::vector<core::KindStats>& kinds) {
+    print_summary(store, stats, config);
+
+    fmt::print("\ncache now\n");
+    Table gauges({"", ""}, {false, true});
+    // The shared tier's gauges describe the running daemon, not the contents: apart.
+    for (const auto& [counter, value] : stats.values) {
+        if (core::is_gauge(counter) && !of_shared_tier(counter)) {
+            gauges.add({"  " + core::counter_label(counter), value_of(stats, counter)});
+        }
+    }
+    gauges.print();
+
+    const nlohmann::json servers = remote_server_states(store);
+    print_remote_servers(stats, servers);
+
+    print_kinds(kinds);
+
+    const std::string since = stats.reset_ns ? "reset " + age_since(store, stats.reset_ns)
+                                             : std::string("the db was created");
+    fmt::print("\nsince {}\n", since);
+    Table counters({"", ""}, {false, true});
+    for (const auto& [counter, value] : stats.values) {
+        if (core::is_gauge(counter) || of_shared_tier(counter)) continue;
+        counters.add({"  " + core::counter_label(counter), value_of(stats, counter)});
+        if (counter == core::Counter::misses) {
+            const auto rate = hit_rate(stats);
+            counters.add({"  hit rate", rate ? fmt::format("{:.1f}%", *rate * 100) : "-"});
+        }
+    }
+    counters.print();
+
+    // The shared tier's counters only for a db that has used one: most never do, and a
+    // screenful of zeros would bury the rest. --json has them all, always.
+    if (used_shared_tier(stats, servers)) print_shared_tier_counters(stats, since);
 }
 
 // Reads the statistics records, the meta record and the classified misses (bounded by
