@@ -72,6 +72,62 @@ core::Status check_segments(const ByteReader& in, std::uint64_t phoff, std::uint
     return {};
 }
 
+// The `shnum` section headers at `shoff`, each section's bytes checked to lie in the
+// file; `name_offsets`: each one's name in the section name table, resolved by
+// name_sections.
+core::Status read_sections(const ByteReader& in, std::uint64_t shoff, std::uint64_t shnum,
+                           std::string_view bytes, std::string_view what, ElfFile& elf,
+                           std::vector<std::uint32_t>& name_offsets) {
+    elf.sections.resize(static_cast<std::size_t>(shnum));
+    name_offsets.resize(elf.sections.size());
+    for (std::size_t i = 0; i < elf.sections.size(); ++i) {
+        const auto sh = section_header(in, shoff + i * kShdrSize);
+        if (!sh) return damaged(sh.error());
+        ElfSection& s = elf.sections[i];
+        s.index = static_cast<std::uint32_t>(i);
+        name_offsets[i] = sh->name;  // resolved by name_sections
+        s.type = sh->type;
+        s.flags = sh->flags;
+        s.offset = sh->offset;
+        s.size = sh->size;
+        s.link = sh->link;
+        s.info = sh->info;
+        s.entsize = sh->entsize;
+        if (i == 0 || s.type == kShtNobits || s.type == kShtNull) continue;
+        const auto section_bytes = in.slice(s.offset, s.size);
+        if (!section_bytes) {
+            return damaged(what, fmt::format("section {} [{}, +{}) runs past the end of the "
+                                             "file ({} bytes)",
+                                             i, s.offset, s.size, bytes.size()));
+        }
+        s.data = *section_bytes;
+    }
+    return {};
+}
+
+// Each section's name, from the section name table (section `shstrndx`).
+core::Status name_sections(std::uint64_t shstrndx, const std::vector<std::uint32_t>& name_offsets,
+                           std::string_view what, ElfFile& elf) {
+    if (shstrndx == 0 || shstrndx >= elf.sections.size()) {
+        return damaged(what, fmt::format("section name table index {} out of range", shstrndx));
+    }
+    const ElfSection& names = elf.sections[static_cast<std::size_t>(shstrndx)];
+    if (names.type != kShtStrtab) {
+        return damaged(what, fmt::format("section name table {} is not a string table", shstrndx));
+    }
+    const ByteReader name_bytes(names.data, what);
+    for (std::size_t i = 1; i < elf.sections.size(); ++i) {
+        const auto name = name_bytes.c_str(name_offsets[i]);
+        if (!name) {
+            return damaged(what, fmt::format("section {}: name offset {} outside the name "
+                                             "table ({} bytes)",
+                                             i, name_offsets[i], names.data.size()));
+        }
+        elf.sections[i].name = *name;
+    }
+    return {};
+}
+
 }  // namespace
 
 const ElfSection* ElfFile::find(std::string_view name) const {
@@ -146,48 +202,9 @@ Result<ElfFile> parse_elf(std::string_view bytes, std::string_view what) {
                                          shnum, shoff, bytes.size()));
     }
 
-    elf.sections.resize(static_cast<std::size_t>(shnum));
-    std::vector<std::uint32_t> name_offsets(elf.sections.size());
-    for (std::size_t i = 0; i < elf.sections.size(); ++i) {
-        const auto sh = section_header(in, shoff + i * kShdrSize);
-        if (!sh) return damaged(sh.error());
-        ElfSection& s = elf.sections[i];
-        s.index = static_cast<std::uint32_t>(i);
-        name_offsets[i] = sh->name;  // resolved below
-        s.type = sh->type;
-        s.flags = sh->flags;
-        s.offset = sh->offset;
-        s.size = sh->size;
-        s.link = sh->link;
-        s.info = sh->info;
-        s.entsize = sh->entsize;
-        if (i == 0 || s.type == kShtNobits || s.type == kShtNull) continue;
-        const auto section_bytes = in.slice(s.offset, s.size);
-        if (!section_bytes) {
-            return damaged(what, fmt::format("section {} [{}, +{}) runs past the end of the "
-                                             "file ({} bytes)",
-                                             i, s.offset, s.size, bytes.size()));
-        }
-        s.data = *section_bytes;
-    }
-
-    if (shstrndx == 0 || shstrndx >= elf.sections.size()) {
-        return damaged(what, fmt::format("section name table index {} out of range", shstrndx));
-    }
-    const ElfSection& names = elf.sections[static_cast<std::size_t>(shstrndx)];
-    if (names.type != kShtStrtab) {
-        return damaged(what, fmt::format("section name table {} is not a string table", shstrndx));
-    }
-    const ByteReader name_bytes(names.data, what);
-    for (std::size_t i = 1; i < elf.sections.size(); ++i) {
-        const auto name = name_bytes.c_str(name_offsets[i]);
-        if (!name) {
-            return damaged(what, fmt::format("section {}: name offset {} outside the name "
-                                             "table ({} bytes)",
-                                             i, name_offsets[i], names.data.size()));
-        }
-        elf.sections[i].name = *name;
-    }
+    std::vector<std::uint32_t> name_offsets;
+    KCACHE_TRY(read_sections(in, shoff, shnum, bytes, what, elf, name_offsets));
+    KCACHE_TRY(name_sections(shstrndx, name_offsets, what, elf));
     return elf;
 }
 

@@ -99,6 +99,69 @@ Status read_payload(FatbinEntry& entry, std::string_view stored, std::uint32_t c
     return {};
 }
 
+// The entries of container number `container`, whose entries (`body`) start at offset
+// `body_at` of the fatbin, appended to `out`.
+core::Status parse_entries(const ByteReader& body, std::uint64_t body_at, std::uint32_t container,
+                           const InspectOptions& options, BinaryInfo& out) {
+    std::uint64_t p = 0;
+    while (p < body.size()) {
+        const std::uint64_t entry_at = body_at + p;
+        if (all_zero(body.data().substr(static_cast<std::size_t>(p)))) {
+            break;  // padding up to the declared size
+        }
+        auto fixed = body.sub(p, kEntryHeaderSize);
+        if (!fixed) {
+            return fail(EIO, fmt::format("fatbin: entry header at {} truncated", entry_at));
+        }
+        FatbinEntry entry;
+        entry.container = container;
+        std::uint16_t reserved16 = 0, minor = 0, major = 0;
+        std::uint32_t entry_header_size32 = 0, compressed_size = 0, options_offset = 0, sm = 0,
+                      name_offset = 0, name_size = 0;
+        std::uint64_t hash = 0, uncompressed_size = 0;
+        KCACHE_TRY(fixed->read(entry.raw_kind, reserved16, entry_header_size32, entry.size,
+                               compressed_size, options_offset, minor, major, sm, name_offset,
+                               name_size, entry.flags, hash, uncompressed_size));
+        entry.kind = entry_kind(entry.raw_kind);
+        const std::uint64_t entry_header_size = entry_header_size32;
+
+        if (entry_header_size < kEntryHeaderSize || !body.contains(p, entry_header_size) ||
+            !body.contains(p + entry_header_size, entry.size)) {
+            return fail(EIO, fmt::format("fatbin: entry at {} (header {} bytes, payload {} "
+                                         "bytes) runs past its container",
+                                         entry_at, entry_header_size, entry.size));
+        }
+        entry.arch = fmt::format("sm_{}", sm);
+        if (entry.flags & kFlagArchA) {
+            entry.arch += 'a';
+        } else if (entry.flags & kFlagArchF) {
+            entry.arch += 'f';
+        }
+        entry.debug = (entry.flags & kFlagDebug) != 0;
+        if (entry.kind == EntryKind::ptx) entry.ptx_version = fmt::format("{}.{}", major, minor);
+        entry.compressed = (entry.flags & (kFlagLz4 | kFlagZstd)) != 0;
+        if (entry.compressed) {
+            entry.compression = (entry.flags & kFlagZstd)  ? Compression::zstd
+                                : (entry.flags & kFlagLz4) ? Compression::lz4
+                                                           : Compression::unknown;
+            if ((entry.flags & kFlagZstd) && (entry.flags & kFlagLz4)) {
+                entry.compression = Compression::unknown;
+            }
+            entry.uncompressed_size = uncompressed_size;
+        } else {
+            entry.uncompressed_size = entry.size;
+        }
+
+        const std::string what = fmt::format("fatbin entry {} ({} {})", out.entries.size(),
+                                             kind_name(entry.kind), entry.arch);
+        const auto payload = KCACHE_TRY(body.slice(p + entry_header_size, entry.size));
+        KCACHE_TRY(read_payload(entry, payload, compressed_size, options, what));
+        out.entries.push_back(std::move(entry));
+        p += entry_header_size + out.entries.back().size;
+    }
+    return {};
+}
+
 }  // namespace
 
 Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint32_t first_container,
@@ -132,63 +195,7 @@ Result<std::uint32_t> parse_fatbin_containers(std::string_view bytes, std::uint3
                                          at, header_size, body_size, bytes.size()));
         }
         const auto body = KCACHE_TRY(in.sub(at + header_size, body_size));
-        std::uint64_t p = 0;
-        while (p < body.size()) {
-            const std::uint64_t entry_at = at + header_size + p;
-            if (all_zero(body.data().substr(static_cast<std::size_t>(p)))) {
-                break;  // padding up to the declared size
-            }
-            auto fixed = body.sub(p, kEntryHeaderSize);
-            if (!fixed) {
-                return fail(EIO, fmt::format("fatbin: entry header at {} truncated", entry_at));
-            }
-            FatbinEntry entry;
-            entry.container = container;
-            std::uint16_t reserved16 = 0, minor = 0, major = 0;
-            std::uint32_t entry_header_size32 = 0, compressed_size = 0, options_offset = 0, sm = 0,
-                          name_offset = 0, name_size = 0;
-            std::uint64_t hash = 0, uncompressed_size = 0;
-            KCACHE_TRY(fixed->read(entry.raw_kind, reserved16, entry_header_size32, entry.size,
-                                   compressed_size, options_offset, minor, major, sm, name_offset,
-                                   name_size, entry.flags, hash, uncompressed_size));
-            entry.kind = entry_kind(entry.raw_kind);
-            const std::uint64_t entry_header_size = entry_header_size32;
-
-            if (entry_header_size < kEntryHeaderSize || !body.contains(p, entry_header_size) ||
-                !body.contains(p + entry_header_size, entry.size)) {
-                return fail(EIO, fmt::format("fatbin: entry at {} (header {} bytes, payload {} "
-                                             "bytes) runs past its container",
-                                             entry_at, entry_header_size, entry.size));
-            }
-            entry.arch = fmt::format("sm_{}", sm);
-            if (entry.flags & kFlagArchA) {
-                entry.arch += 'a';
-            } else if (entry.flags & kFlagArchF) {
-                entry.arch += 'f';
-            }
-            entry.debug = (entry.flags & kFlagDebug) != 0;
-            if (entry.kind == EntryKind::ptx)
-                entry.ptx_version = fmt::format("{}.{}", major, minor);
-            entry.compressed = (entry.flags & (kFlagLz4 | kFlagZstd)) != 0;
-            if (entry.compressed) {
-                entry.compression = (entry.flags & kFlagZstd)  ? Compression::zstd
-                                    : (entry.flags & kFlagLz4) ? Compression::lz4
-                                                               : Compression::unknown;
-                if ((entry.flags & kFlagZstd) && (entry.flags & kFlagLz4)) {
-                    entry.compression = Compression::unknown;
-                }
-                entry.uncompressed_size = uncompressed_size;
-            } else {
-                entry.uncompressed_size = entry.size;
-            }
-
-            const std::string what = fmt::format("fatbin entry {} ({} {})", out.entries.size(),
-                                                 kind_name(entry.kind), entry.arch);
-            const auto payload = KCACHE_TRY(body.slice(p + entry_header_size, entry.size));
-            KCACHE_TRY(read_payload(entry, payload, compressed_size, options, what));
-            out.entries.push_back(std::move(entry));
-            p += entry_header_size + out.entries.back().size;
-        }
+        KCACHE_TRY(parse_entries(body, at + header_size, container, options, out));
         at += header_size + body_size;
         ++container;
     }

@@ -85,10 +85,11 @@ const std::vector<KernelInfo>* Selection::kernels() const {
     return entry.kernels ? &*entry.kernels : nullptr;
 }
 
-Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view only_file) {
-    std::vector<std::pair<std::string, BinaryInfo>> inspected;
-    std::vector<std::string> reasons;
-    std::vector<Candidate> candidates;
+namespace {
+
+// The files of `entry` a binary may be in (`only_file`: that one), in the order they are
+// read.
+std::vector<const EntryFile*> binary_files(Entry& entry, std::string_view only_file) {
     // Cubins first, then fatbins, then PTX: once a cubin for the exact SM is found,
     // nothing else can rank higher and the other files are not read.
     const auto kind_rank = [](std::string_view name) {
@@ -106,6 +107,53 @@ Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view on
     std::stable_sort(files.begin(), files.end(), [&](const EntryFile* a, const EntryFile* b) {
         return kind_rank(a->path) < kind_rank(b->path);
     });
+    return files;
+}
+
+// The candidates file `name` (inspected as `info`, the index-th one inspected) offers a
+// GPU of `device_sm`; why it offers none (or which entries it holds) in `reasons`.
+void add_candidates(const BinaryInfo& info, std::string_view name, std::size_t index, int device_sm,
+                    std::vector<Candidate>& candidates, std::vector<std::string>& reasons) {
+    const auto add = [&](int tier, const Arch& arch, int fatbin_entry, bool jit,
+                         const std::string& arch_text) {
+        candidates.push_back(
+            Candidate{tier, arch.sm == device_sm, arch.sm, index, fatbin_entry, jit, arch_text});
+    };
+    if (info.format == Format::cubin || info.format == Format::ptx) {
+        const bool ptx = info.format == Format::ptx;
+        const auto arch = parse_arch(info.arch);
+        if (arch && (ptx ? ptx_runs_on(*arch, device_sm) : cubin_runs_on(*arch, device_sm))) {
+            add(ptx ? 2 : 0, *arch, -1, ptx, info.arch);
+        } else {
+            reasons.push_back(fmt::format("{} {} {}", name, ptx ? "targets" : "is", info.arch));
+        }
+    } else {
+        std::vector<std::string> held;
+        for (std::size_t i = 0; i < info.entries.size(); ++i) {
+            const auto& e = info.entries[i];
+            const auto arch = parse_arch(e.arch);
+            const int at = static_cast<int>(i);
+            if (e.kind == EntryKind::cubin && arch && cubin_runs_on(*arch, device_sm)) {
+                add(1, *arch, at, false, e.arch);
+            } else if (e.kind == EntryKind::ptx && arch && ptx_runs_on(*arch, device_sm)) {
+                add(2, *arch, at, true, e.arch);
+            } else {
+                held.push_back(fmt::format("{} {}", e.arch, kind_name(e.kind)));
+            }
+        }
+        reasons.push_back(
+            fmt::format("{} holds {}", name,
+                        held.empty() ? "no entries" : fmt::format("{}", fmt::join(held, ", "))));
+    }
+}
+
+}  // namespace
+
+Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view only_file) {
+    std::vector<std::pair<std::string, BinaryInfo>> inspected;
+    std::vector<std::string> reasons;
+    std::vector<Candidate> candidates;
+    const std::vector<const EntryFile*> files = binary_files(entry, only_file);
     for (const EntryFile* file : files) {
         const std::string_view name = file->path;
         if (std::any_of(candidates.begin(), candidates.end(),
@@ -118,39 +166,7 @@ Result<Selection> select_binary(Entry& entry, int device_sm, std::string_view on
             reasons.push_back(fmt::format("{}: {}", name, info.error().message));
             continue;
         }
-        const std::size_t index = inspected.size();
-        const auto add = [&](int tier, const Arch& arch, int fatbin_entry, bool jit,
-                             const std::string& arch_text) {
-            candidates.push_back(Candidate{tier, arch.sm == device_sm, arch.sm, index, fatbin_entry,
-                                           jit, arch_text});
-        };
-        if (info->format == Format::cubin || info->format == Format::ptx) {
-            const bool ptx = info->format == Format::ptx;
-            const auto arch = parse_arch(info->arch);
-            if (arch && (ptx ? ptx_runs_on(*arch, device_sm) : cubin_runs_on(*arch, device_sm))) {
-                add(ptx ? 2 : 0, *arch, -1, ptx, info->arch);
-            } else {
-                reasons.push_back(
-                    fmt::format("{} {} {}", name, ptx ? "targets" : "is", info->arch));
-            }
-        } else {
-            std::vector<std::string> held;
-            for (std::size_t i = 0; i < info->entries.size(); ++i) {
-                const auto& e = info->entries[i];
-                const auto arch = parse_arch(e.arch);
-                const int at = static_cast<int>(i);
-                if (e.kind == EntryKind::cubin && arch && cubin_runs_on(*arch, device_sm)) {
-                    add(1, *arch, at, false, e.arch);
-                } else if (e.kind == EntryKind::ptx && arch && ptx_runs_on(*arch, device_sm)) {
-                    add(2, *arch, at, true, e.arch);
-                } else {
-                    held.push_back(fmt::format("{} {}", e.arch, kind_name(e.kind)));
-                }
-            }
-            reasons.push_back(fmt::format(
-                "{} holds {}", name,
-                held.empty() ? "no entries" : fmt::format("{}", fmt::join(held, ", "))));
-        }
+        add_candidates(*info, name, inspected.size(), device_sm, candidates, reasons);
         inspected.emplace_back(std::string(name), std::move(*info));
     }
     if (candidates.empty()) {
