@@ -96,6 +96,82 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Frame times after the first two frames, which build the font atlas and settle the
+// layout (not steady state): mean, median, p95 and max.
+void report_frame_times(const char* what, const std::vector<double>& all) {
+    std::vector<double> steady(all.begin() + 2, all.end());
+    std::sort(steady.begin(), steady.end());
+    double sum = 0;
+    for (double ms : steady) sum += ms;
+    fmt::print(
+        "{}: {} frames (after 2 warm-up), mean {:.2f} ms, median {:.2f} ms, "
+        "p95 {:.2f} ms, max {:.2f} ms; first frame {:.1f} ms\n",
+        what, steady.size(), sum / static_cast<double>(steady.size()), steady[steady.size() / 2],
+        steady[steady.size() * 95 / 100], steady.back(), all.front());
+}
+
+// The inspector's window with an OpenGL 3 context; null (said why) when there is none.
+GLFWwindow* open_window(int width, int height, const std::string& db_path) {
+    glfwSetErrorCallback([](int code, const char* what) {
+        std::fprintf(stderr, "kcache-inspector: GLFW error %d: %s\n", code, what);
+    });
+    if (!glfwInit()) {
+        std::fprintf(stderr, "kcache-inspector: cannot open a window (no display? DISPLAY=%s)\n",
+                     std::getenv("DISPLAY") ? std::getenv("DISPLAY") : "");
+        return nullptr;
+    }
+    glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+    glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 0);
+    const std::string title = "kcache inspector - " + db_path;
+    GLFWwindow* window = glfwCreateWindow(width, height, title.c_str(), nullptr, nullptr);
+    if (!window) {
+        std::fprintf(stderr, "kcache-inspector: cannot create an OpenGL 3 window\n");
+        glfwTerminate();
+    }
+    return window;
+}
+
+// Draws frames until the window closes, or until --frames; each frame's time (and the
+// part without rendering) when reporting them. Returns the exit code.
+int run_frames(GLFWwindow* window, gui::Model& model, gui::UiState& ui, const Options& opts,
+               bool screenshot, std::vector<double>& frame_ms, std::vector<double>& ui_ms) {
+    ImGuiIO& io = ImGui::GetIO();
+    int exit_code = 0;
+    for (int frame = 0; !glfwWindowShouldClose(window); ++frame) {
+        const auto t0 = std::chrono::steady_clock::now();
+        glfwPollEvents();
+        ImGui_ImplOpenGL3_NewFrame();
+        ImGui_ImplGlfw_NewFrame();
+        if (screenshot) io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // no hover highlight
+        const auto t_ui = std::chrono::steady_clock::now();
+        ImGui::NewFrame();
+        gui::draw_inspector(model, ui);
+        ImGui::Render();
+        if (opts.report_frame_times) ui_ms.push_back(ms_since(t_ui));
+        int fb_width = 0, fb_height = 0;
+        glfwGetFramebufferSize(window, &fb_width, &fb_height);
+        glViewport(0, 0, fb_width, fb_height);
+        glClearColor(0.09f, 0.09f, 0.11f, 1.0f);
+        glClear(GL_COLOR_BUFFER_BIT);
+        ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+        const bool last = opts.frames > 0 && frame + 1 >= opts.frames;
+        if (last && screenshot) {
+            if (!write_png(opts.screenshot, fb_width, fb_height)) {
+                std::fprintf(stderr, "kcache-inspector: cannot write %s\n",
+                             opts.screenshot.c_str());
+                exit_code = kExitError;
+            }
+        }
+        glfwSwapBuffers(window);
+        if (opts.report_frame_times) {
+            glFinish();  // count the rendering, which llvmpipe does on the CPU
+            frame_ms.push_back(ms_since(t0));
+        }
+        if (last) break;
+    }
+    return exit_code;
+}
+
 int run(const Options& opts) {
     int width = 1600, height = 1000;
     if (std::sscanf(opts.size.c_str(), "%dx%d", &width, &height) != 2 || width < 200 ||
@@ -119,23 +195,8 @@ int run(const Options& opts) {
             n ? static_cast<double>((*model)->memory_bytes()) / static_cast<double>(n) : 0.0);
     }
 
-    glfwSetErrorCallback([](int code, const char* what) {
-        std::fprintf(stderr, "kcache-inspector: GLFW error %d: %s\n", code, what);
-    });
-    if (!glfwInit()) {
-        std::fprintf(stderr, "kcache-inspector: cannot open a window (no display? DISPLAY=%s)\n",
-                     std::getenv("DISPLAY") ? std::getenv("DISPLAY") : "");
-        return kExitError;
-    }
-    glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
-    glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 0);
-    const std::string title = "kcache inspector - " + (*model)->db_path();
-    GLFWwindow* window = glfwCreateWindow(width, height, title.c_str(), nullptr, nullptr);
-    if (!window) {
-        std::fprintf(stderr, "kcache-inspector: cannot create an OpenGL 3 window\n");
-        glfwTerminate();
-        return kExitError;
-    }
+    GLFWwindow* window = open_window(width, height, (*model)->db_path());
+    if (!window) return kExitError;
     glfwMakeContextCurrent(window);
     // Benchmarks measure the frame, not the display's refresh.
     glfwSwapInterval(opts.frames > 0 ? 0 : 1);
@@ -167,56 +228,11 @@ int run(const Options& opts) {
 
     std::vector<double> frame_ms;
     std::vector<double> ui_ms;  // building the frame (model and panels), without rendering
-    int exit_code = 0;
-    for (int frame = 0; !glfwWindowShouldClose(window); ++frame) {
-        const auto t0 = std::chrono::steady_clock::now();
-        glfwPollEvents();
-        ImGui_ImplOpenGL3_NewFrame();
-        ImGui_ImplGlfw_NewFrame();
-        if (screenshot) io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // no hover highlight
-        const auto t_ui = std::chrono::steady_clock::now();
-        ImGui::NewFrame();
-        gui::draw_inspector(**model, ui);
-        ImGui::Render();
-        if (opts.report_frame_times) ui_ms.push_back(ms_since(t_ui));
-        int fb_width = 0, fb_height = 0;
-        glfwGetFramebufferSize(window, &fb_width, &fb_height);
-        glViewport(0, 0, fb_width, fb_height);
-        glClearColor(0.09f, 0.09f, 0.11f, 1.0f);
-        glClear(GL_COLOR_BUFFER_BIT);
-        ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-        const bool last = opts.frames > 0 && frame + 1 >= opts.frames;
-        if (last && screenshot) {
-            if (!write_png(opts.screenshot, fb_width, fb_height)) {
-                std::fprintf(stderr, "kcache-inspector: cannot write %s\n",
-                             opts.screenshot.c_str());
-                exit_code = kExitError;
-            }
-        }
-        glfwSwapBuffers(window);
-        if (opts.report_frame_times) {
-            glFinish();  // count the rendering, which llvmpipe does on the CPU
-            frame_ms.push_back(ms_since(t0));
-        }
-        if (last) break;
-    }
+    const int exit_code = run_frames(window, **model, ui, opts, screenshot, frame_ms, ui_ms);
 
     if (opts.report_frame_times && frame_ms.size() > 2) {
-        // The first frames build the font atlas and settle the layout: not steady state.
-        auto report = [](const char* what, const std::vector<double>& all) {
-            std::vector<double> steady(all.begin() + 2, all.end());
-            std::sort(steady.begin(), steady.end());
-            double sum = 0;
-            for (double ms : steady) sum += ms;
-            fmt::print(
-                "{}: {} frames (after 2 warm-up), mean {:.2f} ms, median {:.2f} ms, "
-                "p95 {:.2f} ms, max {:.2f} ms; first frame {:.1f} ms\n",
-                what, steady.size(), sum / static_cast<double>(steady.size()),
-                steady[steady.size() / 2], steady[steady.size() * 95 / 100], steady.back(),
-                all.front());
-        };
-        report("frame (all)", frame_ms);
-        report("frame (model + panels, no GL)", ui_ms);
+        report_frame_times("frame (all)", frame_ms);
+        report_frame_times("frame (model + panels, no GL)", ui_ms);
         fmt::print("GL: {}\n", reinterpret_cast<const char*>(glGetString(GL_RENDERER)));
     }
 
