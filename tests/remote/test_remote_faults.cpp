@@ -14,12 +14,15 @@
 #include <fmt/core.h>
 #include <catch2/catch.hpp>
 
+#include "entry_names.hpp"
 #include "kcache/core/bundle.hpp"
 #include "kcache/core/entry_image.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "redis_fixture.hpp"
 
+using kcache::test::kEntryA;
+using kcache::test::kEntryB;
 using kcache::test::RedisServer;
 using kcache::test::run_cli;
 using kcache::test::TestDb;
@@ -28,9 +31,6 @@ namespace proto = kcache::remote::proto;
 namespace remote = kcache::remote;
 
 namespace {
-
-const std::string kEntryA = "ABCDEF0123456789ABCDEF01";
-const std::string kEntryB = "BCDEF0123456789ABCDEF012";
 
 std::vector<std::string> args(TestDb& db, const RedisServer& redis, std::vector<std::string> tail) {
     db.close();

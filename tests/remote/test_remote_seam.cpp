@@ -7,12 +7,15 @@
 
 #include <catch2/catch.hpp>
 
+#include "entry_names.hpp"
 #include "fake_backend.hpp"
 #include "kcache/remote/remote.hpp"
 #include "protocol.hpp"
 #include "redis_fixture.hpp"
 
 using kcache::test::FakeBackend;
+using kcache::test::kEntryA;
+using kcache::test::kEntryB;
 using kcache::test::TestDb;
 namespace core = kcache::core;
 namespace proto = kcache::remote::proto;
@@ -20,8 +23,6 @@ namespace remote = kcache::remote;
 
 namespace {
 
-const std::string kEntryA = "ABCDEF0123456789ABCDEF01";
-const std::string kEntryB = "BCDEF0123456789ABCDEF012";
 // A incompressible, over three chunks (a header and four chunk keys); B one chunk.
 const std::string kBytesA = kcache::test::random_bytes(3 * proto::kChunkBytes + 7, 1);
 const std::string kBytesB = kcache::test::random_bytes(40'000, 2);

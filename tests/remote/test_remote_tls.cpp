@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "entry_names.hpp"
 #include "kcache/remote/remote.hpp"
 #include "kcache/remote/settings.hpp"
 #include "protocol.hpp"
@@ -16,6 +17,7 @@
 #include "tls.hpp"
 #include "tls_fixture.hpp"
 
+using kcache::test::kEntryA;
 using kcache::test::RedisServer;
 using kcache::test::run_cli;
 using kcache::test::TestDb;
@@ -25,12 +27,10 @@ namespace remote = kcache::remote;
 
 namespace {
 
-const std::string kEntry = "ABCDEF0123456789ABCDEF01";
-
 void fill(TestDb& db) {
-    db.put(kEntry + "/kernel.cubin",
+    db.put(kEntryA + "/kernel.cubin",
            kcache::test::random_bytes(2 * remote::proto::kChunkBytes + 11, 7));
-    db.put(kEntry + "/kernel.json", "{\"name\": \"kernel\"}");
+    db.put(kEntryA + "/kernel.json", "{\"name\": \"kernel\"}");
 }
 
 std::string url(std::uint16_t port) {
@@ -64,14 +64,14 @@ void refused(RedisServer& redis, const remote::Options& o, const std::string& ne
     TestDb a, b;
     fill(a);
     auto pusher = make(o);
-    auto pushed = pusher->push(a.store(), kEntry);
+    auto pushed = pusher->push(a.store(), kEntryA);
     REQUIRE(!pushed.has_value());
     INFO(pushed.error().message);
     CHECK(pushed.error().message.find(needle) != std::string::npos);
     CHECK(pushed.error().message.find("password") == std::string::npos);
     CHECK(redis.command({"DBSIZE"}).integer == 0);
     CHECK(pusher->servers().front().breaker == "open");
-    auto again = pusher->push(a.store(), kEntry);
+    auto again = pusher->push(a.store(), kEntryA);
     REQUIRE(!again.has_value());
     CHECK(again.error().code == EAGAIN);  // the breaker: no new handshake per operation
 
@@ -81,12 +81,12 @@ void refused(RedisServer& redis, const remote::Options& o, const std::string& ne
     auto good_pusher = remote::Options{};
     good_pusher.servers.push_back(redis.endpoint());
     good_pusher.ns = "t";
-    REQUIRE(make(good_pusher)->push(a.store(), kEntry).has_value());
+    REQUIRE(make(good_pusher)->push(a.store(), kEntryA).has_value());
     auto puller = make(o);
-    auto pulled = puller->pull(b.store(), kEntry);
+    auto pulled = puller->pull(b.store(), kEntryA);
     REQUIRE(!pulled.has_value());
     CHECK(pulled.error().message.find(needle) != std::string::npos);
-    CHECK(!b.has_entry(kEntry));
+    CHECK(!b.has_entry(kEntryA));
     CHECK(b.entries() == 0);
     CHECK(puller->counts().errors + puller->counts().timeouts >= 1);
 }
@@ -155,7 +155,7 @@ TEST_CASE("entries pushed over rediss:// are pulled over rediss:// byte-exact", 
     RedisServer redis(kcache::test::tls_server_args(certs, port));
     TestDb a, b;
     fill(a);
-    const auto expected = a.snapshot(kEntry);
+    const auto expected = a.snapshot(kEntryA);
     auto cli = [&](TestDb& db, std::vector<std::string> tail) {
         db.close();
         std::vector<std::string> args = {"--db",     db.path(),         "remote",
@@ -170,21 +170,21 @@ TEST_CASE("entries pushed over rediss:// are pulled over rediss:// byte-exact", 
     CHECK(push.out.find("pushed 1") != std::string::npos);
     CHECK(redis.command({"DBSIZE"}).integer > 0);
 
-    auto pull = cli(b, {"pull", kEntry});
+    auto pull = cli(b, {"pull", kEntryA});
     INFO(pull.out << pull.err);
     REQUIRE(pull.exit_code == 0);
-    CHECK(b.snapshot(kEntry) == expected);
+    CHECK(b.snapshot(kEntryA) == expected);
     CHECK(b.counter(core::Counter::remote_bytes_down) > 2 * remote::proto::kChunkBytes);
 
     // The same through the environment ($KCACHE_REMOTE_TLS_CA), as kcache-fsd reads it.
     TestDb c;
     c.close();
     auto env_pull = run_cli({"--db", c.path(), "remote", "--remote", url(port),
-                             "--remote-namespace", "t", "pull", kEntry},
+                             "--remote-namespace", "t", "pull", kEntryA},
                             {{"KCACHE_REMOTE_TLS_CA", certs.ca()}});
     INFO(env_pull.out << env_pull.err);
     REQUIRE(env_pull.exit_code == 0);
-    CHECK(c.snapshot(kEntry) == expected);
+    CHECK(c.snapshot(kEntryA) == expected);
 }
 
 TEST_CASE("a server certificate of an unknown CA is refused: an error, nothing written",
@@ -200,11 +200,11 @@ TEST_CASE("a server certificate of an unknown CA is refused: an error, nothing w
     TestDb b;
     b.close();
     auto pull = run_cli({"--db", b.path(), "remote", "--remote", url(port), "--remote-namespace",
-                         "t", "--remote-tls-ca", certs.other_ca(), "pull", kEntry});
+                         "t", "--remote-tls-ca", certs.other_ca(), "pull", kEntryA});
     INFO(pull.out << pull.err);
     CHECK(pull.exit_code == 1);
     CHECK(pull.err.find("TLS handshake: the server's certificate is refused") != std::string::npos);
-    CHECK(!b.has_entry(kEntry));
+    CHECK(!b.has_entry(kEntryA));
 }
 
 TEST_CASE("a server certificate for another host name is refused", "[remote][tls]") {
@@ -226,14 +226,14 @@ TEST_CASE(
         TestDb a, b;
         fill(a);
         auto with_cert = make(tls_options(port, certs.options(true)));
-        auto pushed = with_cert->push(a.store(), kEntry);
+        auto pushed = with_cert->push(a.store(), kEntryA);
         INFO((pushed ? std::string() : pushed.error().message));
         REQUIRE(pushed.has_value());
         CHECK(pushed->outcome == remote::Outcome::uploaded);
-        auto pulled = make(tls_options(port, certs.options(true)))->pull(b.store(), kEntry);
+        auto pulled = make(tls_options(port, certs.options(true)))->pull(b.store(), kEntryA);
         REQUIRE(pulled.has_value());
         CHECK(pulled->outcome == remote::Outcome::pulled);
-        CHECK(b.snapshot(kEntry) == a.snapshot(kEntry));
+        CHECK(b.snapshot(kEntryA) == a.snapshot(kEntryA));
     }
     redis.command({"FLUSHALL"});
     // TLS 1.3: the server refuses after the handshake, on the first read.
