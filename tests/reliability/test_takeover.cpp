@@ -88,6 +88,13 @@ pid_t kill_serving_daemon(pid_t keeper) {
     return now;
 }
 
+// A mount and the keeper of its serving daemon: the setup of the tests that replace that
+// daemon (kill_serving_daemon, --upgrade) under files held open.
+struct KeptMount {
+    MountedCache cache;
+    const pid_t keeper = cache.daemon_pid();
+};
+
 std::string hit_path(const MountedCache& cache, int i) {
     return cache.p("h" + std::to_string(i) + "/kernel.bin");
 }
@@ -702,9 +709,8 @@ TEST_CASE("takeover: kcache-fsd --upgrade under a read load: no read fails",
     upgrades_under_load(Traffic::reads);
 }
 
-TEST_CASE("takeover: open files survive a new daemon", "[reliability][takeover]") {
-    MountedCache cache;
-    const pid_t keeper = cache.daemon_pid();
+TEST_CASE_METHOD(KeptMount, "takeover: open files survive a new daemon",
+                 "[reliability][takeover]") {
     const std::string a = random_bytes(300000, 1), c = random_bytes(5000, 3);
     REQUIRE(write_all(cache.p("a.bin"), a) == 0);
     REQUIRE(write_all(cache.p("c.bin"), c) == 0);
@@ -747,10 +753,10 @@ TEST_CASE("takeover: open files survive a new daemon", "[reliability][takeover]"
     CHECK(wait_until([&] { return fs::is_empty(cache.db() / "spill"); }, 5));
 }
 
-TEST_CASE("takeover: writers sharing a file write on across kills, one with no spill file gets EIO",
-          "[reliability][takeover]") {
-    MountedCache cache;
-    const pid_t keeper = cache.daemon_pid();
+TEST_CASE_METHOD(
+    KeptMount,
+    "takeover: writers sharing a file write on across kills, one with no spill file gets EIO",
+    "[reliability][takeover]") {
     const std::string base = random_bytes(200000, 7);
     REQUIRE(write_all(cache.p("shared.bin"), base) == 0);
     // Two descriptors of one file (one version, versions.hpp), each with bytes unpublished.
@@ -851,10 +857,9 @@ TEST_CASE("takeover: the daemon's request buffers are resident before a request 
     CHECK(locked_kib >= 1024);
 }
 
-TEST_CASE("takeover: a reader opened while a writer writes reads on across a kill",
-          "[reliability][takeover]") {
-    MountedCache cache;
-    const pid_t keeper = cache.daemon_pid();
+TEST_CASE_METHOD(KeptMount,
+                 "takeover: a reader opened while a writer writes reads on across a kill",
+                 "[reliability][takeover]") {
     const std::string base = random_bytes(100000, 11);
     REQUIRE(write_all(cache.p("followed.bin"), base) == 0);
     Fd writer(::open(cache.p("followed.bin").c_str(), O_RDWR));
@@ -927,9 +932,7 @@ enum class Event { kill, upgrade };
 // A reader has a file open; another process removes it (unlink, or a rename over it)
 // or rewrites it (O_TRUNC); the serving daemon is replaced (kill -9, or --upgrade). The reader
 // reads the file's content to its end, byte-exact, and closes; then its blob is gone from the db.
-void removed_while_open(Removal removal, Event event) {
-    MountedCache cache;
-    const pid_t keeper = cache.daemon_pid();
+void removed_while_open(MountedCache& cache, pid_t keeper, Removal removal, Event event) {
     // Big enough that the kernel's readahead cannot have read it all before the event:
     // the new daemon must serve the rest.
     const std::string content = random_bytes(3 << 20, 20);
@@ -992,31 +995,36 @@ void removed_while_open(Removal removal, Event event) {
     check_verify_clean(cache.db());
 }
 
-TEST_CASE("takeover: an unlinked file open for reading reads to its end across a kill -9",
-          "[reliability][takeover][holds]") {
-    removed_while_open(Removal::unlink, Event::kill);
+TEST_CASE_METHOD(KeptMount,
+                 "takeover: an unlinked file open for reading reads to its end across a kill -9",
+                 "[reliability][takeover][holds]") {
+    removed_while_open(cache, keeper, Removal::unlink, Event::kill);
 }
 
-TEST_CASE("takeover: a file renamed over while open reads to its end across a kill -9",
-          "[reliability][takeover][holds]") {
-    removed_while_open(Removal::rename_over, Event::kill);
+TEST_CASE_METHOD(KeptMount,
+                 "takeover: a file renamed over while open reads to its end across a kill -9",
+                 "[reliability][takeover][holds]") {
+    removed_while_open(cache, keeper, Removal::rename_over, Event::kill);
 }
 
-TEST_CASE(
+TEST_CASE_METHOD(
+    KeptMount,
     "takeover: a file rewritten with O_TRUNC while open reads its old version across a kill -9",
     "[reliability][takeover][holds]") {
-    removed_while_open(Removal::rewrite, Event::kill);
+    removed_while_open(cache, keeper, Removal::rewrite, Event::kill);
 }
 
-TEST_CASE(
+TEST_CASE_METHOD(
+    KeptMount,
     "takeover: a file rewritten with O_TRUNC while open reads its old version across an upgrade",
     "[reliability][takeover][holds][upgrade]") {
-    removed_while_open(Removal::rewrite, Event::upgrade);
+    removed_while_open(cache, keeper, Removal::rewrite, Event::upgrade);
 }
 
-TEST_CASE("takeover: an unlinked file open for reading reads to its end across an upgrade",
-          "[reliability][takeover][holds][upgrade]") {
-    removed_while_open(Removal::unlink, Event::upgrade);
+TEST_CASE_METHOD(KeptMount,
+                 "takeover: an unlinked file open for reading reads to its end across an upgrade",
+                 "[reliability][takeover][holds][upgrade]") {
+    removed_while_open(cache, keeper, Removal::unlink, Event::upgrade);
 }
 
 TEST_CASE("takeover: a fresh mount clears the holds a previous mount left",
