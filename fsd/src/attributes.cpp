@@ -162,6 +162,32 @@ void Filesystem::getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_attr(req, &st, own_view ? 0 : attr_timeout(*attr));
 }
 
+core::Result<std::optional<std::uint64_t>> Filesystem::truncate_version(Ino ino, FileHandle* handle,
+                                                                        std::uint64_t size,
+                                                                        int& to_set) {
+    if (handle) {
+        std::shared_ptr<Version> version;
+        {
+            MutexLock lock(handle->mutex);
+            if (handle->writable) version = handle->version;
+        }
+        if (!version) return std::nullopt;
+        // ftruncate of a file being written: part of its version
+        MutexLock lock(version->mutex);
+        if (auto s = version->staged.truncate(size); !s) return tl::unexpected(s.error());
+        const std::uint64_t version_size = version->staged.size();
+        to_set &= ~FUSE_SET_ATTR_SIZE;
+        m_handles.set_unpublished(handle->fh, true);
+        return version_size;
+    }
+    // truncate by path: the shared version is the file (stored when it is
+    // published); rewrites are cut too.
+    std::uint64_t shared_size = 0;
+    if (!m_versions.truncate(ino, size, &shared_size)) return std::nullopt;
+    to_set &= ~FUSE_SET_ATTR_SIZE;
+    return shared_size;
+}
+
 void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                          fuse_file_info* fi) {
     FileHandle* handle = fi && fi->fh ? m_handles.file(fi->fh) : nullptr;
@@ -177,30 +203,10 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         static_cast<std::uint64_t>(attr->st_size) > m_options.max_file_size) {
         return reply_error(req, {EFBIG, "file size over --max-file-size"});
     }
-    if ((to_set & FUSE_SET_ATTR_SIZE) && handle) {
-        std::shared_ptr<Version> version;
-        {
-            MutexLock lock(handle->mutex);
-            if (handle->writable) version = handle->version;
-        }
-        if (version) {  // ftruncate of a file being written: part of its version
-            MutexLock lock(version->mutex);
-            if (auto s = version->staged.truncate(static_cast<std::uint64_t>(attr->st_size)); !s) {
-                return reply_error(req, s.error());
-            }
-            version_size = version->staged.size();
-            to_set &= ~FUSE_SET_ATTR_SIZE;
-            m_handles.set_unpublished(handle->fh, true);
-        }
-    }
-    if ((to_set & FUSE_SET_ATTR_SIZE) && !handle) {
-        // truncate by path: the shared version is the file (stored when it is
-        // published); rewrites are cut too.
-        std::uint64_t shared_size = 0;
-        if (m_versions.truncate(ino, static_cast<std::uint64_t>(attr->st_size), &shared_size)) {
-            version_size = shared_size;
-            to_set &= ~FUSE_SET_ATTR_SIZE;
-        }
+    if (to_set & FUSE_SET_ATTR_SIZE) {
+        auto cut = truncate_version(ino, handle, static_cast<std::uint64_t>(attr->st_size), to_set);
+        if (!cut) return reply_error(req, cut.error());
+        version_size = *cut;
     }
     core::SetAttr changes;
     if (to_set & FUSE_SET_ATTR_MODE) changes.mode = attr->st_mode;

@@ -292,6 +292,12 @@ class Filesystem {
     core::Result<core::Attr> create_file(core::Ino parent, const char* name, mode_t mode,
                                          const fuse_ctx& ctx, bool exclusive, bool truncate,
                                          std::optional<core::StagedFile>& made);
+    // SETATTR's size change of a file being written: cuts its version (a handle's), or
+    // the shared version and rewrites (truncate by path). Returns the size the version
+    // now has, with FUSE_SET_ATTR_SIZE cleared from `to_set`, or none when no version
+    // took it (the stored file is cut then).
+    core::Result<std::optional<std::uint64_t>> truncate_version(core::Ino ino, FileHandle* handle,
+                                                                std::uint64_t size, int& to_set);
 
     core::Store& m_store;
     const Options m_options;
