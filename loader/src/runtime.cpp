@@ -256,6 +256,31 @@ Result<std::shared_ptr<const Kernel>> Runtime::kernel(const Cache& cache, std::s
     return m_cache.insert(t_key, std::move(*loaded));
 }
 
+namespace {
+
+// What a failed module load says beyond the driver's error: the JIT's log, and for a JIT
+// the PTX ISA version against the driver's CUDA version.
+std::string load_failure_detail(const Selection& selection, const Driver& driver,
+                                const char* error_log) {
+    std::string detail = trimmed(error_log);
+    if (selection.jit) {
+        const std::string ptx_version =
+            !selection.info.ptx_version.empty()
+                ? selection.info.ptx_version
+                : (selection.fatbin_entry >= 0
+                       ? selection.info.entries[static_cast<std::size_t>(selection.fatbin_entry)]
+                             .ptx_version
+                       : std::string());
+        const std::string versions = fmt::format(
+            "PTX ISA {}, driver for CUDA {}.{}", ptx_version.empty() ? "?" : ptx_version,
+            driver.version() / 1000, driver.version() % 1000 / 10);
+        detail = detail.empty() ? versions : versions + "; JIT log: " + detail;
+    }
+    return detail;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<const Kernel>> Runtime::load(Entry& entry, std::string_view requested) {
     std::optional<Signature> signature;
     if (auto found = find_signature(entry); found) {
@@ -305,22 +330,8 @@ Result<std::shared_ptr<const Kernel>> Runtime::load(Entry& entry, std::string_vi
                     selection.jit ? ", JIT" : "", m_device->ordinal(), m_device->sm());
     if (auto rc = api.module_load_data_ex(&handle, image, 2, options, values);
         rc != cuda::kSuccess) {
-        std::string detail = trimmed(error_log);
-        if (selection.jit) {
-            const std::string ptx_version =
-                !selection.info.ptx_version.empty()
-                    ? selection.info.ptx_version
-                    : (selection.fatbin_entry >= 0
-                           ? selection.info
-                                 .entries[static_cast<std::size_t>(selection.fatbin_entry)]
-                                 .ptx_version
-                           : std::string());
-            const std::string versions = fmt::format(
-                "PTX ISA {}, driver for CUDA {}.{}", ptx_version.empty() ? "?" : ptx_version,
-                driver.version() / 1000, driver.version() % 1000 / 10);
-            detail = detail.empty() ? versions : versions + "; JIT log: " + detail;
-        }
-        return tl::unexpected(driver.error(rc, what, detail));
+        return tl::unexpected(
+            driver.error(rc, what, load_failure_detail(selection, driver, error_log)));
     }
     auto module = std::make_shared<const Module>(m_device, handle);
 
