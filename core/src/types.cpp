@@ -184,6 +184,10 @@ Content Content::owned(std::string bytes) {
     return c;
 }
 
+std::string Content::release() && {
+    return m_is_owned ? std::move(m_owned) : std::string(m_view);
+}
+
 Origin Origin::current() {
     Origin o;
     o.pid = static_cast<std::uint32_t>(getpid());

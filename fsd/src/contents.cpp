@@ -16,7 +16,7 @@ std::shared_ptr<const std::string> Contents::find_snapshot(const core::Digest& d
 }
 
 std::shared_ptr<const std::string> Contents::snapshot(const core::Digest& digest,
-                                                      std::string_view bytes) {
+                                                      core::Content content) {
     const std::string key = digest.hex();
     MutexLock lock(m_snapshots_mutex);
     if (auto it = m_snapshots.find(key); it != m_snapshots.end()) {
@@ -25,7 +25,7 @@ std::shared_ptr<const std::string> Contents::snapshot(const core::Digest& digest
     if (m_snapshots.size() > 4096) {  // drop the expired ones now and then
         std::erase_if(m_snapshots, [](const auto& kv) { return kv.second.expired(); });
     }
-    auto shared = std::make_shared<const std::string>(bytes);
+    auto shared = std::make_shared<const std::string>(std::move(content).release());
     m_snapshots[key] = shared;
     return shared;
 }
@@ -39,7 +39,7 @@ void Contents::keep_for_readers(Ino ino) {
     if (!attr || attr->digest != *digest) return;
     auto content = txn->read(ino);
     if (!content) return;
-    m_pages.keep(ino, *digest, snapshot(*digest, content->bytes()), false);
+    m_pages.keep(ino, *digest, snapshot(*digest, std::move(*content)), false);
 }
 
 std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& digest,
@@ -49,7 +49,7 @@ std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& d
         auto attr = txn->getattr(ino);
         if (attr && attr->digest == digest) {
             auto content = txn->read(ino);
-            if (content) return snapshot(digest, content->bytes());
+            if (content) return snapshot(digest, std::move(*content));
             if (content.error().code == core::kDamagedContent) {
                 if (damage) *damage = content.error();
                 return nullptr;
@@ -67,7 +67,7 @@ std::shared_ptr<const std::string> Contents::load(Ino ino, const core::Digest& d
     if (m_pin) {
         auto attr = m_pin->getattr(ino);
         if (attr && attr->digest == digest) {
-            if (auto content = m_pin->read(ino)) return snapshot(digest, content->bytes());
+            if (auto content = m_pin->read(ino)) return snapshot(digest, std::move(*content));
         }
     }
     return nullptr;
@@ -96,7 +96,7 @@ void Contents::renew_pin() {
                                content.error().message);
                     continue;
                 }
-                live = snapshot(digest, content->bytes());
+                live = snapshot(digest, std::move(*content));
             }
             m_pages.keep(ino, digest, std::move(live), true);
         }

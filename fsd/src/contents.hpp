@@ -40,8 +40,9 @@ class Contents {
     Contents(core::Store& store, PageCache& pages, Lookups& lookups)
         : m_store(store), m_pages(pages), m_lookups(lookups) {}
 
-    // The shared copy of `digest`'s content (made from `bytes` if none is alive).
-    std::shared_ptr<const std::string> snapshot(const core::Digest& digest, std::string_view bytes);
+    // The shared copy of `digest`'s content (made from `content` if none is alive: its
+    // buffer moved in when it owns one, so decompressed content is not copied again).
+    std::shared_ptr<const std::string> snapshot(const core::Digest& digest, core::Content content);
     std::shared_ptr<const std::string> find_snapshot(const core::Digest& digest);
 
     // Before the stored content of `ino` is replaced by a publish: page-cache readers

@@ -148,7 +148,7 @@ void Filesystem::rebuild_reader(FileHandle& handle, const HandleRecord& r,
     auto content = m_contents.load(r.ino, digest);
     if (!content && txn) {
         if (auto blob = txn->read_blob(digest, size))
-            content = m_contents.snapshot(digest, blob->bytes());
+            content = m_contents.snapshot(digest, std::move(*blob));
     }
     {
         MutexLock lock(handle.mutex);  // not shared yet: for the analysis
@@ -314,7 +314,7 @@ core::Status Filesystem::open_reader(fuse_req_t req, const core::ReadTxn& txn, c
             if (handle.page_cached) m_pages.leave(&handle);
             return tl::unexpected(content.error());
         }
-        opening.snapshot = m_contents.snapshot(attr.digest, content->bytes());
+        opening.snapshot = m_contents.snapshot(attr.digest, std::move(*content));
     }
     // A refilling reader must not read before the kernel's size is at least its
     // version's (Background::grow_size): the size and last byte of that version.

@@ -245,7 +245,7 @@ std::optional<std::pair<Ino, Orphan>> Filesystem::orphan_of(const core::ReadTxn&
     if (!m_lookups.known(attr->ino)) return std::nullopt;  // the kernel does not know it
     auto content = txn.read(attr->ino);
     if (!content) return std::nullopt;
-    Orphan orphan{*attr, m_contents.snapshot(attr->digest, content->bytes())};
+    Orphan orphan{*attr, m_contents.snapshot(attr->digest, std::move(*content))};
     orphan.attr.nlink = 0;
     return std::pair{attr->ino, std::move(orphan)};
 }

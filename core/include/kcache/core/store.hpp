@@ -109,6 +109,9 @@ class Content {
     static Content owned(std::string bytes);
     std::string_view bytes() const { return m_is_owned ? std::string_view(m_owned) : m_view; }
     bool zero_copy() const { return !m_is_owned; }
+    // The bytes as a string of the caller's: moved out when owned, copied from the map
+    // when a view (then valid after the transaction too).
+    std::string release() &&;
 
   private:
     bool m_is_owned = false;
