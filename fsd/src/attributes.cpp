@@ -183,7 +183,7 @@ core::Result<std::optional<std::uint64_t>> Filesystem::truncate_version(Ino ino,
     // truncate by path: the shared version is the file (stored when it is
     // published); rewrites are cut too.
     std::uint64_t shared_size = 0;
-    if (!m_versions.truncate(ino, size, &shared_size)) return std::nullopt;
+    if (!KCACHE_TRY(m_versions.truncate(ino, size, &shared_size))) return std::nullopt;
     to_set &= ~FUSE_SET_ATTR_SIZE;
     return shared_size;
 }

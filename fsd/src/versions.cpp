@@ -174,7 +174,7 @@ std::optional<std::uint64_t> Versions::rewrite_size(Ino ino, std::uint32_t proce
     return newest->staged.size();
 }
 
-bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size) {
+core::Result<bool> Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size) {
     std::vector<std::shared_ptr<Version>> versions;
     std::shared_ptr<Version> shared;
     {
@@ -188,6 +188,8 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
     // rewrites' staged copies are cut too. A version that ended (its last release
     // published it; it leaves the registry just after) is the stored file now: cutting
     // its staged copy would cut nothing, so the db's content is truncated instead.
+    // A rewrite began empty, so it has no stored content to read: cutting it cannot
+    // fail (the size was checked against the limits before).
     for (const auto& v : versions) {
         MutexLock lock(v->mutex);
         if (!v->ended) (void)v->staged.truncate(size);
@@ -195,7 +197,7 @@ bool Versions::truncate(Ino ino, std::uint64_t size, std::uint64_t* shared_size)
     if (!shared) return false;
     MutexLock lock(shared->mutex);
     if (shared->ended) return false;
-    (void)shared->staged.truncate(size);
+    KCACHE_TRY(shared->staged.truncate(size));
     *shared_size = shared->staged.size();
     return true;
 }

@@ -89,7 +89,9 @@ class Versions {
     // A truncate by path: applied to the shared version (then true, its new size in
     // *shared_size: nothing to store) and to every rewrite; false when the db's
     // content must be truncated too.
-    bool truncate(core::Ino ino, std::uint64_t size, std::uint64_t* shared_size);
+    // What may fail: the shared version's first use reads the stored content
+    // (core::StagedFile::content), which may be damaged: then its error, nothing cut.
+    core::Result<bool> truncate(core::Ino ino, std::uint64_t size, std::uint64_t* shared_size);
     // Every size the kernel is told of a file with a shared version is that version's
     // (lookup, readdirplus, create, setattr, getattr): the kernel applies it to the one
     // inode whose pages the version's handles map, and a smaller one would cut them

@@ -210,6 +210,45 @@ TEST_CASE("damage: a blob damaged under a live mount is a miss, never its wrong 
     CHECK(run_kcache(c.db(), {"verify"}).exit_code == 0);
 }
 
+// A writer reads the stored content at its first change that keeps part of it
+// (core::StagedFile::content): an open for writing that changes nothing works, and the
+// first partial write, or a truncate by path while it is open, gets EIO: never the
+// wrong bytes kept, nothing published.
+TEST_CASE("damage: a writer of a damaged file gets EIO at its first partial change, not at open",
+          "[fsd][damage]") {
+    MountedCache c;
+    const std::string content = random_bytes(60000, 21);  // incompressible: stored as written
+    REQUIRE(put(c, "k1/data.bin", content) == 0);
+    c.remount();
+    const fs::path data = c.db() / "data.mdb";
+    const std::vector<std::size_t> trees = tree_pages(data);
+    std::size_t damaged = 0;
+    for (std::size_t where : offsets_of(data, content.substr(20000, 64))) {
+        if (std::find(trees.begin(), trees.end(), where / kPage) != trees.end()) continue;
+        const std::size_t page_end = (where / kPage + 1) * kPage;
+        overwrite_bytes(data, where, std::min<std::size_t>(1000, page_end - where), 22);
+        ++damaged;
+    }
+    REQUIRE(damaged > 0);
+
+    const std::string path = c.p("k1/data.bin");
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    CHECK(::fsync(fd) == 0);  // nothing changed: nothing read
+    errno = 0;
+    CHECK(::truncate(path.c_str(), 100) == -1);
+    CHECK(errno == EIO);
+    errno = 0;
+    CHECK(::pwrite(fd, "x", 1, 10) == -1);
+    CHECK(errno == EIO);
+    ::close(fd);
+    // Nothing was published: the stored content is still the damaged blob, which
+    // `kcache cat` refuses, as before the writer came.
+    const auto cat = run_kcache(c.db(), {"cat", "k1", "data.bin"});
+    CHECK(cat.exit_code != 0);
+    CHECK(cat.err.find("damaged content") != std::string::npos);
+}
+
 TEST_CASE("damage: a db damaged before a start is set aside and a fresh one serves",
           "[fsd][damage]") {
     MountedCache c;
