@@ -18,14 +18,7 @@ namespace kcache::core {
 
 // ---- StagedFile ---------------------------------------------------------------------
 
-StagedFile::StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments)
-    : m_store(store),
-      m_ino(ino),
-      m_content(std::move(content)),
-      m_segments(std::move(segments)),
-      m_open(true) {
-    m_segments.resize(segment_count(m_content.size()));  // unknown ones are empty
-}
+StagedFile::StagedFile(Store* store, Ino ino) : m_store(store), m_ino(ino), m_open(true) {}
 
 StagedFile::StagedFile(StagedFile&& other) noexcept
     : m_store(other.m_store),
@@ -72,7 +65,7 @@ Result<StagedFile> StagedFile::begin(WriteTxn& txn, Ino file, bool truncate) {
     if (!attr.is_regular())
         return fail(EINVAL, fmt::format("inode {} is not a regular file", file));
     KCACHE_TRY(txn.begin_write(file));
-    StagedFile staged(&txn.store(), file, {}, {});
+    StagedFile staged(&txn.store(), file);
     staged.m_stored = attr.digest;
     staged.m_dirty = truncate && attr.size > 0;
     if (!truncate && attr.size > 0) {

@@ -93,7 +93,7 @@ class StagedFile {
     void forget() { m_open = false; }
 
   private:
-    StagedFile(Store* store, Ino ino, std::string content, std::vector<Digest> segments);
+    StagedFile(Store* store, Ino ino);  // empty content, its lease taken by begin()
     // Reads the content begin() left in the db (see content()), unless the change about
     // to be made overwrites its first `overwritten` bytes and they are all of it.
     Status load(std::uint64_t overwritten = 0);
