@@ -13,7 +13,7 @@
 //   never waits for it. Not niced (background.cpp says why).
 // - Enforces the size bounds when a publish asked for it.
 // - Syncs the db periodically under batched durability.
-// Locks (lock_order.hpp): m_mutex, level 9, a leaf; the replies it runs after a
+// Locks (lock_order.hpp): m_mutex, level 8, a leaf; the replies it runs after a
 // notification (invalidate_attr's and grow_size's `then`) run with it let go.
 #pragma once
 
@@ -89,7 +89,7 @@ class Background {
     core::Store& m_store;
     fuse_session* m_session = nullptr;
     std::thread m_thread;
-    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex m_mutex KCACHE_LEVEL(8);  // a leaf
     CondVar m_wake;
     std::thread m_classifier;   // run_classifier(); stop() joins it
     CondVar m_classifier_wake;  // stop

@@ -20,8 +20,8 @@
 // Contract: nothing here fails the caller but hold_replaced; a hold that cannot be
 // released is logged and stays until the next fresh mount (verify counts it).
 //
-// Locks (lock_order.hpp): the inode table's mutex (level 5), never across a
-// transaction but hold_replaced's (level 3 over 5); m_inherited_mutex, level 9, a leaf.
+// Locks (lock_order.hpp): the inode table's mutex (level 6), never across a
+// transaction but hold_replaced's (level 4 over 6); m_inherited_mutex, level 8, a leaf.
 #pragma once
 
 #include <atomic>
@@ -105,7 +105,7 @@ class BlobHolds {
         std::uint64_t holds = 0;
         std::uint64_t readers = 0;
     };
-    Mutex m_inherited_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex m_inherited_mutex KCACHE_LEVEL(8);  // a leaf
     std::vector<Inherited> m_inherited GUARDED_BY(m_inherited_mutex);
     std::atomic<bool> m_any_inherited{false};
 };

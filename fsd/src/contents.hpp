@@ -15,9 +15,9 @@
 // Contract: snapshot() shares one copy per digest among the handles alive. load()
 // returns null only if reading the pin failed (logged). Nothing else fails.
 //
-// Locks (lock_order.hpp): m_pin_mutex, level 4, held across renew_pin's scan and swap
+// Locks (lock_order.hpp): m_pin_mutex, level 5, held across renew_pin's scan and swap
 // so that a lazy open's check (pinned) comes wholly before or after them; under it the
-// snapshots and the page cache. m_snapshots_mutex, level 6, a leaf.
+// snapshots and the page cache. m_snapshots_mutex, level 7, a leaf.
 #pragma once
 
 #include <memory>
@@ -67,10 +67,10 @@ class Contents {
     PageCache& m_pages;
     Lookups& m_lookups;
 
-    Mutex m_pin_mutex KCACHE_LEVEL(4);
+    Mutex m_pin_mutex KCACHE_LEVEL(5);
     std::optional<core::ReadTxn> m_pin GUARDED_BY(m_pin_mutex);
 
-    Mutex m_snapshots_mutex KCACHE_LEVEL(6);  // a leaf
+    Mutex m_snapshots_mutex KCACHE_LEVEL(7);  // a leaf
     std::unordered_map<std::string, std::weak_ptr<const std::string>> m_snapshots
         GUARDED_BY(m_snapshots_mutex);
 };

@@ -167,7 +167,7 @@ class Filesystem {
 
   private:
     // Held by a request that may leave bytes unpublished; refused() once handing over
-    // (then the request returns unanswered). Lock: m_handover_mutex, level 9, a leaf.
+    // (then the request returns unanswered). Lock: m_handover_mutex, level 8, a leaf.
     class Dirtying {
       public:
         explicit Dirtying(Filesystem& fs);
@@ -305,7 +305,7 @@ class Filesystem {
     bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
-    Mutex m_handover_mutex KCACHE_LEVEL(9);           // a leaf
+    Mutex m_handover_mutex KCACHE_LEVEL(8);           // a leaf
     int m_dirtying GUARDED_BY(m_handover_mutex) = 0;  // requests holding a Dirtying
     bool m_handing_over GUARDED_BY(m_handover_mutex) = false;
     RemoteTier* m_remote = nullptr;  // --remote: read-through of missed entries

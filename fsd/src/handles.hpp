@@ -53,7 +53,7 @@ struct FileHandle {
     bool rebuilt_reader = false;
 
     // ---- guarded by `mutex`: threads sharing a descriptor call concurrently ----
-    Mutex mutex KCACHE_LEVEL(1);
+    Mutex mutex KCACHE_LEVEL(2);
     // Readers that do not read a version.
     std::shared_ptr<const std::string> snapshot GUARDED_BY(mutex);
     // Writers: the version they write (set at open; taken by leave_version at
@@ -63,9 +63,9 @@ struct FileHandle {
     // Its writer died by a signal: its close publishes nothing.
     bool killed GUARDED_BY(mutex) = false;
 
-    // ---- guarded by PageCache's mutex (level 7; another object's: not checked) ----
+    // ---- guarded by the inode table's mutex (level 6; another object's: not checked) ----
     // A page-cache reader whose open made the kernel drop its pages: its first READ
-    // shows the drop is done (PageCache::settle). Written under the page cache's mutex;
+    // shows the drop is done (PageCache::settle). Written under the inode table's mutex;
     // read anywhere (atomic) to skip that lock on every other READ.
     std::atomic<bool> refilling{false};
     bool page_writer =
@@ -79,7 +79,7 @@ struct DirHandle {
         core::Ino ino;
         core::FileType type;
     };
-    Mutex mutex KCACHE_LEVEL(1);
+    Mutex mutex KCACHE_LEVEL(2);
     bool loaded GUARDED_BY(mutex) = false;
     // A snapshot: offsets stay stable while the dir changes.
     std::vector<Child> children GUARDED_BY(mutex);

@@ -11,7 +11,7 @@
 // when its daemon is killed is lost (hits stay at most the pairs that read).
 //
 // Contract: count_open never fails and never blocks on the kernel; it reads /proc
-// (process.hpp) outside its lock. Locks (lock_order.hpp): m_mutex, a leaf (level 9);
+// (process.hpp) outside its lock. Locks (lock_order.hpp): m_mutex, a leaf (level 8);
 // HitPairs takes none.
 #pragma once
 
@@ -61,7 +61,7 @@ class HitCounter {
     static constexpr std::size_t kMaxSeenPairs = 1 << 20;
     Background& m_background;
     HitPairs m_pairs{nullptr, 0};
-    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex m_mutex KCACHE_LEVEL(8);  // a leaf
     // (entry, thread) and (entry, process) pairs that counted.
     std::unordered_set<std::string> m_seen GUARDED_BY(m_mutex);
 };

@@ -10,18 +10,18 @@
 // parts and drops a record once all of them are empty (prune).
 //
 // Why one table: an open, a lookup reply, a getattr or a release touched two or three
-// of the maps that held these parts before, each behind its own mutex (levels 5, 7 and
-// 8), and a forget dropped page state under the lookups' lock. One record per inode
-// answers them under one lock, and nothing nests any more. It is not sharded: under its
-// lock nothing does I/O, replies, or takes another lock (a unit that must, such as a
-// writer's open waiting for readers, collects what to do and does it after), so it is
-// held for map operations only; bench/README.md, "The inode table", has the figures.
+// of the maps that held these parts before, each behind its own mutex, and a forget dropped page
+// state under the lookups' lock. One record per inode answers them under one lock, and nothing
+// nests any more. It is not sharded: under its lock nothing does I/O, replies, or takes another
+// lock (a unit that must, such as a writer's open waiting for readers, collects what to do and does
+// it after), so it is held for map operations only; bench/README.md, "The inode table", has the
+// figures.
 //
 // Contract: find() and at() return a record that stays valid while `mutex` is held
 // (and until prune() drops it, or the record is erased otherwise: a pointer to it must
 // not outlive the lock). Nothing here fails.
 //
-// Locks (lock_order.hpp): mutex, level 5. version_ended is waited on with it (Versions).
+// Locks (lock_order.hpp): mutex, level 6. version_ended is waited on with it (Versions).
 #pragma once
 
 #include <cstdint>
@@ -110,7 +110,7 @@ class Inodes {
     Inodes(const Inodes&) = delete;
     Inodes& operator=(const Inodes&) = delete;
 
-    Mutex mutex KCACHE_LEVEL(5);
+    Mutex mutex KCACHE_LEVEL(6);
     CondVar version_ended;  // a version of some inode finished ending (Versions::join)
 
     // The record of `ino`, or null when it has none.

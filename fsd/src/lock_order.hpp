@@ -5,41 +5,42 @@
 // unit's header names the locks it owns and the level of each; a function that is
 // documented "takes no lock of ours" may be called under any of them.
 //
-//  1. FileHandle::mutex, DirHandle::mutex (handles.hpp). Under a FileHandle's mutex
+//  1. HandleTable::m_rebuild_mutex (state.hpp), above them all: taken with none of
+//     these held (a handler's first step, looking its handle up); under it a handle
+//     left by a dead daemon is rebuilt: read transactions, Contents, Lookups,
+//     Versions::join.
+//  2. FileHandle::mutex, DirHandle::mutex (handles.hpp). Under a FileHandle's mutex
 //     follow_shared locks the handle's version and the inode table, and read()
 //     loads a lazy reader's content (Contents: the pin, the snapshots, the inode
 //     table, read transactions).
-//  2. Version::mutex (versions.hpp). Held across a publish: its write transaction
+//  3. Version::mutex (versions.hpp). Held across a publish: its write transaction
 //     (LMDB's writer lock), eviction, Contents::keep_for_readers, Background.
-//  3. LMDB's writer lock: an open write transaction (core::WriteTxn, StagedFile
+//  4. LMDB's writer lock: an open write transaction (core::WriteTxn, StagedFile
 //     begin and commit, Store::update, Store::evict). Under it a removal records the
 //     orphan it leaves (the inode table) and its content (Contents' snapshots), and a
 //     publish looks for readers of what it replaces (BlobHolds: the inode table).
-//  4. Contents::m_pin_mutex (contents.hpp). Held across renew_pin's scan and swap and
+//  5. Contents::m_pin_mutex (contents.hpp). Held across renew_pin's scan and swap and
 //     a lazy open's check (pinned); under it: the inode table and the snapshots.
-//  5. Inodes::mutex (inodes.hpp): the inode table, one record per inode with the
+//  6. Inodes::mutex (inodes.hpp): the inode table, one record per inode with the
 //     state of Lookups (lookup references, orphans), PageCache (page state) and
 //     Versions (the writer registry). Nothing under it does I/O, replies or takes
 //     another lock: replies a waiting writer is owed are sent after it is let go.
 //     Versions::join waits on its condition variable for an ending version, so it is
 //     called with nothing else held (no write transaction: create() joins after its
 //     commit; no version's mutex).
-//  6. Contents::m_snapshots_mutex: a leaf.
-//  7, 8. None: they were the page cache's and the writer registry's own mutexes,
-//     before the inode table took their state (the numbers stay, so that the leaves
-//     keep theirs).
-//  9. Leaves of other units: HitCounter::m_mutex, Background::m_mutex, RemoteTier's,
-//     SingleFlight::m_mutex (its answers run with none of these held); with
-//     --io-uring, UringTransport's hand-off mutex of each ring (a reply sent from
-//     another thread than the ring's is queued under it; uring_transport.hpp) and its
-//     start-up handshake mutex (only while INIT is answered); HandleTable's free-slot
-//     mutex (state.hpp); Filesystem::m_handover_mutex (an upgrade's gate);
-//     BlobHolds::m_inherited_mutex (the holds a takeover inherited); takeover's
-//     replay and pending-INIT mutexes (takeover.cpp).
-//  0. HandleTable::m_rebuild_mutex (state.hpp), above them all: taken with none of
-//     these held (a handler's first step, looking its handle up); under it a handle
-//     left by a dead daemon is rebuilt: read transactions, Contents, Lookups,
-//     Versions::join.
+//  7. Contents::m_snapshots_mutex: a leaf below the inode table.
+//  8. Leaves of other units, none taken under another: HitCounter::m_mutex,
+//     Background::m_mutex, RemoteTier's, SingleFlight::m_mutex (its answers run with
+//     none of these held); with --io-uring, UringTransport's hand-off mutex of each
+//     ring (a reply sent from another thread than the ring's is queued under it;
+//     uring_transport.hpp) and its start-up handshake mutex (only while INIT is
+//     answered); HandleTable's free-slot mutex (state.hpp); Filesystem::m_handover_mutex
+//     (an upgrade's gate); BlobHolds::m_inherited_mutex (the holds a takeover
+//     inherited); takeover's replay and pending-INIT mutexes (takeover.cpp).
+//
+// (Until issue 34 the levels ran 0 to 9, with 7 and 8 left empty when the page cache's
+// and the writer registry's own mutexes went into the inode table; they are numbered in
+// order now, from the outermost.)
 //
 // LMDB read transactions (Store::read) take no lock that conflicts with these (a
 // reader slot); they are opened under any level.
@@ -51,14 +52,14 @@
 // higher level is held fails the build ("mutex 'a' must be acquired before 'b'"), as
 // does touching a guarded field without its lock. What clang cannot check: two locks of
 // one level at once (it tells mutexes apart by their declaration, not their object);
-// LMDB's writer lock (level 3, core's); and a pointer into guarded state kept after the
+// LMDB's writer lock (level 4, core's); and a pointer into guarded state kept after the
 // lock is let go.
 //
 // Replies and callbacks: no reply is sent while a handle's mutex is held (a reply
 // may let the kernel release that handle on another thread at once), and deferred
 // replies (PageCache::admit_writer, Background::invalidate_attr and grow_size,
 // RemoteTier::read_through, SingleFlight::wait) run with none of the daemon's locks held: such a
-// reply may discard its open, which publishes (levels 2 and 3).
+// reply may discard its open, which publishes (levels 3 and 4).
 #pragma once
 
 #include "kcache/core/thread_annotations.hpp"
@@ -69,8 +70,7 @@ namespace kcache::fsd::lock_order {
 // nor locked. boundary<n> lies above level n; each is acquired before the next, and a
 // mutex of level n after boundary<n> and before boundary<n+1>, so the analysis orders
 // every mutex of a lower level before every mutex of a higher one.
-extern Mutex boundary10;
-extern Mutex boundary9 ACQUIRED_BEFORE(boundary10);
+extern Mutex boundary9;
 extern Mutex boundary8 ACQUIRED_BEFORE(boundary9);
 extern Mutex boundary7 ACQUIRED_BEFORE(boundary8);
 extern Mutex boundary6 ACQUIRED_BEFORE(boundary7);
@@ -79,15 +79,11 @@ extern Mutex boundary4 ACQUIRED_BEFORE(boundary5);
 extern Mutex boundary3 ACQUIRED_BEFORE(boundary4);
 extern Mutex boundary2 ACQUIRED_BEFORE(boundary3);
 extern Mutex boundary1 ACQUIRED_BEFORE(boundary2);
-extern Mutex boundary0 ACQUIRED_BEFORE(boundary1);
 
 }  // namespace kcache::fsd::lock_order
 
-// On a mutex of level `n` (0 to 9): `Mutex m_mutex KCACHE_LEVEL(5);`
+// On a mutex of level `n` (1 to 8): `Mutex m_mutex KCACHE_LEVEL(6);`
 #define KCACHE_LEVEL(n) KCACHE_LEVEL_##n
-#define KCACHE_LEVEL_0                                   \
-    ACQUIRED_AFTER(::kcache::fsd::lock_order::boundary0) \
-    ACQUIRED_BEFORE(::kcache::fsd::lock_order::boundary1)
 #define KCACHE_LEVEL_1                                   \
     ACQUIRED_AFTER(::kcache::fsd::lock_order::boundary1) \
     ACQUIRED_BEFORE(::kcache::fsd::lock_order::boundary2)
@@ -112,6 +108,3 @@ extern Mutex boundary0 ACQUIRED_BEFORE(boundary1);
 #define KCACHE_LEVEL_8                                   \
     ACQUIRED_AFTER(::kcache::fsd::lock_order::boundary8) \
     ACQUIRED_BEFORE(::kcache::fsd::lock_order::boundary9)
-#define KCACHE_LEVEL_9                                   \
-    ACQUIRED_AFTER(::kcache::fsd::lock_order::boundary9) \
-    ACQUIRED_BEFORE(::kcache::fsd::lock_order::boundary10)

@@ -12,7 +12,7 @@
 // of the last reference drops the inode's orphan and its idle page-cache state.
 // Nothing here fails or touches the db.
 //
-// Locks (lock_order.hpp): the inode table's, level 5; nothing else.
+// Locks (lock_order.hpp): the inode table's, level 6; nothing else.
 #pragma once
 
 #include <cstdint>

@@ -20,7 +20,7 @@
 // Its state per inode is part of the inode's record in the inode table (inodes.hpp:
 // Inode::pages, a PageState).
 //
-// Locks (lock_order.hpp): the inode table's, level 5. It guards this unit's state and
+// Locks (lock_order.hpp): the inode table's, level 6. It guards this unit's state and
 // FileHandle::refilling, page_writer and closed_clean.
 #pragma once
 

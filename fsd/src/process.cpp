@@ -46,7 +46,7 @@ struct Known {
     std::string start_time;
     Caller caller;
 };
-Mutex g_known_mutex KCACHE_LEVEL(9);  // a leaf
+Mutex g_known_mutex KCACHE_LEVEL(8);  // a leaf
 std::unordered_map<pid_t, Known> g_known GUARDED_BY(g_known_mutex);
 constexpr std::size_t kMaxKnown = 1 << 14;
 

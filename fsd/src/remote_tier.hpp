@@ -72,7 +72,7 @@
 //    stop() sets the gauges to 0 and removes the file.
 // Threads: kFetchers fetchers, one timer (deadlines), one uploader (events, settling,
 // pushes, statistics, breakers), one lease keeper with renewed leases, one prefetcher
-// while a prefetch runs. m_mutex (level 9, lock_order.hpp) guards the flights, the
+// while a prefetch runs. m_mutex (level 8, lock_order.hpp) guards the flights, the
 // fetch queue, the miss memo, the pulled set, the leases and m_stop; nothing else is
 // locked while it is held, and no callback runs under it. The Remote serializes
 // operations per server itself.
@@ -246,7 +246,7 @@ class RemoteTier {
     std::unique_ptr<remote::Remote> m_remote;
     const Clock::duration m_deadline;  // of a read-through: connect + one operation
 
-    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex m_mutex KCACHE_LEVEL(8);  // a leaf
     CondVar m_fetch_wake;           // a fetch queued, or stop
     CondVar m_timer_wake;           // a flight began, or stop
     CondVar m_upload_wake;          // stop
@@ -281,12 +281,12 @@ class RemoteTier {
     bool lease_uploaded(const std::string& entry);
     void run_lease_keeper();
 
-    Mutex m_rules_mutex KCACHE_LEVEL(9);  // the db's layout rules, parsed once per text
+    Mutex m_rules_mutex KCACHE_LEVEL(8);  // the db's layout rules, parsed once per text
     std::string m_rules_text GUARDED_BY(m_rules_mutex);
     std::optional<std::vector<core::LayoutRule>> m_rules GUARDED_BY(m_rules_mutex);
 
     // The shared tier's containers (find()); written by sync_containers().
-    Mutex m_containers_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex m_containers_mutex KCACHE_LEVEL(8);  // a leaf
     std::unordered_set<std::string> m_containers GUARDED_BY(m_containers_mutex);
     bool m_containers_known GUARDED_BY(m_containers_mutex) = false;  // read once (or failed)
     std::vector<std::function<void()>> m_container_waiters GUARDED_BY(m_containers_mutex);
@@ -295,7 +295,7 @@ class RemoteTier {
     std::uint64_t m_containers_count = 0;  // SCARD when m_containers was read
     std::unordered_map<core::Ino, Pending> m_pending;
     std::uint64_t m_explained_seq = 0;     // misses asked about up to here (explain_misses)
-    Mutex m_record_mutex KCACHE_LEVEL(9);  // record_counts() from the uploader and stop()
+    Mutex m_record_mutex KCACHE_LEVEL(8);  // record_counts() from the uploader and stop()
     // What record_counts() already added to the db.
     remote::Counts m_recorded GUARDED_BY(m_record_mutex);
     std::atomic<std::uint64_t> m_queued{0}, m_dropped{0};

@@ -45,7 +45,7 @@
 //  - filled_by_other() reads /proc (same_compile) outside the lock.
 // Threads: one flight thread (start() to stop()), which polls its waiters every kPoll
 // (reading the db) and is woken by every change. Locks (lock_order.hpp): m_mutex,
-// level 9, a leaf; no callback runs under it, and fuse_req_interrupt_func is called
+// level 8, a leaf; no callback runs under it, and fuse_req_interrupt_func is called
 // without it (it may call on_interrupt at once, which takes it).
 #pragma once
 
@@ -156,7 +156,7 @@ class SingleFlight {
 
     core::Store& m_store;
     const std::chrono::milliseconds m_bound;
-    Mutex m_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex m_mutex KCACHE_LEVEL(8);  // a leaf
     CondVar m_wake;
     bool m_started GUARDED_BY(m_mutex) = false;
     bool m_stop GUARDED_BY(m_mutex) = false;

@@ -133,8 +133,8 @@ class StateFile {
 // hands the handle back (nullptr as file() would; a slot inherited and never used is
 // freed too).
 //
-// Locks: m_mutex, level 9 (lock_order.hpp), a leaf except that the rebuild callbacks
-// run under m_rebuild_mutex, level 0, taken with nothing of ours held (they read the
+// Locks: m_mutex, level 8 (lock_order.hpp), a leaf except that the rebuild callbacks
+// run under m_rebuild_mutex, level 1, taken with nothing of ours held (they read the
 // db, join versions). Lookups of a live handle take no lock.
 class HandleTable {
   public:
@@ -183,9 +183,9 @@ class HandleTable {
 
     StateFile& m_state;
     std::unique_ptr<std::atomic<void*>[]> m_live;  // by slot; FileHandle* or DirHandle*
-    Mutex m_mutex KCACHE_LEVEL(9);
+    Mutex m_mutex KCACHE_LEVEL(8);
     std::vector<std::uint32_t> m_free GUARDED_BY(m_mutex);  // free slots, lowest last
-    Mutex m_rebuild_mutex KCACHE_LEVEL(0);
+    Mutex m_rebuild_mutex KCACHE_LEVEL(1);
     RebuildFile m_rebuild_file;
     RebuildDir m_rebuild_dir;
     std::size_t m_inherited = 0;

@@ -29,11 +29,11 @@ int g_fd = -1;
 std::atomic<Phase> g_phase{Phase::none};
 std::uint64_t g_replay_unique = 0;         // written before g_phase leaves none
 std::vector<std::uint8_t> g_replay_reply;  // libfuse's reply to the replayed INIT (swallowed)
-Mutex g_mutex KCACHE_LEVEL(9);             // with g_done: readers wait for the replay (a leaf)
+Mutex g_mutex KCACHE_LEVEL(8);             // with g_done: readers wait for the replay (a leaf)
 CondVar g_done;
 
 // The kernel's INIT request, read and not yet answered (a first daemon).
-Mutex g_pending_mutex KCACHE_LEVEL(9);                           // a leaf
+Mutex g_pending_mutex KCACHE_LEVEL(8);                           // a leaf
 std::uint64_t g_pending_unique GUARDED_BY(g_pending_mutex) = 0;  // 0: none
 std::uint32_t g_pending_size GUARDED_BY(g_pending_mutex) = 0;
 std::uint8_t g_pending[kMaxInitBytes] GUARDED_BY(g_pending_mutex);

@@ -122,7 +122,7 @@ struct UringTransport::Ring {
     Entry slots[kMaxEntriesPerThread];
     std::atomic<int> entry_count{0};  // slots[0, entry_count) are made (release/acquire)
     // Replies written by other threads, for this thread to commit.
-    Mutex handoff KCACHE_LEVEL(9);  // a leaf
+    Mutex handoff KCACHE_LEVEL(8);  // a leaf
     std::vector<Entry*> handed GUARDED_BY(handoff);
     bool closed GUARDED_BY(handoff) = false;  // the ring is gone: replies are refused
     std::atomic<bool> stopping{false};
@@ -144,7 +144,7 @@ struct UringTransport::Ring {
 
     // The start-up handshake with the thread that answers INIT.
     enum class Phase { making, made, failed, go, abort, registered, register_failed };
-    Mutex phase_mutex KCACHE_LEVEL(9);  // a leaf
+    Mutex phase_mutex KCACHE_LEVEL(8);  // a leaf
     CondVar phase_changed;
     Phase phase GUARDED_BY(phase_mutex) = Phase::making;
     std::string error GUARDED_BY(phase_mutex);  // why it failed

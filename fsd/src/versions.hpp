@@ -13,7 +13,7 @@
 // The registry's state is part of each inode's record in the inode table (inodes.hpp:
 // Inode::shared, Inode::rewrites).
 //
-// Locks (lock_order.hpp): the inode table's, level 5; Version::mutex, level 2.
+// Locks (lock_order.hpp): the inode table's, level 6; Version::mutex, level 3.
 #pragma once
 
 #include <atomic>
@@ -37,7 +37,7 @@ struct Version {
           started_from(staged.stored_digest()),
           shared(is_shared),
           opener(by) {}
-    Mutex mutex KCACHE_LEVEL(2);
+    Mutex mutex KCACHE_LEVEL(3);
     core::StagedFile staged GUARDED_BY(mutex);  // the content, and the write lease while not ended
     bool ended GUARDED_BY(mutex) = false;       // published and lease released by its last handle
     const core::Digest started_from;  // the stored version it grew from: its readers follow
