@@ -52,7 +52,7 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
       m_lookups(m_inodes),
       m_contents(store, m_pages, m_lookups),
       m_holds(store, m_inodes),
-      m_hits(m_background),
+      m_hits(m_background.counters()),
       m_flights(store, std::chrono::milliseconds(options.single_flight_ms)),
       m_own_state(private_state(state)),
       m_state(state ? *state : *m_own_state),
@@ -115,7 +115,7 @@ Filesystem::~Filesystem() {
 void Filesystem::start(fuse_session* session) {
     // Also under --read-only (init() has not run yet), where no reader is lazy: the
     // scan is then empty, and the pin one more snapshot.
-    m_background.on_period([this] { m_contents.renew_pin(); });
+    m_background.upkeep().on_period([this] { m_contents.renew_pin(); });
     m_background.start(session);
     m_pages.start();
     m_flights.start();

@@ -7,7 +7,7 @@
 namespace kcache::fsd {
 
 void HitCounter::count_open(pid_t opener, const core::ReadTxn& txn, const core::Attr& attr) {
-    m_background.count(core::Counter::opens);
+    m_counters.count(core::Counter::opens);
     if (!attr.entry || attr.bookkeeping) return;  // locks and temp files are no kernel
     auto entry = txn.entry(attr.entry);
     if (!entry || !entry->populated) return;
@@ -30,7 +30,7 @@ void HitCounter::count_open(pid_t opener, const core::ReadTxn& txn, const core::
     }
     // Counted already by a daemon before this one (a takeover)?
     if (m_pairs.insert(attr.entry, pid) == HitPairs::Insert::known) return;
-    m_background.hit(attr.entry);
+    m_counters.hit(attr.entry);
 }
 
 HitPairs::Insert HitPairs::insert(core::Ino entry, std::uint32_t pid) {

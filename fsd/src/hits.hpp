@@ -22,7 +22,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "background.hpp"
+#include "counters.hpp"
 #include "kcache/core/store.hpp"
 #include "lock_order.hpp"
 
@@ -48,7 +48,7 @@ class HitPairs {
 
 class HitCounter {
   public:
-    explicit HitCounter(Background& background) : m_background(background) {}
+    explicit HitCounter(Counters& counters) : m_counters(counters) {}
 
     // The set of pairs counted by this mount's daemons (state.hpp); set before serving.
     void remember_in(HitPairs pairs) { m_pairs = pairs; }
@@ -59,7 +59,7 @@ class HitCounter {
 
   private:
     static constexpr std::size_t kMaxSeenPairs = 1 << 20;
-    Background& m_background;
+    Counters& m_counters;
     HitPairs m_pairs{nullptr, 0};
     Mutex m_mutex KCACHE_LEVEL(8);  // a leaf
     // (entry, thread) and (entry, process) pairs that counted.

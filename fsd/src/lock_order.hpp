@@ -30,8 +30,9 @@
 //     commit; no version's mutex).
 //  7. Contents::m_snapshots_mutex: a leaf below the inode table.
 //  8. Leaves of other units, none taken under another: HitCounter::m_mutex,
-//     Background::m_mutex, RemoteTier's, SingleFlight::m_mutex (its answers run with
-//     none of these held); with --io-uring, UringTransport's hand-off mutex of each
+//     Background's parts (KernelNotifier::m_mutex, Counters::m_mutex,
+//     MissClassifier::m_mutex), RemoteTier's, SingleFlight::m_mutex (its answers run
+//     with none of these held); with --io-uring, UringTransport's hand-off mutex of each
 //     ring (a reply sent from another thread than the ring's is queued under it;
 //     uring_transport.hpp) and its start-up handshake mutex (only while INIT is
 //     answered); HandleTable's free-slot mutex (state.hpp); Filesystem::m_handover_mutex
@@ -57,7 +58,7 @@
 //
 // Replies and callbacks: no reply is sent while a handle's mutex is held (a reply
 // may let the kernel release that handle on another thread at once), and deferred
-// replies (PageCache::admit_writer, Background::invalidate_attr and grow_size,
+// replies (PageCache::admit_writer, KernelNotifier::invalidate_attr and grow_size,
 // RemoteTier::read_through, SingleFlight::wait) run with none of the daemon's locks held: such a
 // reply may discard its open, which publishes (levels 3 and 4).
 #pragma once

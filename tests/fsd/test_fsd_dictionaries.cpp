@@ -1,5 +1,5 @@
 // The daemon trains dictionaries in the background (core/dictionaries.hpp,
-// Background::train_if_due): Triton kernels written through the mount give their
+// Upkeep::train_if_due): Triton kernels written through the mount give their
 // kinds a dictionary without any command, and what is stored with it reads back.
 #include <sstream>
 #include <string>
