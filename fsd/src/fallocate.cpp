@@ -87,20 +87,12 @@ void Filesystem::fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset, o
     const std::uint64_t end = from + static_cast<std::uint64_t>(length);
     if (end < from) return reply_error(req, {EFBIG, "fallocate range overflows"});
 
-    FileHandle* handle = m_handles.file(fi->fh);
-    if (!handle) return reply_error(req, {EBADF, "no such handle"});
-    if (handle->lost) return reply_error(req, {EIO, "this open file was lost with a daemon"});
-    const Dirtying dirtying(*this);
-    if (dirtying.refused()) return;  // handing over: the successor answers it
-    std::shared_ptr<Version> version;
-    bool orphan = false;
-    {
-        MutexLock lock(handle->mutex);
-        orphan = handle->orphan;
-        if (handle->writable) version = handle->version;
-    }
-    if (orphan) return (void)fuse_reply_err(req, 0);  // the file is gone: as its writes
-    if (!version) return reply_error(req, {EBADF, "not open for writing"});
+    std::optional<Dirtying> dirtying;
+    auto change = start_change(req, fi, dirtying);
+    if (!change) return;
+    if (change->orphan) return (void)fuse_reply_err(req, 0);  // the file is gone: as its writes
+    FileHandle* handle = change->handle;
+    const std::shared_ptr<Version>& version = change->version;
     std::uint64_t size = 0;
     {
         MutexLock lock(version->mutex);

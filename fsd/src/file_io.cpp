@@ -90,31 +90,47 @@ void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) 
 
 void Filesystem::write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
                        fuse_file_info* fi) {
-    FileHandle* handle = m_handles.file(fi->fh);
-    if (!handle) return reply_error(req, {EBADF, "no such handle"});
-    if (handle->lost) return reply_error(req, {EIO, "this open file was lost with a daemon"});
-    const Dirtying dirtying(*this);
-    if (dirtying.refused()) return;  // handing over: the successor answers it
-    std::shared_ptr<Version> version;
-    bool orphan = false;
-    {
-        MutexLock lock(handle->mutex);
-        orphan = handle->orphan;
-        if (handle->writable) version = handle->version;
+    std::optional<Dirtying> dirtying;
+    auto change = start_change(req, fi, dirtying);
+    if (!change) return;
+    if (change->orphan) {  // its bytes go nowhere; a successor still learns it was written
+        if (change->version) m_handles.set_unpublished(change->handle->fh, true);
+        return (void)fuse_reply_write(req, size);
     }
+    m_pages.close_writer(change->handle, false, {});  // written again after its close
     core::Status s;
-    if (orphan) {
-        // The file is gone: like an unlinked file's, its new bytes go nowhere.
-    } else if (!version) {
-        s = core::fail(EBADF, "not open for writing");
-    } else {
-        m_pages.close_writer(handle, false, {});  // written again after its close
-        MutexLock lock(version->mutex);
-        s = version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
+    {
+        MutexLock lock(change->version->mutex);
+        s = change->version->staged.write(static_cast<std::uint64_t>(off), {buf, size});
     }
     if (!s) return reply_error(req, s.error());
-    if (version) m_handles.set_unpublished(handle->fh, true);  // for a successor (state.hpp)
+    m_handles.set_unpublished(change->handle->fh, true);  // for a successor (state.hpp)
     fuse_reply_write(req, size);
+}
+
+std::optional<Filesystem::Change> Filesystem::start_change(fuse_req_t req, fuse_file_info* fi,
+                                                           std::optional<Dirtying>& dirtying) {
+    FileHandle* handle = m_handles.file(fi->fh);
+    if (!handle) {
+        reply_error(req, {EBADF, "no such handle"});
+        return std::nullopt;
+    }
+    if (handle->lost) {
+        reply_error(req, {EIO, "this open file was lost with a daemon"});
+        return std::nullopt;
+    }
+    if (dirtying.emplace(*this).refused()) return std::nullopt;  // the successor answers it
+    Change change{.handle = handle};
+    {
+        MutexLock lock(handle->mutex);
+        change.orphan = handle->orphan;
+        if (handle->writable) change.version = handle->version;
+    }
+    if (!change.orphan && !change.version) {
+        reply_error(req, {EBADF, "not open for writing"});
+        return std::nullopt;
+    }
+    return change;
 }
 
 core::Status Filesystem::publish(fuse_req_t req, Version& version) {

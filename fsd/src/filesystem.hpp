@@ -180,6 +180,19 @@ class Filesystem {
         Filesystem& m_fs;
         bool m_entered = false;
     };
+    // The start of a request that changes a file's bytes (WRITE, FALLOCATE): the
+    // handle's writable version, or `orphan` when its file is gone (its new bytes go
+    // nowhere, as an unlinked file's). Answers the request itself and returns nullopt
+    // for an unknown or lost handle and one not open for writing; returns nullopt
+    // unanswered when handing over (the successor answers it). `dirtying` is entered
+    // here, after the handle checks, and must outlive the change.
+    struct Change {
+        FileHandle* handle = nullptr;
+        std::shared_ptr<Version> version;  // null only when orphan
+        bool orphan = false;
+    };
+    std::optional<Change> start_change(fuse_req_t req, fuse_file_info* fi,
+                                       std::optional<Dirtying>& dirtying);
     // Answers with error.code; damage (core/integrity.hpp) is EIO to the kernel, and
     // kCorruptDb ends the daemon for a successor that sets the db aside (db_corrupt).
     void reply_error(fuse_req_t req, const core::Error& error);
