@@ -1,8 +1,10 @@
-// A name's and an inode's attributes: Filesystem's lookup (single flight's waits, the
-// shared tier's read-through), getattr, setattr and readlink handlers (filesystem.hpp).
+// A name's and an inode's attributes: Filesystem's lookup (the lookup policy's decision,
+// lookup_policy.hpp, carried out: single flight's waits, the shared tier's
+// read-through), getattr, setattr and readlink handlers (filesystem.hpp).
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <memory>
@@ -11,6 +13,7 @@
 
 #include "filesystem.hpp"
 #include "kernel_attrs.hpp"
+#include "lookup_policy.hpp"
 #include "process.hpp"
 
 namespace kcache::fsd {
@@ -23,95 +26,116 @@ void Filesystem::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     answer_lookup(req, parent, name, m_remote != nullptr, true);
 }
 
-bool Filesystem::first_miss(fuse_req_t req, const core::ReadTxn& txn, Ino parent, const char* name,
-                            double* negative_timeout) {
-    auto dir = txn.getattr(parent);
-    if (!dir || !dir->is_dir() || dir->entry == 0 || dir->bookkeeping) return false;
-    if (core::is_bookkeeping_name(name)) return false;
-    const bool active = m_flights.active(dir->entry);
-    if (!active) {
-        auto entry = txn.entry(dir->entry);
-        if (!entry || entry->kind != core::EntryKind::node) return false;
-        if (!entry->populated) *negative_timeout = 0;
-        return false;
-    }
-    *negative_timeout = 0;
-    // Just after a takeover a walk may be the retry of an ESTALE the dead daemon gave
-    // (step 1), which this one does not know of: a second ESTALE would reach the caller.
-    if (core::steady_ns() < m_no_flights_until_ns.load(std::memory_order_relaxed)) return false;
-    const pid_t tid = fuse_req_ctx(req)->pid;
-    if (m_flights.retried(tid, parent, name)) return false;  // step 3: as it stands
-    SingleFlight::Awaited awaited{parent, name, dir->entry, process_of(tid)};
-    if (!m_flights.retry_first(tid, awaited)) return false;
-    // Step 1: the kernel holds this directory's lock for this LOOKUP; ESTALE lets it go,
-    // and the kernel retries the walk, whose lookup of the directory waits (step 2).
-    fuse_reply_err(req, ESTALE);
-    return true;
-}
+namespace {
 
+// The lookup policy's view (lookup_policy.hpp) from a read transaction, single flight
+// and the shared tier, for one LOOKUP.
+class LookupFromDb final : public LookupView {
+  public:
+    LookupFromDb(const core::ReadTxn& txn, SingleFlight& flights, RemoteTier* remote,
+                 const std::atomic<std::int64_t>& no_flights_until_ns, fuse_req_t req, Ino parent,
+                 const char* name)
+        : m_txn(txn),
+          m_flights(flights),
+          m_remote(remote),
+          m_no_flights_until_ns(no_flights_until_ns),
+          m_tid(fuse_req_ctx(req)->pid),
+          m_parent(parent),
+          m_name(name) {}
+
+    core::Result<Attr> lookup() override { return m_txn.lookup(m_parent, m_name); }
+    std::optional<SingleFlight::Awaited> retrying(Ino dir) override {
+        return m_flights.retrying(m_tid, dir);
+    }
+    core::Result<Attr> parent() override { return m_txn.getattr(m_parent); }
+    core::Result<core::EntryInfo> entry(Ino entry) override { return m_txn.entry(entry); }
+    bool filling(Ino entry) override { return m_flights.active(entry); }
+    bool just_taken_over() override {
+        return core::steady_ns() < m_no_flights_until_ns.load(std::memory_order_relaxed);
+    }
+    bool retried() override { return m_flights.retried(m_tid, m_parent, m_name); }
+    bool retry_first(Ino entry) override {
+        SingleFlight::Awaited awaited{m_parent, m_name, entry, process_of(m_tid)};
+        return m_flights.retry_first(m_tid, awaited);
+    }
+    RemoteTier::Found find() override { return m_remote->find(m_txn, m_parent, m_name); }
+
+  private:
+    const core::ReadTxn& m_txn;
+    SingleFlight& m_flights;
+    RemoteTier* m_remote;
+    const std::atomic<std::int64_t>& m_no_flights_until_ns;
+    const pid_t m_tid;
+    const Ino m_parent;
+    const char* m_name;
+};
+
+}  // namespace
+
+// Carries out the lookup policy's decision (lookup_policy.hpp says what and why).
 void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, bool read_through,
                                bool may_wait) {
-    double negative_timeout = kernel::kNegativeTimeout;
+    using Kind = LookupAction::Kind;
+    auto txn = m_store.read();
+    if (!txn) return reply_error(req, txn.error());
+    LookupAction action;
     {
-        auto txn = m_store.read();
-        if (!txn) return reply_error(req, txn.error());
-        auto attr = txn->lookup(parent, name);
-        if (attr && may_wait && attr->is_dir() && m_flights.enabled()) {
-            // Single flight, step 2: the retried walk of a thread answered ESTALE looks
-            // up the directory of the name it missed, holding no directory lock: wait.
-            if (auto awaited = m_flights.retrying(fuse_req_ctx(req)->pid, attr->ino)) {
-                txn = core::fail(ENOENT, "");  // no snapshot held while waiting
-                auto answer = [this, req, parent, n = std::string(name),
-                               read_through](SingleFlight::End end) {
-                    if (end == SingleFlight::End::interrupted) {
-                        fuse_reply_err(req, EINTR);
-                        return;
-                    }
-                    if (end == SingleFlight::End::timed_out)
-                        m_background.count(core::Counter::single_flight_timeouts);
-                    answer_lookup(req, parent, n.c_str(), read_through, false);
-                };
-                if (m_flights.wait(req, std::move(*awaited), std::move(answer))) {
-                    m_background.count(core::Counter::single_flight_waits);
+        LookupFromDb view(*txn, m_flights, m_remote, m_no_flights_until_ns, req, parent, name);
+        action = decide_lookup(
+            view, {parent, name, read_through, may_wait, m_flights.enabled(), m_remote != nullptr});
+    }
+    switch (action.kind) {  // answered with the snapshot held, as it was read
+        case Kind::found:
+            return reply_entry(req, action.attr);
+        case Kind::error:
+            return reply_error(req, action.error);
+        case Kind::estale:
+            fuse_reply_err(req, ESTALE);
+            return;
+        default:
+            break;
+    }
+    txn = core::fail(ENOENT, "");  // no snapshot held while waiting
+    switch (action.kind) {
+        case Kind::wait: {
+            auto answer = [this, req, parent, n = std::string(name),
+                           read_through](SingleFlight::End end) {
+                if (end == SingleFlight::End::interrupted) {
+                    fuse_reply_err(req, EINTR);
                     return;
                 }
-                return answer_lookup(req, parent, name, read_through, false);  // cannot wait
-            }
-        }
-        if (attr) return reply_entry(req, *attr);
-        if (attr.error().code != ENOENT) return reply_error(req, attr.error());
-        if (m_flights.enabled() && first_miss(req, *txn, parent, name, &negative_timeout)) return;
-        // The shared tier (remote_tier.hpp): a name that could be an entry is fetched
-        // on a tier thread, which answers this request; a container the tier holds
-        // entries below is made here, so the compiler's walk goes on to its entry. The
-        // kernel keeps a negative answer briefly, so what another node publishes is found.
-        if (m_remote) {
-            using Kind = RemoteTier::Found::Kind;
-            auto found = m_remote->find(*txn, parent, name);
-            if (found.may_appear)
-                negative_timeout = std::min(negative_timeout, RemoteTier::kNegativeTimeoutS);
-            if (found.kind == Kind::container) {
-                txn = core::fail(ENOENT, "");
-                return make_container(req, parent, name);
-            }
-            if (read_through && (found.kind == Kind::entry || found.kind == Kind::unknown)) {
-                txn = core::fail(ENOENT, "");  // no snapshot held while waiting
-                auto again = [this, req, parent, n = std::string(name), kind = found.kind] {
-                    // After the containers were read: a container or none; after a
-                    // read-through: the entry or a miss. Never waits twice.
-                    answer_lookup(req, parent, n.c_str(), kind == Kind::unknown, false);
-                };
-                if (found.kind == Kind::entry)
-                    m_remote->read_through(found.name, std::move(again));
-                else
-                    m_remote->when_containers_known(std::move(again));
+                if (end == SingleFlight::End::timed_out)
+                    m_background.count(core::Counter::single_flight_timeouts);
+                answer_lookup(req, parent, n.c_str(), read_through, false);
+            };
+            if (m_flights.wait(req, std::move(action.awaited), std::move(answer))) {
+                m_background.count(core::Counter::single_flight_waits);
                 return;
             }
+            return answer_lookup(req, parent, name, read_through, false);  // cannot wait
         }
+        case Kind::make_container:
+            return make_container(req, parent, name);
+        case Kind::fetch:
+        case Kind::containers: {
+            const bool containers = action.kind == Kind::containers;
+            auto again = [this, req, parent, n = std::string(name), containers] {
+                // After the containers were read: a container or none; after a
+                // read-through: the entry or a miss. Never waits twice.
+                answer_lookup(req, parent, n.c_str(), containers, false);
+            };
+            if (containers)
+                m_remote->when_containers_known(std::move(again));
+            else
+                m_remote->read_through(action.remote_name, std::move(again));
+            return;
+        }
+        default:
+            break;
     }
     m_background.count(core::Counter::negative_lookups);
     fuse_entry_param e{};  // ino 0: a negative entry the kernel may cache
-    e.entry_timeout = negative_timeout;
+    e.entry_timeout = action.negative_timeout;
     fuse_reply_entry(req, &e);
 }
 

@@ -215,11 +215,6 @@ class Filesystem {
     // and the retry's lookup of its directory waits (single flight, single_flight.hpp).
     void answer_lookup(fuse_req_t req, core::Ino parent, const char* name, bool read_through,
                        bool may_wait);
-    // Single flight's step 1 for a LOOKUP of `name` missing in `parent`: true when it
-    // was answered ESTALE. Sets *negative_timeout for a name inside an entry that is
-    // unpopulated or being filled: 0, so that a later probe reaches the daemon.
-    bool first_miss(fuse_req_t req, const core::ReadTxn& txn, core::Ino parent, const char* name,
-                    double* negative_timeout);
     // A resent non-idempotent request (resend.hpp) whose change the dead daemon had
     // committed: answered as it would have been (true); false: do it. `op` is a
     // resend::Op; rename names its target in new_parent/new_name.
