@@ -376,8 +376,9 @@ void Filesystem::answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle,
     reply();
 }
 
-bool Filesystem::created_before_takeover(Ino parent, const char* name) {
-    auto made = resend::recorded(resend::Op::create);
+bool Filesystem::created_before_takeover(const NonIdempotent& request, Ino parent,
+                                         const char* name) {
+    auto made = request.recorded();
     if (!made) return false;
     auto txn = m_store.read();
     auto at = txn ? txn->lookup(parent, name) : core::Result<Attr>(core::fail(ENOENT, ""));
@@ -389,14 +390,14 @@ bool Filesystem::created_before_takeover(Ino parent, const char* name) {
     return true;
 }
 
-core::Result<Attr> Filesystem::create_file(Ino parent, const char* name, mode_t mode,
-                                           const fuse_ctx& ctx, bool exclusive, bool truncate,
-                                           std::optional<core::StagedFile>& made) {
+core::Result<Attr> Filesystem::create_file(NonIdempotent& request, Ino parent, const char* name,
+                                           mode_t mode, const fuse_ctx& ctx, bool exclusive,
+                                           bool truncate, std::optional<core::StagedFile>& made) {
     auto txn = m_store.write();
     if (!txn) return tl::unexpected(txn.error());
     auto created = txn->create(parent, name, mode, ctx.uid, ctx.gid, exclusive);
     if (!created) return tl::unexpected(created.error());
-    if (exclusive) resend::record(resend::Op::create, created->ino);
+    if (exclusive) request.record(created->ino);
     auto staged = core::StagedFile::begin(*txn, created->ino, truncate || created->size == 0);
     if (!staged) return tl::unexpected(staged.error());
     if (auto s = txn->commit(); !s) {
@@ -418,14 +419,18 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
         dirtying.emplace(*this);
         if (dirtying->refused()) return;  // handing over: the successor answers it
     }
-    // Resent (resend.hpp) after the dead daemon made the file: it is this creator's, so
-    // an O_EXCL create opens it (a lock file's creator does not get EEXIST).
-    const bool exclusive = (fi->flags & O_EXCL) != 0 && !created_before_takeover(parent, name);
     std::optional<core::StagedFile> made;
-    auto created = create_file(parent, name, mode, *ctx, exclusive, truncate, made);
-    if (!created) return reply_error(req, created.error());
-    Attr attr = *created;
-    resend::after_commit();
+    auto created =
+        non_idempotent(req, {resend::Op::create, parent, name}, [&](NonIdempotent& request) {
+            // Resent (resend.hpp) after the dead daemon made the file: it is this creator's, so
+            // an O_EXCL create opens it (a lock file's creator does not get EEXIST).
+            const bool exclusive =
+                (fi->flags & O_EXCL) != 0 && !created_before_takeover(request, parent, name);
+            return create_file(request, parent, name, mode, *ctx, exclusive, truncate, made);
+        });
+    if (!created) return;  // never: an O_EXCL create's resend is proven in its body
+    if (!*created) return reply_error(req, created->error());
+    Attr attr = **created;
     handle->ino = attr.ino;
     handle->attr = attr;
     handle->writable = true;

@@ -41,7 +41,8 @@ std::unique_ptr<StateFile> private_state(StateFile* given) {
 
 }  // namespace
 
-Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* state)
+Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* state,
+                       const Resend* resend)
     : m_store(store),
       m_options(options),
       m_background(store, options.sync_interval_s),
@@ -56,7 +57,9 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
       m_flights(store, std::chrono::milliseconds(options.single_flight_ms)),
       m_own_state(private_state(state)),
       m_state(state ? *state : *m_own_state),
-      m_handles(m_state) {
+      m_handles(m_state),
+      m_own_resend(resend ? nullptr : std::make_unique<Resend>(nullptr)),
+      m_resend(resend ? *resend : *m_own_resend) {
     m_hits.remember_in(HitPairs(m_state.hit_pairs(), kHitPairSlots));
     m_handles.on_rebuild([this](HandleRecord& r) { return rebuild_file(r); },
                          [](const HandleRecord&) { return new DirHandle; });

@@ -68,6 +68,7 @@
 
 #include <functional>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,6 +85,7 @@
 #include "options.hpp"
 #include "page_cache.hpp"
 #include "remote_tier.hpp"
+#include "resend.hpp"
 #include "single_flight.hpp"
 #include "state.hpp"
 #include "versions.hpp"
@@ -100,7 +102,10 @@ class Filesystem {
   public:
     // `state`: the handle table's memory (state.hpp), the keeper's memfd; null: private.
     // A state a dead daemon left is taken over: its open handles stay valid.
-    Filesystem(core::Store& store, const Options& options, StateFile* state = nullptr);
+    // `resend`: where resent requests are answered once (resend.hpp), the daemon's;
+    // null: a private one that records nothing.
+    Filesystem(core::Store& store, const Options& options, StateFile* state = nullptr,
+               const Resend* resend = nullptr);
     ~Filesystem();
 
     // The operation table; every callback's userdata is a Filesystem*.
@@ -215,19 +220,43 @@ class Filesystem {
     // and the retry's lookup of its directory waits (single flight, single_flight.hpp).
     void answer_lookup(fuse_req_t req, core::Ino parent, const char* name, bool read_through,
                        bool may_wait);
-    // A resent non-idempotent request (resend.hpp) whose change the dead daemon had
-    // committed: answered as it would have been (true); false: do it. `op` is a
-    // resend::Op; rename names its target in new_parent/new_name.
-    bool answer_resent(fuse_req_t req, int op, core::Ino parent, const char* name,
-                       core::Ino new_parent = 0, const char* new_name = nullptr);
+    // What a non-idempotent request (resend.hpp) changes: its op (none: redone when
+    // resent, a RENAME_EXCHANGE), the name it makes or removes (a rename's source) and a
+    // rename's target.
+    struct Target {
+        Target(resend::Op which, core::Ino in = 0, const char* called = nullptr,
+               core::Ino new_in = 0, const char* new_called = nullptr)
+            : op(which), parent(in), name(called), new_parent(new_in), new_name(new_called) {}
+        resend::Op op;
+        core::Ino parent;
+        const char* name;
+        core::Ino new_parent;
+        const char* new_name;
+    };
+    // The one way of a non-idempotent request: its context is read once here
+    // (Resend::current) into the NonIdempotent the body gets. A resent one whose change
+    // the dead daemon had committed, as its record proves from `target`'s name, is
+    // answered as it would have been (answer_resent) and nullopt returned. Else
+    // `body(request)` does the change in one write transaction, recording it there
+    // (NonIdempotent::record; setxattr and removexattr prove a resend there too), and
+    // its outcome (a core::Result) is returned after the fault point
+    // (NonIdempotent::before_reply), for the handler to answer.
+    template <typename Body>
+    auto non_idempotent(fuse_req_t req, const Target& target, Body&& body)
+        -> std::optional<std::invoke_result_t<Body, NonIdempotent&>>;
+    // non_idempotent's answer to a resent request the dead daemon had done (true);
+    // false: do it.
+    bool answer_resent(fuse_req_t req, const NonIdempotent& request, const Target& target);
     // A LOOKUP's answer for a container the shared tier holds entries below
     // (RemoteTier::Found): makes the directory (or finds the one made meanwhile) and
     // replies with its entry.
     void make_container(fuse_req_t req, core::Ino parent, const char* name);
-    // Makes a node in one transaction and replies with its entry.
-    void make_node(
+    // Makes a node in one transaction (for reply_node).
+    core::Result<core::Attr> make_node(
         fuse_req_t req,
         const std::function<core::Result<core::Attr>(core::WriteTxn&, const fuse_ctx&)>& make);
+    // Replies with the entry of the node make_node made, or its error.
+    void reply_node(fuse_req_t req, const core::Result<core::Attr>& made);
     // Replies with an entry the kernel now holds a lookup reference on.
     void reply_entry(fuse_req_t req, const core::Attr& attr);
     // Before a removal: keeps the content of `name` in `parent` if the kernel knows it.
@@ -296,10 +325,10 @@ class Filesystem {
     // CREATE's steps: whether the file a resent O_EXCL create names is the one the dead
     // daemon made for it (resend.hpp); the file made (or found: no O_EXCL) and committed
     // with its staged content begun (`made`).
-    bool created_before_takeover(core::Ino parent, const char* name);
-    core::Result<core::Attr> create_file(core::Ino parent, const char* name, mode_t mode,
-                                         const fuse_ctx& ctx, bool exclusive, bool truncate,
-                                         std::optional<core::StagedFile>& made);
+    bool created_before_takeover(const NonIdempotent& request, core::Ino parent, const char* name);
+    core::Result<core::Attr> create_file(NonIdempotent& request, core::Ino parent, const char* name,
+                                         mode_t mode, const fuse_ctx& ctx, bool exclusive,
+                                         bool truncate, std::optional<core::StagedFile>& made);
     // SETATTR's size change of a file being written: cuts its version (a handle's), or
     // the shared version and rewrites (truncate by path). Returns the size the version
     // now has, with FUSE_SET_ATTR_SIZE cleared from `to_set`, or none when no version
@@ -335,6 +364,20 @@ class Filesystem {
     std::unique_ptr<StateFile> m_own_state;  // when no state was given
     StateFile& m_state;
     HandleTable m_handles;
+
+    // Resent requests (resend.hpp): the daemon's, or m_own_resend.
+    std::unique_ptr<Resend> m_own_resend;
+    const Resend& m_resend;
 };
+
+template <typename Body>
+auto Filesystem::non_idempotent(fuse_req_t req, const Target& target, Body&& body)
+    -> std::optional<std::invoke_result_t<Body, NonIdempotent&>> {
+    NonIdempotent request(m_resend, m_resend.current(), target.op);
+    if (answer_resent(req, request, target)) return std::nullopt;
+    auto outcome = std::forward<Body>(body)(request);
+    request.before_reply(outcome.has_value());
+    return outcome;
+}
 
 }  // namespace kcache::fsd

@@ -1,7 +1,7 @@
 // The namespace: Filesystem's mkdir, symlink, unlink, rmdir and rename handlers, the
 // node maker they and mknod share (make_node), the directory a LOOKUP makes for the
 // shared tier (make_container), and a resent request the dead daemon had done answered
-// as it was (answer_resent, resend.hpp). mknod and link: nodes.cpp.
+// as it was (answer_resent, for non_idempotent: resend.hpp). mknod and link: nodes.cpp.
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -18,7 +18,7 @@ namespace kcache::fsd {
 using core::Attr;
 using core::Ino;
 
-void Filesystem::make_node(
+core::Result<Attr> Filesystem::make_node(
     fuse_req_t req,
     const std::function<core::Result<Attr>(core::WriteTxn&, const fuse_ctx&)>& make) {
     const fuse_ctx* ctx = fuse_req_ctx(req);
@@ -28,43 +28,52 @@ void Filesystem::make_node(
         attr = a;
         return {};
     });
-    if (!s) return reply_error(req, s.error());
-    resend::after_commit();
+    if (!s) return tl::unexpected(s.error());
+    return attr;
+}
+
+void Filesystem::reply_node(fuse_req_t req, const core::Result<Attr>& made) {
+    if (!made) return reply_error(req, made.error());
     // A filler at work (single flight): one that made a file, not a directory. mkdir -p
     // by several processes at once is no compile to wait for, and the lookup a sibling's
     // mkdir makes of its new name cannot take the ESTALE a wait starts with.
-    if (attr.entry && !attr.is_dir() && m_flights.enabled())
-        m_flights.created(attr.entry, process_of(ctx->pid));
-    reply_entry(req, attr);
+    if (made->entry && !made->is_dir() && m_flights.enabled())
+        m_flights.created(made->entry, process_of(fuse_req_ctx(req)->pid));
+    reply_entry(req, *made);
 }
 
-bool Filesystem::answer_resent(fuse_req_t req, int op, Ino parent, const char* name, Ino new_parent,
-                               const char* new_name) {
-    const auto which = static_cast<resend::Op>(op);
-    const auto ino = resend::recorded(which);
+bool Filesystem::answer_resent(fuse_req_t req, const NonIdempotent& request, const Target& target) {
+    using resend::Op;
+    const Op which = request.op();
+    // Proven from a name, before the change; the others in their body (or redone).
+    if (which == Op::none || which == Op::create || resend::proven_in_transaction(which))
+        return false;
+    const auto ino = request.recorded();
     if (!ino) return false;
+    const Ino parent = target.parent;
+    const char* name = target.name;
     auto txn = m_store.read();
     if (!txn) return false;
     auto at = txn->lookup(parent, name);
     const bool holds = at && at->ino == *ino;
     switch (which) {
-        case resend::Op::mkdir:
-        case resend::Op::mknod:
-        case resend::Op::symlink:
-        case resend::Op::link:  // `parent` and `name`: the new name's
+        case Op::mkdir:
+        case Op::mknod:
+        case Op::symlink:
+        case Op::link:  // `parent` and `name`: the new name's
             if (!holds) return false;
             log::info("a resent {} of {} was done by the previous daemon: answered as it was",
                       resend::name_of(which), name);
             reply_entry(req, *at);
             return true;
-        case resend::Op::unlink:
-        case resend::Op::rmdir:
+        case Op::unlink:
+        case Op::rmdir:
             if (holds) return false;
             log::info("a resent removal of {} was done by the previous daemon: answered 0", name);
             fuse_reply_err(req, 0);
             return true;
-        case resend::Op::rename: {
-            auto moved = txn->lookup(new_parent, new_name);
+        case Op::rename: {
+            auto moved = txn->lookup(target.new_parent, target.new_name);
             if (holds || !moved || moved->ino != *ino) return false;
             log::info("a resent rename of {} was done by the previous daemon: answered 0", name);
             fuse_reply_err(req, 0);
@@ -81,31 +90,37 @@ void Filesystem::make_container(fuse_req_t req, Ino parent, const char* name) {
     // carries no umask (FUSE sends one with MKDIR and CREATE only): /proc says it.
     const mode_t mode = 0777 & ~umask_of(fuse_req_ctx(req)->pid);
     bool made = false;
-    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) -> core::Result<Attr> {
-        if (auto there = txn.lookup(parent, name)) return there;  // made meanwhile
-        auto dir = txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
-        made = dir.has_value();
-        return dir;
-    });
+    reply_node(req,
+               make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) -> core::Result<Attr> {
+                   if (auto there = txn.lookup(parent, name)) return there;  // made meanwhile
+                   auto dir = txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
+                   made = dir.has_value();
+                   return dir;
+               }));
     if (made) m_background.count(core::Counter::remote_containers);
 }
 
 void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-    if (answer_resent(req, static_cast<int>(resend::Op::mkdir), parent, name)) return;
-    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        auto made = txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
-        if (made) resend::record(resend::Op::mkdir, made->ino);
-        return made;
+    auto node = non_idempotent(req, {resend::Op::mkdir, parent, name}, [&](NonIdempotent& request) {
+        return make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
+            auto made = txn.mkdir(parent, name, mode, ctx.uid, ctx.gid);
+            if (made) request.record(made->ino);
+            return made;
+        });
     });
+    if (node) reply_node(req, *node);
 }
 
 void Filesystem::symlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
-    if (answer_resent(req, static_cast<int>(resend::Op::symlink), parent, name)) return;
-    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        auto made = txn.symlink(parent, name, target, ctx.uid, ctx.gid);
-        if (made) resend::record(resend::Op::symlink, made->ino);
-        return made;
-    });
+    auto node =
+        non_idempotent(req, {resend::Op::symlink, parent, name}, [&](NonIdempotent& request) {
+            return make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
+                auto made = txn.symlink(parent, name, target, ctx.uid, ctx.gid);
+                if (made) request.record(made->ino);
+                return made;
+            });
+        });
+    if (node) reply_node(req, *node);
 }
 
 // The inode `name` in `parent` names, for a removal's record (resend.hpp); 0 if none.
@@ -115,28 +130,30 @@ static Ino named(const core::WriteTxn& txn, Ino parent, const char* name) {
 }
 
 void Filesystem::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    if (answer_resent(req, static_cast<int>(resend::Op::unlink), parent, name)) return;
-    auto s = remove_keeping_orphan(parent, name, [&](core::WriteTxn& txn) {
-        const Ino ino = named(txn, parent, name);
-        auto removed = txn.unlink(parent, name);
-        if (removed) resend::record(resend::Op::unlink, ino);
-        return removed;
+    auto s = non_idempotent(req, {resend::Op::unlink, parent, name}, [&](NonIdempotent& request) {
+        return remove_keeping_orphan(parent, name, [&](core::WriteTxn& txn) {
+            const Ino ino = named(txn, parent, name);
+            auto removed = txn.unlink(parent, name);
+            if (removed) request.record(ino);
+            return removed;
+        });
     });
-    if (!s) return reply_error(req, s.error());
-    resend::after_commit();
+    if (!s) return;
+    if (!*s) return reply_error(req, s->error());
     fuse_reply_err(req, 0);
 }
 
 void Filesystem::rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-    if (answer_resent(req, static_cast<int>(resend::Op::rmdir), parent, name)) return;
-    auto s = m_store.update([&](core::WriteTxn& txn) {
-        const Ino ino = named(txn, parent, name);
-        auto removed = txn.rmdir(parent, name);
-        if (removed) resend::record(resend::Op::rmdir, ino);
-        return removed;
+    auto s = non_idempotent(req, {resend::Op::rmdir, parent, name}, [&](NonIdempotent& request) {
+        return m_store.update([&](core::WriteTxn& txn) {
+            const Ino ino = named(txn, parent, name);
+            auto removed = txn.rmdir(parent, name);
+            if (removed) request.record(ino);
+            return removed;
+        });
     });
-    if (!s) return reply_error(req, s.error());
-    resend::after_commit();
+    if (!s) return;
+    if (!*s) return reply_error(req, s->error());
     fuse_reply_err(req, 0);
 }
 
@@ -152,21 +169,21 @@ void Filesystem::rename(fuse_req_t req, fuse_ino_t parent, const char* name, fus
     const core::Origin origin = kernel::origin_of(req);
     Ino moved_into = 0;  // the entry the renamed node is in now (single flight)
     const bool exchange = (ours & core::kRenameExchange) != 0;  // redone when resent
-    if (!exchange && answer_resent(req, static_cast<int>(resend::Op::rename), parent, name,
-                                   new_parent, new_name)) {
-        return;
-    }
-    auto s = remove_keeping_orphan(new_parent, new_name, [&](core::WriteTxn& txn) {
-        const Ino ino = exchange ? 0 : named(txn, parent, name);
-        auto r = txn.rename(parent, name, new_parent, new_name, ours, &origin);
-        if (r && ino) resend::record(resend::Op::rename, ino);
-        if (r && m_flights.enabled()) {
-            if (auto moved = txn.lookup(new_parent, new_name)) moved_into = moved->entry;
-        }
-        return r;
+    const Target target(exchange ? resend::Op::none : resend::Op::rename, parent, name, new_parent,
+                        new_name);
+    auto s = non_idempotent(req, target, [&](NonIdempotent& request) {
+        return remove_keeping_orphan(new_parent, new_name, [&](core::WriteTxn& txn) {
+            const Ino ino = exchange ? 0 : named(txn, parent, name);
+            auto r = txn.rename(parent, name, new_parent, new_name, ours, &origin);
+            if (r && ino) request.record(ino);
+            if (r && m_flights.enabled()) {
+                if (auto moved = txn.lookup(new_parent, new_name)) moved_into = moved->entry;
+            }
+            return r;
+        });
     });
-    if (!s) return reply_error(req, s.error());
-    resend::after_commit();
+    if (!s) return;
+    if (!*s) return reply_error(req, s->error());
     if (moved_into) m_flights.created(moved_into, origin.pid);
     fuse_reply_err(req, 0);
 }

@@ -12,28 +12,35 @@ namespace kcache::fsd {
 
 void Filesystem::mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                        dev_t rdev) {
-    if (answer_resent(req, static_cast<int>(resend::Op::mknod), parent, name)) return;
-    make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
-        auto made = txn.mknod(parent, name, mode, rdev, ctx.uid, ctx.gid);
-        if (made) resend::record(resend::Op::mknod, made->ino);
-        return made;
+    auto node = non_idempotent(req, {resend::Op::mknod, parent, name}, [&](NonIdempotent& request) {
+        return make_node(req, [&](core::WriteTxn& txn, const fuse_ctx& ctx) {
+            auto made = txn.mknod(parent, name, mode, rdev, ctx.uid, ctx.gid);
+            if (made) request.record(made->ino);
+            return made;
+        });
     });
+    if (node) reply_node(req, *node);
 }
 
 void Filesystem::link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
     // A name in another entry is EXDEV (core: an eviction removes an entry whole and
     // exactly); the kernel adds the name and counts the link itself on success.
-    if (answer_resent(req, static_cast<int>(resend::Op::link), new_parent, new_name)) return;
-    core::Attr attr;
-    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto made = KCACHE_TRY(txn.link(ino, new_parent, new_name));
-        resend::record(resend::Op::link, made.ino);
-        attr = made;
-        return {};
-    });
-    if (!s) return reply_error(req, s.error());
-    resend::after_commit();
-    reply_entry(req, attr);
+    const Target target(resend::Op::link, new_parent, new_name);
+    auto linked =
+        non_idempotent(req, target, [&](NonIdempotent& request) -> core::Result<core::Attr> {
+            core::Attr attr;
+            auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
+                auto made = KCACHE_TRY(txn.link(ino, new_parent, new_name));
+                request.record(made.ino);
+                attr = made;
+                return {};
+            });
+            if (!s) return tl::unexpected(s.error());
+            return attr;
+        });
+    if (!linked) return;
+    if (!*linked) return reply_error(req, linked->error());
+    reply_entry(req, **linked);
 }
 
 }  // namespace kcache::fsd

@@ -239,18 +239,18 @@ int run_loop(fuse_session* session) {
     return rc;
 }
 
-// Takeover and resend on the session, then its transport: --io-uring's rings are set up
+// The session's transport, with its takeover and resend: --io-uring's rings are set up
 // when the kernel's INIT comes (uring_transport.hpp); /dev/fuse serves until then, and
 // alone where the kernel does not offer them (null).
 std::unique_ptr<UringTransport> install_transport(
-    StateFile& state, fuse_session* session, const Options& options, const std::string& mountpoint,
-    const std::optional<keeper::Inherited>& inherited) {
-    takeover::begin(state, fuse_session_fd(session));
-    resend::attach(state);
+    Takeover& takeover, const Resend& resend, fuse_session* session, const Options& options,
+    const std::string& mountpoint, const std::optional<keeper::Inherited>& inherited) {
     std::unique_ptr<UringTransport> uring;
-    if (options.io_uring)
-        uring = UringTransport::install(session, inherited ? inherited->state_fd : -1, mountpoint);
-    if (!uring) takeover::install_plain(session);
+    if (options.io_uring) {
+        uring = UringTransport::install(session, takeover, resend,
+                                        inherited ? inherited->state_fd : -1, mountpoint);
+    }
+    if (!uring) takeover.install_plain(session);
     return uring;
 }
 
@@ -334,7 +334,9 @@ int serve(const Options& options, const std::string& mountpoint, StartupPipe& st
     // The handle table and the saved INIT: the keeper's memfd, or private memory.
     auto state = StateFile::map(inherited ? inherited->state_fd : -1);
     if (!state) startup.fail_startup(state.error().message);
-    Filesystem filesystem(*store, options, state->get());
+    // Resent requests answered once (resend.hpp): the handlers' and the transport's.
+    const Resend resend(state->get());
+    Filesystem filesystem(*store, options, state->get(), &resend);
     // Kept after "ready": an upgrade reports "handed over" on it (keeper.hpp).
     const int report_fd = inherited ? fcntl(inherited->ready_fd, F_DUPFD_CLOEXEC, 0) : -1;
     const std::unique_ptr<RemoteTier> remote = make_remote(*store, options, filesystem, startup);
@@ -347,8 +349,10 @@ int serve(const Options& options, const std::string& mountpoint, StartupPipe& st
     const std::size_t adopted = resuming ? filesystem.adopt_handles() : 0;
     if (!resuming && !options.read_only) clear_previous_holds(*store);
     serving_started();  // the db is open and read: a fault from here on is no start-up's
+    // The session's takeover (takeover.hpp): outlives its transport and the session.
+    Takeover takeover(**state, fuse_session_fd(session), resend);
     std::unique_ptr<UringTransport> uring =
-        install_transport(**state, session, options, mountpoint, inherited);
+        install_transport(takeover, resend, session, options, mountpoint, inherited);
     if (remote) remote->start();
     filesystem.start(session);
     startup.ready(options.db + "/fsd.log");

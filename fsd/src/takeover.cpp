@@ -15,28 +15,17 @@
 #include "log.hpp"
 #include "resend.hpp"
 
-namespace kcache::fsd::takeover {
+namespace kcache::fsd {
+
+using takeover::kNotifyResend;
+using takeover::kResendBit;
 
 namespace {
 
-// Phases of a resume: none (a first daemon, or no INIT to replay), pending (the next
-// read returns the INIT), replaying (a loop thread is processing it; other readers
-// wait), done.
-enum class Phase { none, pending, replaying, done };
-
-StateFile* g_state = nullptr;
-int g_fd = -1;
-std::atomic<Phase> g_phase{Phase::none};
-std::uint64_t g_replay_unique = 0;         // written before g_phase leaves none
-std::vector<std::uint8_t> g_replay_reply;  // libfuse's reply to the replayed INIT (swallowed)
-Mutex g_mutex KCACHE_LEVEL(8);             // with g_done: readers wait for the replay (a leaf)
-CondVar g_done;
-
-// The kernel's INIT request, read and not yet answered (a first daemon).
-Mutex g_pending_mutex KCACHE_LEVEL(8);                           // a leaf
-std::uint64_t g_pending_unique GUARDED_BY(g_pending_mutex) = 0;  // 0: none
-std::uint32_t g_pending_size GUARDED_BY(g_pending_mutex) = 0;
-std::uint8_t g_pending[kMaxInitBytes] GUARDED_BY(g_pending_mutex);
+// The Takeover whose plain custom io is installed (install_plain): libfuse 3.14 calls
+// its read and writev hooks with the session's userdata (the Filesystem), never a
+// pointer of ours, so this is the one static that remains; one session per process.
+std::atomic<Takeover*> g_plain{nullptr};
 
 std::size_t total_of(const iovec* iov, int count) {
     std::size_t total = 0;
@@ -44,12 +33,14 @@ std::size_t total_of(const iovec* iov, int count) {
     return total;
 }
 
-void request_resend() {
+}  // namespace
+
+void Takeover::request_resend() {
     fuse_out_header out{};
     out.len = sizeof out;
     out.error = kNotifyResend;
     out.unique = 0;
-    if (::write(g_fd, &out, sizeof out) != static_cast<ssize_t>(sizeof out)) {
+    if (::write(m_fd, &out, sizeof out) != static_cast<ssize_t>(sizeof out)) {
         log::error(
             "takeover: FUSE_NOTIFY_RESEND refused ({}; it needs Linux 6.9): requests the "
             "previous daemon had read wait until their callers give up",
@@ -59,19 +50,16 @@ void request_resend() {
     log::info("takeover: the kernel resends what the previous daemon had not answered");
 }
 
-void finish_replay() {
+void Takeover::finish_replay() {
     {
-        MutexLock lock(g_mutex);
-        g_phase = Phase::done;
+        MutexLock lock(m_mutex);
+        m_phase = Phase::done;
     }
-    g_done.notify_all();
+    m_done.notify_all();
 }
 
-}  // namespace
-
-void begin(StateFile& state, int fuse_fd) {
-    g_state = &state;
-    g_fd = fuse_fd;
+Takeover::Takeover(StateFile& state, int fuse_fd, const Resend& resend)
+    : m_state(state), m_fd(fuse_fd), m_resend(resend) {
     if (!state.inherited()) return;
     const std::uint32_t size = state.header().init_size.load(std::memory_order_acquire);
     if (size < sizeof(fuse_in_header)) {
@@ -82,41 +70,44 @@ void begin(StateFile& state, int fuse_fd) {
     }
     fuse_in_header in{};
     std::memcpy(&in, state.header().init, sizeof in);
-    g_replay_unique = in.unique;
-    g_phase = Phase::pending;
+    m_replay_unique = in.unique;
+    m_phase = Phase::pending;
 }
 
-bool resuming() {
-    return g_state && g_state->inherited();
+Takeover::~Takeover() {
+    Takeover* self = this;
+    g_plain.compare_exchange_strong(self, nullptr);
 }
 
-namespace {
+bool Takeover::resuming() const {
+    return m_state.inherited();
+}
 
-std::optional<ssize_t> read_replayed(void* buf, size_t len) {
-    Phase phase = g_phase.load(std::memory_order_acquire);
+std::optional<ssize_t> Takeover::read_replayed(void* buf, size_t len) {
+    Phase phase = m_phase.load(std::memory_order_acquire);
     if (phase == Phase::none || phase == Phase::done) return std::nullopt;
-    if (phase == Phase::pending && g_phase.compare_exchange_strong(phase, Phase::replaying)) {
-        const std::uint32_t size = g_state->header().init_size.load(std::memory_order_acquire);
+    if (phase == Phase::pending && m_phase.compare_exchange_strong(phase, Phase::replaying)) {
+        const std::uint32_t size = m_state.header().init_size.load(std::memory_order_acquire);
         if (len < size) {  // cannot happen: libfuse's first buffer holds any request
             finish_replay();
             errno = EIO;
             return -1;
         }
-        std::memcpy(buf, g_state->header().init, size);
+        std::memcpy(buf, m_state.header().init, size);
         return static_cast<ssize_t>(size);
     }
-    MutexLock lock(g_mutex);
-    while (g_phase.load() != Phase::done) g_done.wait(g_mutex);
+    MutexLock lock(m_mutex);
+    while (m_phase.load() != Phase::done) m_done.wait(m_mutex);
     return std::nullopt;
 }
 
 // The kernel's INIT resent: the dead daemon recorded it but died before its reply
 // reached the kernel. libfuse, resumed already, would answer it EIO; the reply it gave
 // to the replay is the answer.
-bool answer_resent_init(int fd, const fuse_in_header& in) {
+bool Takeover::answer_resent_init(int fd, const fuse_in_header& in) {
     if (in.opcode != FUSE_INIT || !(in.unique & kResendBit)) return false;
-    if (g_replay_reply.size() < sizeof(fuse_out_header)) return false;
-    std::vector<std::uint8_t> reply = g_replay_reply;
+    if (m_replay_reply.size() < sizeof(fuse_out_header)) return false;
+    std::vector<std::uint8_t> reply = m_replay_reply;
     auto* out = reinterpret_cast<fuse_out_header*>(reply.data());
     out->unique = in.unique;
     if (::write(fd, reply.data(), reply.size()) < 0) {
@@ -129,6 +120,8 @@ bool answer_resent_init(int fd, const fuse_in_header& in) {
     return true;
 }
 
+namespace {
+
 // A request the kernel cannot copy whole into the reading daemon's buffer is ended with
 // EIO, not resent (fs/fuse/dev.c, fuse_dev_do_read). A daemon being killed (SIGKILL
 // pending) cannot take a page fault: so a WRITE whose payload lands on pages of the
@@ -137,6 +130,8 @@ bool answer_resent_init(int fd, const fuse_in_header& in) {
 // take for the whole (issue 33: the files 1 run in 12 lost a write's tail). So each
 // thread's buffer is made resident before its first read: touched page by page and
 // locked where RLIMIT_MEMLOCK allows (touched pages stay resident with no swap).
+// Which buffer this thread made resident is the thread's own fact (libfuse gives each
+// worker its buffer and the hook nothing to tell threads apart): a thread-local.
 void make_resident(void* buf, std::size_t len) {
     thread_local const void* t_buf = nullptr;
     thread_local std::size_t t_len = 0;
@@ -152,38 +147,38 @@ void make_resident(void* buf, std::size_t len) {
 
 }  // namespace
 
-ssize_t read(int fd, void* buf, size_t len) {
+ssize_t Takeover::read(int fd, void* buf, size_t len) {
     if (auto replayed = read_replayed(buf, len)) return *replayed;
     make_resident(buf, len);
     for (;;) {
         const ssize_t n = ::read(fd, buf, len);
         if (n < static_cast<ssize_t>(sizeof(fuse_in_header))) return n;
         const auto* in = static_cast<const fuse_in_header*>(buf);
-        resend::set_current(in->unique);
+        m_resend.note(in->unique);
         if (in->opcode != FUSE_INIT) return n;
-        if (g_phase.load() == Phase::done && answer_resent_init(fd, *in)) continue;
-        if (g_state && n <= static_cast<ssize_t>(kMaxInitBytes)) {
-            MutexLock lock(g_pending_mutex);
-            g_pending_unique = in->unique;
-            g_pending_size = static_cast<std::uint32_t>(n);
-            std::memcpy(g_pending, buf, static_cast<std::size_t>(n));
+        if (m_phase.load() == Phase::done && answer_resent_init(fd, *in)) continue;
+        if (n <= static_cast<ssize_t>(kMaxInitBytes)) {
+            MutexLock lock(m_pending_mutex);
+            m_pending_unique = in->unique;
+            m_pending_size = static_cast<std::uint32_t>(n);
+            std::memcpy(m_pending, buf, static_cast<std::size_t>(n));
         }
         return n;
     }
 }
 
-std::optional<ssize_t> swallow_reply(const iovec* iov, int count) {
-    if (g_phase.load(std::memory_order_acquire) != Phase::replaying || count < 1 ||
+std::optional<ssize_t> Takeover::swallow_reply(const iovec* iov, int count) {
+    if (m_phase.load(std::memory_order_acquire) != Phase::replaying || count < 1 ||
         iov[0].iov_len < sizeof(fuse_out_header)) {
         return std::nullopt;
     }
     const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
-    if (out->unique != g_replay_unique) return std::nullopt;
+    if (out->unique != m_replay_unique) return std::nullopt;
     const std::size_t total = total_of(iov, count);
-    g_replay_reply.clear();
+    m_replay_reply.clear();
     for (int i = 0; i < count; ++i) {
         const auto* p = static_cast<const std::uint8_t*>(iov[i].iov_base);
-        g_replay_reply.insert(g_replay_reply.end(), p, p + iov[i].iov_len);
+        m_replay_reply.insert(m_replay_reply.end(), p, p + iov[i].iov_len);
     }
     if (out->error != 0) {
         log::error("takeover: libfuse refused the replayed INIT ({})", std::strerror(-out->error));
@@ -195,36 +190,37 @@ std::optional<ssize_t> swallow_reply(const iovec* iov, int count) {
     return static_cast<ssize_t>(total);
 }
 
-void record_init(const iovec* iov, int count) {
-    if (!g_state || count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return;
+void Takeover::record_init(const iovec* iov, int count) {
+    if (count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return;
     const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
     if (out->unique == 0 || out->error != 0) return;
-    MutexLock lock(g_pending_mutex);
-    if (out->unique != g_pending_unique) return;
-    StateHeader& h = g_state->header();
-    std::memcpy(h.init, g_pending, g_pending_size);
-    h.init_size.store(g_pending_size, std::memory_order_release);
-    g_pending_unique = 0;
+    MutexLock lock(m_pending_mutex);
+    if (out->unique != m_pending_unique) return;
+    StateHeader& h = m_state.header();
+    std::memcpy(h.init, m_pending, m_pending_size);
+    h.init_size.store(m_pending_size, std::memory_order_release);
+    m_pending_unique = 0;
 }
 
 namespace {
 
 ssize_t plain_read(int fd, void* buf, size_t len, void*) {
-    const ssize_t n = read(fd, buf, len);
+    const ssize_t n = g_plain.load(std::memory_order_acquire)->read(fd, buf, len);
     kernel_order::request_from_kernel();
     return n;
 }
 
 ssize_t plain_writev(int fd, iovec* iov, int count, void*) {
-    if (auto swallowed = swallow_reply(iov, count)) return *swallowed;
-    record_init(iov, count);
+    Takeover* takeover = g_plain.load(std::memory_order_acquire);
+    if (auto swallowed = takeover->swallow_reply(iov, count)) return *swallowed;
+    takeover->record_init(iov, count);
     kernel_order::replied_to_kernel();
     return ::writev(fd, iov, count);
 }
 
 }  // namespace
 
-bool install_plain(fuse_session* session) {
+bool Takeover::install_plain(fuse_session* session) {
     fuse_custom_io io{};
     io.read = &plain_read;
     io.writev = &plain_writev;
@@ -233,7 +229,8 @@ bool install_plain(fuse_session* session) {
                      std::strerror(-rc));
         return false;
     }
+    g_plain.store(this, std::memory_order_release);
     return true;
 }
 
-}  // namespace kcache::fsd::takeover
+}  // namespace kcache::fsd

@@ -380,7 +380,7 @@ std::optional<fuse_buf> UringTransport::Ring::prepare(Entry* e) {
 // (with the resend bit: a predecessor's, which may have been done; a non-idempotent one
 // is then answered as it was).
 void UringTransport::Ring::dispatch(fuse_buf buf, std::uint64_t unique) {
-    resend::set_current(unique);
+    transport->m_resend.note(unique);
     fuse_session_process_buf(transport->m_session, &buf);
     served.fetch_add(1, std::memory_order_relaxed);
 }

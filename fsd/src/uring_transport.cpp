@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "log.hpp"
+#include "resend.hpp"
 #include "takeover.hpp"
 #include "uring_area.hpp"
 #include "uring_ring.hpp"
@@ -120,8 +121,10 @@ bool ask_from_cpu(const std::string& mountpoint, int cpu) {
 
 struct UringHooks {
     static ssize_t read(int fd, void* buf, size_t len, void*) {
-        // A takeover's replayed INIT comes first (takeover.hpp).
-        const ssize_t n = takeover::read(fd, buf, len);
+        // A takeover's replayed INIT comes first (takeover.hpp). The transport is set
+        // before the session loop starts, and cleared after it ended.
+        const ssize_t n =
+            g_transport.load(std::memory_order_acquire)->m_takeover.read(fd, buf, len);
         request_from_kernel();  // /dev/fuse and the rings: one order (uring_ring.hpp)
         if (n >= static_cast<ssize_t>(sizeof(fuse_in_header)) &&
             !g_init_seen.load(std::memory_order_relaxed)) {
@@ -151,14 +154,16 @@ struct UringHooks {
             !t->m_serving.load(std::memory_order_acquire) &&
             static_cast<const fuse_out_header*>(iov[0].iov_base)->unique == g_init_unique.load();
         if (init_reply) return write_reply(fd, iov, count);
-        if (auto swallowed = takeover::swallow_reply(iov, count)) return *swallowed;
+        if (t) {
+            if (auto swallowed = t->m_takeover.swallow_reply(iov, count)) return *swallowed;
+        }
         return write_reply(fd, iov, count);
     }
 
     // Writes the INIT reply, or swallows it (a takeover's replay, takeover.hpp).
-    static ssize_t write_init(int fd, iovec* iov, int count) {
-        if (auto swallowed = takeover::swallow_reply(iov, count)) return *swallowed;
-        takeover::record_init(iov, count);
+    static ssize_t write_init(Takeover& takeover, int fd, iovec* iov, int count) {
+        if (auto swallowed = takeover.swallow_reply(iov, count)) return *swallowed;
+        takeover.record_init(iov, count);
         return ::writev(fd, iov, count);
     }
 
@@ -293,10 +298,11 @@ struct UringHooks {
         const bool full = count == 2 &&
                           iov[1].iov_len >= offsetof(fuse_init_out, flags2) + sizeof init.flags2 &&
                           iov[1].iov_len <= sizeof init;
-        if (out->error != 0 || !full) return write_init(fd, iov, count);  // no session to serve
+        if (out->error != 0 || !full)
+            return write_init(t.m_takeover, fd, iov, count);  // no session to serve
         if (!g_offered) {
             log::warning("--io-uring: {}: serving over /dev/fuse", not_offered_reason());
-            return write_init(fd, iov, count);
+            return write_init(t.m_takeover, fd, iov, count);
         }
         std::memcpy(&init, iov[1].iov_base, iov[1].iov_len);
         const std::size_t pages = (init.flags & FUSE_MAX_PAGES) ? init.max_pages : 32;
@@ -308,7 +314,7 @@ struct UringHooks {
             log::warning(
                 "--io-uring: cannot read /sys/devices/system/cpu/possible: serving "
                 "over /dev/fuse");
-            return write_init(fd, iov, count);
+            return write_init(t.m_takeover, fd, iov, count);
         }
         uring_area::Geometry geometry;
         geometry.rings = static_cast<std::uint32_t>(cpus.size() * UringTransport::kThreadsPerQueue);
@@ -318,19 +324,19 @@ struct UringHooks {
         geometry.payload_size = payload_size;
         if (auto made = uring_area::create(t.m_state_fd, geometry); !made) {
             log::warning("--io-uring: {}: serving over /dev/fuse", made.error().message);
-            return write_init(fd, iov, count);
+            return write_init(t.m_takeover, fd, iov, count);
         }
         const std::string failure = make_rings(t, cpus.size(), payload_size);
         if (!failure.empty()) {
             abandon_rings(t);
             log::warning("--io-uring: {}: serving over /dev/fuse", failure);
-            return write_init(fd, iov, count);
+            return write_init(t.m_takeover, fd, iov, count);
         }
 
         init.flags |= abi::kInitExt;
         init.flags2 |= static_cast<std::uint32_t>(abi::kOverIoUring >> 32);
         iovec with_uring[2] = {iov[0], {&init, iov[1].iov_len}};
-        const ssize_t written = write_init(fd, with_uring, 2);
+        const ssize_t written = write_init(t.m_takeover, fd, with_uring, 2);
         if (written < 0) {
             const int err = errno;
             abandon_rings(t);
@@ -415,9 +421,11 @@ struct UringHooks {
     }
 };
 
-std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session, int state_fd,
+std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session, Takeover& takeover,
+                                                        const Resend& resend, int state_fd,
                                                         std::string mountpoint) {
-    std::unique_ptr<UringTransport> t(new UringTransport(session, state_fd, std::move(mountpoint)));
+    std::unique_ptr<UringTransport> t(
+        new UringTransport(session, takeover, resend, state_fd, std::move(mountpoint)));
     fuse_custom_io io{};
     io.read = &UringHooks::read;
     io.writev = &UringHooks::writev;
@@ -430,8 +438,11 @@ std::unique_ptr<UringTransport> UringTransport::install(fuse_session* session, i
     return t;
 }
 
-UringTransport::UringTransport(fuse_session* session, int state_fd, std::string mountpoint)
+UringTransport::UringTransport(fuse_session* session, Takeover& takeover, const Resend& resend,
+                               int state_fd, std::string mountpoint)
     : m_session(session),
+      m_takeover(takeover),
+      m_resend(resend),
       m_fd(fuse_session_fd(session)),
       m_state_fd(state_fd),
       m_mountpoint(std::move(mountpoint)) {}

@@ -70,18 +70,24 @@
 
 namespace kcache::fsd {
 
+class Resend;
+class Takeover;
+
 class UringTransport {
   public:
     static constexpr int kThreadsPerQueue = 2;
     static constexpr int kMaxEntriesPerThread = 32;
 
-    // Installs the custom io on a mounted session; one per process. `state_fd`: the
+    // Installs the custom io on a mounted session; one per process. Its hooks are
+    // `takeover`'s (takeover.hpp), and each ring thread notes the request it hands to
+    // libfuse in `resend` (Resend::note); both outlive the transport. `state_fd`: the
     // keeper's state memfd, where the entries' buffers are kept for a successor
     // (uring_area.hpp; -1: private memory); `mountpoint`: where a ring asks for a
     // request on its queue whenever it registers an entry (Ring::register_entry:
     // requests queued while no entry was free are fetched only by a commit). Returns nullptr (after
     // logging why) if the session refuses it: then /dev/fuse serves alone.
-    static std::unique_ptr<UringTransport> install(fuse_session* session, int state_fd,
+    static std::unique_ptr<UringTransport> install(fuse_session* session, Takeover& takeover,
+                                                   const Resend& resend, int state_fd,
                                                    std::string mountpoint);
     ~UringTransport();
     UringTransport(const UringTransport&) = delete;
@@ -105,10 +111,13 @@ class UringTransport {
     struct Ring;  // one thread's ring (uring_transport.cpp)
 
   private:
-    UringTransport(fuse_session* session, int state_fd, std::string mountpoint);
+    UringTransport(fuse_session* session, Takeover& takeover, const Resend& resend, int state_fd,
+                   std::string mountpoint);
     friend struct UringHooks;
 
     fuse_session* m_session;
+    Takeover& m_takeover;
+    const Resend& m_resend;
     int m_fd;
     int m_state_fd;
     std::string m_mountpoint;

@@ -47,20 +47,20 @@ void Filesystem::setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, cons
     if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
     const std::string_view wanted(value, size);
     const bool exclusive = (flags & XATTR_CREATE) != 0;
-    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto done = core::set_xattr(txn, ino, name, wanted, flags);
-        // Resent after a takeover (resend.hpp): EEXIST because the dead daemon created
-        // it, as its record proves; its creator is told it succeeded.
-        if (!done && done.error().code == EEXIST && exclusive &&
-            resend::recorded(resend::Op::setxattr) == ino) {
-            return {};
-        }
-        if (done && exclusive) resend::record(resend::Op::setxattr, ino);
-        return done;
+    auto s = non_idempotent(req, {resend::Op::setxattr}, [&](NonIdempotent& request) {
+        return m_store.update([&](core::WriteTxn& txn) -> core::Status {
+            auto done = core::set_xattr(txn, ino, name, wanted, flags);
+            // Resent after a takeover (resend.hpp): EEXIST because the dead daemon created
+            // it, as its record proves; its creator is told it succeeded.
+            if (!done && done.error().code == EEXIST && exclusive && request.recorded() == ino)
+                return {};
+            if (done && exclusive) request.record(ino);
+            return done;
+        });
     });
-    resend::before_reply(resend::Op::setxattr);
-    if (!s && removed(s.error())) return (void)fuse_reply_err(req, 0);
-    if (!s) return reply_error(req, s.error());
+    if (!s) return;  // never: an attribute's resend is proven in the transaction
+    if (!*s && removed(s->error())) return (void)fuse_reply_err(req, 0);
+    if (!*s) return reply_error(req, s->error());
     fuse_reply_err(req, 0);
 }
 
@@ -97,20 +97,19 @@ void Filesystem::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 void Filesystem::removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
     if (m_options.no_xattrs) return (void)fuse_reply_err(req, ENOSYS);
-    auto s = m_store.update([&](core::WriteTxn& txn) -> core::Status {
-        auto done = core::remove_xattr(txn, ino, name);
-        // Resent after a takeover: ENODATA because the dead daemon removed it, as its
-        // record proves (an attribute that never existed is ENODATA still).
-        if (!done && done.error().code == ENODATA &&
-            resend::recorded(resend::Op::removexattr) == ino) {
-            return {};
-        }
-        if (done) resend::record(resend::Op::removexattr, ino);
-        return done;
+    auto s = non_idempotent(req, {resend::Op::removexattr}, [&](NonIdempotent& request) {
+        return m_store.update([&](core::WriteTxn& txn) -> core::Status {
+            auto done = core::remove_xattr(txn, ino, name);
+            // Resent after a takeover: ENODATA because the dead daemon removed it, as its
+            // record proves (an attribute that never existed is ENODATA still).
+            if (!done && done.error().code == ENODATA && request.recorded() == ino) return {};
+            if (done) request.record(ino);
+            return done;
+        });
     });
-    resend::before_reply(resend::Op::removexattr);
-    if (!s && removed(s.error())) return (void)fuse_reply_err(req, ENODATA);
-    if (!s) return reply_error(req, s.error());
+    if (!s) return;  // never: an attribute's resend is proven in the transaction
+    if (!*s && removed(s->error())) return (void)fuse_reply_err(req, ENODATA);
+    if (!*s) return reply_error(req, s->error());
     fuse_reply_err(req, 0);
 }
 
