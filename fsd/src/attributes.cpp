@@ -105,11 +105,11 @@ void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, boo
                     return;
                 }
                 if (end == SingleFlight::End::timed_out)
-                    m_background.count(core::Counter::single_flight_timeouts);
+                    m_counters.count(core::Counter::single_flight_timeouts);
                 answer_lookup(req, parent, n.c_str(), read_through, false);
             };
             if (m_flights.wait(req, std::move(action.awaited), std::move(answer))) {
-                m_background.count(core::Counter::single_flight_waits);
+                m_counters.count(core::Counter::single_flight_waits);
                 return;
             }
             return answer_lookup(req, parent, name, read_through, false);  // cannot wait
@@ -133,7 +133,7 @@ void Filesystem::answer_lookup(fuse_req_t req, Ino parent, const char* name, boo
         default:
             break;
     }
-    m_background.count(core::Counter::negative_lookups);
+    m_counters.count(core::Counter::negative_lookups);
     fuse_entry_param e{};  // ino 0: a negative entry the kernel may cache
     e.entry_timeout = action.negative_timeout;
     fuse_reply_entry(req, &e);
@@ -267,7 +267,7 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         // A reader of the old version whose RELEASE is still in flight (or one still
         // reading) must not make getattr tell its version's size from now on.
         m_pages.resize(ino, *changes.size);
-        m_background.invalidate_inode(ino);
+        m_notifier.invalidate_inode(ino);
     }
     if (version_size)
         result.size = *version_size;
@@ -275,7 +275,7 @@ void Filesystem::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int 
         m_versions.apply_live_size(result);
     // The reply updates the caller's view; the notification reaches answers to
     // requests that were in flight meanwhile (the kernel drops those it overtakes).
-    m_background.invalidate_attr(ino);
+    m_notifier.invalidate_attr(ino);
     struct stat st = to_stat(result);
     fuse_reply_attr(req, &st, version_size ? 0 : attr_timeout(result));
 }

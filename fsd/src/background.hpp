@@ -7,7 +7,7 @@
 //   (its own trainer thread), the periodic sync;
 // - Counters (counters.hpp): the statistics handlers count in memory;
 // - MissClassifier (miss_classifier.hpp): misses explained, on a thread of its own.
-// Request handlers call the forwarders below (each reaches one part) or the part itself.
+// Request handlers reach only the part they use (Filesystem keeps a reference to each).
 //
 // Threads: the background thread (Background::run), start() to stop(): every kPeriod,
 // or at once when a notification is queued: Upkeep::begin_period, then the kernel told
@@ -50,20 +50,6 @@ class Background {
     KernelNotifier& notifier() { return m_notifier; }
     Counters& counters() { return m_counters; }
     Upkeep& upkeep() { return m_upkeep; }
-
-    // ---- for request handlers: thread-safe, never block on the kernel ----
-    // KernelNotifier's (kernel_notifier.hpp says what each does):
-    void invalidate_inode(core::Ino ino) { m_notifier.invalidate_inode(ino); }
-    void invalidate_attr(core::Ino ino, std::function<void()> then = {}) {
-        m_notifier.invalidate_attr(ino, std::move(then));
-    }
-    void grow_size(core::Ino ino, std::uint64_t size, char last_byte, std::function<void()> then) {
-        m_notifier.grow_size(ino, size, last_byte, std::move(then));
-    }
-    // Upkeep's:
-    void check_limits() { m_upkeep.check_limits(); }
-    // Counters':
-    void count(core::Counter counter, std::uint64_t n = 1) { m_counters.count(counter, n); }
 
   private:
     void run();

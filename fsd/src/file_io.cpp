@@ -67,7 +67,7 @@ void Filesystem::read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fu
         const std::string_view content = *shared;
         slice = content.substr(std::min(static_cast<std::size_t>(off), content.size()), size);
     }
-    m_background.count(core::Counter::bytes_read, slice.size());
+    m_counters.count(core::Counter::bytes_read, slice.size());
     fuse_reply_buf(req, slice.data(), slice.size());
 }
 
@@ -84,7 +84,7 @@ void Filesystem::read_unopened(fuse_req_t req, Ino ino, size_t size, off_t off) 
     const std::string_view bytes = content->bytes();
     const std::string_view slice =
         bytes.substr(std::min(static_cast<std::size_t>(off), bytes.size()), size);
-    m_background.count(core::Counter::bytes_read, slice.size());
+    m_counters.count(core::Counter::bytes_read, slice.size());
     fuse_reply_buf(req, slice.data(), slice.size());  // from the map: before the snapshot ends
 }
 
@@ -170,10 +170,10 @@ core::Status Filesystem::publish(fuse_req_t req, Version& version) {
     // A shared version's are the page cache its handles read: nothing is stale, but
     // its attributes (times) changed.
     if (!version.shared)
-        m_background.invalidate_inode(version.staged.ino());
+        m_notifier.invalidate_inode(version.staged.ino());
     else
-        m_background.invalidate_attr(version.staged.ino());
-    m_background.check_limits();
+        m_notifier.invalidate_attr(version.staged.ino());
+    m_upkeep.check_limits();
     return {};
 }
 

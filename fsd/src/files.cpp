@@ -52,7 +52,7 @@ void Filesystem::leave_version(fuse_req_t req, FileHandle* handle) {
         version->ended = true;
     }
     m_versions.ended(handle->ino, version);
-    m_background.invalidate_attr(handle->ino);  // no writer: the answer is everybody's again
+    m_notifier.invalidate_attr(handle->ino);  // no writer: the answer is everybody's again
 }
 
 void Filesystem::follow_shared(FileHandle* handle) {
@@ -317,7 +317,7 @@ core::Status Filesystem::open_reader(fuse_req_t req, const core::ReadTxn& txn, c
         opening.snapshot = m_contents.snapshot(attr.digest, std::move(*content));
     }
     // A refilling reader must not read before the kernel's size is at least its
-    // version's (Background::grow_size): the size and last byte of that version.
+    // version's (KernelNotifier::grow_size): the size and last byte of that version.
     if (use == PageCache::Use::refill && !opening.snapshot->empty())
         opening.grow.emplace(opening.snapshot->size(), opening.snapshot->back());
     return {};
@@ -339,7 +339,7 @@ core::Status Filesystem::open_writer(fuse_req_t req, bool truncate, FileHandle& 
     // Through the page cache: every handle of the version sees one page cache,
     // and MAP_SHARED works. A new version drops what the cache held.
     fi->keep_cache = joined_existing;
-    m_background.invalidate_attr(ino);  // settled attributes now depend on the caller
+    m_notifier.invalidate_attr(ino);  // settled attributes now depend on the caller
     if (opening.version) m_flights.writer_opened(handle.attr.entry, handle.opener);
     return {};
 }
@@ -366,13 +366,12 @@ void Filesystem::answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle,
     // inode to 0 when it completes, and writes grow it, under its readers.
     if (raw->writable) return m_pages.admit_writer(raw, opening.version, std::move(reply));
     if (opening.grow) {
-        if (opening.stale_attr)
-            m_background.invalidate_attr(ino);  // the same pass, before the reply
-        return m_background.grow_size(ino, opening.grow->first, opening.grow->second,
-                                      std::move(reply));
+        if (opening.stale_attr) m_notifier.invalidate_attr(ino);  // the same pass, before the reply
+        return m_notifier.grow_size(ino, opening.grow->first, opening.grow->second,
+                                    std::move(reply));
     }
     if (opening.stale_attr)
-        return m_background.invalidate_attr(ino, std::move(reply));  // replies once told
+        return m_notifier.invalidate_attr(ino, std::move(reply));  // replies once told
     reply();
 }
 
@@ -459,7 +458,7 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     }
     m_lookups.remember(attr.ino);
     // O_CREAT of a file that existed: the kernel may hold its settled attributes.
-    m_background.invalidate_attr(attr.ino);
+    m_notifier.invalidate_attr(attr.ino);
     auto reply = [this, req, opened = *fi, raw, attr]() mutable {
         // The size when answered: the kernel applies it to the inode (its pages past it
         // go), and a writer that joined the version meanwhile may have written more.

@@ -46,6 +46,9 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
     : m_store(store),
       m_options(options),
       m_background(store, options.sync_interval_s),
+      m_notifier(m_background.notifier()),
+      m_counters(m_background.counters()),
+      m_upkeep(m_background.upkeep()),
       m_spills(options.read_only || options.db.empty() ? "" : options.db + "/spill",
                state ? state->header().daemons.load() : 0),
       m_versions(store, options.max_file_size, m_inodes, m_spills),
@@ -53,7 +56,7 @@ Filesystem::Filesystem(core::Store& store, const Options& options, StateFile* st
       m_lookups(m_inodes),
       m_contents(store, m_pages, m_lookups),
       m_holds(store, m_inodes),
-      m_hits(m_background.counters()),
+      m_hits(m_counters),
       m_flights(store, std::chrono::milliseconds(options.single_flight_ms)),
       m_own_state(private_state(state)),
       m_state(state ? *state : *m_own_state),
@@ -118,7 +121,7 @@ Filesystem::~Filesystem() {
 void Filesystem::start(fuse_session* session) {
     // Also under --read-only (init() has not run yet), where no reader is lazy: the
     // scan is then empty, and the pin one more snapshot.
-    m_background.upkeep().on_period([this] { m_contents.renew_pin(); });
+    m_upkeep.on_period([this] { m_contents.renew_pin(); });
     m_background.start(session);
     m_pages.start();
     m_flights.start();
@@ -135,14 +138,14 @@ void Filesystem::reply_error(fuse_req_t req, const core::Error& error) {
     }
     switch (error.code) {
         case ENOSPC:
-            m_background.count(core::Counter::errors_nospc);
+            m_counters.count(core::Counter::errors_nospc);
             break;
         case EIO:
-            m_background.count(core::Counter::errors_io);
+            m_counters.count(core::Counter::errors_io);
             break;
         case EFBIG:
         case ENOMEM:
-            m_background.count(core::Counter::errors_other);
+            m_counters.count(core::Counter::errors_other);
             break;
         default:
             break;  // ENOENT, EEXIST, ENOTEMPTY ... are answers, not failures
@@ -165,7 +168,7 @@ core::Error Filesystem::damaged_content(Ino ino, const core::Error& error) {
             if (auto e = txn->entry(attr->entry)) entry = std::move(*e);
         }
     }
-    m_background.count(core::Counter::damaged_blobs);
+    m_counters.count(core::Counter::damaged_blobs);
     if (!entry) {
         log::error(
             "DAMAGED CONTENT in {} (in no entry): {}; its reads fail with EIO until it "
@@ -278,7 +281,7 @@ core::Status Filesystem::remove_keeping_orphan(
     if (!s && orphan)
         m_lookups.disown(orphan->first);
     else if (orphan)
-        m_background.invalidate_attr(orphan->first);  // nlink 0 now
+        m_notifier.invalidate_attr(orphan->first);  // nlink 0 now
     return s;
 }
 

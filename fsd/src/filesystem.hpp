@@ -282,7 +282,7 @@ class Filesystem {
     // How long the kernel may keep the attributes `a` of an inode: long (and recorded
     // as told, PageCache::tell_attr) while every caller gets that answer (no writer at
     // work, no page-cache reader of another version, not removed), else 0. Every
-    // change of that answer is followed by Background::invalidate_attr.
+    // change of that answer is followed by KernelNotifier::invalidate_attr.
     double attr_timeout(const core::Attr& a);
     // OPEN by role. open() reads the inode and hands it to open_orphan (removed since
     // the kernel looked it up), open_reader (read-only) or, after its snapshot ends,
@@ -292,10 +292,10 @@ class Filesystem {
         std::shared_ptr<const std::string> snapshot;  // FileHandle::snapshot
         std::shared_ptr<Version> version;             // FileHandle::version
         // A reader opening another version than the kernel was told of: answered only
-        // once the kernel forgot those attributes (Background::invalidate_attr).
+        // once the kernel forgot those attributes (KernelNotifier::invalidate_attr).
         bool stale_attr = false;
         // A refilling reader: answered once the kernel's size is at least its version's
-        // (Background::grow_size): that size and the version's last byte.
+        // (KernelNotifier::grow_size): that size and the version's last byte.
         std::optional<std::pair<std::uint64_t, char>> grow;
     };
     void open_orphan(fuse_req_t req, const core::ReadTxn& txn, const Orphan& orphan, bool truncate,
@@ -338,8 +338,11 @@ class Filesystem {
 
     core::Store& m_store;
     const Options m_options;
-    Background m_background;
-    bool m_no_open = false;  // --read-only with the kernel's no-open support; set by init()
+    Background m_background;     // owns the three below and their thread
+    KernelNotifier& m_notifier;  // what changed behind the kernel's back (kernel_notifier.hpp)
+    Counters& m_counters;        // statistics counted in memory (counters.hpp)
+    Upkeep& m_upkeep;            // size bounds, sync, dictionaries (upkeep.hpp)
+    bool m_no_open = false;      // --read-only with the kernel's no-open support; set by init()
     // Single flight makes no walk wait before this (steady_ns), after a takeover.
     std::atomic<std::int64_t> m_no_flights_until_ns{0};
     Mutex m_handover_mutex KCACHE_LEVEL(8);           // a leaf

@@ -97,7 +97,7 @@ void Filesystem::make_container(fuse_req_t req, Ino parent, const char* name) {
                    made = dir.has_value();
                    return dir;
                }));
-    if (made) m_background.count(core::Counter::remote_containers);
+    if (made) m_counters.count(core::Counter::remote_containers);
 }
 
 void Filesystem::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
