@@ -168,7 +168,7 @@ double store_run(const fs::path& path, std::size_t n, std::size_t families, bool
 
 int main(int argc, char** argv) {
     std::size_t n = 2000, families = 50, runs = 1;
-    int nice = 0;  // the daemon's classifier thread's (fsd/src/background.cpp)
+    int nice = 0;  // the daemon's classifier thread's (fsd/src/daemon/miss_classifier.cpp)
     fs::path base = fs::temp_directory_path() / "kcache-bench-misses";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];

@@ -10,7 +10,7 @@ and end (monotonic). Then:
   upgrade  UPGRADES times: kcache-fsd --upgrade MOUNTPOINT.
 WRITERS writer threads meanwhile each keep a file open and write 4 KiB after 4 KiB to
 it, never closing until the end (their bytes are unpublished across every event: a
-spill file keeps them, fsd/src/spill.hpp), then close and check the file's content.
+spill file keeps them, fsd/src/survival/spill.hpp), then close and check the file's content.
 For each event: the stall the clients saw (the duration of every call in flight at
 the event or started before service was back: median, p99, max over all events),
 and the time from the event until service was back (the first call started after

@@ -4,11 +4,11 @@
 # fsd (not the tests, benches or third-party code) compiles with -Wthread-safety
 # -Wthread-safety-beta -Werror, so a field touched without the lock that guards it
 # (GUARDED_BY), a function called without the lock it REQUIRES, or two locks taken
-# against THE LOCK ORDER (fsd/src/lock_order.hpp; clang 14 checks ACQUIRED_BEFORE/AFTER
+# against THE LOCK ORDER (fsd/src/daemon/lock_order.hpp; clang 14 checks ACQUIRED_BEFORE/AFTER
 # only under -beta) fails.
 #
 #   scripts/check_thread_safety.sh BUILD                  # every product source of BUILD
-#   scripts/check_thread_safety.sh BUILD fsd/src/a.cpp .. # only these (product sources)
+#   scripts/check_thread_safety.sh BUILD fsd/src/state/a.cpp .. # only these (product sources)
 #
 # BUILD is a configured build directory (its compile_commands.json: CMake writes it,
 # CMAKE_EXPORT_COMPILE_COMMANDS is on); nothing is built, each source is only parsed

@@ -1,5 +1,5 @@
 // kcache-bench-floor-fsd: the FUSE floor. A minimal in-memory libfuse3 low-level
-// daemon that makes the SAME protocol choices as kcache-fsd (fsd/src/filesystem.cpp
+// daemon that makes the SAME protocol choices as kcache-fsd (fsd/src/handlers/filesystem.cpp
 // init(), timeouts, open flags) and does nothing else: no LMDB, no accounting, no
 // notifications. What a flow costs here is what the kernel <-> daemon round trips
 // cost; what kcache-fsd costs above it is kcache's own work (issue 12).
@@ -35,7 +35,7 @@
 namespace {
 using namespace kcache::floor_fsd;
 
-// ---- protocol choices: kcache-fsd's, copied (fsd/src/filesystem.cpp, as of the
+// ---- protocol choices: kcache-fsd's, copied (fsd/src/handlers/filesystem.cpp, as of the
 // issue-11 merge dfb158f: atomic O_TRUNC, writers through the page cache) -----------
 constexpr double kEntryTimeout = 86400;
 constexpr double kDirAttrTimeout = 86400;
@@ -430,7 +430,7 @@ void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
     fuse_reply_err(req, 0);
 }
 
-// The modes kcache-fsd serves (fsd/src/fallocate.cpp): reserve (0, KEEP_SIZE), and
+// The modes kcache-fsd serves (fsd/src/handlers/fallocate.cpp): reserve (0, KEEP_SIZE), and
 // PUNCH_HOLE (with KEEP_SIZE) and ZERO_RANGE, whose bytes read as zeros.
 void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
                   fuse_file_info*) {

@@ -138,7 +138,7 @@ std::optional<double> hit_rate(const core::Stats& stats) {
 }
 
 // The shared tier's servers as the running kcache-fsd --remote sees them: the file
-// it rewrites when a breaker changes state (fsd/src/remote_tier.hpp, docs/stats.md),
+// it rewrites when a breaker changes state (fsd/src/tier/remote_tier.hpp, docs/stats.md),
 // with "live": false when the daemon that wrote it is gone. null when there is none.
 nlohmann::json remote_server_states(const core::Store& store) {
     std::ifstream in(store.path() + "/remote-servers.json", std::ios::binary);

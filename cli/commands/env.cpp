@@ -5,7 +5,7 @@
 // two never disagree. The subdirectories are those docs/quickstart.md recommends.
 //
 // A mount is recognised by /proc/self/mountinfo alone: kcache-fsd mounts with
-// `fsname=kcache:<db>,subtype=kcache` (fsd/src/main.cpp), i.e. file system type
+// `fsname=kcache:<db>,subtype=kcache` (fsd/src/daemon/main.cpp), i.e. file system type
 // `fuse.kcache` and source `kcache:<db>`. Reading mountinfo asks no daemon; a dead mount
 // (its daemon gone) is told from a live one by statfs(2), which always asks it.
 
@@ -123,7 +123,7 @@ struct Mount {
     std::string fstype;
     std::string source;
     bool is_kcache() const { return fstype == "fuse.kcache" || source.starts_with("kcache:"); }
-    // The db a kcache-fsd serves here, as it named it (absolute: fsd/src/options.cpp).
+    // The db a kcache-fsd serves here, as it named it (absolute: fsd/src/daemon/options.cpp).
     std::string db() const { return source.starts_with("kcache:") ? source.substr(7) : ""; }
 };
 

@@ -5,7 +5,7 @@
 // Where training runs, and why there: never on a request path (a training of a few MiB
 // of samples takes a good part of a second). The daemon asks dictionaries_due() now and
 // then on its background thread (a scan of a few kind records) and runs
-// train_dictionaries() on a thread of its own (fsd/src/background.cpp); `kcache gc`
+// train_dictionaries() on a thread of its own (fsd/src/daemon/upkeep.cpp); `kcache gc`
 // trains too, then rewrites older blobs. Training reads its samples in a snapshot and
 // writes the dictionary in one short transaction, so writers wait for no training.
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// The lookup policy (fsd/src/lookup_policy.hpp) without FUSE: a scripted view records
+// The lookup policy (fsd/src/handlers/lookup_policy.hpp) without FUSE: a scripted view records
 // which questions decide_lookup asks, in which order, and the test checks the answer and
 // that order (some questions record state in SingleFlight, so the order is the policy).
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// Special nodes and hard links through the mount (fsd/src/nodes.cpp, issue 23): what
+// Special nodes and hard links through the mount (fsd/src/handlers/nodes.cpp, issue 23): what
 // pjdfstest checks at length (tests/posix), here in a few cases that run without it.
 
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// Single flight on one node (issue 14, point 5b; fsd/src/single_flight.hpp): while one
+// Single flight on one node (issue 14, point 5b; fsd/src/state/single_flight.hpp): while one
 // compile fills an entry directory (a handle open for writing one of its files, or
 // something made in it a moment ago), another compile's lookup of a name the entry lacks
 // yet waits for it, bounded (-o single_flight_ms=N), instead of missing and compiling it

@@ -1,4 +1,4 @@
-// kcache-fsd --io-uring (FUSE over io_uring, fsd/src/uring_transport.hpp): where the
+// kcache-fsd --io-uring (FUSE over io_uring, fsd/src/transport/uring_transport.hpp): where the
 // fuse module offers it, requests are served from the daemon's rings, which it says
 // ("serving over io_uring", and at exit how many requests the rings served); where it
 // does not, the daemon says so and serves /dev/fuse. Both need root (the module

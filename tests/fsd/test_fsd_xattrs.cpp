@@ -1,8 +1,8 @@
 // Extended attributes and fallocate through the mount (issue 33, items 1 and 2;
-// fsd/src/xattrs.cpp, fsd/src/fallocate.cpp, kcache/core/xattrs.hpp): the kernel's rules
-// and errors as on ext4, kept in the db across remounts and takeovers, gone with their
-// inode; fallocate's modes read back through every handle and after publishing, and
-// ENOSPC at the call that cannot be stored.
+// fsd/src/handlers/xattrs.cpp, fsd/src/handlers/fallocate.cpp, kcache/core/xattrs.hpp): the
+// kernel's rules and errors as on ext4, kept in the db across remounts and takeovers, gone with
+// their inode; fallocate's modes read back through every handle and after publishing, and ENOSPC at
+// the call that cannot be stored.
 
 #include <fcntl.h>
 #include <grp.h>

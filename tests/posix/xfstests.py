@@ -28,12 +28,12 @@ io_uring rings; `kcache verify` checks the db each test leaves. Three tests (MOD
                 targets) compared with the same run on the plain directory. Always
                 checked: fsstress and the mount go on (exit 0, the keeper never gives up),
                 no writer lost its bytes (a writer's unpublished bytes outlive the daemon
-                in its spill file, fsd/src/spill.hpp: the daemons log no writer lost), and
+                in its spill file, fsd/src/survival/spill.hpp: the daemons log no writer lost), and
                 the db is clean. Over /dev/fuse the trees must be the same: any path
                 that differs fails the test (it did in 1 run in 12, more under load,
                 until the daemon's request buffers were made resident: the kernel ends
                 with EIO a request it cannot copy whole into a dying daemon's buffer,
-                and a write() split in several WRITEs returned short; fsd/src/takeover.cpp,
+                and a write() split in several WRITEs returned short; fsd/src/survival/takeover.cpp,
                 make_resident). Over io_uring this kernel
                 ends the calls in flight at a kill with ECANCELED and resends none
                 (docs/operations.md), which fsstress ignores, so the trees part there

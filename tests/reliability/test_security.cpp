@@ -263,7 +263,7 @@ TEST_CASE("security: what clients write is served back, never executed or interp
             CHECK(read_all(cache.p(p.name)) == std::optional<std::string>(p.bytes));
             CHECK((stat_of(cache.p(p.name)).st_mode & 07777) == p.mode);
         }
-        // The keeper's one child is the serving daemon (fsd/src/keeper.hpp), which runs
+        // The keeper's one child is the serving daemon (fsd/src/survival/keeper.hpp), which runs
         // nothing.
         const std::vector<pid_t> daemons = children_of(cache.daemon_pid());
         CHECK(daemons.size() == 1);

@@ -1,5 +1,5 @@
 // The mount outlives its daemon (issue 20): kcache-fsd's keeper restarts a serving
-// daemon that dies, and the new one takes the mount over (fsd/src/keeper.hpp,
+// daemon that dies, and the new one takes the mount over (fsd/src/survival/keeper.hpp,
 // takeover.hpp, state.hpp).
 //
 // - kill -9 of the serving daemon 20 times, 1-3 s apart, while 16 processes read hits,
@@ -7,7 +7,7 @@
 //   compiles (triton_load.py, the compat venv's Triton): readers get no error (over
 //   io_uring none but ECANCELED: kill_cancels_calls) and byte-exact content; each store
 //   succeeds (its entry byte-exact afterwards), as does each compile: a writer's bytes
-//   outlive the daemon (fsd/src/spill.hpp), so no call fails with EIO (over io_uring a
+//   outlive the daemon (fsd/src/survival/spill.hpp), so no call fails with EIO (over io_uring a
 //   call in flight may end ECANCELED, and its store or compile with it: the entry is
 //   then absent or complete); a fresh Triton process loads the first round from the
 //   mount without compiling; `kcache verify` is clean; the statistics agree with the entries and
@@ -16,7 +16,7 @@
 //   over the keeper's path: no error of any kind, and hits exactly the pairs that read.
 // - open files survive a takeover: a reader reads on; a writer writes on, whether its
 //   bytes were all published or not (those not published outlive the daemon in a
-//   spill file, fsd/src/spill.hpp).
+//   spill file, fsd/src/survival/spill.hpp).
 // - keeper and daemon both killed: kcache-fsd on the dead mountpoint recovers it.
 //
 // Figures: KCACHE_TAKEOVER_KILLS (default 20) kills, 1-3 s apart (seeded: the seed is
@@ -242,7 +242,7 @@ int writer(Load& load, const MountedCache& cache, int w) {
 }
 
 // Whether a kill -9 may fail calls with ECANCELED: over io_uring the successor answers
-// what the dead daemon's ring entries hold (fsd/src/uring_area.hpp), but this kernel
+// what the dead daemon's ring entries hold (fsd/src/transport/uring_area.hpp), but this kernel
 // (6.18) ends with ECANCELED a request it was handing to a ring thread that is dying
 // and had not copied to it yet; it neither resends such a request nor shows it to a
 // successor (docs/operations.md). An upgrade avoids that (its threads end with no entry
@@ -620,7 +620,7 @@ TEST_CASE("takeover: a daemon that dies as soon as it is ready ends the mount af
     CHECK_FALSE(cache.mounted());
     const auto started = read_file(starts);
     const auto count = static_cast<int>(std::count(started.begin(), started.end(), '\n'));
-    CHECK(count == 10);  // keeper::kCrashLoopDeaths (fsd/src/keeper.hpp)
+    CHECK(count == 10);  // keeper::kCrashLoopDeaths (fsd/src/survival/keeper.hpp)
     CHECK(log.find("a crash loop") != std::string::npos);
     CHECK(log.find("starting another in 100 ms") != std::string::npos);
 }
@@ -737,7 +737,7 @@ TEST_CASE_METHOD(KeptMount, "takeover: open files survive a new daemon",
     REQUIRE(rest.has_value());
     CHECK(head + *rest == a);
     // The writer with unpublished bytes writes on: they outlived the daemon in its
-    // spill file (fsd/src/spill.hpp), and its close publishes them with the new ones.
+    // spill file (fsd/src/survival/spill.hpp), and its close publishes them with the new ones.
     REQUIRE(write_fd(unfinished.get(), "+more") == 0);
     REQUIRE_SYS(::fsync(unfinished.get()));
     REQUIRE(write_fd(unfinished.get(), "+end") == 0);
@@ -1104,7 +1104,7 @@ TEST_CASE("takeover: with keeper and daemon killed, kcache-fsd recovers the dead
 namespace {
 
 // A mount whose daemon kills itself after the commit of the first `op`, before its
-// reply (KCACHE_FSD_FAULT, fsd/src/resend.hpp; with `point` kill_before_reply, before
+// reply (KCACHE_FSD_FAULT, fsd/src/survival/resend.hpp; with `point` kill_before_reply, before
 // the reply whatever the outcome); the keeper starts another, which gets the request
 // resent.
 struct FaultyMount {
@@ -1286,7 +1286,7 @@ TEST_CASE("takeover: the systemd unit in docs/operations.md verifies, and the ke
     CHECK(message == "READY=1\nMAINPID=" + std::to_string(cache.daemon_pid()));
 }
 
-// ---- systemd's fd store (fsd/src/fd_store.hpp) ----
+// ---- systemd's fd store (fsd/src/survival/fd_store.hpp) ----
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>

@@ -499,7 +499,7 @@ TEST_CASE("fsd remote: an entry stored before the uploader thread first runs is 
     // The uploader follows the events log from where it stood when the mount began to
     // serve, not from where it stood when its thread first ran: on a loaded machine that
     // thread may start after the first stores (KCACHE_FSD_FAULT=slow_uploader starts it
-    // fsd/src/faults.hpp's kSlowStart late), which were then never uploaded.
+    // fsd/src/survival/faults.hpp's kSlowStart late), which were then never uploaded.
     RedisServer redis;
     ::setenv("KCACHE_FSD_FAULT", "slow_uploader", 1);
     std::optional<MountedCache> a;

@@ -18,7 +18,7 @@
 // Training never runs on a request path: train_dictionaries() reads samples in a
 // snapshot, trains with no transaction open, and stores the result in one short write
 // transaction. The daemon runs it on a thread of its own when dictionaries_due() says
-// so (fsd/src/background.cpp); `kcache gc` runs it too, and then rewrites blobs stored
+// so (fsd/src/daemon/upkeep.cpp); `kcache gc` runs it too, and then rewrites blobs stored
 // before their kind's current dictionary existed (recompress_blobs).
 #pragma once
 

@@ -16,7 +16,7 @@ Role role_of(std::string_view file_name);
 std::string_view file_kind(std::string_view file_name);
 // Whether an entry is whole, from its files' names, for compilers that write an entry's
 // files seconds apart and write one of them last (the shared tier keeps an entry's first
-// upload, so it must not go early; fsd/src/remote_tier.hpp):
+// upload, so it must not go early; fsd/src/tier/remote_tier.hpp):
 //  - Triton: each stage's file as the stage ends, its group file (__grp__<name>.json,
 //    put_group, once the files it lists are in place) last;
 //  - Inductor's C++ kernels: <stem>.cpp, then the <stem>.so g++ builds from it, which

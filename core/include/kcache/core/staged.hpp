@@ -21,7 +21,7 @@ struct ContentDigests;  // content.cpp
 }
 
 // Where a staged file's content is mirrored as it changes, so that it outlives the
-// process holding it (kcache-fsd's spill files, fsd/src/spill.hpp: a writer's bytes
+// process holding it (kcache-fsd's spill files, fsd/src/survival/spill.hpp: a writer's bytes
 // survive a crash of the daemon). A StagedFile calls it after each change it made, under
 // whatever guards the StagedFile; reset() carries the whole content (the first change),
 // write() and resize() the later ones. A call that fails drops the mirror: drop() says

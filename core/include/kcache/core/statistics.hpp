@@ -106,7 +106,7 @@ enum CountedBy : std::uint8_t {
     // (publish, evict, import, record_hit ...): every process that writes the db
     by_store = 1,
     // kcache-fsd's request handlers, in memory; its background thread adds them to
-    // the db in one transaction every few periods (fsd/src/background.hpp)
+    // the db in one transaction every few periods (fsd/src/daemon/counters.hpp)
     by_daemon = 2,
     // the remote tier: `kcache remote ...` and kcache-fsd --remote (remote/)
     by_remote = 4,

@@ -110,7 +110,7 @@ struct Options {
     // of this many ms on compiling it (SET NX PX); the others wait for its manifest at
     // most that long. 0: no leases. kLeaseRenewed (kcache-fsd's default): a lease of
     // kLeaseTtlMs that its holder renews while it compiles, for as long as the compile
-    // times it measured allow (fsd/src/remote_tier.hpp), so that a dead holder costs the
+    // times it measured allow (fsd/src/tier/remote_tier.hpp), so that a dead holder costs the
     // others kLeaseTtlMs and a slow compile is still waited for.
     static constexpr std::int64_t kLeaseRenewed = -1;
     static constexpr std::int64_t kLeaseTtlMs = 5000;
