@@ -54,9 +54,8 @@ std::string describe(int status) {
     return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
-// Whether `pid` is dying: its main thread exited (a zombie) while another may still be
-// stuck in the kernel.
-bool dying(pid_t pid) {
+// Whether /proc says `pid`'s main thread is gone (a zombie, or no such process).
+bool main_thread_gone(pid_t pid) {
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
     const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -68,6 +67,19 @@ bool dying(pid_t pid) {
     buf[n] = '\0';
     const char* close = std::strrchr(buf, ')');
     return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
+// Whether `pid` is dying: its main thread exited (a zombie) while another may still be
+// stuck in the kernel. A daemon that exited whole is a zombie too until it is reaped:
+// that one is dead, not dying, and its SIGCHLD is pending (a poll that timed out just
+// before it exited must not start a successor for a clean stop).
+bool dying(pid_t pid) {
+    if (!main_thread_gone(pid)) return false;
+    siginfo_t info{};
+    const bool exited_whole =
+        ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid;
+    return !exited_whole;
 }
 
 // The binary to start: the path this one was started from, as it is on disk now.
