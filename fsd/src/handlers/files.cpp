@@ -344,20 +344,29 @@ core::Status Filesystem::open_writer(fuse_req_t req, bool truncate, FileHandle& 
     return {};
 }
 
-void Filesystem::answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool truncate,
-                             fuse_file_info* fi, Opening opening) {
-    const Ino ino = handle->ino;
+FileHandle* Filesystem::enter_open(fuse_req_t req, std::unique_ptr<FileHandle> handle,
+                                   bool unpublished, fuse_file_info* fi, Opening& opening) {
     {
         MutexLock lock(handle->mutex);  // not shared yet: for the analysis
         handle->snapshot = std::move(opening.snapshot);
         handle->version = opening.version;
     }
     FileHandle* raw = handle.release();
-    fi->fh = enter_handle(raw, truncate && !raw->orphan);
+    fi->fh = enter_handle(raw, unpublished);
     if (!fi->fh) {
         discard_open(raw);
-        return reply_error(req, {ENFILE, "too many open files on the mount"});
+        reply_error(req, {ENFILE, "too many open files on the mount"});
+        return nullptr;
     }
+    return raw;
+}
+
+void Filesystem::answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool truncate,
+                             fuse_file_info* fi, Opening opening) {
+    const Ino ino = handle->ino;
+    const bool unpublished = truncate && !handle->orphan;
+    FileHandle* raw = enter_open(req, std::move(handle), unpublished, fi, opening);
+    if (!raw) return;
     auto reply = [this, req, opened = *fi, raw]() mutable {
         if (fuse_reply_open(req, &opened) != 0)
             discard_open(raw);  // the opener is gone (interrupted)
@@ -445,17 +454,11 @@ void Filesystem::create(fuse_req_t req, fuse_ino_t parent, const char* name, mod
     fi->keep_cache = joined_existing;               // as in open() for writing
     m_flights.created(attr.entry, handle->opener);  // single flight: a filler at work
     if (version) m_flights.writer_opened(attr.entry, handle->opener);
-    {
-        MutexLock lock(handle->mutex);  // not shared yet: for the analysis
-        handle->version = version;
-    }
-    FileHandle* raw = handle.release();
+    Opening opening;
+    opening.version = version;
     // A truncation of a file that had content is unpublished until the writer's close.
-    fi->fh = enter_handle(raw, truncate && attr.size > 0);
-    if (!fi->fh) {
-        discard_open(raw);
-        return reply_error(req, {ENFILE, "too many open files on the mount"});
-    }
+    FileHandle* raw = enter_open(req, std::move(handle), truncate && attr.size > 0, fi, opening);
+    if (!raw) return;
     m_lookups.remember(attr.ino);
     // O_CREAT of a file that existed: the kernel may hold its settled attributes.
     m_notifier.invalidate_attr(attr.ino);

@@ -287,7 +287,8 @@ class Filesystem {
     // OPEN by role. open() reads the inode and hands it to open_orphan (removed since
     // the kernel looked it up), open_reader (read-only) or, after its snapshot ends,
     // open_writer (joins the version THE RULE gives it); answer_open puts the handle
-    // into the table and replies, now or once what the reply waits for is done.
+    // into the table (enter_open) and replies, now or once what the reply waits for is
+    // done. CREATE makes the file, joins its version, and enters the handle the same way.
     struct Opening {                                  // what the parts decided, for answer_open
         std::shared_ptr<const std::string> snapshot;  // FileHandle::snapshot
         std::shared_ptr<Version> version;             // FileHandle::version
@@ -306,6 +307,11 @@ class Filesystem {
                              Opening& opening);
     void answer_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool truncate,
                      fuse_file_info* fi, Opening opening);
+    // Gives `handle` the snapshot and version `opening` holds and enters it in the table
+    // (enter_handle; `unpublished` as there), setting fi->fh. Null when the table is
+    // full: then the request is answered ENFILE and the handle discarded.
+    FileHandle* enter_open(fuse_req_t req, std::unique_ptr<FileHandle> handle, bool unpublished,
+                           fuse_file_info* fi, Opening& opening);
     // READ without a handle (read-only serving, no OPEN): the stored content.
     void read_unopened(fuse_req_t req, core::Ino ino, size_t size, off_t off);
     // Undoes an open whose reply the kernel did not take (the opener was interrupted).
